@@ -1,0 +1,317 @@
+"""Domain types shared by every part of tctune: conv shapes, precisions and GPU targets.
+
+This module is pure Python: it imports without a GPU, without CuPy and without the rest of
+the project, so builders, the API and the search can all use it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+
+class Precision(StrEnum):
+    """Operand precision of the convolution (what the Tensor Cores consume)."""
+
+    FP16 = "fp16"  # fp16 in, fp32 accumulate, fp16 out
+    INT8 = "int8"  # s8 in, s32 accumulate
+    INT4 = "int4"  # s4 in (two per byte), s32 accumulate
+    FP32_TC = "fp32_tc"  # fp32 in and out, FP32-level accuracy from FP16 Tensor Cores
+
+    @property
+    def input_bits(self) -> int:
+        """Bits per element of the activations and weights in global memory."""
+        return {"fp16": 16, "int8": 8, "int4": 4, "fp32_tc": 32}[self.value]
+
+    @property
+    def operand_bits(self) -> int:
+        """Bits per element the Tensor Core instruction consumes."""
+        return {"fp16": 16, "int8": 8, "int4": 4, "fp32_tc": 16}[self.value]
+
+    @property
+    def output_bits(self) -> int:
+        """Bits per element of the tuned kernel's output (the requantized epilogue)."""
+        return {"fp16": 16, "int8": 8, "int4": 4, "fp32_tc": 32}[self.value]
+
+    @property
+    def is_integer(self) -> bool:
+        return self in (Precision.INT8, Precision.INT4)
+
+
+@dataclass(frozen=True)
+class Instruction:
+    """One Tensor Core instruction tile: mma.sync.m{m}n{n}k{k}."""
+
+    m: int
+    n: int
+    k: int
+    # True where the hardware has no native unit and ptxas emulates the instruction.
+    emulated: bool = False
+
+    @property
+    def name(self) -> str:
+        return f"m{self.m}n{self.n}k{self.k}"
+
+
+def instruction_shape(precision: Precision, sm: int) -> Instruction:
+    """The mma.sync shape the kernel template uses for (precision, sm); DESIGN.md's table."""
+    p = Precision(precision)
+    if p in (Precision.FP16, Precision.FP32_TC):
+        return Instruction(16, 8, 8) if sm < 80 else Instruction(16, 8, 16)
+    if p is Precision.INT8:
+        return Instruction(8, 8, 16) if sm < 80 else Instruction(16, 8, 32)
+    if sm < 80:
+        return Instruction(8, 8, 32)
+    return Instruction(16, 8, 64, emulated=sm >= 90)
+
+
+@dataclass(frozen=True)
+class Target:
+    """A GPU model the service tunes for. Figures are datasheet values (dense Tensor Core)."""
+
+    name: str  # lowercase key used in the API: "h200"
+    model: str  # what the driver calls it: "NVIDIA H200"
+    sm: int  # compute capability * 10
+    sms: int
+    boost_mhz: int
+    mem_gib: float
+    bandwidth_gbs: float
+    l2_mib: float
+    smem_per_sm_kib: int
+    smem_per_block_kib: int  # opt-in maximum for one block
+    max_threads_per_sm: int
+    max_blocks_per_sm: int
+    peak_tops: dict[str, float] = field(hash=False, compare=False)
+    regs_per_sm: int = 65536
+    max_regs_per_thread: int = 255
+
+    @property
+    def arch(self) -> str:
+        return f"sm_{self.sm}"
+
+    @property
+    def measure_queue(self) -> str:
+        return f"measure.{self.name}"
+
+    def peak(self, precision: Precision) -> float:
+        """Dense Tensor Core peak in TFLOP/s (TOPS for integers) for this precision."""
+        return self.peak_tops[Precision(precision).value]
+
+
+def _peaks(fp16: float, int8: float, int4: float) -> dict[str, float]:
+    # fp32_tc runs on the fp16 units; the split costs 3-4 products per output (kernel side).
+    return {"fp16": fp16, "int8": int8, "int4": int4, "fp32_tc": fp16}
+
+
+TARGETS: dict[str, Target] = {
+    t.name: t
+    for t in (
+        Target("t4", "Tesla T4", 75, 40, 1590, 15.0, 320, 4, 64, 64, 1024, 16,
+               _peaks(65, 130, 260)),
+        Target("a100", "NVIDIA A100", 80, 108, 1410, 80.0, 2039, 40, 164, 163, 2048, 32,
+               _peaks(312, 624, 1248)),
+        Target("a10", "NVIDIA A10", 86, 72, 1695, 24.0, 600, 6, 100, 99, 1536, 16,
+               _peaks(125, 250, 500)),
+        Target("l4", "NVIDIA L4", 89, 58, 2040, 24.0, 300, 48, 100, 99, 1536, 24,
+               _peaks(121, 242, 485)),
+        # Hopper: mma.sync int4 has no unit and is emulated by ptxas (~20x slower than int8).
+        Target("h100", "NVIDIA H100", 90, 132, 1980, 80.0, 3350, 50, 228, 227, 2048, 32,
+               _peaks(989, 1979, 99)),
+        Target("h200", "NVIDIA H200", 90, 132, 1980, 141.0, 4800, 60, 228, 227, 2048, 32,
+               _peaks(989, 1979, 99)),
+    )
+}
+
+
+def get_target(name: str) -> Target:
+    try:
+        return TARGETS[name.lower()]
+    except KeyError:
+        raise ValueError(f"unknown target {name!r}; known: {', '.join(TARGETS)}") from None
+
+
+def target_for_gpu_model(model: str) -> Target | None:
+    """Map a driver's device name ('NVIDIA H100 80GB HBM3') to a known target."""
+    low = model.lower()
+    # Longest name first so that 'a100' is not taken for 'a10'.
+    for t in sorted(TARGETS.values(), key=lambda t: -len(t.name)):
+        if t.name in low.replace("tesla ", "").split() or low.startswith(t.model.lower()):
+            return t
+    for t in sorted(TARGETS.values(), key=lambda t: -len(t.name)):
+        if t.name in low:
+            return t
+    return None
+
+
+# Bounds that keep a request sane before it reaches a GPU. The kernel indexes with 32-bit
+# integers, so no tensor may hold 2**31 elements or more.
+MAX_BATCH = 4096
+MAX_SPATIAL = 16384
+MAX_CHANNELS = 65536
+MAX_FILTER = 15
+MAX_STRIDE = 8
+MAX_DILATION = 8
+MAX_ELEMENTS = 2**31 - 1
+
+
+def _pair(v: Any) -> tuple[int, int]:
+    if isinstance(v, int):
+        return (v, v)
+    a, b = v
+    return (int(a), int(b))
+
+
+@dataclass(frozen=True)
+class ConvShape:
+    """A 2-D convolution layer, NHWC activations and KRSC weights, groups=1."""
+
+    n: int
+    h: int
+    w: int
+    c: int
+    k: int
+    r: int
+    s: int
+    stride: tuple[int, int] = (1, 1)
+    pad: tuple[int, int] = (0, 0)
+    dilation: tuple[int, int] = (1, 1)
+    groups: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("stride", "pad", "dilation"):
+            object.__setattr__(self, name, _pair(getattr(self, name)))
+
+    # Output extents.
+    @property
+    def p(self) -> int:
+        span = self.dilation[0] * (self.r - 1) + 1
+        return (self.h + 2 * self.pad[0] - span) // self.stride[0] + 1
+
+    @property
+    def q(self) -> int:
+        span = self.dilation[1] * (self.s - 1) + 1
+        return (self.w + 2 * self.pad[1] - span) // self.stride[1] + 1
+
+    # Implicit GEMM view: M output pixels x N output channels, reduced over K = R*S*C.
+    @property
+    def gemm_m(self) -> int:
+        return self.n * self.p * self.q
+
+    @property
+    def gemm_n(self) -> int:
+        return self.k
+
+    @property
+    def gemm_k(self) -> int:
+        return self.r * self.s * self.c
+
+    @property
+    def flops(self) -> int:
+        """Multiply-adds counted as two operations."""
+        return 2 * self.gemm_m * self.gemm_n * self.gemm_k
+
+    def tensor_elements(self) -> dict[str, int]:
+        return {
+            "input": self.n * self.h * self.w * self.c,
+            "weight": self.k * self.r * self.s * self.c,
+            "output": self.n * self.p * self.q * self.k,
+        }
+
+    def tensor_bytes(self, precision: Precision) -> int:
+        """Bytes of input, weights and the widest output (int32/fp32) on the device."""
+        el = self.tensor_elements()
+        in_bits = Precision(precision).input_bits
+        return (el["input"] + el["weight"]) * in_bits // 8 + el["output"] * 4
+
+    def key(self) -> str:
+        """Canonical, human-readable identity of the layer."""
+        return (
+            f"n{self.n}_h{self.h}_w{self.w}_c{self.c}_k{self.k}_r{self.r}_s{self.s}"
+            f"_st{self.stride[0]}x{self.stride[1]}_p{self.pad[0]}x{self.pad[1]}"
+            f"_d{self.dilation[0]}x{self.dilation[1]}"
+        )
+
+    def short_hash(self) -> str:
+        return hashlib.sha256(self.key().encode()).hexdigest()[:10]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "n": self.n, "h": self.h, "w": self.w, "c": self.c, "k": self.k,
+            "r": self.r, "s": self.s,
+            "stride": list(self.stride), "pad": list(self.pad), "dilation": list(self.dilation),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ConvShape:
+        return cls(
+            n=int(d["n"]), h=int(d["h"]), w=int(d["w"]), c=int(d["c"]), k=int(d["k"]),
+            r=int(d["r"]), s=int(d["s"]),
+            stride=_pair(d.get("stride", (1, 1))), pad=_pair(d.get("pad", (0, 0))),
+            dilation=_pair(d.get("dilation", (1, 1))),
+        )
+
+    def problems(self, precision: Precision | None = None,
+                 target: Target | None = None) -> list[tuple[str, str]]:
+        """Every reason this layer cannot be tuned, as (field, reason) pairs; empty if fine."""
+        out: list[tuple[str, str]] = []
+        limits = {"n": MAX_BATCH, "h": MAX_SPATIAL, "w": MAX_SPATIAL, "c": MAX_CHANNELS,
+                  "k": MAX_CHANNELS, "r": MAX_FILTER, "s": MAX_FILTER}
+        for name, hi in limits.items():
+            v = getattr(self, name)
+            if v < 1:
+                out.append((name, f"must be a positive integer, got {v}"))
+            elif v > hi:
+                out.append((name, f"must be at most {hi}, got {v}"))
+        for name, lo, hi in (("stride", 1, MAX_STRIDE), ("pad", 0, MAX_FILTER),
+                             ("dilation", 1, MAX_DILATION)):
+            for v in getattr(self, name):
+                if not lo <= v <= hi:
+                    out.append((name, f"each value must be between {lo} and {hi}, got {v}"))
+                    break
+        if self.groups != 1:
+            out.append(("groups", "only groups=1 is supported"))
+        if out:
+            return out
+        if self.p < 1 or self.q < 1:
+            out.append(("shape", "the filter does not fit the padded input: "
+                                 f"output {self.p}x{self.q}"))
+            return out
+        for tensor, count in self.tensor_elements().items():
+            if count > MAX_ELEMENTS:
+                out.append(("shape", f"the {tensor} tensor has {count} elements; "
+                                     f"the kernel indexes with 32-bit integers (< 2^31)"))
+        if precision is not None:
+            p = Precision(precision)
+            if p is Precision.INT4:
+                for name in ("c", "k"):
+                    if getattr(self, name) % 2:
+                        out.append((name, "int4 packs two channels per byte: must be even, "
+                                          f"got {getattr(self, name)}"))
+            if target is not None:
+                need = self.tensor_bytes(p)
+                have = int(target.mem_gib * 0.9 * 2**30)
+                if need > have:
+                    out.append(("shape", f"the layer needs {need / 2**30:.1f} GiB of tensors; "
+                                         f"{target.name} has {target.mem_gib:g} GiB"))
+        return out
+
+
+def canonical_json(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"))
+
+
+def task_key(shape: ConvShape, precision: Precision, target: Target) -> str:
+    """Identity of a tuning task: one best schedule is kept per key."""
+    return f"{shape.key()}|{Precision(precision).value}|{target.name}"
+
+
+# ResNet-50's 3x3 layers (the paper's table 1), at batch 8.
+RESNET50_3X3 = {
+    "stage2": ConvShape(8, 56, 56, 64, 64, 3, 3, pad=(1, 1)),
+    "stage3": ConvShape(8, 28, 28, 128, 128, 3, 3, pad=(1, 1)),
+    "stage4": ConvShape(8, 14, 14, 256, 256, 3, 3, pad=(1, 1)),
+    "stage5": ConvShape(8, 7, 7, 512, 512, 3, 3, pad=(1, 1)),
+}

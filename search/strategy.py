@@ -1,0 +1,73 @@
+"""The Strategy interface: every search method proposes the next batch the same way.
+
+The explorer rebuilds a strategy's whole input from the database (the task's measurements,
+the candidates already in flight, prior measurements of the target for transfer), so a
+strategy keeps no state that a restart could lose. Its random choices come from a generator
+seeded by the job's seed and the size of the history, so a replayed call proposes the same.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+
+from kernels.space import ScheduleSpace
+from kernels.spec import ConvShape
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One measured schedule of this task (any job)."""
+
+    index: int  # position in the ScheduleSpace
+    status: str  # ok / wrong / compile_error / runtime_error / timeout
+    median_us: float | None
+
+
+@dataclass(frozen=True)
+class PriorTrial:
+    """A measurement of another layer on the same target and precision (for transfer)."""
+
+    shape: ConvShape
+    schedule: dict[str, Any]
+    status: str
+    median_us: float | None
+
+
+@dataclass
+class History:
+    trials: list[Trial] = field(default_factory=list)
+    pending: set[int] = field(default_factory=set)  # proposed, not measured yet
+    prior: list[PriorTrial] = field(default_factory=list)
+
+    @property
+    def seen(self) -> set[int]:
+        return {t.index for t in self.trials} | set(self.pending)
+
+
+class Strategy(ABC):
+    name: ClassVar[str]
+
+    def __init__(self, space: ScheduleSpace, seed: int = 0, **options: Any) -> None:
+        self.space = space
+        self.seed = seed
+        self.options = options
+
+    def rng(self, history: History) -> np.random.Generator:
+        """Generator for one call: same seed and history size -> same proposals."""
+        return np.random.default_rng([self.seed, len(history.trials), len(history.pending)])
+
+    @abstractmethod
+    def propose(self, history: History, n: int) -> list[int]:
+        """Up to n distinct valid indices, none measured or pending. Fewer only when the
+        valid space has fewer unseen schedules left."""
+
+    def unseen_valid(self, history: History) -> np.ndarray:
+        valid = self.space.valid_indices
+        seen = history.seen
+        if not seen:
+            return valid
+        return valid[~np.isin(valid, np.fromiter(seen, dtype=np.int64, count=len(seen)))]
