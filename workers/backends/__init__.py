@@ -1,0 +1,75 @@
+"""Choosing the measurement backend of this process for a target."""
+
+from __future__ import annotations
+
+import logging
+from functools import lru_cache
+from typing import TYPE_CHECKING
+
+from kernels.spec import Target, get_target, target_for_gpu_model
+from workers.backends.base import Backend
+from workers.backends.simulated import SimulatedBackend
+
+if TYPE_CHECKING:
+    from store.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+class NoBackend(RuntimeError):
+    """This process cannot measure the target (no such GPU and simulation not allowed)."""
+
+
+@lru_cache(maxsize=1)
+def local_gpu_target() -> Target | None:
+    """The target of the GPU this process sees, or None without a usable GPU."""
+    try:
+        import cupy  # noqa: F401  (optional extra "gpu")
+        from cupy.cuda import runtime
+
+        if runtime.getDeviceCount() < 1:
+            return None
+        name = runtime.getDeviceProperties(0)["name"]
+        name = name.decode() if isinstance(name, bytes) else str(name)
+    except Exception:  # no CuPy, no driver, no device: all mean "no GPU here"
+        return None
+    target = target_for_gpu_model(name)
+    if target is None:
+        log.warning("GPU %r is not a known target; measuring nothing on it", name)
+    return target
+
+
+_backends: dict[str, Backend] = {}
+
+
+def backend_for(target_name: str, settings: Settings) -> Backend:
+    """The backend that measures `target_name` in this process (cached per process).
+
+    auto: the cuda backend for the local GPU's target, the simulated model for others;
+    cuda: only the local GPU's target; simulated: the model for every target.
+    """
+    if target_name in _backends:
+        return _backends[target_name]
+    target = get_target(target_name)
+    local = None if settings.backend == "simulated" else local_gpu_target()
+    backend: Backend
+    if local is not None and local.name == target.name:
+        from workers.backends.cuda import CudaBackend
+
+        backend = CudaBackend(cache_dir=settings.kernel_cache)
+    elif settings.backend == "cuda":
+        raise NoBackend(f"no GPU of target {target_name} in this process")
+    else:
+        backend = SimulatedBackend(target, delay_s=settings.sim_delay_s)
+    _backends[target_name] = backend
+    return backend
+
+
+def served_targets(settings: Settings) -> list[str]:
+    """Targets this process can measure ('*' for every target, through the model)."""
+    if settings.backend == "simulated":
+        return ["*"]
+    local = local_gpu_target()
+    if settings.backend == "cuda":
+        return [local.name] if local else []
+    return ([local.name] if local else []) + ["*"]

@@ -1,0 +1,209 @@
+"""The `tctune` command line."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+import click
+
+from kernels.spec import ConvShape
+
+
+def _parse_shape(text: str) -> ConvShape:
+    """'n=8,h=56,w=56,c=64,k=64,r=3,s=3,pad=1' (pairs as 1x2)."""
+    fields: dict[str, Any] = {}
+    for part in text.split(","):
+        if "=" not in part:
+            raise click.BadParameter(f"expected name=value, got {part!r}", param_hint="--shape")
+        name, value = (x.strip() for x in part.split("=", 1))
+        try:
+            nums = [int(v) for v in value.lower().split("x")]
+        except ValueError:
+            raise click.BadParameter(f"{name}: {value!r} is not an integer",
+                                     param_hint="--shape") from None
+        if name in ("stride", "pad", "dilation"):
+            fields[name] = (nums[0], nums[-1])
+        elif name in ("n", "h", "w", "c", "k", "r", "s") and len(nums) == 1:
+            fields[name] = nums[0]
+        else:
+            raise click.BadParameter(f"unknown or malformed field {name!r}", param_hint="--shape")
+    missing = [f for f in ("n", "h", "w", "c", "k", "r", "s") if f not in fields]
+    if missing:
+        raise click.BadParameter(f"missing {', '.join(missing)}", param_hint="--shape")
+    return ConvShape(**fields)
+
+
+@click.group()
+def main() -> None:
+    """tctune: autotuning of reduced-precision convolution on NVIDIA Tensor Cores."""
+
+
+# --- the service ------------------------------------------------------------------------
+
+@main.command()
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8000, show_default=True, type=int)
+@click.option("--data", default=None, type=click.Path(file_okay=False),
+              help="data directory of the embedded default [env TCTUNE_DATA_DIR]")
+def serve(host: str, port: int, data: str | None) -> None:
+    """Run the API (and, with no broker configured, the embedded dispatcher)."""
+    import logging
+
+    import uvicorn
+
+    if data:
+        os.environ["TCTUNE_DATA_DIR"] = data
+    from api.app import create_app
+    from store import migrate
+    from store.settings import Settings
+
+    settings = Settings()
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    url = settings.db_url
+    if url.startswith("sqlite"):
+        migrate.upgrade(url)  # the embedded default keeps its own schema current
+    elif migrate.current_revision(url) != migrate.head_revision(url):
+        raise click.ClickException("the database schema is not current: run `tctune db upgrade`")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    mode = "embedded" if settings.embedded else f"distributed (broker {settings.broker_url})"
+    click.echo(f"tctune: {mode}, database {url.split('@')[-1]}", err=True)
+    uvicorn.run(create_app(settings), host=host, port=port, log_level="warning")
+
+
+@main.group()
+def db() -> None:
+    """Database schema migrations."""
+
+
+@db.command("upgrade")
+@click.option("--revision", default="head", show_default=True)
+def db_upgrade(revision: str) -> None:
+    """Migrate the database of TCTUNE_DATABASE_URL up to a revision."""
+    from store import migrate
+    from store.settings import Settings
+
+    migrate.upgrade(Settings().db_url, revision)
+    click.echo(f"database at {migrate.current_revision(Settings().db_url)}")
+
+
+@db.command("downgrade")
+@click.argument("revision")
+def db_downgrade(revision: str) -> None:
+    """Migrate the database down to REVISION ('base' for empty)."""
+    from store import migrate
+    from store.settings import Settings
+
+    migrate.downgrade(Settings().db_url, revision)
+    click.echo(f"database at {migrate.current_revision(Settings().db_url)}")
+
+
+# --- the client -------------------------------------------------------------------------
+
+server_option = click.option("--server", default=None, envvar="TCTUNE_SERVER",
+                             help="API address [default http://127.0.0.1:8000]")
+
+
+@main.command()
+@click.option("--shape", "shape_text", required=True,
+              help="n=8,h=56,w=56,c=64,k=64,r=3,s=3,pad=1 (pairs as 1x2)")
+@click.option("--precision", required=True, type=click.Choice(["fp16", "int8", "int4", "fp32_tc"]))
+@click.option("--target", required=True, help="t4, a100, a10, l4, h100, h200")
+@click.option("--trials", default=500, show_default=True, type=int)
+@click.option("--strategy", default=None, help="search strategy (default: the service's)")
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--wait", is_flag=True, help="show progress until the job ends")
+@server_option
+def tune(shape_text: str, precision: str, target: str, trials: int, strategy: str | None,
+         seed: int, wait: bool, server: str | None) -> None:
+    """Submit a layer for tuning."""
+    from api.client import DEFAULT_SERVER, Client, TctuneError
+
+    shape = _parse_shape(shape_text)
+    client = Client(server or DEFAULT_SERVER)
+    try:
+        resp = client.tune(shape, precision, target, trials, strategy, seed)
+    except TctuneError as err:
+        raise click.ClickException(_explain(err.body)) from None
+    except Exception as err:  # connection refused and the like
+        raise click.ClickException(f"cannot reach {server or DEFAULT_SERVER}: {err}") from None
+    verb = "queued" if resp["created"] else "already active"
+    click.echo(f"job {resp['job_id']} {verb} for {resp['task_key']}", err=True)
+    if not wait:
+        click.echo(json.dumps(resp))
+        return
+    final = _wait_with_progress(client, resp["job_id"])
+    if final["status"] != "done":
+        raise click.ClickException(f"job {final['status']}: {final.get('error')}")
+    best = client.schedule(shape, precision, target)
+    click.echo(json.dumps(best, indent=2))
+
+
+def _wait_with_progress(client: Any, job_id: int) -> dict[str, Any]:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("[bold]job {task.fields[job]}"), BarColumn(), MofNCompleteColumn(),
+                  TextColumn("best {task.fields[best]}"), TimeElapsedColumn(),
+                  transient=False) as bar:
+        tid = bar.add_task("tune", total=None, job=job_id, best="-")
+
+        def update(state: dict[str, Any]) -> None:
+            best = state["best_us"]
+            label = "-" if best is None else f"{best:.2f} us" + (
+                " (simulated)" if state["simulated"] else "")
+            bar.update(tid, total=state["trials"], completed=state["trials_done"], best=label)
+
+        return client.wait(job_id, on_update=update)  # type: ignore[no-any-return]
+
+
+def _explain(body: Any) -> str:
+    if isinstance(body, dict) and isinstance(body.get("detail"), list):
+        return "; ".join(f"{'.'.join(str(x) for x in e.get('loc', [])[1:])}: {e.get('msg')}"
+                         for e in body["detail"])
+    if isinstance(body, dict) and "detail" in body:
+        return str(body["detail"])
+    return str(body)
+
+
+@main.command()
+@click.option("--shape", "shape_text", required=True)
+@click.option("--precision", required=True, type=click.Choice(["fp16", "int8", "int4", "fp32_tc"]))
+@click.option("--target", required=True)
+@server_option
+def schedule(shape_text: str, precision: str, target: str, server: str | None) -> None:
+    """Print the best schedule of a layer (exit 1 when none is known yet)."""
+    from api.client import DEFAULT_SERVER, Client, TctuneError
+
+    client = Client(server or DEFAULT_SERVER)
+    try:
+        best = client.schedule(_parse_shape(shape_text), precision, target)
+    except TctuneError as err:
+        raise click.ClickException(_explain(err.body)) from None
+    if best is None:
+        click.echo("no verified schedule yet", err=True)
+        sys.exit(1)
+    click.echo(json.dumps(best, indent=2))
+
+
+# --- benchmarks -------------------------------------------------------------------------
+
+@main.group()
+def bench() -> None:
+    """Offline benchmarks."""
+
+
+@bench.command("search", context_settings={"ignore_unknown_options": True,
+                                           "allow_extra_args": True})
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def bench_search(args: tuple[str, ...]) -> None:
+    """Replay search strategies on recorded exhaustive datasets (see --help of the replay)."""
+    from search import replay
+
+    sys.exit(replay.main(list(args)))
+
+
+if __name__ == "__main__":
+    main()
+

@@ -1,0 +1,82 @@
+"""A small Python client of the tctune API (httpx), used by the CLI."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+
+from kernels.spec import ConvShape
+
+DEFAULT_SERVER = "http://127.0.0.1:8000"
+TERMINAL = ("done", "failed", "cancelled")
+
+
+class TctuneError(RuntimeError):
+    def __init__(self, status: int, body: Any) -> None:
+        super().__init__(f"HTTP {status}: {body}")
+        self.status = status
+        self.body = body
+
+
+def shape_query(shape: ConvShape) -> dict[str, Any]:
+    d = shape.to_dict()
+    for name in ("stride", "pad", "dilation"):
+        d[name] = ",".join(str(v) for v in d[name])
+    return d
+
+
+class Client:
+    def __init__(self, server: str = DEFAULT_SERVER, token: str | None = None,
+                 timeout: float = 30.0) -> None:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.http = httpx.Client(base_url=server.rstrip("/"), headers=headers, timeout=timeout)
+
+    def _json(self, resp: httpx.Response, ok: tuple[int, ...] = (200,)) -> Any:
+        try:
+            body = resp.json()
+        except ValueError:
+            body = resp.text
+        if resp.status_code not in ok:
+            raise TctuneError(resp.status_code, body)
+        return body
+
+    def tune(self, shape: ConvShape, precision: str, target: str, trials: int = 500,
+             strategy: str | None = None, seed: int = 0) -> dict[str, Any]:
+        body: dict[str, Any] = {"shape": shape.to_dict(), "precision": precision,
+                                "target": target, "trials": trials, "seed": seed}
+        if strategy:
+            body["strategy"] = strategy
+        return self._json(self.http.post("/tune", json=body), ok=(200, 202))  # type: ignore
+
+    def job(self, job_id: int, after: int = 0) -> dict[str, Any]:
+        return self._json(self.http.get(f"/jobs/{job_id}", params={"after": after}))  # type: ignore
+
+    def wait(self, job_id: int, poll_s: float = 0.5,
+             on_update: Callable[[dict[str, Any]], None] | None = None,
+             timeout_s: float | None = None) -> dict[str, Any]:
+        """Poll until the job ends; `on_update` sees each state (measurements since the last)."""
+        after, start = 0, time.monotonic()
+        while True:
+            state = self.job(job_id, after=after)
+            after = state["next_after"]
+            if on_update:
+                on_update(state)
+            if state["status"] in TERMINAL:
+                return state
+            if timeout_s is not None and time.monotonic() - start > timeout_s:
+                raise TimeoutError(f"job {job_id} still {state['status']} after {timeout_s} s")
+            time.sleep(poll_s)
+
+    def schedule(self, shape: ConvShape, precision: str, target: str) -> dict[str, Any] | None:
+        """The best schedule, or None when there is none yet."""
+        params = {**shape_query(shape), "precision": precision, "target": target}
+        resp = self.http.get("/schedule", params=params)
+        if resp.status_code == 404:
+            return None
+        return self._json(resp)  # type: ignore[no-any-return]
+
+    def close(self) -> None:
+        self.http.close()

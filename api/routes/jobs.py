@@ -1,0 +1,70 @@
+"""GET /jobs and GET /jobs/{id}: status, progress and the measurement history."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, HTTPException, Query
+from sqlalchemy import select
+
+from api.deps import DB
+from api.schemas import JobOut, JobSummary, MeasurementOut, TaskOut
+from store import repository as repo
+from store.models import ACTIVE_JOB_STATES, JOB_STATES, Job, Task
+
+router = APIRouter(tags=["jobs"])
+
+
+def _task_out(task: Task) -> TaskOut:
+    return TaskOut(id=task.id, key=task.key, shape=task.shape, precision=task.precision,
+                   target=task.target)
+
+
+STATUS_PATTERN = "^(" + "|".join(JOB_STATES) + ")$"
+
+
+@router.get("/jobs", response_model=list[JobSummary])
+def list_jobs(session: DB, status: str | None = Query(None, pattern=STATUS_PATTERN),
+              limit: int = Query(100, ge=1, le=1000)) -> list[JobSummary]:
+    stmt = select(Job, Task).join(Task, Task.id == Job.task_id).order_by(Job.id.desc())
+    if status:
+        stmt = stmt.where(Job.status == status)
+    out = []
+    for job, task in session.execute(stmt.limit(limit)).all():
+        prog = repo.job_progress(session, job.id)
+        out.append(JobSummary(id=job.id, status=job.status, strategy=job.strategy,
+                              trials=job.trials, trials_done=prog.measured, best_us=prog.best_us,
+                              simulated=prog.simulated, task=_task_out(task),
+                              created_at=job.created_at))
+    return out
+
+
+@router.get("/jobs/{job_id}", response_model=JobOut, responses={404: {"description": "no job"}})
+def get_job(job_id: int, session: DB,
+            after: int = Query(0, ge=0, description="only measurements with id > after"),
+            ) -> JobOut:
+    job = repo.get_job(session, job_id)
+    if job is None:
+        raise HTTPException(404, detail=f"no job {job_id}")
+    task = repo.get_task(session, job.task_id)
+    assert task is not None
+    prog = repo.job_progress(session, job.id)
+    rows = repo.job_measurements(session, job.id, after_id=after)
+    first_trial = repo.count_job_measurements_upto(session, job.id, after) + 1 if after else 1
+    live = len(repo.live_workers(session, task.target))
+    warning = None
+    if job.status in ACTIVE_JOB_STATES and not live:
+        warning = f"no live worker for target {task.target}: the job waits for one"
+    return JobOut(
+        id=job.id, status=job.status, strategy=job.strategy, seed=job.seed, trials=job.trials,
+        trials_done=prog.measured, best_us=prog.best_us, simulated=prog.simulated,
+        task=_task_out(task), created_at=job.created_at, started_at=job.started_at,
+        finished_at=job.finished_at, error=job.error, live_workers=live, warning=warning,
+        measurements=[
+            MeasurementOut(id=m.id, trial=first_trial + i, schedule=m.schedule,
+                           schedule_hash=m.schedule_hash, status=m.status,
+                           median_us=m.median_us, iqr_us=m.iqr_us, backend=m.backend,
+                           simulated=m.backend == "simulated", worker=m.worker, error=m.error,
+                           created_at=m.created_at)
+            for i, m in enumerate(rows)
+        ],
+        next_after=rows[-1].id if rows else after,
+    )

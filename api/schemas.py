@@ -1,0 +1,166 @@
+"""Request and response bodies of the HTTP API (pydantic v2)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictInt,
+    field_validator,
+)
+
+from kernels.spec import TARGETS, ConvShape, Precision
+from search.registry import STRATEGIES
+from store.repository import as_utc
+
+MAX_TRIALS = 20_000
+
+# Every time the API returns is UTC with its offset (SQLite hands back naive values).
+UTC = Annotated[datetime, AfterValidator(as_utc)]
+
+
+
+def _as_pair(v: Any) -> Any:
+    return [v, v] if isinstance(v, int) and not isinstance(v, bool) else v
+
+
+# One int for both axes, or [vertical, horizontal].
+Pair = Annotated[list[StrictInt], Field(min_length=2, max_length=2), BeforeValidator(_as_pair)]
+
+
+class ShapeIn(BaseModel):
+    """A conv layer. Integers only; stride/pad/dilation as one int or [vertical, horizontal]."""
+
+    model_config = ConfigDict(extra="forbid")
+    n: StrictInt
+    h: StrictInt
+    w: StrictInt
+    c: StrictInt
+    k: StrictInt
+    r: StrictInt
+    s: StrictInt
+    stride: Pair = [1, 1]
+    pad: Pair = [0, 0]
+    dilation: Pair = [1, 1]
+
+    def to_shape(self) -> ConvShape:
+        return ConvShape.from_dict(self.model_dump())
+
+
+class TuneRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    shape: ShapeIn
+    precision: Precision
+    target: str = Field(description=f"one of {', '.join(TARGETS)}")
+    trials: StrictInt = Field(500, ge=1, le=MAX_TRIALS)
+    strategy: str | None = Field(None, description="search strategy; default: the service's")
+    seed: StrictInt = Field(0, ge=0, le=2**31 - 1)
+
+    @field_validator("target")
+    @classmethod
+    def _known_target(cls, v: str) -> str:
+        if v.lower() not in TARGETS:
+            raise ValueError(f"unknown target {v!r}; known: {', '.join(TARGETS)}")
+        return v.lower()
+
+    @field_validator("strategy")
+    @classmethod
+    def _known_strategy(cls, v: str | None) -> str | None:
+        if v is not None and v not in STRATEGIES:
+            raise ValueError(f"unknown strategy {v!r}; known: {', '.join(STRATEGIES)}")
+        return v
+
+
+class TuneResponse(BaseModel):
+    job_id: int
+    task_id: int
+    task_key: str
+    status: str
+    created: bool = Field(description="false when an active job of the same task was returned")
+
+
+class TaskOut(BaseModel):
+    id: int
+    key: str
+    shape: dict[str, Any]
+    precision: str
+    target: str
+
+
+class MeasurementOut(BaseModel):
+    id: int
+    trial: int = Field(description="1-based position of this measurement in its job")
+    schedule: dict[str, Any]
+    schedule_hash: str
+    status: str
+    median_us: float | None
+    iqr_us: float | None
+    backend: str
+    simulated: bool
+    worker: str | None
+    error: str | None
+    created_at: UTC
+
+
+class JobOut(BaseModel):
+    id: int
+    status: str
+    strategy: str
+    seed: int
+    trials: int = Field(description="trial budget")
+    trials_done: int
+    best_us: float | None
+    simulated: bool | None = Field(description="results come from the analytical model")
+    task: TaskOut
+    created_at: UTC
+    started_at: UTC | None
+    finished_at: UTC | None
+    error: str | None
+    live_workers: int = Field(description="workers with a recent heartbeat for the target")
+    warning: str | None = None
+    measurements: list[MeasurementOut]
+    next_after: int = Field(description="pass as ?after= to get only newer measurements")
+
+
+class JobSummary(BaseModel):
+    id: int
+    status: str
+    strategy: str
+    trials: int
+    trials_done: int
+    best_us: float | None
+    simulated: bool | None
+    task: TaskOut
+    created_at: UTC
+
+
+class ScheduleOut(BaseModel):
+    schedule: dict[str, Any]
+    latency_us: float
+    iqr_us: float | None
+    simulated: bool
+    backend: str
+    job_id: int
+    measured_at: UTC
+    task_key: str
+
+
+class ScheduleMissing(BaseModel):
+    detail: str
+    task_key: str
+    known: bool = Field(description="the task exists (a job was submitted for it)")
+    running: bool = Field(description="a job for it is queued or running")
+    job: dict[str, Any] | None = None
+
+
+class Health(BaseModel):
+    status: Literal["ok"]
+    database: str
+    mode: Literal["embedded", "distributed"]
+    version: str

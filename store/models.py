@@ -1,0 +1,137 @@
+"""SQLAlchemy 2.0 models. The database is the source of truth; the broker only carries
+messages. Every schema change comes with an Alembic migration in migrations/versions/."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+JOB_STATES = ("queued", "running", "done", "failed", "cancelled")
+ACTIVE_JOB_STATES = ("queued", "running")
+CANDIDATE_STATES = ("pending", "built", "done")
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention={
+        "ix": "ix_%(column_0_label)s",
+        "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+        "ck": "ck_%(table_name)s_%(constraint_name)s",
+        "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+        "pk": "pk_%(table_name)s",
+    })
+
+
+class Task(Base):
+    """A (layer shape, precision, target) to tune; one best schedule is kept per task."""
+
+    __tablename__ = "task"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    key: Mapped[str] = mapped_column(String(200), unique=True)
+    shape: Mapped[dict[str, Any]] = mapped_column(JSON)
+    shape_key: Mapped[str] = mapped_column(String(160))
+    precision: Mapped[str] = mapped_column(String(16))
+    target: Mapped[str] = mapped_column(String(32), index=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class Job(Base):
+    """One tuning run of a task with a trial budget and a strategy."""
+
+    __tablename__ = "job"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    task_id: Mapped[int] = mapped_column(ForeignKey("task.id", ondelete="CASCADE"), index=True)
+    trials: Mapped[int] = mapped_column(Integer)
+    strategy: Mapped[str] = mapped_column(String(32))
+    seed: Mapped[int] = mapped_column(Integer, default=0)
+    status: Mapped[str] = mapped_column(String(16), default="queued", index=True)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+
+class Candidate(Base):
+    """A schedule the explorer proposed for a job: the ledger that makes a lost build or
+    measure message recoverable (re-issued after its lease expires) and never doubled."""
+
+    __tablename__ = "candidate"
+    __table_args__ = (UniqueConstraint("job_id", "schedule_hash"),
+                      Index("ix_candidate_job_state", "job_id", "state"))
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("job.id", ondelete="CASCADE"))
+    task_id: Mapped[int] = mapped_column(ForeignKey("task.id", ondelete="CASCADE"))
+    round: Mapped[int] = mapped_column(Integer)
+    schedule: Mapped[dict[str, Any]] = mapped_column(JSON)
+    schedule_hash: Mapped[str] = mapped_column(String(16))
+    state: Mapped[str] = mapped_column(String(16), default="pending")
+    build_status: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    build_log: Mapped[str | None] = mapped_column(Text, nullable=True)
+    artifact: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    lease_owner: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    lease_expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True),
+                                                              nullable=True)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class Measurement(Base):
+    """One measured schedule. Unique per task: a schedule is measured once, whatever job or
+    redelivered message asks for it again."""
+
+    __tablename__ = "measurement"
+    __table_args__ = (UniqueConstraint("task_id", "schedule_hash"),
+                      Index("ix_measurement_job_id_id", "job_id", "id"))
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    task_id: Mapped[int] = mapped_column(ForeignKey("task.id", ondelete="CASCADE"))
+    job_id: Mapped[int] = mapped_column(ForeignKey("job.id", ondelete="CASCADE"))
+    schedule: Mapped[dict[str, Any]] = mapped_column(JSON)
+    schedule_hash: Mapped[str] = mapped_column(String(16))
+    status: Mapped[str] = mapped_column(String(16))
+    median_us: Mapped[float | None] = mapped_column(Float, nullable=True)
+    iqr_us: Mapped[float | None] = mapped_column(Float, nullable=True)
+    backend: Mapped[str] = mapped_column(String(16))
+    worker: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class BestSchedule(Base):
+    """The best verified (status ok) measurement of a task, kept current after each batch."""
+
+    __tablename__ = "best_schedule"
+    task_id: Mapped[int] = mapped_column(ForeignKey("task.id", ondelete="CASCADE"),
+                                         primary_key=True)
+    measurement_id: Mapped[int] = mapped_column(ForeignKey("measurement.id", ondelete="CASCADE"))
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class Worker(Base):
+    """A measuring process (one per GPU) and its heartbeat."""
+
+    __tablename__ = "worker"
+    name: Mapped[str] = mapped_column(String(128), primary_key=True)
+    gpu_model: Mapped[str] = mapped_column(String(128))
+    sm: Mapped[int] = mapped_column(Integer)
+    target: Mapped[str] = mapped_column(String(32), index=True)
+    backend: Mapped[str] = mapped_column(String(16))
+    state: Mapped[str] = mapped_column(String(16), default="idle")
+    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    last_heartbeat: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

@@ -1,0 +1,315 @@
+"""The narrow storage interface: every read and write of tctune's state goes through here.
+
+Writes that a redelivered message could repeat are idempotent by construction (unique keys
+with insert-or-ignore), so "at least once" delivery yields "exactly once" rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Select, and_, func, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session
+
+from kernels.space import schedule_hash
+from kernels.spec import ConvShape, Precision, Target, task_key
+from store.models import (
+    ACTIVE_JOB_STATES,
+    BestSchedule,
+    Candidate,
+    Job,
+    Measurement,
+    Task,
+    Worker,
+    utcnow,
+)
+
+
+def as_utc(dt: datetime | None) -> datetime | None:
+    """SQLite returns naive datetimes; everything tctune stores is UTC."""
+    if dt is None:
+        return None
+    return dt if dt.tzinfo else dt.replace(tzinfo=UTC)
+
+
+# Bulk updates are decided by the database alone: evaluating their criteria against objects
+# in the session would compare SQLite's naive datetimes with aware ones.
+NO_SYNC = {"synchronize_session": False}
+
+
+def _insert(session: Session, model: type) -> Any:
+    dialect = session.get_bind().dialect.name
+    return (postgresql.insert(model) if dialect == "postgresql" else sqlite.insert(model))
+
+
+# --- tasks and jobs ---------------------------------------------------------------------
+
+def get_or_create_task(session: Session, shape: ConvShape, precision: Precision,
+                       target: Target) -> Task:
+    key = task_key(shape, precision, target)
+    stmt = _insert(session, Task).values(
+        key=key, shape=shape.to_dict(), shape_key=shape.key(),
+        precision=Precision(precision).value, target=target.name, created_at=utcnow(),
+    ).on_conflict_do_nothing(index_elements=["key"])
+    session.execute(stmt)
+    return session.scalars(select(Task).where(Task.key == key)).one()
+
+
+def find_task(session: Session, key: str) -> Task | None:
+    return session.scalars(select(Task).where(Task.key == key)).one_or_none()
+
+
+def active_job_for_task(session: Session, task_id: int) -> Job | None:
+    return session.scalars(
+        select(Job).where(Job.task_id == task_id, Job.status.in_(ACTIVE_JOB_STATES))
+        .order_by(Job.id).limit(1)
+    ).one_or_none()
+
+
+def latest_job_for_task(session: Session, task_id: int) -> Job | None:
+    return session.scalars(
+        select(Job).where(Job.task_id == task_id).order_by(Job.id.desc()).limit(1)
+    ).one_or_none()
+
+
+def create_job(session: Session, task: Task, trials: int, strategy: str, seed: int) -> Job:
+    job = Job(task_id=task.id, trials=trials, strategy=strategy, seed=seed, status="queued",
+              created_at=utcnow())
+    session.add(job)
+    session.flush()
+    return job
+
+
+def get_job(session: Session, job_id: int) -> Job | None:
+    return session.get(Job, job_id)
+
+
+def get_task(session: Session, task_id: int) -> Task | None:
+    return session.get(Task, task_id)
+
+
+def active_jobs(session: Session) -> Sequence[Job]:
+    return session.scalars(
+        select(Job).where(Job.status.in_(ACTIVE_JOB_STATES)).order_by(Job.id)
+    ).all()
+
+
+def set_job_status(session: Session, job: Job, status: str, error: str | None = None) -> None:
+    now = utcnow()
+    if status == "running" and job.started_at is None:
+        job.started_at = now
+    if status in ("done", "failed", "cancelled"):
+        job.finished_at = now
+    job.status = status
+    if error is not None:
+        job.error = error
+
+
+# --- progress ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class JobProgress:
+    measured: int
+    ok: int
+    best_us: float | None
+    simulated: bool | None
+
+
+def job_progress(session: Session, job_id: int) -> JobProgress:
+    measured, ok, best = session.execute(
+        select(func.count(Measurement.id),
+               func.count(Measurement.id).filter(Measurement.status == "ok"),
+               func.min(Measurement.median_us).filter(Measurement.status == "ok"))
+        .where(Measurement.job_id == job_id)
+    ).one()
+    backend = session.scalars(
+        select(Measurement.backend).where(Measurement.job_id == job_id).limit(1)
+    ).one_or_none()
+    return JobProgress(int(measured), int(ok), best,
+                       None if backend is None else backend == "simulated")
+
+
+def job_measurements(session: Session, job_id: int, after_id: int = 0,
+                     limit: int | None = None) -> Sequence[Measurement]:
+    stmt = (select(Measurement).where(Measurement.job_id == job_id, Measurement.id > after_id)
+            .order_by(Measurement.id))
+    if limit:
+        stmt = stmt.limit(limit)
+    return session.scalars(stmt).all()
+
+
+def count_job_measurements_upto(session: Session, job_id: int, upto_id: int) -> int:
+    return int(session.scalar(
+        select(func.count(Measurement.id))
+        .where(Measurement.job_id == job_id, Measurement.id <= upto_id)) or 0)
+
+
+def task_measurements(session: Session, task_id: int) -> Sequence[Measurement]:
+    return session.scalars(
+        select(Measurement).where(Measurement.task_id == task_id).order_by(Measurement.id)
+    ).all()
+
+
+def prior_measurements(session: Session, target: str, precision: str, exclude_task_id: int,
+                       limit: int = 50_000) -> list[tuple[dict[str, Any], dict[str, Any], str,
+                                                           float | None]]:
+    """(shape, schedule, status, median_us) of other tasks on the same target and precision,
+    newest first: what a new task's cost model starts from."""
+    rows = session.execute(
+        select(Task.shape, Measurement.schedule, Measurement.status, Measurement.median_us)
+        .join(Task, Task.id == Measurement.task_id)
+        .where(Task.target == target, Task.precision == precision,
+               Task.id != exclude_task_id)
+        .order_by(Measurement.id.desc()).limit(limit)
+    ).all()
+    return [tuple(r) for r in rows]  # type: ignore[misc]
+
+
+# --- candidates -------------------------------------------------------------------------
+
+def open_candidates(session: Session, job_id: int) -> Sequence[Candidate]:
+    return session.scalars(
+        select(Candidate).where(Candidate.job_id == job_id, Candidate.state != "done")
+        .order_by(Candidate.id)
+    ).all()
+
+
+def next_round(session: Session, job_id: int) -> int:
+    return int(session.scalar(
+        select(func.coalesce(func.max(Candidate.round), 0)).where(Candidate.job_id == job_id)
+    ) or 0) + 1
+
+
+def add_candidates(session: Session, job: Job, schedules: Iterable[dict[str, Any]],
+                   round_no: int) -> list[int]:
+    """Insert proposals (ignoring any the job already has) and return the new ids."""
+    ids: list[int] = []
+    for sched in schedules:
+        h = schedule_hash(sched)
+        stmt = _insert(session, Candidate).values(
+            job_id=job.id, task_id=job.task_id, round=round_no, schedule=sched,
+            schedule_hash=h, state="pending", attempts=0, created_at=utcnow(),
+        ).on_conflict_do_nothing(index_elements=["job_id", "schedule_hash"])
+        if session.execute(stmt).rowcount:
+            ids.append(session.scalars(select(Candidate.id).where(
+                Candidate.job_id == job.id, Candidate.schedule_hash == h)).one())
+    return ids
+
+
+def get_candidate(session: Session, candidate_id: int) -> Candidate | None:
+    return session.get(Candidate, candidate_id)
+
+
+def lease_candidate(session: Session, candidate_id: int, owner: str, seconds: float) -> bool:
+    """Take the candidate for `seconds` unless someone else holds an unexpired lease."""
+    now = utcnow()
+    res = session.execute(
+        update(Candidate)
+        .where(Candidate.id == candidate_id, Candidate.state != "done",
+               (Candidate.lease_expires_at.is_(None)) | (Candidate.lease_expires_at < now)
+               | (Candidate.lease_owner == owner))
+        .values(lease_owner=owner, lease_expires_at=now + timedelta(seconds=seconds),
+                attempts=Candidate.attempts + 1)
+        .execution_options(**NO_SYNC)
+    )
+    return bool(res.rowcount)
+
+
+def record_build(session: Session, candidate_id: int, status: str, artifact: str | None,
+                 log: str) -> None:
+    session.execute(
+        update(Candidate).where(Candidate.id == candidate_id, Candidate.state == "pending")
+        .values(state="built", build_status=status, artifact=artifact, build_log=log[-20000:],
+                lease_owner=None, lease_expires_at=None)
+        .execution_options(**NO_SYNC)
+    )
+
+
+def retire_candidate(session: Session, candidate_id: int) -> None:
+    """Close a candidate that needs no measurement (already measured, job not active)."""
+    session.execute(update(Candidate).where(Candidate.id == candidate_id)
+                    .values(state="done", lease_owner=None, lease_expires_at=None)
+                    .execution_options(**NO_SYNC))
+
+
+# --- measurements -----------------------------------------------------------------------
+
+def record_measurement(session: Session, cand: Candidate, status: str, median_us: float | None,
+                       iqr_us: float | None, backend: str, worker: str | None,
+                       error: str | None) -> bool:
+    """Store the result of a candidate once; True if this call wrote it."""
+    stmt = _insert(session, Measurement).values(
+        task_id=cand.task_id, job_id=cand.job_id, schedule=cand.schedule,
+        schedule_hash=cand.schedule_hash, status=status, median_us=median_us, iqr_us=iqr_us,
+        backend=backend, worker=worker, error=(error or None) and error[-20000:],
+        created_at=utcnow(),
+    ).on_conflict_do_nothing(index_elements=["task_id", "schedule_hash"])
+    wrote = bool(session.execute(stmt).rowcount)
+    retire_candidate(session, cand.id)
+    return wrote
+
+
+def is_measured(session: Session, task_id: int, sched_hash: str) -> bool:
+    return session.scalar(select(Measurement.id).where(
+        Measurement.task_id == task_id, Measurement.schedule_hash == sched_hash)) is not None
+
+
+def refresh_best(session: Session, task_id: int) -> Measurement | None:
+    """Point the task's best schedule at its fastest verified measurement."""
+    best = session.scalars(
+        select(Measurement).where(Measurement.task_id == task_id, Measurement.status == "ok",
+                                  Measurement.median_us.is_not(None))
+        .order_by(Measurement.median_us, Measurement.id).limit(1)
+    ).one_or_none()
+    if best is None:
+        return None
+    stmt = _insert(session, BestSchedule).values(
+        task_id=task_id, measurement_id=best.id, updated_at=utcnow())
+    stmt = stmt.on_conflict_do_update(
+        index_elements=["task_id"],
+        set_={"measurement_id": best.id, "updated_at": utcnow()},
+    )
+    session.execute(stmt)
+    return best
+
+
+def best_query(key: str) -> Select[Any]:
+    return (select(Measurement, Task)
+            .join(BestSchedule, BestSchedule.measurement_id == Measurement.id)
+            .join(Task, and_(Task.id == BestSchedule.task_id))
+            .where(Task.key == key))
+
+
+def best_for_key(session: Session, key: str) -> tuple[Measurement, Task] | None:
+    row = session.execute(best_query(key)).one_or_none()
+    return None if row is None else (row[0], row[1])
+
+
+# --- workers ----------------------------------------------------------------------------
+
+def heartbeat(session: Session, name: str, gpu_model: str, sm: int, target: str, backend: str,
+              state: str = "idle") -> None:
+    now = utcnow()
+    stmt = _insert(session, Worker).values(
+        name=name, gpu_model=gpu_model, sm=sm, target=target, backend=backend, state=state,
+        started_at=now, last_heartbeat=now,
+    )
+    stmt = stmt.on_conflict_do_update(
+        index_elements=["name"],
+        set_={"gpu_model": gpu_model, "sm": sm, "target": target, "backend": backend,
+              "state": state, "last_heartbeat": now},
+    )
+    session.execute(stmt)
+
+
+def live_workers(session: Session, target: str | None = None,
+                 within_s: float = 60.0) -> Sequence[Worker]:
+    since = utcnow() - timedelta(seconds=within_s)
+    stmt = select(Worker).where(Worker.last_heartbeat >= since, Worker.state != "stopped")
+    if target:  # '*' marks a worker of the simulated backend, which serves every target
+        stmt = stmt.where(Worker.target.in_((target, "*")))
+    return session.scalars(stmt.order_by(Worker.name)).all()

@@ -1,0 +1,50 @@
+"""Configuration from the environment (TCTUNE_*), one place for every process."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="TCTUNE_", extra="ignore")
+
+    # Where the embedded default keeps its SQLite file and the kernel cache.
+    data_dir: Path = Path("./tctune-data")
+    # SQLAlchemy URL; empty -> SQLite file in data_dir.
+    database_url: str = ""
+    # Celery broker (redis://...); empty -> the embedded dispatcher in the API process.
+    broker_url: str = ""
+    # Measurement backend: cuda when a GPU is visible, else the simulated model.
+    backend: Literal["auto", "cuda", "simulated"] = "auto"
+    # Seconds a simulated measurement takes (imitates a GPU's timing loop).
+    sim_delay_s: float = 0.0
+    # Candidates proposed per explorer round.
+    batch_size: int = 32
+    # Local processes of the embedded dispatcher.
+    build_processes: int = 2
+    measure_processes: int = 1
+    # Shared kernel cache (cubins); empty -> data_dir/cache.
+    cache_dir: str = ""
+
+    @property
+    def db_url(self) -> str:
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{(self.data_dir / 'tctune.db').resolve()}"
+
+    @property
+    def kernel_cache(self) -> Path:
+        return Path(self.cache_dir) if self.cache_dir else self.data_dir / "cache"
+
+    @property
+    def embedded(self) -> bool:
+        return not self.broker_url
+
+
+@lru_cache
+def get_settings() -> Settings:
+    return Settings()

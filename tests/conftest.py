@@ -1,0 +1,119 @@
+"""Shared fixtures: a real `tctune serve` in a subprocess, and throwaway PostgreSQL databases."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import pytest
+from sqlalchemy import create_engine, text
+
+PG_ADMIN_URL = os.environ.get("TCTUNE_TEST_PG",
+                              "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
+REPO = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Service:
+    """A `tctune serve` process on a free port with its own data directory."""
+
+    data_dir: Path
+    env: dict[str, str]
+    port: int = field(default_factory=free_port)
+    proc: subprocess.Popen[bytes] | None = None
+    log_path: Path | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 60.0) -> Service:
+        self.log_path = self.data_dir / f"serve-{time.time_ns()}.log"
+        log = open(self.log_path, "wb")  # noqa: SIM115 (kept open for the child)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "api.cli", "serve", "--port", str(self.port),
+             "--data", str(self.data_dir)],
+            cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"tctune serve exited: {self.log_path.read_text()}")
+            try:
+                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"tctune serve did not come up: {self.log_path.read_text()}")
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group: the API, the dispatcher and its children."""
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    @property
+    def db_url(self) -> str:
+        return f"sqlite:///{(self.data_dir / 'tctune.db').resolve()}"
+
+
+@pytest.fixture
+def make_service(tmp_path: Path) -> Iterator[Callable[..., Service]]:
+    started: list[Service] = []
+
+    def make(**env: str) -> Service:
+        # Only what the test sets: no TCTUNE_* of the developer's shell leaks in.
+        base = {k: v for k, v in os.environ.items() if not k.startswith("TCTUNE_")}
+        full = {**base, "TCTUNE_BACKEND": "simulated", "PYTHONUNBUFFERED": "1", **env}
+        svc = Service(data_dir=tmp_path / "data", env=full)
+        svc.data_dir.mkdir(exist_ok=True)
+        started.append(svc)
+        return svc
+
+    yield make
+    for svc in started:
+        svc.stop()
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    """A fresh, empty PostgreSQL database, dropped afterwards."""
+    name = f"tctune_test_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    url = PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
+    try:
+        yield url
+    finally:
+        from store.db import get_engine
+
+        get_engine(url).dispose()
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()

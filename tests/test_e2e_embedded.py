@@ -1,0 +1,79 @@
+"""The whole path on the embedded default: POST /tune -> explorer -> build -> measure ->
+database -> GET /schedule, through a real `tctune serve` process, and a restart mid-job."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import httpx
+from sqlalchemy import func, select
+
+from store.db import session_scope
+from store.models import Measurement
+from tests.conftest import Service
+
+STAGE2 = {"n": 8, "h": 56, "w": 56, "c": 64, "k": 64, "r": 3, "s": 3, "pad": [1, 1]}
+QUERY = dict(n=8, h=56, w=56, c=64, k=64, r=3, s=3, pad=1, precision="int8", target="h200")
+
+
+def _wait(url: str, job_id: int, until: Callable[[dict], bool], timeout: float = 120) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        state = httpx.get(f"{url}/jobs/{job_id}", timeout=10).json()
+        if until(state):
+            return state
+        time.sleep(0.2)
+    raise AssertionError(f"job {job_id} did not get there: {state}")
+
+
+def test_tune_stage2_int8_end_to_end(make_service: Callable[..., Service]) -> None:
+    svc = make_service().start()
+    resp = httpx.post(f"{svc.url}/tune", json={"shape": STAGE2, "precision": "int8",
+                                               "target": "h200", "trials": 64})
+    assert resp.status_code == 202, resp.text
+    job_id = resp.json()["job_id"]
+    state = _wait(svc.url, job_id, lambda s: s["status"] == "done")
+    assert state["trials_done"] == 64 and state["trials"] == 64
+    assert state["simulated"] is True
+
+    history = state["measurements"]
+    assert [m["trial"] for m in history] == list(range(1, 65))
+    assert len({m["schedule_hash"] for m in history}) == 64
+    ok = [m for m in history if m["status"] == "ok"]
+    best = min(ok, key=lambda m: m["median_us"])
+
+    got = httpx.get(f"{svc.url}/schedule", params=QUERY)
+    assert got.status_code == 200, got.text
+    sched = got.json()
+    assert sched["schedule"] == best["schedule"]
+    assert sched["latency_us"] == best["median_us"]
+    assert sched["simulated"] is True and sched["backend"] == "simulated"
+    assert sched["job_id"] == job_id
+
+    # ?after=N returns only newer measurements.
+    tail = httpx.get(f"{svc.url}/jobs/{job_id}", params={"after": history[59]["id"]}).json()
+    assert [m["trial"] for m in tail["measurements"]] == [61, 62, 63, 64]
+
+
+def test_job_survives_sigkill_of_the_service(make_service: Callable[..., Service]) -> None:
+    # Slow simulated measurements so that the kill lands mid-job.
+    svc = make_service(TCTUNE_SIM_DELAY_S="0.06", TCTUNE_BATCH_SIZE="8").start()
+    job_id = httpx.post(f"{svc.url}/tune", json={"shape": STAGE2, "precision": "int8",
+                                                 "target": "h200", "trials": 64}).json()["job_id"]
+    before = _wait(svc.url, job_id, lambda s: s["trials_done"] >= 12)
+    svc.kill()
+    assert before["status"] == "running"
+    with session_scope(svc.db_url) as s:
+        done_at_kill = s.scalar(select(func.count(Measurement.id)))
+    assert 12 <= done_at_kill < 64
+
+    svc.start()
+    state = _wait(svc.url, job_id, lambda s: s["status"] == "done")
+    assert state["trials_done"] == 64
+    with session_scope(svc.db_url) as s:
+        rows = s.execute(select(Measurement.schedule_hash).where(Measurement.job_id == job_id))
+        hashes = [h for (h,) in rows]
+    assert len(hashes) == 64, "the budget is measured exactly"
+    assert len(set(hashes)) == 64, "no schedule measured twice"
+    assert httpx.get(f"{svc.url}/schedule", params=QUERY).status_code == 200

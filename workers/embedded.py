@@ -1,0 +1,182 @@
+"""The embedded dispatcher: the whole fleet in one machine, no broker.
+
+A thread in the API process plays the central explorer and hands build and measure tasks
+to local process pools that run the same task functions as the Celery workers. All state
+lives in the database, so a killed service restarts where it stopped: the explorer re-issues
+open candidates first and measurements are written once.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import os
+import socket
+import threading
+import time
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any
+
+from store import repository as repo
+from store.db import session_scope
+from store.settings import Settings
+from workers import tasks
+from workers.backends import backend_for, local_gpu_target, served_targets
+
+log = logging.getLogger(__name__)
+
+HEARTBEAT_S = 5.0
+
+# --- child processes --------------------------------------------------------------------
+_child_settings: Settings | None = None
+
+
+def _init_child(settings_json: str) -> None:
+    global _child_settings
+    _child_settings = Settings.model_validate_json(settings_json)
+
+
+def _child_target(candidate_id: int) -> str:
+    assert _child_settings is not None
+    with session_scope(_child_settings.db_url) as s:
+        cand = repo.get_candidate(s, candidate_id)
+        task = cand and repo.get_task(s, cand.task_id)
+        return task.target if task else ""
+
+
+def child_build(candidate_id: int) -> str | None:
+    assert _child_settings is not None
+    target = _child_target(candidate_id)
+    if not target:
+        return None
+    backend = backend_for(target, _child_settings)
+    return tasks.build(_child_settings.db_url, candidate_id, backend)
+
+
+def child_measure(candidate_id: int) -> bool:
+    assert _child_settings is not None
+    target = _child_target(candidate_id)
+    if not target:
+        return False
+    backend = backend_for(target, _child_settings)
+    return tasks.measure(_child_settings.db_url, candidate_id, backend, worker_name())
+
+
+def worker_name() -> str:
+    return f"embedded@{socket.gethostname()}"
+
+
+# --- the dispatcher ---------------------------------------------------------------------
+
+class EmbeddedDispatcher:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="tctune-dispatcher", daemon=True)
+        self._pools: dict[str, ProcessPoolExecutor] = {}
+        self._meta: dict[Future[Any], tuple[str, int, int]] = {}  # future -> (stage, cand, job)
+        self._inflight: dict[int, int] = {}  # job id -> futures outstanding
+        self._last_beat = 0.0
+        # job id -> (monotonic time before which it is not re-explored, failures in a row)
+        self._backoff: dict[int, tuple[float, int]] = {}
+
+    # lifecycle
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        self._thread.join(timeout)
+        for pool in self._pools.values():
+            pool.shutdown(wait=False, cancel_futures=True)
+
+    def _pool(self, stage: str) -> ProcessPoolExecutor:
+        if stage not in self._pools:
+            n = self.settings.build_processes if stage == "build" \
+                else self.settings.measure_processes
+            # spawn, not fork: this process runs threads (uvicorn, this dispatcher).
+            self._pools[stage] = ProcessPoolExecutor(
+                max_workers=max(1, n), mp_context=mp.get_context("spawn"),
+                initializer=_init_child, initargs=(self.settings.model_dump_json(),))
+        return self._pools[stage]
+
+    def _submit(self, stage: str, candidate_id: int, job_id: int) -> None:
+        fn = child_build if stage == "build" else child_measure
+        try:
+            fut = self._pool(stage).submit(fn, candidate_id)
+        except BrokenProcessPool:
+            self._pools.pop(stage, None)
+            fut = self._pool(stage).submit(fn, candidate_id)
+        self._meta[fut] = (stage, candidate_id, job_id)
+        self._inflight[job_id] = self._inflight.get(job_id, 0) + 1
+
+    def _heartbeat(self) -> None:
+        now = time.monotonic()
+        if now - self._last_beat < HEARTBEAT_S:
+            return
+        self._last_beat = now
+        gpu = local_gpu_target() if self.settings.backend != "simulated" else None
+        with session_scope(self.settings.db_url) as s:
+            for target in served_targets(self.settings):
+                name = worker_name() + ("" if target == "*" else f"/{target}")
+                backend = "simulated" if target == "*" else "cuda"
+                model = gpu.model if (gpu and target != "*") else "analytical model"
+                repo.heartbeat(s, name, model, gpu.sm if gpu and target != "*" else 0,
+                               target, backend, state="busy" if self._meta else "idle")
+
+    def _explore_idle_jobs(self) -> None:
+        with session_scope(self.settings.db_url) as s:
+            job_ids = [j.id for j in repo.active_jobs(s)]
+        for job_id in job_ids:
+            if self._inflight.get(job_id) or \
+                    self._backoff.get(job_id, (0.0, 0))[0] > time.monotonic():
+                continue
+            try:
+                ids = tasks.explore(self.settings.db_url, job_id, self.settings.batch_size)
+            except Exception as exc:  # a broken job must not stop the others
+                log.exception("explore failed for job %s", job_id)
+                with session_scope(self.settings.db_url) as s:
+                    job = repo.get_job(s, job_id)
+                    if job is not None:
+                        repo.set_job_status(s, job, "failed", error=f"explorer: {exc}")
+                continue
+            for cid in ids:
+                self._submit("build", cid, job_id)
+
+    def _collect(self) -> None:
+        if not self._meta:
+            self._stop.wait(0.2)
+            return
+        done, _ = wait(list(self._meta), timeout=0.2, return_when=FIRST_COMPLETED)
+        for fut in done:
+            stage, cid, job_id = self._meta.pop(fut)
+            self._inflight[job_id] -= 1
+            if not self._inflight[job_id]:
+                del self._inflight[job_id]
+            exc = fut.exception()
+            if isinstance(exc, BrokenProcessPool):
+                # A child died (killed, out of memory): a fresh pool retries the step; the
+                # task functions skip what was already written.
+                self._pools.pop(stage, None)
+                self._submit(stage, cid, job_id)
+            elif exc is not None:
+                # Left open: a later explore round re-issues it, after a growing pause.
+                log.error("%s of candidate %s failed: %r", stage, cid, exc)
+                fails = self._backoff.get(job_id, (0.0, 0))[1] + 1
+                self._backoff[job_id] = (time.monotonic() + min(60.0, 0.5 * 2**fails), fails)
+            elif stage == "build":
+                self._submit("measure", cid, job_id)
+            else:
+                self._backoff.pop(job_id, None)
+
+    def _run(self) -> None:
+        log.info("embedded dispatcher started (pid %s)", os.getpid())
+        while not self._stop.is_set():
+            try:
+                self._heartbeat()
+                self._explore_idle_jobs()
+                self._collect()
+            except Exception:
+                log.exception("dispatcher loop error; retrying")
+                self._stop.wait(1.0)
