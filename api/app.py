@@ -7,7 +7,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from api.routes import health, jobs, schedule, tune
+from api.routes import health, jobs, schedule, schedules, tune, workers
 from store.settings import Settings, get_settings
 
 
@@ -32,6 +32,6 @@ def create_app(settings: Settings | None = None, dispatcher: bool = True) -> Fas
     app = FastAPI(title="tctune", version="0.1.0", lifespan=lifespan,
                   description="Autotuning of reduced-precision convolution on Tensor Cores")
     app.state.settings = cfg
-    for module in (tune, jobs, schedule, health):
+    for module in (tune, jobs, schedule, schedules, workers, health):
         app.include_router(module.router)
     return app

@@ -91,6 +91,8 @@ class TaskOut(BaseModel):
     shape: dict[str, Any]
     precision: str
     target: str
+    baseline_us: float | None = Field(None, description="cuDNN fp16 on the target, if timed")
+    baseline_backend: str | None = None
 
 
 class MeasurementOut(BaseModel):
@@ -106,6 +108,7 @@ class MeasurementOut(BaseModel):
     worker: str | None
     error: str | None
     created_at: UTC
+    predicted_us: float | None = Field(None, description="the cost model's prediction")
 
 
 class JobOut(BaseModel):
@@ -122,6 +125,8 @@ class JobOut(BaseModel):
     started_at: UTC | None
     finished_at: UTC | None
     error: str | None
+    speedup: float | None = Field(None, description="baseline_us / best_us")
+    insight: dict[str, Any] | None = Field(None, description="the cost model's last round")
     live_workers: int = Field(description="workers with a recent heartbeat for the target")
     warning: str | None = None
     measurements: list[MeasurementOut]
@@ -136,6 +141,7 @@ class JobSummary(BaseModel):
     trials_done: int
     best_us: float | None
     simulated: bool | None
+    speedup: float | None = None
     task: TaskOut
     created_at: UTC
 
@@ -157,6 +163,27 @@ class ScheduleMissing(BaseModel):
     known: bool = Field(description="the task exists (a job was submitted for it)")
     running: bool = Field(description="a job for it is queued or running")
     job: dict[str, Any] | None = None
+
+
+class WorkerOut(BaseModel):
+    name: str
+    gpu_model: str
+    sm: int
+    target: str = Field(description="'*' for a simulated worker that serves every target")
+    backend: str
+    state: str = Field(description="busy / idle / stopped, or 'lost' without a heartbeat")
+    heartbeat_age_s: float
+    measurements_per_min: float
+    started_at: UTC
+
+
+class BestOut(BaseModel):
+    task: TaskOut
+    schedule: dict[str, Any]
+    latency_us: float | None
+    simulated: bool
+    job_id: int
+    measured_at: UTC
 
 
 class Health(BaseModel):

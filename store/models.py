@@ -50,6 +50,9 @@ class Task(Base):
     precision: Mapped[str] = mapped_column(String(16))
     target: Mapped[str] = mapped_column(String(32), index=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    # cuDNN fp16 latency of the same layer on the target (what a speedup is quoted against).
+    baseline_us: Mapped[float | None] = mapped_column(Float, nullable=True)
+    baseline_backend: Mapped[str | None] = mapped_column(String(16), nullable=True)
 
 
 class Job(Base):
@@ -66,6 +69,8 @@ class Job(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    # What the explorer's cost model said in its last round (knob importance and the like).
+    insight: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
 
 
 class Candidate(Base):
@@ -90,6 +95,8 @@ class Candidate(Base):
                                                               nullable=True)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    # The cost model's predicted latency when the explorer proposed it (None: no model yet).
+    predicted_us: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 class Measurement(Base):
@@ -111,6 +118,7 @@ class Measurement(Base):
     worker: Mapped[str | None] = mapped_column(String(128), nullable=True)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    predicted_us: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 class BestSchedule(Base):

@@ -185,14 +185,17 @@ def next_round(session: Session, job_id: int) -> int:
 
 
 def add_candidates(session: Session, job: Job, schedules: Iterable[dict[str, Any]],
-                   round_no: int) -> list[int]:
+                   round_no: int, predicted_us: Sequence[float | None] | None = None) -> list[int]:
     """Insert proposals (ignoring any the job already has) and return the new ids."""
     ids: list[int] = []
-    for sched in schedules:
+    scheds = list(schedules)
+    preds = list(predicted_us) if predicted_us is not None else [None] * len(scheds)
+    for sched, pred in zip(scheds, preds, strict=True):
         h = schedule_hash(sched)
         stmt = _insert(session, Candidate).values(
             job_id=job.id, task_id=job.task_id, round=round_no, schedule=sched,
             schedule_hash=h, state="pending", attempts=0, created_at=utcnow(),
+            predicted_us=pred,
         ).on_conflict_do_nothing(index_elements=["job_id", "schedule_hash"])
         if session.execute(stmt).rowcount:
             ids.append(session.scalars(select(Candidate.id).where(
@@ -246,7 +249,7 @@ def record_measurement(session: Session, cand: Candidate, status: str, median_us
         task_id=cand.task_id, job_id=cand.job_id, schedule=cand.schedule,
         schedule_hash=cand.schedule_hash, status=status, median_us=median_us, iqr_us=iqr_us,
         backend=backend, worker=worker, error=(error or None) and error[-20000:],
-        created_at=utcnow(),
+        created_at=utcnow(), predicted_us=cand.predicted_us,
     ).on_conflict_do_nothing(index_elements=["task_id", "schedule_hash"])
     wrote = bool(session.execute(stmt).rowcount)
     retire_candidate(session, cand.id)
@@ -289,6 +292,23 @@ def best_for_key(session: Session, key: str) -> tuple[Measurement, Task] | None:
     return None if row is None else (row[0], row[1])
 
 
+def set_baseline(session: Session, task_id: int, us: float, backend: str) -> None:
+    session.execute(update(Task).where(Task.id == task_id)
+                    .values(baseline_us=us, baseline_backend=backend)
+                    .execution_options(**NO_SYNC))
+
+
+def best_schedules(session: Session, target: str | None = None, precision: str | None = None,
+                   limit: int = 1000) -> Sequence[tuple[Task, Measurement]]:
+    stmt = (select(Task, Measurement).join(BestSchedule, BestSchedule.task_id == Task.id)
+            .join(Measurement, Measurement.id == BestSchedule.measurement_id))
+    if target:
+        stmt = stmt.where(Task.target == target)
+    if precision:
+        stmt = stmt.where(Task.precision == precision)
+    return [(t, m) for t, m in session.execute(stmt.order_by(Task.id).limit(limit)).all()]
+
+
 # --- workers ----------------------------------------------------------------------------
 
 def heartbeat(session: Session, name: str, gpu_model: str, sm: int, target: str, backend: str,
@@ -304,6 +324,17 @@ def heartbeat(session: Session, name: str, gpu_model: str, sm: int, target: str,
               "state": state, "last_heartbeat": now},
     )
     session.execute(stmt)
+
+
+def all_workers(session: Session) -> Sequence[Worker]:
+    return session.scalars(select(Worker).order_by(Worker.name)).all()
+
+
+def measurements_per_worker(session: Session, since: datetime) -> dict[str, int]:
+    rows = session.execute(
+        select(Measurement.worker, func.count(Measurement.id))
+        .where(Measurement.created_at >= since).group_by(Measurement.worker)).all()
+    return {w or "": int(n) for w, n in rows}
 
 
 def live_workers(session: Session, target: str | None = None,

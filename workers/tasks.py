@@ -90,7 +90,13 @@ def explore(db_url: str, job_id: int, batch_size: int = 32) -> list[int]:
             repo.set_job_status(s, job, "done",
                                 error="search space exhausted before the trial budget")
             return []
-        return repo.add_candidates(s, job, space.schedules(picks), repo.next_round(s, job.id))
+        # Model-based strategies say what they predicted; the dashboard plots it.
+        predictions: dict[int, float] = getattr(strategy, "predictions", None) or {}
+        insight = getattr(strategy, "insight", None)
+        if insight:
+            job.insight = insight
+        return repo.add_candidates(s, job, space.schedules(picks), repo.next_round(s, job.id),
+                                   [predictions.get(i) for i in picks])
 
 
 def build(db_url: str, candidate_id: int, backend: Backend) -> str | None:
@@ -129,12 +135,16 @@ def measure(db_url: str, candidate_id: int, backend: Backend, worker: str,
             return False  # another worker holds it
         task = repo.get_task(s, cand.task_id)
         assert task is not None
+        task_id, has_baseline = task.id, task.baseline_us is not None
         spec, schedule = task_spec(task), dict(cand.schedule)
         built = BuildOutcome(cand.build_status or "", cand.artifact, cand.build_log or "")
     if built.status == "":  # no builder got to it: build here
         built = backend.build(spec, schedule)
     outcome = backend.measure(spec, schedule, built)
+    baseline = None if has_baseline else _baseline(spec, backend)
     with session_scope(db_url) as s:
+        if baseline is not None:
+            repo.set_baseline(s, task_id, baseline, backend.name)
         cand = repo.get_candidate(s, candidate_id)
         assert cand is not None
         wrote = repo.record_measurement(s, cand, outcome.status, outcome.median_us,
@@ -145,3 +155,15 @@ def measure(db_url: str, candidate_id: int, backend: Backend, worker: str,
         if job is not None:
             finish_if_done(s, job)
     return wrote
+
+
+def _baseline(spec: TaskSpec, backend: Backend) -> float | None:
+    """cuDNN fp16 latency of the layer, once per task, where the backend can time it."""
+    timer = getattr(backend, "baseline_us", None)
+    if timer is None:
+        return None
+    try:
+        return float(timer(spec))
+    except Exception:  # a baseline is nice to have; its failure must not lose the result
+        log.exception("baseline timing failed for %s", spec.shape.key())
+        return None

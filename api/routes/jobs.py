@@ -13,9 +13,16 @@ from store.models import ACTIVE_JOB_STATES, JOB_STATES, Job, Task
 router = APIRouter(tags=["jobs"])
 
 
-def _task_out(task: Task) -> TaskOut:
+def task_out(task: Task) -> TaskOut:
     return TaskOut(id=task.id, key=task.key, shape=task.shape, precision=task.precision,
-                   target=task.target)
+                   target=task.target, baseline_us=task.baseline_us,
+                   baseline_backend=task.baseline_backend)
+
+
+def _speedup(task: Task, best_us: float | None) -> float | None:
+    if task.baseline_us and best_us:
+        return round(task.baseline_us / best_us, 3)
+    return None
 
 
 STATUS_PATTERN = "^(" + "|".join(JOB_STATES) + ")$"
@@ -32,7 +39,8 @@ def list_jobs(session: DB, status: str | None = Query(None, pattern=STATUS_PATTE
         prog = repo.job_progress(session, job.id)
         out.append(JobSummary(id=job.id, status=job.status, strategy=job.strategy,
                               trials=job.trials, trials_done=prog.measured, best_us=prog.best_us,
-                              simulated=prog.simulated, task=_task_out(task),
+                              simulated=prog.simulated, speedup=_speedup(task, prog.best_us),
+                              task=task_out(task),
                               created_at=job.created_at))
     return out
 
@@ -56,14 +64,15 @@ def get_job(job_id: int, session: DB,
     return JobOut(
         id=job.id, status=job.status, strategy=job.strategy, seed=job.seed, trials=job.trials,
         trials_done=prog.measured, best_us=prog.best_us, simulated=prog.simulated,
-        task=_task_out(task), created_at=job.created_at, started_at=job.started_at,
+        task=task_out(task), created_at=job.created_at, started_at=job.started_at,
         finished_at=job.finished_at, error=job.error, live_workers=live, warning=warning,
+        speedup=_speedup(task, prog.best_us), insight=job.insight,
         measurements=[
             MeasurementOut(id=m.id, trial=first_trial + i, schedule=m.schedule,
                            schedule_hash=m.schedule_hash, status=m.status,
                            median_us=m.median_us, iqr_us=m.iqr_us, backend=m.backend,
                            simulated=m.backend == "simulated", worker=m.worker, error=m.error,
-                           created_at=m.created_at)
+                           created_at=m.created_at, predicted_us=m.predicted_us)
             for i, m in enumerate(rows)
         ],
         next_after=rows[-1].id if rows else after,

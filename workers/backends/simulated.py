@@ -165,5 +165,14 @@ class SimulatedBackend:
             time.sleep(self.delay_s)
         return simulated_result(task, schedule)
 
+    def baseline_us(self, task: TaskSpec) -> float:
+        """Modelled cuDNN fp16 for the layer: the best fp16 schedule of a library kernel
+        without the paper's three optimizations (plain loads, 32-bit epilogue, NHWC)."""
+        space = ScheduleSpace(task.shape, Precision.FP16, task.target,
+                              restrict={"DUP_AWARE": [0], "PACK_OUT": [0], "LAYOUT": ["nhwc"]})
+        lat = simulate_latency_us(task.shape, Precision.FP16, task.target,
+                                  space.columns(space.valid_indices))
+        return round(float(lat.min()), 3)
+
     def close(self) -> None:
         pass

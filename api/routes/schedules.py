@@ -1,0 +1,31 @@
+"""GET /schedules: every task's best verified schedule, as JSON or JSON lines."""
+
+from __future__ import annotations
+
+import json
+
+from fastapi import APIRouter, Query
+from fastapi.responses import Response
+
+from api.deps import DB
+from api.routes.jobs import task_out
+from api.schemas import BestOut
+from store import repository as repo
+
+router = APIRouter(tags=["schedules"])
+
+
+@router.get("/schedules", response_model=list[BestOut],
+            responses={200: {"content": {"application/x-ndjson": {}}}})
+def list_schedules(session: DB, target: str | None = Query(None, max_length=32),
+                   precision: str | None = Query(None, max_length=16),
+                   format: str = Query("json", pattern="^(json|jsonl)$"),
+                   limit: int = Query(1000, ge=1, le=100_000)) -> list[BestOut] | Response:
+    rows = [BestOut(task=task_out(t), schedule=m.schedule, latency_us=m.median_us,
+                    simulated=m.backend == "simulated", job_id=m.job_id, measured_at=m.created_at)
+            for t, m in repo.best_schedules(session, target, precision, limit)]
+    if format == "jsonl":
+        body = "".join(json.dumps(r.model_dump(mode="json")) + "\n" for r in rows)
+        return Response(body, media_type="application/x-ndjson",
+                        headers={"Content-Disposition": 'attachment; filename="schedules.jsonl"'})
+    return rows
