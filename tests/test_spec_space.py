@@ -1,0 +1,131 @@
+"""The domain contracts: shapes, targets, the schedule space's indexing and validity."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kernels.space import (
+    PAPER_KNOBS,
+    ScheduleSpace,
+    is_valid,
+    knobs_for,
+    schedule_hash,
+    schedule_problems,
+)
+from kernels.spec import (
+    RESNET50_3X3,
+    TARGETS,
+    ConvShape,
+    Precision,
+    get_target,
+    instruction_shape,
+    target_for_gpu_model,
+    task_key,
+)
+
+STAGE2 = RESNET50_3X3["stage2"]
+
+
+def test_output_extent_follows_the_conv_formula() -> None:
+    s = ConvShape(2, 17, 23, 8, 16, 3, 5, stride=(2, 3), pad=(1, 2), dilation=(2, 1))
+    assert s.p == (17 + 2 - 2 * 2 - 1) // 2 + 1
+    assert s.q == (23 + 4 - 1 * 4 - 1) // 3 + 1
+    assert (s.gemm_m, s.gemm_n, s.gemm_k) == (2 * s.p * s.q, 16, 3 * 5 * 8)
+    assert STAGE2.flops == 2 * 8 * 56 * 56 * 64 * 64 * 9
+
+
+def test_key_is_canonical_and_roundtrips() -> None:
+    a = ConvShape(8, 56, 56, 64, 64, 3, 3, pad=1)
+    b = ConvShape.from_dict(a.to_dict())
+    assert a == b and a.key() == b.key() and a.short_hash() == b.short_hash()
+    assert a.key() != ConvShape(8, 56, 56, 64, 64, 3, 3, pad=(1, 0)).key()
+    assert task_key(a, Precision.INT8, TARGETS["h200"]).endswith("|int8|h200")
+
+
+@pytest.mark.parametrize("shape,field", [
+    (ConvShape(0, 8, 8, 8, 8, 3, 3), "n"),
+    (ConvShape(1, 8, 8, 8, 8, 3, 3, stride=(0, 1)), "stride"),
+    (ConvShape(1, 2, 2, 8, 8, 3, 3), "shape"),
+    (ConvShape(1, 8, 8, 8, 8, 99, 3), "r"),
+])
+def test_problems_name_the_field(shape: ConvShape, field: str) -> None:
+    assert field in [f for f, _ in shape.problems()]
+
+
+def test_channel_rules_per_precision() -> None:
+    odd = ConvShape(1, 8, 8, 3, 8, 3, 3, pad=1)
+    assert [f for f, _ in odd.problems(Precision.INT4)] == ["c"]
+    assert odd.problems(Precision.INT8) == [] and odd.problems(Precision.FP16) == []
+
+
+def test_memory_rule_depends_on_the_target() -> None:
+    big = ConvShape(256, 256, 256, 120, 120, 3, 3, pad=1)
+    assert any("GiB" in m for _, m in big.problems(Precision.FP32_TC, TARGETS["t4"]))
+    assert big.problems(Precision.FP32_TC, TARGETS["h200"]) == []
+
+
+def test_targets_and_instruction_table() -> None:
+    assert {t: TARGETS[t].sm for t in TARGETS} == {
+        "t4": 75, "a100": 80, "a10": 86, "l4": 89, "h100": 90, "h200": 90}
+    assert instruction_shape(Precision.FP16, 75).name == "m16n8k8"
+    assert instruction_shape(Precision.INT8, 75).name == "m8n8k16"
+    assert instruction_shape(Precision.INT8, 90).name == "m16n8k32"
+    assert instruction_shape(Precision.INT4, 80).name == "m16n8k64"
+    assert TARGETS["h100"].peak("int4") < TARGETS["h100"].peak("int8") / 10
+    assert get_target("H200").name == "h200"
+    with pytest.raises(ValueError):
+        get_target("v100")
+    assert target_for_gpu_model("NVIDIA H100 80GB HBM3").name == "h100"
+    assert target_for_gpu_model("NVIDIA A100-SXM4-80GB").name == "a100"
+    assert target_for_gpu_model("NVIDIA A10").name == "a10"
+    assert target_for_gpu_model("Tesla T4").name == "t4"
+    assert target_for_gpu_model("NVIDIA H200").name == "h200"
+    assert target_for_gpu_model("GeForce GTX 1080") is None
+
+
+@pytest.mark.parametrize("precision", list(Precision))
+def test_space_index_roundtrip_and_validity_agree(precision: Precision) -> None:
+    space = ScheduleSpace(STAGE2, precision, TARGETS["h100"])
+    assert set(PAPER_KNOBS) <= set(space.knobs)
+    assert ("SPLIT" in space.knobs) == (precision is Precision.FP32_TC)
+    rng = np.random.default_rng(0)
+    valid = set(space.valid_indices.tolist())
+    for idx in rng.choice(space.size, 300, replace=False):
+        sched = space.schedule_at(int(idx))
+        assert space.index_of(sched) == idx
+        assert schedule_problems(precision, sched) == []
+        assert space.is_valid(sched) == (int(idx) in valid)
+        assert is_valid(STAGE2, precision, sched, TARGETS["h100"]) == (int(idx) in valid)
+    assert 0 < len(valid) < space.size
+
+
+def test_mutation_changes_exactly_one_knob() -> None:
+    space = ScheduleSpace(STAGE2, Precision.INT8, TARGETS["h100"])
+    rng = np.random.default_rng(1)
+    for idx in rng.choice(space.valid_indices, 100):
+        a, b = space.schedule_at(int(idx)), space.schedule_at(space.mutate_index(int(idx), rng))
+        assert sum(a[k] != b[k] for k in a) == 1
+
+
+def test_restricted_space_holds_only_the_subspace() -> None:
+    fixed = {"DUP_AWARE": [1], "PACK_OUT": [1], "LAYOUT": ["nhwc"], "STAGES": [2],
+             "SPLIT_K": [1]}
+    space = ScheduleSpace(STAGE2, Precision.INT8, TARGETS["h100"], restrict=fixed)
+    assert space.size == 3 * 3 * 4 * 4 * 4 * 2
+    for sched in space.schedules(space.valid_indices[:50]):
+        assert all(sched[k] == v[0] for k, v in fixed.items())
+    with pytest.raises(ValueError):
+        ScheduleSpace(STAGE2, Precision.INT8, TARGETS["h100"], restrict={"STAGES": [7]})
+
+
+def test_schedule_problems_catch_free_text() -> None:
+    sched = ScheduleSpace(STAGE2, Precision.INT8, TARGETS["h100"]).schedule_at(0)
+    assert schedule_problems(Precision.INT8, {**sched, "CHUNK": "8; system()"})
+    assert schedule_problems(Precision.INT8, {**sched, "EXTRA": 1})
+    assert schedule_problems(Precision.INT8, {**sched, "DUP_AWARE": True})
+    missing = dict(sched)
+    missing.pop("CHUNK")
+    assert schedule_problems(Precision.INT8, missing) == [("CHUNK", "missing")]
+    assert schedule_hash(sched) == schedule_hash(dict(reversed(list(sched.items()))))
+    assert set(knobs_for(Precision.FP32_TC)) - set(knobs_for(Precision.INT8)) == {"SPLIT"}
