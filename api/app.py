@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import logging
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from api.routes import health, jobs, schedule, schedules, tune, workers
+from api.routes import dashboard, health, jobs, schedule, schedules, tune, workers
 from store.settings import Settings, get_settings
+
+log = logging.getLogger(__name__)
 
 
 def create_app(settings: Settings | None = None, dispatcher: bool = True) -> FastAPI:
@@ -32,6 +35,24 @@ def create_app(settings: Settings | None = None, dispatcher: bool = True) -> Fas
     app = FastAPI(title="tctune", version="0.1.0", lifespan=lifespan,
                   description="Autotuning of reduced-precision convolution on Tensor Cores")
     app.state.settings = cfg
-    for module in (tune, jobs, schedule, schedules, workers, health):
+    app.state.on_new_job = _new_job_notifier(cfg)
+    for module in (tune, jobs, schedule, schedules, workers, health, dashboard):
         app.include_router(module.router)
     return app
+
+
+def _new_job_notifier(cfg: Settings) -> Callable[[int], None]:
+    """Distributed mode: tell the explorer at once (its sweeper finds the job anyway, so a
+    broker that is down only delays it). Embedded: the dispatcher polls the database."""
+    if cfg.embedded:
+        return lambda job_id: None
+
+    def notify(job_id: int) -> None:
+        try:
+            from workers.app import EXPLORE_QUEUE, explore_task
+
+            explore_task.apply_async((job_id,), queue=EXPLORE_QUEUE, retry=False)
+        except Exception as exc:
+            log.warning("could not notify the explorer of job %s: %s", job_id, exc)
+
+    return notify

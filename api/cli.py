@@ -73,6 +73,57 @@ def serve(host: str, port: int, data: str | None) -> None:
     uvicorn.run(create_app(settings), host=host, port=port, log_level="warning")
 
 
+@main.command()
+def explorer() -> None:
+    """The central explorer of the distributed fleet (queue 'explore' + the sweeper)."""
+    from workers.fleet import run_explorer
+
+    run_explorer(_distributed_settings())
+
+
+@main.command()
+@click.option("--concurrency", "-c", default=os.cpu_count() or 1, show_default=True, type=int,
+              help="parallel NVRTC builds")
+def builder(concurrency: int) -> None:
+    """A CPU builder: compiles candidates (queue 'build')."""
+    from workers.fleet import run_builder
+
+    run_builder(_distributed_settings(), concurrency)
+
+
+@main.command()
+@click.option("--gpu", type=int, default=None, help="CUDA device index this process owns")
+@click.option("--simulate", default=None, metavar="TARGET",
+              help="measure with the analytical model of TARGET instead of a GPU")
+def worker(gpu: int | None, simulate: str | None) -> None:
+    """One measuring worker: one process per GPU (queue 'measure.<target>')."""
+    from kernels.spec import TARGETS
+    from workers.fleet import run_worker
+
+    if (gpu is None) == (simulate is None):
+        raise click.UsageError("give exactly one of --gpu N or --simulate TARGET")
+    if simulate is not None and simulate.lower() not in TARGETS:
+        raise click.BadParameter(f"unknown target; known: {', '.join(TARGETS)}",
+                                 param_hint="--simulate")
+    if gpu is not None:
+        # Before anything touches CUDA: this process sees exactly its GPU, as device 0.
+        os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu)
+    run_worker(_distributed_settings(), gpu, simulate and simulate.lower())
+
+
+def _distributed_settings() -> Any:
+    import logging
+
+    from store.settings import Settings
+
+    settings = Settings()
+    if not settings.broker_url:
+        raise click.ClickException("set TCTUNE_BROKER_URL (e.g. redis://host:6379/0) and "
+                                   "TCTUNE_DATABASE_URL for the distributed fleet")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    return settings
+
+
 @main.group()
 def db() -> None:
     """Database schema migrations."""

@@ -97,6 +97,9 @@ class Candidate(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     # The cost model's predicted latency when the explorer proposed it (None: no model yet).
     predicted_us: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # When a build/measure message for it was last sent: the sweeper re-sends stale ones.
+    dispatched_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True),
+                                                           nullable=True)
 
 
 class Measurement(Base):

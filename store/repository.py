@@ -84,8 +84,10 @@ def create_job(session: Session, task: Task, trials: int, strategy: str, seed: i
     return job
 
 
-def get_job(session: Session, job_id: int) -> Job | None:
-    return session.get(Job, job_id)
+def get_job(session: Session, job_id: int, lock: bool = False) -> Job | None:
+    """`lock`: hold the job's row until commit (PostgreSQL), so that two explorers never
+    propose for the same job at once; SQLite serializes writers anyway."""
+    return session.get(Job, job_id, with_for_update=lock or None)
 
 
 def get_task(session: Session, task_id: int) -> Task | None:
@@ -201,6 +203,35 @@ def add_candidates(session: Session, job: Job, schedules: Iterable[dict[str, Any
             ids.append(session.scalars(select(Candidate.id).where(
                 Candidate.job_id == job.id, Candidate.schedule_hash == h)).one())
     return ids
+
+
+def mark_dispatched(session: Session, candidate_ids: Sequence[int]) -> None:
+    if candidate_ids:
+        session.execute(update(Candidate).where(Candidate.id.in_(candidate_ids))
+                        .values(dispatched_at=utcnow()).execution_options(**NO_SYNC))
+
+
+def forget_dispatches(session: Session, job_id: int | None = None) -> None:
+    """Mark open candidates as not on their way (all, or one job's): an embedded dispatcher
+    knows nothing is in flight at its start or for a job it holds no futures of."""
+    stmt = update(Candidate).where(Candidate.state != "done")
+    if job_id is not None:
+        stmt = stmt.where(Candidate.job_id == job_id)
+    session.execute(stmt.values(dispatched_at=None).execution_options(**NO_SYNC))
+
+
+def stale_candidates(session: Session, older_than_s: float) -> Sequence[Candidate]:
+    """Open candidates whose message may be lost: sent long ago (or never) and not held
+    by a live lease. Re-sending one is safe: the task functions write once."""
+    now = utcnow()
+    cutoff = now - timedelta(seconds=older_than_s)
+    return session.scalars(
+        select(Candidate).join(Job, Job.id == Candidate.job_id)
+        .where(Job.status.in_(ACTIVE_JOB_STATES), Candidate.state != "done",
+               (Candidate.dispatched_at.is_(None)) | (Candidate.dispatched_at < cutoff),
+               (Candidate.lease_expires_at.is_(None)) | (Candidate.lease_expires_at < now))
+        .order_by(Candidate.id)
+    ).all()
 
 
 def get_candidate(session: Session, candidate_id: int) -> Candidate | None:

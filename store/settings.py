@@ -29,6 +29,17 @@ class Settings(BaseSettings):
     measure_processes: int = 1
     # Shared kernel cache (cubins); empty -> data_dir/cache.
     cache_dir: str = ""
+    # Distributed fleet: how long a worker holds a candidate before another may take it
+    # over, how often the explorer sweeps for lost work, and when a sent message counts
+    # as lost (not leased by anyone after this many seconds).
+    lease_s: float = 120.0
+    sweep_s: float = 2.0
+    redispatch_s: float = 60.0
+    heartbeat_s: float = 5.0
+    task_soft_limit_s: float = 900.0
+    # Planted faults of the simulated backend, for fault tests: the fraction of schedules
+    # whose measuring child process crashes (deterministic per schedule).
+    sim_crash_rate: float = 0.0
 
     @property
     def db_url(self) -> str:

@@ -133,6 +133,10 @@ class EmbeddedDispatcher:
                     self._backoff.get(job_id, (0.0, 0))[0] > time.monotonic():
                 continue
             try:
+                # Nothing of this job is in flight here, and this process is the only
+                # dispatcher: any open candidate (a failed step) is sent again.
+                with session_scope(self.settings.db_url) as s:
+                    repo.forget_dispatches(s, job_id)
                 ids = tasks.explore(self.settings.db_url, job_id, self.settings.batch_size)
             except Exception as exc:  # a broken job must not stop the others
                 log.exception("explore failed for job %s", job_id)

@@ -64,18 +64,20 @@ def finish_if_done(session: Any, job: Job) -> bool:
 
 
 def explore(db_url: str, job_id: int, batch_size: int = 32) -> list[int]:
-    """Propose the job's next batch; returns candidate ids to build and measure.
+    """Propose the job's next batch; returns the candidate ids to dispatch (build, measure).
 
-    Open candidates of the job (proposed before a restart or a lost message) are returned
-    as they are instead of proposing more, so nothing is proposed twice.
+    While the job has open candidates nothing new is proposed: those not yet dispatched are
+    returned (the rest are on their way, or the sweeper re-sends them once stale).
     """
     with session_scope(db_url) as s:
-        job = repo.get_job(s, job_id)
+        job = repo.get_job(s, job_id, lock=True)
         if job is None or job.status not in ACTIVE_JOB_STATES:
             return []
-        open_ids = [c.id for c in repo.open_candidates(s, job_id)]
-        if open_ids:
-            return open_ids
+        open_cands = repo.open_candidates(s, job_id)
+        if open_cands:
+            ids = [c.id for c in open_cands if c.dispatched_at is None]
+            repo.mark_dispatched(s, ids)
+            return ids
         if finish_if_done(s, job):
             return []
         task = repo.get_task(s, job.task_id)
@@ -95,8 +97,10 @@ def explore(db_url: str, job_id: int, batch_size: int = 32) -> list[int]:
         insight = getattr(strategy, "insight", None)
         if insight:
             job.insight = insight
-        return repo.add_candidates(s, job, space.schedules(picks), repo.next_round(s, job.id),
-                                   [predictions.get(i) for i in picks])
+        ids = repo.add_candidates(s, job, space.schedules(picks), repo.next_round(s, job.id),
+                                  [predictions.get(i) for i in picks])
+        repo.mark_dispatched(s, ids)
+        return ids
 
 
 def build(db_url: str, candidate_id: int, backend: Backend) -> str | None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Response, status
+from fastapi import APIRouter, Request, Response, status
 
 from api.deps import DB
 from api.errors import unprocessable
@@ -18,7 +18,7 @@ router = APIRouter(tags=["tune"])
              responses={200: {"model": TuneResponse,
                               "description": "an active job of the same task"},
                         422: {"description": "invalid layer, precision, target or strategy"}})
-def tune(req: TuneRequest, response: Response, session: DB) -> TuneResponse:
+def tune(req: TuneRequest, request: Request, response: Response, session: DB) -> TuneResponse:
     target = get_target(req.target)
     shape = req.shape.to_shape()
     problems = shape.problems(req.precision, target)
@@ -31,6 +31,8 @@ def tune(req: TuneRequest, response: Response, session: DB) -> TuneResponse:
     if job is None:
         job = repo.create_job(session, task, req.trials, req.strategy or DEFAULT_STRATEGY,
                               req.seed)
+        session.commit()  # the explorer must find the job when the message arrives
+        request.app.state.on_new_job(job.id)
     else:
         response.status_code = status.HTTP_200_OK
     return TuneResponse(job_id=job.id, task_id=task.id, task_key=task.key, status=job.status,

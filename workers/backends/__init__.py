@@ -60,9 +60,21 @@ def backend_for(target_name: str, settings: Settings) -> Backend:
     elif settings.backend == "cuda":
         raise NoBackend(f"no GPU of target {target_name} in this process")
     else:
-        backend = SimulatedBackend(target, delay_s=settings.sim_delay_s)
+        backend = SimulatedBackend(target, delay_s=settings.sim_delay_s,
+                                   crash_rate=settings.sim_crash_rate)
     _backends[target_name] = backend
     return backend
+
+
+def builder_backend(target_name: str, settings: Settings) -> Backend:
+    """What a CPU builder builds with: NVRTC cubins for real GPUs, or only the validity
+    check when the fleet measures with the analytical model."""
+    target = get_target(target_name)
+    if settings.backend == "simulated":
+        return SimulatedBackend(target)
+    from workers.backends.cuda import CudaBackend
+
+    return CudaBackend(cache_dir=settings.kernel_cache)
 
 
 def served_targets(settings: Settings) -> list[str]:

@@ -14,6 +14,7 @@ The model is written over numpy columns so that a whole space can be simulated a
 from __future__ import annotations
 
 import hashlib
+import os
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -138,14 +139,39 @@ def simulated_result(task: TaskSpec, schedule: Mapping[str, Any]) -> MeasureOutc
                           detail={"simulated": True, "model_us": round(base, 3)})
 
 
+def _planted_crash(key: str, rate: float) -> bool:
+    h = int.from_bytes(hashlib.sha256(("crash|" + key).encode()).digest()[:8], "little")
+    return h / 2**64 < rate
+
+
+def _measure_in_child(task: TaskSpec, schedule: dict[str, Any], crash: bool) -> int:
+    """Run the model in a forked child; returns its wait status. A bare fork, because
+    Celery's pool processes are daemonic and multiprocessing refuses them children."""
+    pid = os.fork()
+    if pid == 0:  # child
+        try:
+            if crash:
+                os.abort()  # what an illegal address in a real kernel does to its process
+            simulated_result(task, schedule)
+        finally:
+            os._exit(0)
+    return os.waitpid(pid, 0)[1]
+
+
 class SimulatedBackend:
-    """Measures nothing: asks the analytical model. `delay_s` imitates a measurement's time."""
+    """Measures nothing: asks the analytical model. `delay_s` imitates a measurement's time.
+
+    With `crash_rate` > 0 every measurement runs in a child process, as the cuda backend's
+    do, and that fraction of schedules (fixed per schedule) kills its child: the fault
+    tests see the same crash path as a faulting kernel.
+    """
 
     name = "simulated"
 
-    def __init__(self, target: Target, delay_s: float = 0.0) -> None:
+    def __init__(self, target: Target, delay_s: float = 0.0, crash_rate: float = 0.0) -> None:
         self.target = target
         self.delay_s = delay_s
+        self.crash_rate = crash_rate
 
     @property
     def gpu_model(self) -> str:
@@ -163,6 +189,12 @@ class SimulatedBackend:
             return MeasureOutcome(build.status, error=build.log[-2000:] or None)
         if self.delay_s:
             time.sleep(self.delay_s)
+        if self.crash_rate > 0:
+            key = f"{task.shape.key()}|{task.precision.value}|{schedule_hash(schedule)}"
+            status = _measure_in_child(task, schedule, _planted_crash(key, self.crash_rate))
+            if status != 0:
+                return MeasureOutcome("runtime_error",
+                                      error=f"measuring process died (wait status {status})")
         return simulated_result(task, schedule)
 
     def baseline_us(self, task: TaskSpec) -> float:

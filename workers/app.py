@@ -1,0 +1,127 @@
+"""The Celery app of the distributed fleet.
+
+Queues: `explore` (one central explorer), `build` (CPU builders), and one measure queue per
+target (`measure.h200`, `measure.t4`, ...) consumed by one worker process per GPU. The task
+bodies are the functions of `workers.tasks`, the same the embedded dispatcher runs. The
+broker only carries messages: every task re-reads its input from the database and writes
+its result once, so a redelivered or re-sent message does nothing twice, and a lost one is
+re-sent by the explorer's sweeper (`workers.fleet`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from typing import Any
+
+from celery import Celery, signals
+from sqlalchemy.exc import OperationalError
+
+from store import repository as repo
+from store.db import session_scope
+from store.settings import get_settings
+from workers import tasks
+from workers.backends import backend_for, builder_backend
+
+log = logging.getLogger(__name__)
+
+EXPLORE_QUEUE = "explore"
+BUILD_QUEUE = "build"
+
+
+def measure_queue(target: str) -> str:
+    return f"measure.{target}"
+
+
+def make_app() -> Celery:
+    settings = get_settings()
+    app = Celery("tctune", broker=settings.broker_url or "redis://127.0.0.1:6379/0")
+    app.conf.update(
+        task_acks_late=True,  # a task is acknowledged once its result is written...
+        task_reject_on_worker_lost=True,  # ...and requeued if its worker dies mid-task
+        worker_prefetch_multiplier=1,  # a GPU worker holds one message at a time
+        task_ignore_result=True,  # results live in the database
+        task_default_queue=EXPLORE_QUEUE,
+        task_create_missing_queues=True,
+        task_soft_time_limit=settings.task_soft_limit_s,
+        task_time_limit=settings.task_soft_limit_s + 60,
+        broker_connection_retry_on_startup=True,
+        broker_connection_max_retries=None,  # ride out a broker restart
+        # Unacknowledged messages come back after this long; the sweeper usually re-sends
+        # lost work sooner, from the database.
+        broker_transport_options={"visibility_timeout": 3600},
+        worker_hijack_root_logger=False,
+        worker_send_task_events=False,
+    )
+    return app
+
+
+app = make_app()
+
+
+@signals.worker_process_init.connect
+def _fresh_connections(**_: Any) -> None:
+    """A forked pool child must not share its parent's database sockets."""
+    from store.db import get_engine
+
+    get_engine(get_settings().db_url).dispose(close=False)
+RETRY = {"autoretry_for": (OperationalError, ConnectionError), "retry_backoff": True,
+         "retry_backoff_max": 60, "max_retries": 20}
+
+
+def worker_identity() -> str:
+    return os.environ.get("TCTUNE_WORKER_NAME") or f"{socket.gethostname()}-{os.getpid()}"
+
+
+def send(task: Any, candidate_or_job: int, queue: str) -> None:
+    task.apply_async((candidate_or_job,), queue=queue)
+
+
+@app.task(name="tctune.explore", **RETRY)
+def explore_task(job_id: int) -> int:
+    settings = get_settings()
+    ids = tasks.explore(settings.db_url, job_id, settings.batch_size)
+    for cid in ids:
+        send(build_task, cid, BUILD_QUEUE)
+    return len(ids)
+
+
+@app.task(name="tctune.build", **RETRY)
+def build_task(candidate_id: int) -> str | None:
+    settings = get_settings()
+    target = _target_of(candidate_id)
+    if target is None:
+        return None
+    status = tasks.build(settings.db_url, candidate_id, builder_backend(target, settings))
+    send(measure_task, candidate_id, measure_queue(target))
+    return status
+
+
+@app.task(name="tctune.measure", **RETRY)
+def measure_task(candidate_id: int) -> bool:
+    settings = get_settings()
+    target = _target_of(candidate_id)
+    if target is None:
+        return False
+    wrote = tasks.measure(settings.db_url, candidate_id, backend_for(target, settings),
+                          worker_identity(), lease_s=settings.lease_s)
+    job_id = _round_finished(candidate_id) if wrote else None
+    if job_id is not None:  # the result that closes a round starts the next one
+        send(explore_task, job_id, EXPLORE_QUEUE)
+    return wrote
+
+
+def _target_of(candidate_id: int) -> str | None:
+    with session_scope(get_settings().db_url) as s:
+        cand = repo.get_candidate(s, candidate_id)
+        task = cand and repo.get_task(s, cand.task_id)
+        return task.target if task else None
+
+
+def _round_finished(candidate_id: int) -> int | None:
+    with session_scope(get_settings().db_url) as s:
+        cand = repo.get_candidate(s, candidate_id)
+        if cand is None or repo.open_candidates(s, cand.job_id):
+            return None
+        return cand.job_id

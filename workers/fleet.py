@@ -1,0 +1,147 @@
+"""The processes of the distributed fleet: explorer (with its sweeper), builder, worker.
+
+Each is a Celery worker on its own queues plus what it owes the database: the explorer
+sweeps for jobs that need a round and for candidates whose message was lost (a broker
+restart, a worker killed before it took the lease); every measure worker announces its GPU
+and heartbeats.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from datetime import timedelta
+
+from sqlalchemy import func, select
+
+from store import repository as repo
+from store.db import session_scope
+from store.models import Measurement, utcnow
+from store.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+def sweep_once(settings: Settings, last_explore: dict[int, float]) -> tuple[int, int]:
+    """Start rounds for jobs without open candidates and re-send stale candidates.
+    Returns (explore messages, re-sent candidates)."""
+    from workers import app as celery_app
+
+    explores, resent = 0, 0
+    now = time.monotonic()
+    with session_scope(settings.db_url) as s:
+        for job in repo.active_jobs(s):
+            if repo.open_candidates(s, job.id):
+                continue
+            if now - last_explore.get(job.id, -1e9) >= settings.redispatch_s:
+                celery_app.send(celery_app.explore_task, job.id, celery_app.EXPLORE_QUEUE)
+                last_explore[job.id] = now
+                explores += 1
+        stale = repo.stale_candidates(s, settings.redispatch_s)
+        targets = {t.id: t.target for t in
+                   (repo.get_task(s, tid) for tid in {c.task_id for c in stale}) if t}
+        # A candidate still waiting in a queue is not lost: only re-send where its queue
+        # has drained (after a broker restart every queue is empty).
+        depth = queue_depths([celery_app.BUILD_QUEUE] + [celery_app.measure_queue(t)
+                                                         for t in set(targets.values())])
+        stale = [c for c in stale if depth.get(
+            celery_app.BUILD_QUEUE if c.state == "pending"
+            else celery_app.measure_queue(targets[c.task_id]), 0) == 0]
+        for cand in stale:
+            if cand.state == "pending":
+                celery_app.send(celery_app.build_task, cand.id, celery_app.BUILD_QUEUE)
+            else:
+                celery_app.send(celery_app.measure_task, cand.id,
+                                celery_app.measure_queue(targets[cand.task_id]))
+            resent += 1
+        repo.mark_dispatched(s, [c.id for c in stale])
+    if resent:
+        log.warning("re-sent %d candidates whose messages were lost", resent)
+    return explores, resent
+
+
+def queue_depths(queues: list[str]) -> dict[str, int]:
+    """Messages waiting in each queue (0 for a queue the broker does not know)."""
+    from workers.app import app
+
+    out: dict[str, int] = {}
+    with app.connection_for_write() as conn:
+        channel = conn.default_channel
+        for q in queues:
+            try:
+                out[q] = int(channel.queue_declare(q, passive=True).message_count)
+            except Exception:  # not declared yet: nothing is waiting in it
+                out[q] = 0
+    return out
+
+
+def _loop(interval: float, body: object, name: str) -> threading.Thread:
+    def run() -> None:
+        while True:
+            try:
+                body()  # type: ignore[operator]
+            except Exception:  # the database or broker is away: try again next time
+                log.exception("%s failed; retrying", name)
+            time.sleep(interval)
+
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    thread.start()
+    return thread
+
+
+def _celery(args: list[str]) -> None:
+    from workers.app import app
+
+    app.worker_main(["worker", "--loglevel", "INFO", "--without-gossip", "--without-mingle",
+                     *args])
+
+
+def run_explorer(settings: Settings) -> None:
+    """The central explorer: all jobs, one round at a time each; restart-safe."""
+    last_explore: dict[int, float] = {}
+    _loop(settings.sweep_s, lambda: sweep_once(settings, last_explore), "sweeper")
+    _celery(["-Q", "explore", "-P", "solo", "-n", f"explorer@{socket.gethostname()}"])
+
+
+def run_builder(settings: Settings, concurrency: int) -> None:
+    _celery(["-Q", "build", "-P", "prefork", "-c", str(concurrency),
+             "-n", f"builder-{os.getpid()}@{socket.gethostname()}"])
+
+
+def run_worker(settings: Settings, gpu: int | None, simulate: str | None) -> None:
+    """One process per GPU (or one simulated GPU): measures the target's queue."""
+    from kernels.spec import get_target
+    from workers.backends import local_gpu_target
+
+    if simulate:
+        target = get_target(simulate)
+        model, sm, backend = f"{target.model} (simulated)", target.sm, "simulated"
+        os.environ["TCTUNE_BACKEND"] = "simulated"
+        name = f"{socket.gethostname()}/sim-{target.name}-{os.getpid()}"
+    else:
+        found = local_gpu_target()
+        if found is None:
+            raise SystemExit(f"no known GPU visible as CUDA device {gpu}")
+        target, model, sm, backend = found, found.model, found.sm, "cuda"
+        name = f"{socket.gethostname()}/gpu{gpu}"
+    os.environ["TCTUNE_WORKER_NAME"] = name
+
+    def beat() -> None:
+        since = utcnow() - timedelta(seconds=2 * settings.heartbeat_s)
+        with session_scope(settings.db_url) as s:
+            recent = s.scalar(select(func.count(Measurement.id)).where(
+                Measurement.worker == name, Measurement.created_at >= since)) or 0
+            repo.heartbeat(s, name, model, sm, target.name, backend,
+                           state="busy" if recent else "idle")
+
+    _loop(settings.heartbeat_s, beat, "heartbeat")
+    try:
+        # prefork with one child: Celery's time limits apply, and a GPU is used by one task.
+        _celery(["-Q", f"measure.{target.name}", "-P", "prefork", "-c", "1", "-n",
+                 f"{name.replace('/', '-')}@{socket.gethostname()}"])
+    finally:
+        with session_scope(settings.db_url) as s:
+            repo.heartbeat(s, name, model, sm, target.name, backend, state="stopped")
