@@ -22,8 +22,10 @@ class Settings(BaseSettings):
     backend: Literal["auto", "cuda", "simulated"] = "auto"
     # Seconds a simulated measurement takes (imitates a GPU's timing loop).
     sim_delay_s: float = 0.0
-    # Candidates proposed per explorer round.
+    # Candidates proposed per explorer round, and per build/measure message of the fleet
+    # (a round is split into chunks so that several GPUs share it).
     batch_size: int = 32
+    chunk_size: int = 8
     # Local processes of the embedded dispatcher.
     build_processes: int = 2
     measure_processes: int = 1

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+from collections.abc import Sequence
 from typing import Any
 
 from celery import Celery, signals
@@ -74,39 +75,43 @@ def worker_identity() -> str:
     return os.environ.get("TCTUNE_WORKER_NAME") or f"{socket.gethostname()}-{os.getpid()}"
 
 
-def send(task: Any, candidate_or_job: int, queue: str) -> None:
-    task.apply_async((candidate_or_job,), queue=queue)
+def chunks(ids: Sequence[int], size: int) -> list[list[int]]:
+    return [list(ids[i:i + size]) for i in range(0, len(ids), max(1, size))]
+
+
+def send(task: Any, arg: int | list[int], queue: str) -> None:
+    task.apply_async((arg,), queue=queue)
 
 
 @app.task(name="tctune.explore", **RETRY)
 def explore_task(job_id: int) -> int:
     settings = get_settings()
     ids = tasks.explore(settings.db_url, job_id, settings.batch_size)
-    for cid in ids:
-        send(build_task, cid, BUILD_QUEUE)
+    for chunk in chunks(ids, settings.chunk_size):
+        send(build_task, chunk, BUILD_QUEUE)
     return len(ids)
 
 
 @app.task(name="tctune.build", **RETRY)
-def build_task(candidate_id: int) -> str | None:
+def build_task(candidate_ids: list[int]) -> int:
     settings = get_settings()
-    target = _target_of(candidate_id)
+    target = _target_of(candidate_ids[0])
     if target is None:
-        return None
-    status = tasks.build(settings.db_url, candidate_id, builder_backend(target, settings))
-    send(measure_task, candidate_id, measure_queue(target))
-    return status
+        return 0
+    built = tasks.build_many(settings.db_url, candidate_ids, builder_backend(target, settings))
+    send(measure_task, candidate_ids, measure_queue(target))
+    return built
 
 
 @app.task(name="tctune.measure", **RETRY)
-def measure_task(candidate_id: int) -> bool:
+def measure_task(candidate_ids: list[int]) -> int:
     settings = get_settings()
-    target = _target_of(candidate_id)
+    target = _target_of(candidate_ids[0])
     if target is None:
-        return False
-    wrote = tasks.measure(settings.db_url, candidate_id, backend_for(target, settings),
-                          worker_identity(), lease_s=settings.lease_s)
-    job_id = _round_finished(candidate_id) if wrote else None
+        return 0
+    wrote = tasks.measure_many(settings.db_url, candidate_ids, backend_for(target, settings),
+                               worker_identity(), lease_s=settings.lease_s)
+    job_id = _round_finished(candidate_ids[0]) if wrote else None
     if job_id is not None:  # the result that closes a round starts the next one
         send(explore_task, job_id, EXPLORE_QUEUE)
     return wrote

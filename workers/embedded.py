@@ -45,22 +45,22 @@ def _child_target(candidate_id: int) -> str:
         return task.target if task else ""
 
 
-def child_build(candidate_id: int) -> str | None:
+def child_build(candidate_id: int) -> int:
     assert _child_settings is not None
     target = _child_target(candidate_id)
     if not target:
-        return None
+        return 0
     backend = backend_for(target, _child_settings)
-    return tasks.build(_child_settings.db_url, candidate_id, backend)
+    return tasks.build_many(_child_settings.db_url, [candidate_id], backend)
 
 
-def child_measure(candidate_id: int) -> bool:
+def child_measure(candidate_id: int) -> int:
     assert _child_settings is not None
     target = _child_target(candidate_id)
     if not target:
-        return False
+        return 0
     backend = backend_for(target, _child_settings)
-    return tasks.measure(_child_settings.db_url, candidate_id, backend, worker_name())
+    return tasks.measure_many(_child_settings.db_url, [candidate_id], backend, worker_name())
 
 
 def worker_name() -> str:

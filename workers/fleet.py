@@ -50,13 +50,19 @@ def sweep_once(settings: Settings, last_explore: dict[int, float]) -> tuple[int,
         stale = [c for c in stale if depth.get(
             celery_app.BUILD_QUEUE if c.state == "pending"
             else celery_app.measure_queue(targets[c.task_id]), 0) == 0]
+        # One message per chunk of a job's candidates in the same step, as first sent.
+        groups: dict[tuple[int, str, str], list[int]] = {}
         for cand in stale:
-            if cand.state == "pending":
-                celery_app.send(celery_app.build_task, cand.id, celery_app.BUILD_QUEUE)
-            else:
-                celery_app.send(celery_app.measure_task, cand.id,
-                                celery_app.measure_queue(targets[cand.task_id]))
-            resent += 1
+            key = (cand.job_id, cand.state, targets[cand.task_id])
+            groups.setdefault(key, []).append(cand.id)
+        for (_, state, target), ids in groups.items():
+            for chunk in celery_app.chunks(ids, settings.chunk_size):
+                if state == "pending":
+                    celery_app.send(celery_app.build_task, chunk, celery_app.BUILD_QUEUE)
+                else:
+                    celery_app.send(celery_app.measure_task, chunk,
+                                    celery_app.measure_queue(target))
+            resent += len(ids)
         repo.mark_dispatched(s, [c.id for c in stale])
     if resent:
         log.warning("re-sent %d candidates whose messages were lost", resent)

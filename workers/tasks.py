@@ -10,6 +10,9 @@ the explorer re-issues its open candidates before proposing more, builds only to
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from kernels.space import ScheduleSpace
@@ -19,7 +22,7 @@ from search.strategy import History, PriorTrial, Trial
 from store import repository as repo
 from store.db import session_scope
 from store.models import ACTIVE_JOB_STATES, Job, Task
-from workers.backends.base import Backend, BuildOutcome, TaskSpec
+from workers.backends.base import Backend, BuildOutcome, MeasureOutcome, TaskSpec
 
 log = logging.getLogger(__name__)
 
@@ -103,62 +106,111 @@ def explore(db_url: str, job_id: int, batch_size: int = 32) -> list[int]:
         return ids
 
 
-def build(db_url: str, candidate_id: int, backend: Backend) -> str | None:
-    """Build one candidate (idempotent); returns its build status or None if not needed."""
+def build_many(db_url: str, candidate_ids: Sequence[int], backend: Backend) -> int:
+    """Build the still-pending candidates among `candidate_ids`; returns how many it built."""
     with session_scope(db_url) as s:
-        cand = repo.get_candidate(s, candidate_id)
-        if cand is None or cand.state != "pending":
-            return None
-        task = repo.get_task(s, cand.task_id)
-        assert task is not None
-        spec, schedule = task_spec(task), dict(cand.schedule)
-    outcome = backend.build(spec, schedule)
-    with session_scope(db_url) as s:
-        repo.record_build(s, candidate_id, outcome.status, outcome.artifact, outcome.log)
-    return outcome.status
+        todo = []
+        for cid in candidate_ids:
+            cand = repo.get_candidate(s, cid)
+            if cand is None or cand.state != "pending":
+                continue
+            task = repo.get_task(s, cand.task_id)
+            assert task is not None
+            todo.append((cid, task_spec(task), dict(cand.schedule)))
+    for cid, spec, schedule in todo:
+        outcome = backend.build(spec, schedule)
+        with session_scope(db_url) as s:
+            repo.record_build(s, cid, outcome.status, outcome.artifact, outcome.log)
+    return len(todo)
 
 
-def measure(db_url: str, candidate_id: int, backend: Backend, worker: str,
-            lease_s: float = LEASE_S) -> bool:
-    """Measure one candidate and store the result once; True if this call wrote it."""
+@dataclass
+class _Leased:
+    cand_id: int
+    task_id: int
+    spec: TaskSpec
+    schedule: dict[str, Any]
+    built: BuildOutcome
+
+
+def measure_many(db_url: str, candidate_ids: Sequence[int], backend: Backend, worker: str,
+                 lease_s: float = LEASE_S, flush_s: float = 1.0) -> int:
+    """Measure a chunk of candidates and store each result once; returns rows written.
+
+    The chunk is leased in one transaction; results are written in groups (at most
+    `flush_s` apart) so that a worker killed mid-chunk loses at most that much work, and
+    the rest of the chunk is re-issued to another worker once its lease expires.
+    """
+    leased: list[_Leased] = []
+    written = 0
     with session_scope(db_url) as s:
-        cand = repo.get_candidate(s, candidate_id)
-        if cand is None or cand.state == "done":
-            return False
-        job = repo.get_job(s, cand.job_id)
-        if job is None or job.status not in ACTIVE_JOB_STATES \
-                or repo.is_measured(s, cand.task_id, cand.schedule_hash):
-            repo.retire_candidate(s, cand.id)  # nothing to measure (again)
-            return False
-        if cand.attempts >= MAX_ATTEMPTS:
-            repo.record_measurement(s, cand, "runtime_error", None, None, backend.name, worker,
-                                    f"gave up after {cand.attempts} attempts without a result")
-            finish_if_done(s, job)
-            return True
-        if not repo.lease_candidate(s, cand.id, worker, lease_s):
-            return False  # another worker holds it
-        task = repo.get_task(s, cand.task_id)
-        assert task is not None
-        task_id, has_baseline = task.id, task.baseline_us is not None
-        spec, schedule = task_spec(task), dict(cand.schedule)
-        built = BuildOutcome(cand.build_status or "", cand.artifact, cand.build_log or "")
-    if built.status == "":  # no builder got to it: build here
-        built = backend.build(spec, schedule)
-    outcome = backend.measure(spec, schedule, built)
-    baseline = None if has_baseline else _baseline(spec, backend)
+        baselines_needed: dict[int, TaskSpec] = {}
+        for cid in candidate_ids:
+            cand = repo.get_candidate(s, cid)
+            if cand is None or cand.state == "done":
+                continue
+            job = repo.get_job(s, cand.job_id)
+            if job is None or job.status not in ACTIVE_JOB_STATES \
+                    or repo.is_measured(s, cand.task_id, cand.schedule_hash):
+                repo.retire_candidate(s, cand.id)  # nothing to measure (again)
+                continue
+            if cand.attempts >= MAX_ATTEMPTS:
+                written += repo.record_measurement(
+                    s, cand, "runtime_error", None, None, backend.name, worker,
+                    f"gave up after {cand.attempts} attempts without a result")
+                finish_if_done(s, job)
+                continue
+            if not repo.lease_candidate(s, cand.id, worker, lease_s):
+                continue  # another worker holds it
+            task = repo.get_task(s, cand.task_id)
+            assert task is not None
+            spec = task_spec(task)
+            if task.baseline_us is None:
+                baselines_needed[task.id] = spec
+            leased.append(_Leased(cand.id, task.id, spec, dict(cand.schedule),
+                                  BuildOutcome(cand.build_status or "", cand.artifact,
+                                               cand.build_log or "")))
+    baselines = {tid: b for tid, spec in baselines_needed.items()
+                 if (b := _baseline(spec, backend)) is not None}
+
+    pending: list[tuple[_Leased, MeasureOutcome]] = []
+    last_flush = time.monotonic()
+    for item in leased:
+        built = item.built if item.built.status else backend.build(item.spec, item.schedule)
+        pending.append((item, backend.measure(item.spec, item.schedule, built)))
+        if time.monotonic() - last_flush >= flush_s:
+            written += _flush(db_url, pending, backend.name, worker, baselines)
+            pending, baselines, last_flush = [], {}, time.monotonic()
+    written += _flush(db_url, pending, backend.name, worker, baselines)
+    return written
+
+
+def _flush(db_url: str, results: list[tuple[_Leased, MeasureOutcome]], backend: str,
+           worker: str, baselines: dict[int, float]) -> int:
+    """Write a group of results in one transaction; best schedules and job states follow."""
+    if not results and not baselines:
+        return 0
+    written = 0
     with session_scope(db_url) as s:
-        if baseline is not None:
-            repo.set_baseline(s, task_id, baseline, backend.name)
-        cand = repo.get_candidate(s, candidate_id)
-        assert cand is not None
-        wrote = repo.record_measurement(s, cand, outcome.status, outcome.median_us,
-                                        outcome.iqr_us, backend.name, worker, outcome.error)
-        if wrote and outcome.status == "ok":
-            repo.refresh_best(s, cand.task_id)
-        job = repo.get_job(s, cand.job_id)
-        if job is not None:
-            finish_if_done(s, job)
-    return wrote
+        for task_id, us in baselines.items():
+            repo.set_baseline(s, task_id, us, backend)
+        improved, jobs = set(), set()
+        for item, out in results:
+            cand = repo.get_candidate(s, item.cand_id)
+            assert cand is not None
+            if repo.record_measurement(s, cand, out.status, out.median_us, out.iqr_us,
+                                       backend, worker, out.error):
+                written += 1
+                if out.status == "ok":
+                    improved.add(cand.task_id)
+            jobs.add(cand.job_id)
+        for task_id in improved:
+            repo.refresh_best(s, task_id)
+        for job_id in jobs:
+            job = repo.get_job(s, job_id)
+            if job is not None:
+                finish_if_done(s, job)
+    return written
 
 
 def _baseline(spec: TaskSpec, backend: Backend) -> float | None:
