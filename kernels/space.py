@@ -19,7 +19,14 @@ from typing import Any
 
 import numpy as np
 
-from kernels.spec import ConvShape, Precision, Target, canonical_json, instruction_shape
+from kernels.spec import (
+    ConvShape,
+    Instruction,
+    Precision,
+    Target,
+    canonical_json,
+    instruction_shape,
+)
 
 Schedule = dict[str, Any]
 
@@ -45,8 +52,21 @@ FP32_TC_KNOBS: dict[str, tuple[Any, ...]] = {
 
 # NHWCnc blocks the batch by this many images (rows of an m8 instruction tile).
 NHWCNC_BATCH_BLOCK = 8
-# Accumulator registers a thread may hold; more spills or fails to allocate.
+# Accumulator registers a thread may hold (kept for the search's features and older callers;
+# the register rule of `validity` is REG_FILE_PER_THREAD below).
 MAX_ACC_REGS = 128
+# ptxas gives a thread at most this many registers, and a block at most 64K of them.
+MAX_REGS_PER_THREAD = 255
+REGS_PER_BLOCK = 65536
+# Register model of the kernel, calibrated against ptxas on ~2,500 sm_90 builds (the
+# accepted region had no spill there): accumulators + 2 x one k-step's fragments (ptxas
+# keeps the next k-step's in flight) + REG_OVERHEAD (+ REG_DEEP_CHUNK when CHUNK >= 4, the
+# unrolled k-steps' addresses) must fit the per-thread cap. It is conservative: about one
+# in eight schedules it rejects would still compile without spilling.
+REG_OVERHEAD = 64
+REG_DEEP_CHUNK = 16
+# Bytes added to each row of the epilogue's staging tile against bank conflicts.
+EPILOGUE_ROW_PAD = 16
 
 
 def knobs_for(precision: Precision) -> dict[str, tuple[Any, ...]]:
@@ -64,6 +84,19 @@ def channel_vector(precision: Precision) -> int:
     """Channels in one 16-byte vector of the activation tensor (the 'c' of NHWCnc)."""
     return 128 // Precision(precision).input_bits if Precision(precision) is not \
         Precision.FP32_TC else 8
+
+
+def padded_channels(shape: ConvShape, precision: Precision) -> int:
+    """C rounded up to whole 16-byte vectors: the harness zero-pads activations and weights."""
+    cv = channel_vector(precision)
+    return -(-shape.c // cv) * cv
+
+
+def int4_via_s8(precision: Precision, sm: int) -> bool:
+    """int4 runs on the s8 m16n8k32 path (unpacked in shared memory) where instruction_shape
+    says so (sm_90: no 4-bit Tensor Core unit)."""
+    inst = instruction_shape(precision, sm)
+    return Precision(precision) is Precision.INT4 and inst.m == 16 and inst.k == 32
 
 
 def schedule_problems(precision: Precision, schedule: Mapping[str, Any]) -> list[tuple[str, str]]:
@@ -94,18 +127,39 @@ class Geometry:
     smem_bytes: np.ndarray
     grid_blocks: np.ndarray  # blocks per launch (incl. split-K)
     k_iters: np.ndarray  # main-loop iterations per block
-    footprint_pixels: np.ndarray  # input pixels a block loads per channel slice
+    footprint_pixels: np.ndarray  # input pixel rows a block loads per channel block
+    frag_regs: np.ndarray | None = None  # A and B fragment registers of one k-step
+    stage_vectors: np.ndarray | None = None  # 16-byte global loads per thread per stage
 
 
 def geometry(shape: ConvShape, precision: Precision, target: Target,
-             cols: Mapping[str, np.ndarray]) -> Geometry:
-    """Tile geometry of schedules given as numpy columns (knob -> array of values)."""
+             cols: Mapping[str, np.ndarray], out_bits: int | None = None,
+             int4_s8: bool | None = None) -> Geometry:
+    """Tile geometry of schedules given as numpy columns (knob -> array of values).
+
+    Mirrors kernels/conv.cu exactly: the kernel static_asserts that its shared-memory size
+    equals `smem_bytes`. `out_bits` is the epilogue's output width (None: the precision's
+    requantized output, as tuned; 32: raw int32 accumulators). `int4_s8` overrides the int4
+    path on sm_80+ (None: as instruction_shape says), for builds that compare the two.
+    """
     p = Precision(precision)
     inst = instruction_shape(p, target.sm)
-    brw, bcw = cols["BLK_ROW_WARPS"], cols["BLK_COL_WARPS"]
-    wrt, wct = cols["WARP_ROW_TILES"], cols["WARP_COL_TILES"]
-    chunk, stages = cols["CHUNK"], cols["STAGES"]
-    dup, pack, split_k = cols["DUP_AWARE"], cols["PACK_OUT"], cols["SPLIT_K"]
+    s8 = int4_via_s8(p, target.sm) if int4_s8 is None else bool(int4_s8)
+    if p is Precision.INT4 and target.sm >= 80:
+        inst = Instruction(16, 8, 32) if s8 else Instruction(16, 8, 64, emulated=target.sm >= 90)
+    i64 = np.int64
+    brw, bcw = np.asarray(cols["BLK_ROW_WARPS"], i64), np.asarray(cols["BLK_COL_WARPS"], i64)
+    wrt, wct = np.asarray(cols["WARP_ROW_TILES"], i64), np.asarray(cols["WARP_COL_TILES"], i64)
+    chunk, stages = np.asarray(cols["CHUNK"], i64), np.asarray(cols["STAGES"], i64)
+    dup = np.asarray(cols["DUP_AWARE"], i64) == 1
+    pack = np.asarray(cols["PACK_OUT"], i64) == 1
+    reorder = np.asarray(cols["REORDER_INNER"], i64) == 1
+    split_k = np.asarray(cols["SPLIT_K"], i64)
+    blocked = np.asarray(cols["LAYOUT"], dtype=object) == "nhwcnc"
+
+    elem_bits = 16 if p is Precision.FP32_TC else p.input_bits
+    smem_bits = 8 if s8 else elem_bits
+    kb = inst.k * smem_bits // 8  # bytes of k per instruction (16 or 32)
     bm = brw * wrt * inst.m
     bn = bcw * wct * inst.n
     bk = chunk * inst.k
@@ -113,54 +167,78 @@ def geometry(shape: ConvShape, precision: Precision, target: Target,
     acc = wrt * wct * (inst.m * inst.n // 32)
     if p is Precision.FP32_TC:
         acc = acc * 2  # correction terms accumulate beside the Tensor Core accumulator
-    smem_bits = 32 if p is Precision.FP32_TC else p.operand_bits  # fp32_tc keeps hi and lo
+    # ldmatrix fragments of one k-step: A (m x kb bytes) and B (8 x kb bytes) per tile.
+    frag = wrt * (inst.m // 8) * (kb // 16) + wct * (kb // 16)
+    sb = chunk * kb  # shared bytes of one row per tap
 
-    # Receptive field of BM consecutive output pixels (rows of the output image).
-    q = shape.q
-    rows_out = np.minimum(-(-bm // q) + 1, shape.n * shape.p)
-    in_rows = (rows_out - 1) * shape.stride[0] + (shape.r - 1) * shape.dilation[0] + 1
-    in_cols = np.where(bm >= q, shape.w + 2 * shape.pad[1],
-                       (np.minimum(bm, q) - 1) * shape.stride[1]
-                       + (shape.s - 1) * shape.dilation[1] + 1)
-    footprint = in_rows * in_cols
-    # A stage holds BK channels of the footprint (dup-aware) or BK im2col columns of BM rows.
-    a_stage = np.where(dup == 1, footprint * bk, bm * bk) * smem_bits // 8
-    b_stage = bn * bk * smem_bits // 8
+    cp = padded_channels(shape, p)
+    n_cb = -(-cp // bk)
+    nb = np.where(blocked, NHWCNC_BATCH_BLOCK, 1)
+    nbt = np.maximum(shape.n // nb, 1)
+    bmp = bm // nb
+    pp, q = shape.p, shape.q
+    (sh, sw), (dh, dw) = shape.stride, shape.dilation
+    r, s = shape.r, shape.s
+    # Duplicate-aware receptive field (block_tile.cuh): slot rows x columns x images.
+    fullrow = bmp >= q
+    rows_out = np.minimum(np.where(fullrow, -(-bmp // q) + 1, 2), nbt * pp)
+    nimg = np.minimum(nbt, (rows_out + pp - 2) // pp + 1)
+    gap = max(0, (r - 1) * dh - sh + 1)
+    in_cols = (np.where(fullrow, q, bmp) - 1) * sw + (s - 1) * dw + 1
+    slots = np.where(reorder,
+                     np.where(fullrow, (rows_out - 1) * sh + (r - 1) * dh + 1 + (nimg - 1) * gap,
+                              rows_out * r),
+                     rows_out)
+    taps = np.where(dup, np.where(reorder, r * s, s), 1)
+    a_rows = np.where(dup, slots * in_cols * nb, bm)
+    a_stage = a_rows * sb
+    b_stage = bn * taps * sb
     pipeline = stages * (a_stage + b_stage)
-    out_bits = np.where(pack == 1, p.output_bits, 32)
-    epilogue = bm * bn * out_bits // 8
+    ob = p.output_bits if out_bits is None else out_bits
+    stage_bits = np.where(pack, ob, 32)
+    epilogue = np.where(pack & (ob == 32), 0, bm * (bn * stage_bits // 8 + EPILOGUE_ROW_PAD))
     smem = np.maximum(pipeline, epilogue)
 
+    n_it = np.where(dup, np.where(reorder, n_cb, r * n_cb), r * s * n_cb)
     tiles = (-(-shape.gemm_m // bm)) * (-(-shape.gemm_n // bn))
-    k_steps = -(-shape.gemm_k // bk)
+    gvec = bk * elem_bits // 8 // 16  # 16-byte global vectors per row per stage
+    threads = warps * 32
+    stage_vec = -(-np.where(dup, a_rows, bm) * gvec // threads) + \
+        -(-(bn * taps * gvec) // threads)
+    footprint = np.where(dup, a_rows * np.where(reorder, 1, r), bm * r * s)
     return Geometry(
-        block_m=bm, block_n=bn, block_k=bk, warps=warps, threads=warps * 32, acc_regs=acc,
-        smem_bytes=smem, grid_blocks=tiles * split_k, k_iters=-(-k_steps // split_k),
-        footprint_pixels=footprint,
+        block_m=bm, block_n=bn, block_k=bk, warps=warps, threads=threads, acc_regs=acc,
+        smem_bytes=smem, grid_blocks=tiles * split_k, k_iters=-(-n_it // split_k),
+        footprint_pixels=footprint, frag_regs=frag, stage_vectors=stage_vec,
     )
 
 
 def validity(shape: ConvShape, precision: Precision, target: Target,
              cols: Mapping[str, np.ndarray]) -> np.ndarray:
-    """Boolean column: which schedules can compile and launch. Each rule says why it exists."""
+    """Boolean column: which schedules can compile and launch. Each rule says why it exists
+    (tests/test_kernels_build.py shows, per rule, a schedule that breaks it and fails)."""
     p = Precision(precision)
     g = geometry(shape, p, target, cols)
     ok = np.ones_like(g.block_m, dtype=bool)
-    # Registers: beyond this many accumulators per thread ptxas spills or cannot allocate.
-    ok &= g.acc_regs <= MAX_ACC_REGS
+    # Registers: __launch_bounds__ caps a thread at min(255, 64K / threads) registers; a
+    # schedule whose accumulators and fragments do not fit under the cap spills them, and the
+    # build treats spills as errors (ptxas --warn-on-spills -Werror): local-memory traffic in
+    # the inner loop is never a schedule worth measuring. See REG_OVERHEAD.
+    cap = np.minimum(MAX_REGS_PER_THREAD, (REGS_PER_BLOCK // g.threads) // 8 * 8)
+    deep = np.where(np.asarray(cols["CHUNK"]) >= 4, REG_DEEP_CHUNK, 0)
+    ok &= g.acc_regs + 2 * g.frag_regs + REG_OVERHEAD + deep <= cap
     # Shared memory: a block cannot launch with more than the opt-in maximum.
     ok &= g.smem_bytes <= target.smem_per_block_kib * 1024
-    # Split-K needs at least one main-loop step per split.
-    k_steps = -(-shape.gemm_k // g.block_k)
-    ok &= k_steps >= cols["SPLIT_K"]
-    # Without cp.async (sm_75) the pipeline is double-buffered through registers at most.
-    if target.sm < 80:
-        ok &= cols["STAGES"] <= 2
-    # NHWCnc blocks batch and channels: both must divide.
+    # The register-staged pipeline (no cp.async on sm_75; int4 unpacked to s8 on the way
+    # into shared memory on sm_90) is double-buffered at most (the kernel static_asserts).
+    if target.sm < 80 or int4_via_s8(p, target.sm):
+        ok &= np.asarray(cols["STAGES"]) <= 2
+    # NHWCnc blocks 8 images x one 16-byte channel vector: batch and channels must fill
+    # them, or the layout does not exist (the kernel static_asserts).
     cv = channel_vector(p)
     nhwcnc_fits = (shape.n % NHWCNC_BATCH_BLOCK == 0) and shape.c % cv == 0 and shape.k % cv == 0
     if not nhwcnc_fits:
-        ok &= cols["LAYOUT"] != "nhwcnc"
+        ok &= np.asarray(cols["LAYOUT"], dtype=object) != "nhwcnc"
     return ok
 
 

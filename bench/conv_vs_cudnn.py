@@ -1,0 +1,379 @@
+"""Tuned kernels vs cuDNN on ResNet-50's 3x3 layers, the paper's ablation, replay datasets.
+
+Runs on the GPU machine (builds there too, on all cores):
+  python -m bench.conv_vs_cudnn phase1 --out P1.json
+      measured ceilings; a random sample of the full space per (layer, batch, precision)
+  python -m bench.conv_vs_cudnn phase2 --phase1 P1.json --out-dir DIR
+      batch 8, fp16 and int8: the other knobs fixed at the best of phase 1, the paper's six
+      knobs measured exhaustively (-> DIR/replay/*.jsonl.gz); the ablation (six knobs only,
+      + DUP_AWARE, + PACK_OUT, + LAYOUT, same six-knob sample each); then every best
+      schedule re-timed beside cuDNN fp16 / fp32 (TF32 off) / tf32 (PyTorch, channels_last)
+      and torch._int_mm on the pre-lowered im2col matrix, same run, same harness
+      (kernels.timing.time_launches) -> DIR/conv_vs_cudnn.json
+Every candidate is checked against the reference before it is timed (kernels.runner).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import gzip
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kernels.build import BuildJob, build_many
+from kernels.space import EXTRA_KNOBS, PAPER_KNOBS, ScheduleSpace
+from kernels.spec import RESNET50_3X3, ConvShape, Precision, get_target, target_for_gpu_model
+
+BATCHES = (1, 8, 32)
+EXTRA = list(EXTRA_KNOBS)
+SIX = list(PAPER_KNOBS)
+
+
+def layer_shape(layer: str, n: int) -> ConvShape:
+    s = RESNET50_3X3[layer]
+    return ConvShape(n, s.h, s.w, s.c, s.k, s.r, s.s, stride=s.stride, pad=s.pad)
+
+
+def log(*a: Any) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}]", *a, flush=True)
+
+
+# ---- measuring many candidates -----------------------------------------------------------
+def measure_jobs(runner: Any, cache: str, jobs: list[BuildJob], samples: int | None = None
+                 ) -> list[dict[str, Any]]:
+    t0 = time.time()
+    builds = build_many(jobs, cache, os.cpu_count())
+    t1 = time.time()
+    out = []
+    for job, b in zip(jobs, builds, strict=True):
+        row: dict[str, Any] = {"schedule": dict(job.schedule), "precision": job.precision.value,
+                               "shape": job.shape.to_dict(), "int4_s8": job.int4_s8}
+        if b.status != "ok":
+            row.update(status="compile_error", median_us=None, iqr_us=None, error=b.log[-300:])
+        else:
+            r = runner.measure(cache, b.key, samples=samples)
+            row.update(status=r["status"], median_us=r.get("median_us"), iqr_us=r.get("iqr_us"),
+                       error=(r.get("error") or None) and str(r["error"])[-300:])
+        out.append(row)
+    log(f"  {len(jobs)} candidates: build {t1 - t0:.0f} s, measure {time.time() - t1:.0f} s, "
+        f"ok {sum(r['status'] == 'ok' for r in out)}")
+    return out
+
+
+def best(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    ok = [r for r in rows if r["status"] == "ok"]
+    return min(ok, key=lambda r: r["median_us"]) if ok else None
+
+
+# ---- baselines (PyTorch / cuDNN / cuBLAS), the same harness --------------------------------
+def baselines(shape: ConvShape, l2_bytes: int) -> dict[str, float]:
+    import torch
+    import torch.nn.functional as F
+
+    from kernels.reference import im2col
+    from kernels.timing import sets_for_l2, time_launches
+
+    torch.backends.cudnn.benchmark = True
+    dev = torch.device("cuda")
+    g = torch.Generator(device="cpu").manual_seed(1234)
+    xs = (shape.n, shape.c, shape.h, shape.w)
+    ws = (shape.k, shape.c, shape.r, shape.s)
+    out: dict[str, float] = {}
+    for name, dtype, tf32 in (("cudnn_fp16_us", torch.float16, False),
+                              ("cudnn_fp32_us", torch.float32, False),
+                              ("cudnn_tf32_us", torch.float32, True)):
+        torch.backends.cudnn.allow_tf32 = tf32
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        x0 = (torch.rand(xs, generator=g) * 2 - 1).to(dev, dtype).contiguous(
+            memory_format=torch.channels_last)
+        w0 = (torch.rand(ws, generator=g) * 2 - 1).to(dev, dtype).contiguous(
+            memory_format=torch.channels_last)
+        per = (x0.numel() + w0.numel() + shape.gemm_m * shape.k) * x0.element_size()
+        n_sets = sets_for_l2(per, l2_bytes)
+        xl = [x0] + [x0.clone() for _ in range(n_sets - 1)]
+        wl = [w0] + [w0.clone() for _ in range(n_sets - 1)]
+
+        def conv(i: int, xl: list[Any] = xl, wl: list[Any] = wl) -> None:
+            F.conv2d(xl[i], wl[i], stride=shape.stride, padding=shape.pad,
+                     dilation=shape.dilation)
+
+        out[name] = round(time_launches(conv, n_sets, api="torch").median_us, 4)
+        del xl, wl
+    torch.backends.cudnn.allow_tf32 = False
+    # torch._int_mm on the pre-lowered im2col matrix: an int8 GEMM lower bound that does
+    # not pay for the lowering (A is built once, outside the timing).
+    rng = np.random.default_rng(5)
+    xi = rng.integers(-128, 128, size=(shape.n, shape.h, shape.w, shape.c), dtype=np.int8)
+    a0 = torch.from_numpy(im2col(xi, shape)).to(dev).contiguous()
+    b0 = torch.from_numpy(rng.integers(-128, 128, size=(shape.gemm_k, shape.k),
+                                       dtype=np.int8)).to(dev)
+    per = a0.numel() + b0.numel() + 4 * shape.gemm_m * shape.k
+    n_sets = sets_for_l2(per, l2_bytes)
+    al = [a0] + [a0.clone() for _ in range(n_sets - 1)]
+    bl = [b0] + [b0.clone() for _ in range(n_sets - 1)]
+    try:
+        out["int_mm_us"] = round(time_launches(lambda i: torch._int_mm(al[i], bl[i]), n_sets,
+                                               api="torch").median_us, 4)
+    except RuntimeError as e:  # shape limits of _int_mm (M > 16, K, N multiples of 8)
+        log(f"  _int_mm unavailable for {shape.key()}: {e}")
+        out["int_mm_us"] = float("nan")
+    return out
+
+
+# ---- phase 1: ceilings and a sample of the whole space ------------------------------------
+def sample_jobs(shape: ConvShape, prec: Precision, sm: int, target_name: str, count: int,
+                rng: np.random.Generator, int4_s8: bool | None = None) -> list[BuildJob]:
+    space = ScheduleSpace(shape, prec, get_target(target_name))
+    valid = space.valid_indices
+    pick = rng.choice(valid, size=min(count, len(valid)), replace=False)
+    jobs = []
+    for i in pick:
+        s = space.schedule_at(int(i))
+        if int4_s8 and s["STAGES"] > 2:
+            s["STAGES"] = 2  # the register-staged s8 path is double-buffered at most
+        jobs.append(BuildJob(shape, prec, sm, s, int4_s8=int4_s8))
+    return jobs
+
+
+def cmd_phase1(a: argparse.Namespace) -> int:
+    from bench.gpu.peaks import measure_peaks
+    from kernels.runner import Runner
+
+    runner = Runner(timeout_s=60)
+    runner.ensure_started()
+    target = target_for_gpu_model(runner.gpu_name or "")
+    tname, sm = (target.name, target.sm) if target else ("h100", 90)
+    log(f"GPU {runner.gpu_name} -> target {tname}")
+    peaks = measure_peaks()
+    log("peaks", peaks)
+    rng = np.random.default_rng(a.seed)
+    groups: list[tuple[str, int, Precision, bool | None, list[BuildJob]]] = []
+    for layer in RESNET50_3X3:
+        for n in BATCHES:
+            shape = layer_shape(layer, n)
+            plan: list[tuple[Precision, int, bool | None]] = []
+            if n == 8:
+                plan += [(Precision.FP16, a.n8, None), (Precision.INT8, a.n8, None),
+                         (Precision.INT4, a.int4 // 2, None), (Precision.INT4, a.int4 // 2, True)]
+            else:
+                plan += [(Precision.FP16, a.other, None), (Precision.INT8, a.other, None)]
+            for prec, count, s8 in plan:
+                groups.append((layer, n, prec, s8,
+                               sample_jobs(shape, prec, sm, tname, count, rng, s8)))
+    t0 = time.time()
+    all_jobs = [j for g in groups for j in g[4]]
+    build_many(all_jobs, a.cache, os.cpu_count())
+    log(f"built {len(all_jobs)} in {time.time() - t0:.0f} s")
+    rows = []
+    for layer, n, prec, s8, jobs in groups:
+        log(f"{layer} n={n} {prec.value} s8={s8}: {len(jobs)}")
+        for r in measure_jobs(runner, a.cache, jobs):
+            r.update(layer=layer, n=n)
+            rows.append(r)
+    runner.close()
+    out = {"gpu": runner.gpu_name, "target": tname, "date": dt.date.today().isoformat(),
+           "peaks": peaks, "rows": rows}
+    Path(a.out).write_text(json.dumps(out))
+    for layer in RESNET50_3X3:
+        for n in BATCHES:
+            for p in ("fp16", "int8", "int4"):
+                b = best([r for r in rows if r["layer"] == layer and r["n"] == n
+                          and r["precision"] == p])
+                if b:
+                    log(f"best {layer} n={n} {p}: {b['median_us']:.2f} us s8={b['int4_s8']} "
+                        f"{b['schedule']}")
+    return 0
+
+
+# ---- phase 2 -----------------------------------------------------------------------------
+def six_knob_space(shape: ConvShape, prec: Precision, target_name: str,
+                   fixed: dict[str, Any]) -> ScheduleSpace:
+    return ScheduleSpace(shape, prec, get_target(target_name),
+                         restrict={k: [v] for k, v in fixed.items()})
+
+
+def write_replay(path: Path, name: str, shape: ConvShape, prec: Precision, target: str,
+                 gpu: str, fixed: dict[str, Any], space: ScheduleSpace,
+                 measured: dict[str, dict[str, Any]]) -> None:
+    from kernels.space import schedule_hash
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with gzip.open(path, "wt") as f:
+        meta = {"dataset": name, "shape": shape.to_dict(), "precision": prec.value,
+                "target": target, "gpu": gpu, "simulated": False, "fixed": fixed,
+                "date": dt.date.today().isoformat()}
+        f.write(json.dumps({"meta": meta}) + "\n")
+        for i in range(space.size):
+            s = space.schedule_at(i)
+            m = measured.get(schedule_hash(s))
+            if m is None:
+                line = {"schedule": s, "status": "compile_error", "median_us": None,
+                        "iqr_us": None}
+            else:
+                line = {"schedule": s, "status": m["status"], "median_us": m["median_us"],
+                        "iqr_us": m["iqr_us"]}
+            f.write(json.dumps(line) + "\n")
+
+
+def cmd_phase2(a: argparse.Namespace) -> int:
+    from kernels.runner import Runner
+    from kernels.space import schedule_hash
+
+    p1 = json.loads(Path(a.phase1).read_text())
+    runner = Runner(timeout_s=60)
+    runner.ensure_started()
+    target = target_for_gpu_model(runner.gpu_name or "")
+    tname, sm = (target.name, target.sm) if target else ("h100", 90)
+    outdir = Path(a.out_dir)
+    rng = np.random.default_rng(a.seed)
+    final: list[dict[str, Any]] = []  # (layer, n, precision, variant, schedule, int4_s8)
+    layers = a.layers.split(",") if a.layers else list(RESNET50_3X3)
+    for layer in layers:
+        shape = layer_shape(layer, 8)
+        for prec in (Precision.FP16, Precision.INT8):
+            rows = [r for r in p1["rows"] if r["layer"] == layer and r["n"] == 8
+                    and r["precision"] == prec.value]
+            b1 = best(rows)
+            if b1 is None:
+                log(f"{layer} {prec.value}: nothing ran in phase 1")
+                continue
+            fixed = {k: b1["schedule"][k] for k in EXTRA}
+            space = six_knob_space(shape, prec, tname, fixed)
+            valid = space.valid_indices
+            log(f"{layer} {prec.value}: exhaustive six knobs, fixed {fixed}: {len(valid)} valid "
+                f"of {space.size}")
+            jobs = [BuildJob(shape, prec, sm, space.schedule_at(int(i))) for i in valid]
+            res = measure_jobs(runner, a.cache, jobs, samples=a.samples)
+            measured = {schedule_hash(r["schedule"]): r for r in res}
+            name = f"resnet50_{layer}_n8_{prec.value}_{tname}"
+            write_replay(outdir / "replay" / f"{name}.jsonl.gz", name, shape, prec, tname,
+                         runner.gpu_name or "", fixed, space, measured)
+            b2 = best(res)
+            if b2:
+                final.append({"layer": layer, "n": 8, "precision": prec.value,
+                              "variant": "tuned", "schedule": b2["schedule"], "int4_s8": None})
+            # Ablation: one six-knob sample, four settings of the paper's optimizations.
+            base = {**fixed, "DUP_AWARE": 0, "PACK_OUT": 0, "LAYOUT": "nhwc"}
+            steps = [("six_knobs", base), ("+dup_aware", {**base, "DUP_AWARE": 1}),
+                     ("+pack_out", {**base, "DUP_AWARE": 1, "PACK_OUT": 1}),
+                     ("+layout", {**base, "DUP_AWARE": 1, "PACK_OUT": 1, "LAYOUT": "nhwcnc"})]
+            full = ScheduleSpace(shape, prec, get_target(tname))
+            six_pick = rng.choice(six_knob_space(shape, prec, tname, base).size,
+                                  size=a.ablation, replace=False)
+            base_space = six_knob_space(shape, prec, tname, base)
+            for variant, extras in steps:
+                jobs = []
+                for i in six_pick:
+                    s = {**base_space.schedule_at(int(i)), **extras}
+                    if full.is_valid(s):
+                        jobs.append(BuildJob(shape, prec, sm, s))
+                # the exhaustive best of this setting is a candidate too, where it applies
+                if b2 and all(b2["schedule"][k] == v for k, v in extras.items()):
+                    jobs.append(BuildJob(shape, prec, sm, b2["schedule"]))
+                log(f"  ablation {variant}: {len(jobs)} schedules")
+                bb = best(measure_jobs(runner, a.cache, jobs, samples=a.samples))
+                if bb:
+                    final.append({"layer": layer, "n": 8, "precision": prec.value,
+                                  "variant": variant, "schedule": bb["schedule"],
+                                  "int4_s8": None})
+    runner.close()
+    outdir.mkdir(parents=True, exist_ok=True)
+    (outdir / f"selections_{'_'.join(layers)}.json").write_text(json.dumps(final))
+    return 0
+
+
+def cmd_table(a: argparse.Namespace) -> int:
+    """Every selected best re-timed beside the baselines, in one run."""
+    from kernels.runner import Runner
+
+    p1 = json.loads(Path(a.phase1).read_text())
+    final: list[dict[str, Any]] = []
+    for f in a.selections:
+        final += json.loads(Path(f).read_text())
+    runner = Runner(timeout_s=60)
+    runner.ensure_started()
+    target = target_for_gpu_model(runner.gpu_name or "")
+    tname, sm = (target.name, target.sm) if target else ("h100", 90)
+    outdir = Path(a.out_dir)
+    # Phase-1 bests for the other rows (int4 at batch 8, fp16/int8 at batch 1 and 32).
+    for layer in RESNET50_3X3:
+        for n in BATCHES:
+            for prec in ("fp16", "int8", "int4"):
+                if n == 8 and prec != "int4":
+                    continue
+                b = best([r for r in p1["rows"] if r["layer"] == layer and r["n"] == n
+                          and r["precision"] == prec])
+                if b:
+                    final.append({"layer": layer, "n": n, "precision": prec,
+                                  "variant": "tuned" if n != 8 or prec != "int4" else
+                                  "tuned_sample", "schedule": b["schedule"],
+                                  "int4_s8": b.get("int4_s8")})
+    # The table: every best re-timed beside the baselines, in this run.
+    l2 = 50 * 2**20
+    try:
+        import cupy
+
+        l2 = int(cupy.cuda.runtime.getDeviceProperties(0)["l2CacheSize"])
+    except Exception:  # noqa: BLE001 - the default is fine for sizing rotations
+        pass
+    base_cache: dict[tuple[str, int], dict[str, float]] = {}
+    table = []
+    for f in final:
+        shape = layer_shape(f["layer"], f["n"])
+        job = BuildJob(shape, Precision(f["precision"]), sm, f["schedule"],
+                       int4_s8=f["int4_s8"])
+        r = measure_jobs(runner, a.cache, [job])[0]
+        key = (f["layer"], f["n"])
+        if key not in base_cache:
+            base_cache[key] = baselines(shape, l2)
+            log(f"baselines {key}: {base_cache[key]}")
+        row = {"layer": f["layer"], "n": f["n"], "precision": f["precision"],
+               "variant": f["variant"], "tuned_us": r["median_us"], "tuned_iqr_us": r["iqr_us"],
+               "status": r["status"], **base_cache[key], "schedule": f["schedule"],
+               "int4_s8": f["int4_s8"]}
+        table.append(row)
+        log(f"{row['layer']} n={row['n']} {row['precision']} {row['variant']}: "
+            f"{row['tuned_us']} us vs cudnn fp16 {row['cudnn_fp16_us']} us")
+    runner.close()
+    out = {"gpu": runner.gpu_name, "target": tname, "date": dt.date.today().isoformat(),
+           "peaks": p1.get("peaks"), "rows": table}
+    (outdir / "conv_vs_cudnn.json").write_text(json.dumps(out, indent=1))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    a1 = sub.add_parser("phase1")
+    a1.add_argument("--out", required=True)
+    a1.add_argument("--cache", default="/tmp/tctune-cache")
+    a1.add_argument("--n8", type=int, default=160)
+    a1.add_argument("--int4", type=int, default=80)
+    a1.add_argument("--other", type=int, default=50)
+    a1.add_argument("--seed", type=int, default=1)
+    a2 = sub.add_parser("phase2")
+    a2.add_argument("--phase1", required=True)
+    a2.add_argument("--out-dir", required=True)
+    a2.add_argument("--cache", default="/tmp/tctune-cache")
+    a2.add_argument("--ablation", type=int, default=60)
+    a2.add_argument("--samples", type=int, default=5)
+    a2.add_argument("--seed", type=int, default=2)
+    a2.add_argument("--layers", default="")
+    a3 = sub.add_parser("table")
+    a3.add_argument("--phase1", required=True)
+    a3.add_argument("--selections", nargs="+", required=True)
+    a3.add_argument("--out-dir", required=True)
+    a3.add_argument("--cache", default="/tmp/tctune-cache")
+    a = ap.parse_args(argv)
+    return {"phase1": cmd_phase1, "phase2": cmd_phase2, "table": cmd_table}[a.cmd](a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

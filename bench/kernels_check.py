@@ -1,0 +1,162 @@
+"""Kernel correctness on the GPU: random (shape, schedule, epilogue) triples, zero wrong.
+
+Two steps, so that the GPU machine spends no time compiling:
+  python -m bench.kernels_check prebuild --cache .cache/kc --count 320   # CPU: NVRTC builds
+  python -m bench.kernels_check run --cache .cache/kc --out bench/data/kernels_check.json
+The run checks every candidate (poisoned output, exact integer compare, fp16 tolerance)
+through kernels.runner.Runner: a fault or hang is recorded as runtime_error / timeout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kernels.build import BuildJob, Epilogue, build_many
+from kernels.space import ScheduleSpace
+from kernels.spec import RESNET50_3X3, ConvShape, Precision, get_target
+
+PRECISIONS = (Precision.FP16, Precision.INT8, Precision.INT4)
+
+
+def fixed_shapes() -> list[ConvShape]:
+    """Cases the brief names: strided, 1x1, 7x7 with 3 input channels, tails, ResNet."""
+    s5 = RESNET50_3X3["stage5"]
+    s4 = RESNET50_3X3["stage4"]
+    return [
+        ConvShape(2, 32, 32, 3, 64, 7, 7, stride=2, pad=3),  # stem: 7x7, C=3 (padded)
+        ConvShape(8, 14, 14, 64, 96, 1, 1),  # 1x1
+        ConvShape(3, 9, 11, 32, 40, 1, 1, stride=2),  # strided 1x1, tails
+        ConvShape(8, 7, 7, 512, 512, 3, 3, pad=1),  # ResNet stage 5
+        ConvShape(8, s4.h, s4.w, s4.c, s4.k, 3, 3, pad=1),
+        ConvShape(1, 28, 28, 128, 128, 3, 3, pad=1),
+        ConvShape(8, 13, 13, 48, 72, 3, 3, stride=2, pad=1),  # strided 3x3, tails
+        ConvShape(2, 17, 19, 24, 40, 3, 3, pad=2, dilation=2),  # dilated
+        ConvShape(5, 10, 12, 36, 26, 5, 3, stride=(1, 2), pad=(2, 1)),  # rectangular
+        ConvShape(16, 6, 6, 64, 64, 3, 3, pad=0),
+        s5,
+    ]
+
+
+def random_shape(rng: np.random.Generator, precision: Precision) -> ConvShape:
+    while True:
+        r = int(rng.choice([1, 3, 3, 3, 5, 7]))
+        s = r if rng.random() < 0.85 else int(rng.choice([1, 3, 5]))
+        st = int(rng.choice([1, 1, 1, 2]))
+        dil = int(rng.choice([1, 1, 1, 1, 2]))
+        n = int(rng.choice([1, 2, 3, 8, 8, 16]))
+        h, w = int(rng.integers(3, 36)), int(rng.integers(3, 36))
+        c = int(rng.choice([3, 8, 16, 20, 32, 48, 64, 96, 128, 256]))
+        k = int(rng.choice([8, 13, 16, 24, 40, 64, 72, 128, 200]))
+        if precision is Precision.INT4:
+            c, k = c + c % 2, k + k % 2
+        pad = int(rng.integers(0, r // 2 + 1)) * dil
+        shape = ConvShape(n, h, w, c, k, r, s, stride=st, pad=(pad, pad), dilation=dil)
+        if not shape.problems(precision) and shape.gemm_m * shape.gemm_n * shape.gemm_k < 4e9:
+            return shape
+
+
+def plan(count: int, seed: int, target_name: str) -> list[dict[str, Any]]:
+    rng = np.random.default_rng(seed)
+    target = get_target(target_name)
+    items: list[dict[str, Any]] = []
+    shapes = fixed_shapes()
+    i = 0
+    while len(items) < count:
+        prec = PRECISIONS[i % 3]
+        shape = shapes[(i // 3) % len(shapes)] if i < 3 * len(shapes) else random_shape(rng, prec)
+        i += 1
+        if shape.problems(prec):
+            continue
+        space = ScheduleSpace(shape, prec, target)
+        valid = space.valid_indices
+        if len(valid) == 0:
+            continue
+        sched = space.schedule_at(int(rng.choice(valid)))
+        if prec.is_integer:
+            mode = str(rng.choice(["acc", "requant"]))
+        else:
+            mode = str(rng.choice(["acc", "bias"]))
+        epi = Epilogue(mode, bool(rng.random() < 0.3))
+        items.append({"shape": shape.to_dict(), "precision": prec.value, "schedule": sched,
+                      "epilogue": epi.to_dict(), "sm": target.sm})
+    return items
+
+
+def jobs_of(items: list[dict[str, Any]]) -> list[BuildJob]:
+    return [BuildJob(ConvShape.from_dict(it["shape"]), Precision(it["precision"]), it["sm"],
+                     it["schedule"], Epilogue(**it["epilogue"])) for it in items]
+
+
+def cmd_prebuild(a: argparse.Namespace) -> int:
+    items = plan(a.count, a.seed, a.target)
+    res = build_many(jobs_of(items), a.cache, a.workers)
+    for it, r in zip(items, res, strict=True):
+        it["key"], it["build"] = r.key, r.status
+        if r.status != "ok":
+            it["log"] = r.log[-1500:]
+    Path(a.cache).mkdir(parents=True, exist_ok=True)
+    (Path(a.cache) / "kernels_check_manifest.json").write_text(json.dumps(items))
+    bad = [it for it in items if it["build"] != "ok"]
+    print(f"built {len(items)} candidates, {len(bad)} compile errors")
+    for it in bad[:5]:
+        print(it["shape"], it["precision"], it["schedule"], it["log"][-800:])
+    return 1 if bad else 0
+
+
+def cmd_run(a: argparse.Namespace) -> int:
+    from kernels.runner import Runner
+
+    items = json.loads((Path(a.cache) / "kernels_check_manifest.json").read_text())
+    runner = Runner(timeout_s=a.timeout)
+    rows = []
+    for idx, it in enumerate(items):
+        if it["build"] != "ok":
+            res: dict[str, Any] = {"status": "compile_error", "error": it.get("log", "")}
+        else:
+            res = runner.measure(a.cache, it["key"], time_it=False)
+        row = {k: it[k] for k in ("shape", "precision", "schedule", "epilogue")}
+        row.update(status=res["status"], error=res.get("error"),
+                   check=(res.get("detail") or {}).get("check"))
+        rows.append(row)
+        if res["status"] != "ok":
+            print(f"[{idx}] {res['status']}: {it['precision']} {it['shape']} {it['schedule']} "
+                  f"{it['epilogue']} :: {str(res.get('error'))[:300]}", flush=True)
+    counts = Counter(r["status"] for r in rows)
+    by_prec = {p.value: dict(Counter(r["status"] for r in rows if r["precision"] == p.value))
+               for p in PRECISIONS}
+    out = {"gpu": runner.gpu_name, "date": dt.date.today().isoformat(), "count": len(rows),
+           "statuses": dict(counts), "by_precision": by_prec, "rows": rows}
+    runner.close()
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(json.dumps(out, indent=1))
+    print(f"GPU {out['gpu']}: {len(rows)} candidates: {dict(counts)}; by precision {by_prec}")
+    return 0 if counts.get("ok", 0) == len(rows) else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    b = sub.add_parser("prebuild")
+    b.add_argument("--cache", required=True)
+    b.add_argument("--count", type=int, default=320)
+    b.add_argument("--seed", type=int, default=3)
+    b.add_argument("--target", default="h100")
+    b.add_argument("--workers", type=int, default=None)
+    r = sub.add_parser("run")
+    r.add_argument("--cache", required=True)
+    r.add_argument("--out", default="bench/data/kernels_check.json")
+    r.add_argument("--timeout", type=float, default=60.0)
+    a = ap.parse_args(argv)
+    return cmd_prebuild(a) if a.cmd == "prebuild" else cmd_run(a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

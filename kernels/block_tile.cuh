@@ -1,0 +1,308 @@
+// Block tile: global -> shared memory loads of one pipeline stage.
+//
+// A stage holds BKC channels of A and B. Without DUP_AWARE it holds one filter tap (r, s):
+// A is BM im2col rows (one per output pixel), B is BN weight rows. With DUP_AWARE the stage
+// holds the block's receptive field instead (paper 3.1): each input pixel that the block's
+// output pixels touch is loaded once into a "slot row" of the field, and the warps index
+// duplicates statically (warp_tile.cuh). REORDER_INNER=1 (channels outer) puts all R*S taps
+// of a channel block in one stage, so rows of the field shared by neighbouring output rows
+// are also loaded once; REORDER_INNER=0 (filter rows outer) loads one filter row r per
+// stage and dedups along the width only.
+//
+// Shared rows are 16-byte chunks, XOR-swizzled so that the 8 rows of an ldmatrix phase
+// land in distinct banks.
+#pragma once
+
+namespace cfg {
+constexpr int A_VECS = BM * VPR;                       // im2col jobs per stage
+constexpr int A_IT = (A_VECS + THREADS - 1) / THREADS;
+constexpr bool A_PRE = A_IT <= 8;                      // keep pixel decodes in registers
+constexpr int B_VECS = BN * TAPS * VPR;
+constexpr int B_IT = (B_VECS + THREADS - 1) / THREADS;
+constexpr int D_VECS = SLOTS * IN_COLS * NB * VPR;     // duplicate-aware jobs per stage
+constexpr int D_IT = (D_VECS + THREADS - 1) / THREADS;
+// Register-staged prefetch: at most 8 vectors (32 registers) are held across the math.
+constexpr int PF_A = (REGPATH && !DUP) ? cmin(A_IT, 8) : 0;
+constexpr int PF_B = REGPATH ? cmin(B_IT, 8 - PF_A) : 0;
+constexpr int PF = PF_A + PF_B;
+}  // namespace cfg
+
+__device__ __forceinline__ int swz(int row) {
+  using namespace cfg;
+  if constexpr (NCH >= 8) return row & 7;
+  else if constexpr (NCH == 4) return (row >> 1) & 3;
+  else if constexpr (NCH == 2) return (row >> 2) & 1;
+  else return 0;
+}
+// Shared byte offset of chunk `chunk` of row `row` in a buffer of SB-byte rows.
+__device__ __forceinline__ u32 soff(int row, int chunk) {
+  return (u32)(row * cfg::SB + ((chunk ^ swz(row)) << 4));
+}
+
+struct StageIdx { int r, s, cb; };
+
+__device__ __forceinline__ StageIdx stage_idx(int it) {
+  using namespace cfg;
+  StageIdx st;
+  if constexpr (DUP) {
+    if constexpr (REORDER) { st.r = 0; st.s = 0; st.cb = it; }
+    else { st.cb = it % NCB; st.r = it / NCB; st.s = 0; }
+  } else if constexpr (REORDER) {  // channels outer: (cb, r, s)
+    st.s = it % S; st.r = (it / S) % R; st.cb = it / (R * S);
+  } else {  // filter outer: (r, s, cb)
+    st.cb = it % NCB; const int rs = it / NCB; st.r = rs / S; st.s = rs % S;
+  }
+  return st;
+}
+
+struct BlockLoader {
+  const u8* x;
+  const u8* w;
+  int m0, n0, tid;
+  // duplicate-aware block origin: first output row (linear over images) and its column
+  int L0, q0, nb0, p0;
+  // im2col pixel decodes (A_PRE)
+  const u8* a_ptr[cfg::A_PRE ? cfg::A_IT : 1];
+  int a_ih[cfg::A_PRE ? cfg::A_IT : 1];
+  int a_iw[cfg::A_PRE ? cfg::A_IT : 1];
+  V4 pf[cfg::PF > 0 ? cfg::PF : 1];
+
+  __device__ __forceinline__ void a_decode(int i, int& row, int& ch, const u8*& ptr, int& ih0,
+                                           int& iw0) const {
+    using namespace cfg;
+    const int v = tid + i * THREADS;
+    int ni = 0, mpl;
+    if constexpr (LAYOUT) {
+      ni = v & 7; ch = (v >> 3) % VPR; mpl = v / (8 * VPR); row = mpl * 8 + ni;
+    } else {
+      ch = v % VPR; row = v / VPR; mpl = row;
+    }
+    const int m = m0 + row;
+    const int mp = m0 / NB + mpl;
+    const int nb = mp / (P * Q);
+    const int rem = mp - nb * (P * Q);
+    const int p = rem / Q, q = rem - (rem / Q) * Q;
+    ih0 = p * SH - PH;
+    iw0 = q * SW - PW;
+    if (m >= M || v >= A_VECS) ih0 = -(1 << 20);  // never in bounds
+    ptr = x + (long long)nb * IMGSTRIDE + (LAYOUT ? ni * 16 : 0) + ch * CVSTRIDE +
+          (long long)(ih0 * W + iw0) * PIXSTRIDE;
+  }
+
+  __device__ __forceinline__ void init(const u8* x_, const u8* w_, int m0_, int n0_, int tid_) {
+    using namespace cfg;
+    x = x_; w = w_; m0 = m0_; n0 = n0_; tid = tid_;
+    const int mp0 = m0 / NB;
+    L0 = mp0 / Q; q0 = mp0 - L0 * Q; nb0 = L0 / P; p0 = L0 - nb0 * P;
+    if constexpr (A_PRE && !DUP) {
+#pragma unroll
+      for (int i = 0; i < A_IT; ++i) {
+        int row, ch;
+        a_decode(i, row, ch, a_ptr[i], a_ih[i], a_iw[i]);
+      }
+    }
+  }
+
+  // ---- one job of each kind: where it comes from, where it goes, whether it is real
+  __device__ __forceinline__ bool a_job(int i, const StageIdx& st, const u8*& src, int& row,
+                                        int& ch) const {
+    using namespace cfg;
+    const u8* ptr; int ih0, iw0;
+    if constexpr (A_PRE) {
+      ptr = a_ptr[i]; ih0 = a_ih[i]; iw0 = a_iw[i];
+      const int v = tid + i * THREADS;
+      if constexpr (LAYOUT) { ch = (v >> 3) % VPR; row = (v / (8 * VPR)) * 8 + (v & 7); }
+      else { ch = v % VPR; row = v / VPR; }
+    } else {
+      a_decode(i, row, ch, ptr, ih0, iw0);
+    }
+    const int ih = ih0 + st.r * DH, iw = iw0 + st.s * DW;
+    src = ptr + (st.r * DH * W + st.s * DW) * PIXSTRIDE + st.cb * VPR * CVSTRIDE;
+    return (unsigned)ih < (unsigned)H && (unsigned)iw < (unsigned)W &&
+           st.cb * BKC + ch * CV16 < C;
+  }
+
+  // Duplicate-aware job v: returns false if the slot cell is never read (skip it);
+  // `valid` false means zero-fill (padding, tails).
+  __device__ __forceinline__ bool d_job(int v, const StageIdx& st, const u8*& src, bool& valid,
+                                        int& row, int& ch) const {
+    using namespace cfg;
+    int ni = 0, pix;
+    if constexpr (LAYOUT) { ni = v & 7; ch = (v >> 3) % VPR; pix = v / (8 * VPR); }
+    else { ch = v % VPR; pix = v / VPR; }
+    const int t = pix / IN_COLS, c = pix - t * IN_COLS;
+    row = pix * NB + ni;
+    int nb, ih, iw;
+    bool needed;
+    if constexpr (FULLROW) {
+      iw = c - PW;
+      if constexpr (REORDER) {
+        const int u = t + p0 * SH, b = u / PG, uu = u - b * PG;
+        nb = nb0 + b; ih = uu - PH;
+        needed = nb < NBT && uu <= (P - 1) * SH + (R - 1) * DH;
+      } else {
+        const int L = L0 + t; nb = L / P;
+        ih = (L - nb * P) * SH - PH + st.r * DH;
+        needed = L < NBT * P;
+      }
+    } else {
+      int j, rr;
+      if constexpr (REORDER) { j = t / R; rr = t - j * R; } else { j = t; rr = st.r; }
+      const int L = L0 + j; nb = L / P;
+      ih = (L - nb * P) * SH - PH + rr * DH;
+      iw = (q0 - j * Q) * SW - PW + c;
+      needed = L < NBT * P &&
+               (j == 0 ? c < (Q - q0 - 1) * SW + (S - 1) * DW + 1 : c >= (Q - q0) * SW);
+    }
+    needed = needed && v < D_VECS;
+    valid = (unsigned)ih < (unsigned)H && (unsigned)iw < (unsigned)W &&
+            st.cb * BKC + ch * CV16 < C;
+    src = x + (long long)nb * IMGSTRIDE + (LAYOUT ? ni * 16 : 0) +
+          (long long)(ih * W + iw) * PIXSTRIDE + (st.cb * VPR + ch) * CVSTRIDE;
+    return needed;
+  }
+
+  __device__ __forceinline__ bool b_job(int i, const StageIdx& st, const u8*& src, int& row,
+                                        int& ch) const {
+    using namespace cfg;
+    const int v = tid + i * THREADS;
+    ch = v % VPR;
+    row = v / VPR;
+    const int tap = row / BN, n = n0 + (row - tap * BN);
+    int r = st.r, s = st.s;
+    if constexpr (DUP) {
+      if constexpr (REORDER) { r = tap / S; s = tap - r * S; } else { s = tap; }
+    }
+    src = w + ((long long)(n * R + r) * S + s) * CB + st.cb * GB + ch * 16;
+    return v < B_VECS && n < K && st.cb * BKC + ch * CV16 < C;
+  }
+
+  // ---- sinks
+  __device__ __forceinline__ void put_async(u32 buf, int row, int ch, const u8* src, bool valid) {
+    cp_async16(buf + soff(row, ch), valid ? (const void*)src : (const void*)x, valid);
+  }
+  __device__ __forceinline__ void put_regs(u32 buf, int row, int ch, const V4& v) {
+    using namespace cfg;
+    if constexpr (INT4_S8) {
+      V4 lo, hi;
+      unpack_s4_word(v.x, lo.x, lo.y);
+      unpack_s4_word(v.y, lo.z, lo.w);
+      unpack_s4_word(v.z, hi.x, hi.y);
+      unpack_s4_word(v.w, hi.z, hi.w);
+      sts16(buf + soff(row, 2 * ch), lo);
+      sts16(buf + soff(row, 2 * ch + 1), hi);
+    } else {
+      sts16(buf + soff(row, ch), v);
+    }
+  }
+
+  // ---- cp.async path: the whole stage
+  __device__ __forceinline__ void load_stage(int it, u32 abuf, u32 bbuf) {
+    using namespace cfg;
+    const StageIdx st = stage_idx(it);
+    const u8* src; int row, ch;
+    if constexpr (DUP) {
+#pragma unroll 2
+      for (int i = 0; i < D_IT; ++i) {
+        bool valid;
+        if (d_job(tid + i * THREADS, st, src, valid, row, ch)) put_async(abuf, row, ch, src, valid);
+      }
+    } else if constexpr (A_PRE) {
+#pragma unroll
+      for (int i = 0; i < A_IT; ++i) {
+        const bool valid = a_job(i, st, src, row, ch);
+        if (tid + i * THREADS < A_VECS) put_async(abuf, row, ch, src, valid);
+      }
+    } else {
+      // Many jobs per thread: a rolled loop that decodes each pixel where it is used, so
+      // that the compiler cannot hoist A_IT decodes into live registers (they would spill).
+#pragma unroll 1
+      for (int i = 0; i < A_IT; ++i) {
+        const bool valid = a_job(i, st, src, row, ch);
+        if (tid + i * THREADS < A_VECS) put_async(abuf, row, ch, src, valid);
+      }
+    }
+    if constexpr (B_IT <= 8) {
+#pragma unroll
+      for (int i = 0; i < B_IT; ++i) {
+        const bool valid = b_job(i, st, src, row, ch);
+        if (tid + i * THREADS < B_VECS) put_async(bbuf, row, ch, src, valid);
+      }
+    } else {
+#pragma unroll 1
+      for (int i = 0; i < B_IT; ++i) {
+        const bool valid = b_job(i, st, src, row, ch);
+        if (tid + i * THREADS < B_VECS) put_async(bbuf, row, ch, src, valid);
+      }
+    }
+  }
+
+  // ---- register path
+  template <int FROM>
+  __device__ __forceinline__ void a_rest_sync(const StageIdx& st, u32 abuf) {
+    using namespace cfg;
+    const u8* src; int row, ch;
+    if constexpr (DUP) {
+#pragma unroll 1
+      for (int i = 0; i < D_IT; ++i) {
+        bool valid;
+        if (d_job(tid + i * THREADS, st, src, valid, row, ch))
+          put_regs(abuf, row, ch, ldg16(src, valid));
+      }
+    } else {
+#pragma unroll 1
+      for (int i = FROM; i < A_IT; ++i) {
+        const bool valid = a_job(i, st, src, row, ch);
+        if (tid + i * THREADS < A_VECS) put_regs(abuf, row, ch, ldg16(src, valid));
+      }
+    }
+  }
+  template <int FROM>
+  __device__ __forceinline__ void b_rest_sync(const StageIdx& st, u32 bbuf) {
+    using namespace cfg;
+    const u8* src; int row, ch;
+#pragma unroll 1
+    for (int i = FROM; i < B_IT; ++i) {
+      const bool valid = b_job(i, st, src, row, ch);
+      if (tid + i * THREADS < B_VECS) put_regs(bbuf, row, ch, ldg16(src, valid));
+    }
+  }
+  __device__ __forceinline__ void load_stage_sync(int it, u32 abuf, u32 bbuf) {
+    const StageIdx st = stage_idx(it);
+    a_rest_sync<0>(st, abuf);
+    b_rest_sync<0>(st, bbuf);
+  }
+  // Issue the next stage's first PF loads into registers (they fly during the math).
+  __device__ __forceinline__ void prefetch_regs(int it) {
+    using namespace cfg;
+    const StageIdx st = stage_idx(it);
+    const u8* src; int row, ch;
+#pragma unroll
+    for (int i = 0; i < PF_A; ++i) {
+      const bool valid = a_job(i, st, src, row, ch) && tid + i * THREADS < A_VECS;
+      pf[i] = ldg16(src, valid);
+    }
+#pragma unroll
+    for (int i = 0; i < PF_B; ++i) {
+      const bool valid = b_job(i, st, src, row, ch) && tid + i * THREADS < B_VECS;
+      pf[PF_A + i] = ldg16(src, valid);
+    }
+  }
+  __device__ __forceinline__ void finish_regs(int it, u32 abuf, u32 bbuf) {
+    using namespace cfg;
+    const StageIdx st = stage_idx(it);
+    const u8* src; int row, ch;
+#pragma unroll
+    for (int i = 0; i < PF_A; ++i) {
+      a_job(i, st, src, row, ch);
+      if (tid + i * THREADS < A_VECS) put_regs(abuf, row, ch, pf[i]);
+    }
+#pragma unroll
+    for (int i = 0; i < PF_B; ++i) {
+      b_job(i, st, src, row, ch);
+      if (tid + i * THREADS < B_VECS) put_regs(bbuf, row, ch, pf[PF_A + i]);
+    }
+    a_rest_sync<PF_A>(st, abuf);
+    b_rest_sync<PF_B>(st, bbuf);
+  }
+};

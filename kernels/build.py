@@ -1,0 +1,311 @@
+"""NVRTC builds of the conv kernel: (shape, precision, sm, schedule, epilogue) -> cubin.
+
+Runs on a CPU (no GPU, no CuPy). Each build is keyed by a hash of the kernel sources, the
+NVRTC options (which carry every define) and the sm, and cached on disk as
+`<cache>/<key>.cubin` + `<key>.json` (the launch metadata the runner needs). A compile
+failure is data: a `BuildResult` with status "compile_error" and the log, never an
+exception. `build_many` runs builds in a process pool.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from collections.abc import Iterable, Mapping
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kernels.space import (
+    NHWCNC_BATCH_BLOCK,
+    channel_vector,
+    geometry,
+    int4_via_s8,
+    knobs_for,
+    padded_channels,
+    schedule_problems,
+)
+from kernels.spec import ConvShape, Precision, Target
+
+KERNEL_DIR = Path(__file__).resolve().parent
+SOURCES = ("conv.cu", "instruction_tile.cuh", "block_tile.cuh", "warp_tile.cuh", "epilogue.cuh")
+KERNEL_NAME = "tc_conv"
+PRECISION_CODE = {"fp16": 0, "int8": 1, "int4": 2, "fp32_tc": 3}
+LAYOUT_CODE = {"nhwc": 0, "nhwcnc": 1}
+# Bumped when the meaning of a cached artifact changes without its sources changing.
+BUILD_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class Epilogue:
+    """Compile-time output options of a build (not schedule knobs).
+
+    mode: "acc"  raw int32 accumulators (int) / plain fp16 out (fp16);
+          "requant"  int: y = clamp(round(acc*scale[k] + bias[k])) stored as int8 / int4;
+          "bias"  fp16: + bias[k] before the fp16 conversion.
+    """
+
+    mode: str = "default"
+    relu: bool = False
+
+    def resolved(self, precision: Precision) -> Epilogue:
+        p = Precision(precision)
+        mode = self.mode
+        if mode == "default":
+            mode = "requant" if p.is_integer else "bias"
+        allowed = ("acc", "requant") if p.is_integer else ("acc", "bias")
+        if mode not in allowed:
+            raise ValueError(f"epilogue {mode!r} is not one of {allowed} for {p.value}")
+        return Epilogue(mode, bool(self.relu))
+
+    def out_bits(self, precision: Precision) -> int:
+        p = Precision(precision)
+        e = self.resolved(p)
+        if p.is_integer:
+            return 32 if e.mode == "acc" else p.input_bits
+        return 16 if p is Precision.FP16 else 32
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"mode": self.mode, "relu": self.relu}
+
+
+DEFAULT_EPILOGUE = Epilogue()
+
+
+@dataclass
+class BuildResult:
+    status: str  # "ok" or "compile_error"
+    key: str
+    log: str = ""
+    seconds: float = 0.0
+    cached: bool = False
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class BuildJob:
+    shape: ConvShape
+    precision: Precision
+    sm: int
+    schedule: Mapping[str, Any]
+    epilogue: Epilogue = DEFAULT_EPILOGUE
+    int4_s8: bool | None = None  # None: follow instruction_shape for (int4, sm)
+
+
+def _sources() -> dict[str, str]:
+    return {name: (KERNEL_DIR / name).read_text() for name in SOURCES}
+
+
+_SOURCE_CACHE: dict[str, str] | None = None
+
+
+def sources() -> dict[str, str]:
+    global _SOURCE_CACHE
+    if _SOURCE_CACHE is None:
+        _SOURCE_CACHE = _sources()
+    return _SOURCE_CACHE
+
+
+def _target_for_sm(sm: int) -> Target:
+    """Any target of this sm (shared-memory limits only matter for validity, not the build)."""
+    from kernels.spec import TARGETS
+
+    for t in TARGETS.values():
+        if t.sm == sm:
+            return t
+    base = min(TARGETS.values(), key=lambda t: abs(t.sm - sm))
+    return Target(f"sm{sm}", f"sm_{sm}", sm, base.sms, base.boost_mhz, base.mem_gib,
+                  base.bandwidth_gbs, base.l2_mib, base.smem_per_sm_kib,
+                  base.smem_per_block_kib, base.max_threads_per_sm, base.max_blocks_per_sm,
+                  base.peak_tops)
+
+
+def defines(job: BuildJob) -> dict[str, int]:
+    """Every -D of a build. Values are integers taken from the enumerated space only."""
+    p = Precision(job.precision)
+    problems = schedule_problems(p, job.schedule)
+    if problems:
+        raise ValueError("; ".join(f"{k}: {v}" for k, v in problems))
+    sh = job.shape
+    epi = job.epilogue.resolved(p)
+    s8 = int4_via_s8(p, job.sm) if job.int4_s8 is None else bool(job.int4_s8)
+    if s8 and not (p is Precision.INT4 and job.sm >= 80):
+        raise ValueError("int4_s8 applies to int4 on sm_80+ only")
+    target = _target_for_sm(job.sm)
+    cols = {k: np.array([v], dtype=object if isinstance(v, str) else np.int64)
+            for k, v in job.schedule.items()}
+    sched = dict(job.schedule)
+    g = geometry(sh, p, target, cols, out_bits=epi.out_bits(p), int4_s8=s8)
+    d: dict[str, int] = {
+        "TC_PREC": PRECISION_CODE[p.value], "TC_SM": int(job.sm), "TC_INT4_S8": int(s8),
+        "TC_N": sh.n, "TC_H": sh.h, "TC_W": sh.w, "TC_C": padded_channels(sh, p),
+        "TC_C_REAL": sh.c, "TC_K": sh.k, "TC_R": sh.r, "TC_S": sh.s,
+        "TC_STR_H": sh.stride[0], "TC_STR_W": sh.stride[1], "TC_PAD_H": sh.pad[0],
+        "TC_PAD_W": sh.pad[1], "TC_DIL_H": sh.dilation[0], "TC_DIL_W": sh.dilation[1],
+        "TC_EPI": 0 if epi.mode == "acc" else 1, "TC_RELU": int(epi.relu),
+        "TC_SMEM_BYTES": int(g.smem_bytes[0]),
+    }
+    for name in knobs_for(p):
+        if name == "LAYOUT":
+            d["TC_LAYOUT"] = LAYOUT_CODE[sched[name]]
+        elif name == "SPLIT":
+            continue  # fp32_tc only (issue 7)
+        else:
+            d[f"TC_{name}"] = int(sched[name])
+    return d
+
+
+def nvrtc_options(d: Mapping[str, int], sm: int) -> list[str]:
+    opts = [f"--gpu-architecture=sm_{sm}", "-std=c++17",
+            "-default-device",
+            # spills are build errors: a schedule whose registers spill is never worth timing
+            "--ptxas-options=--warn-on-spills", "--ptxas-options=--warning-as-error"]
+    opts += [f"-D{k}={int(v)}" for k, v in sorted(d.items())]
+    return opts
+
+
+def cache_key(d: Mapping[str, int], sm: int) -> str:
+    h = hashlib.sha256()
+    h.update(f"format={BUILD_FORMAT};sm={sm}\n".encode())
+    for name, text in sorted(sources().items()):
+        h.update(name.encode() + b"\0" + text.encode() + b"\0")
+    h.update("\0".join(nvrtc_options(d, sm)).encode())
+    return h.hexdigest()[:32]
+
+
+def _check(err: Any, what: str) -> None:
+    from cuda.bindings import nvrtc
+
+    if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        raise RuntimeError(f"{what}: {err}")
+
+
+def compile_cubin(d: Mapping[str, int], sm: int) -> tuple[bytes | None, str]:
+    """NVRTC compile to a cubin. Returns (cubin or None, log)."""
+    from cuda.bindings import nvrtc
+
+    src = sources()
+    headers = [n for n in SOURCES if n != "conv.cu"]
+    err, prog = nvrtc.nvrtcCreateProgram(
+        src["conv.cu"].encode(), b"conv.cu", len(headers),
+        [src[h].encode() for h in headers], [h.encode() for h in headers])
+    _check(err, "nvrtcCreateProgram")
+    try:
+        opts = [o.encode() for o in nvrtc_options(d, sm)]
+        (res,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+        err, size = nvrtc.nvrtcGetProgramLogSize(prog)
+        _check(err, "nvrtcGetProgramLogSize")
+        log_buf = b" " * size
+        (err,) = nvrtc.nvrtcGetProgramLog(prog, log_buf)
+        log = log_buf.decode(errors="replace").rstrip("\0").strip()
+        if res != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            return None, log or str(res)
+        err, size = nvrtc.nvrtcGetCUBINSize(prog)
+        _check(err, "nvrtcGetCUBINSize")
+        cubin = b" " * size
+        (err,) = nvrtc.nvrtcGetCUBIN(prog, cubin)
+        _check(err, "nvrtcGetCUBIN")
+        return cubin, log
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+
+
+def launch_meta(job: BuildJob, d: Mapping[str, int]) -> dict[str, Any]:
+    """What the runner needs to allocate, lay out and launch this build."""
+    p = Precision(job.precision)
+    sh = job.shape
+    inst_m = 16 if (p is Precision.FP16 or job.sm >= 80) else 8
+    s = job.schedule
+    bm = s["BLK_ROW_WARPS"] * s["WARP_ROW_TILES"] * inst_m
+    bn = s["BLK_COL_WARPS"] * s["WARP_COL_TILES"] * 8
+    threads = s["BLK_ROW_WARPS"] * s["BLK_COL_WARPS"] * 32
+    tiles = (-(-sh.gemm_m // bm)) * (-(-sh.gemm_n // bn))
+    acc_t = inst_m * 8 // 32
+    acc_n = s["WARP_ROW_TILES"] * s["WARP_COL_TILES"] * acc_t
+    epi = job.epilogue.resolved(p)
+    return {
+        "kernel": KERNEL_NAME, "grid": [tiles, 1, int(s["SPLIT_K"])], "block": [threads, 1, 1],
+        "smem_bytes": int(d["TC_SMEM_BYTES"]),
+        "workspace_bytes": (tiles * int(s["SPLIT_K"]) * acc_n * threads * 4
+                            if s["SPLIT_K"] > 1 else 0),
+        "counters": tiles if s["SPLIT_K"] > 1 else 0,
+        "shape": sh.to_dict(), "precision": p.value, "sm": job.sm,
+        "schedule": dict(s), "epilogue": epi.to_dict(), "out_bits": epi.out_bits(p),
+        "c_padded": int(d["TC_C"]), "layout": s["LAYOUT"],
+        "channel_vector": channel_vector(p), "batch_block": NHWCNC_BATCH_BLOCK,
+        "int4_s8": bool(d["TC_INT4_S8"]), "defines": dict(d),
+    }
+
+
+def build(job: BuildJob, cache_dir: str | os.PathLike[str]) -> BuildResult:
+    """Build one kernel (or find it in the cache). Never raises for a bad schedule."""
+    t0 = time.perf_counter()
+    try:
+        d = defines(job)
+    except Exception as e:  # a schedule the space cannot express: data, not a crash
+        return BuildResult("compile_error", "", log=f"bad build request: {e}",
+                           seconds=time.perf_counter() - t0)
+    key = cache_key(d, job.sm)
+    cache = Path(cache_dir)
+    cubin_path, meta_path, err_path = (cache / f"{key}.cubin", cache / f"{key}.json",
+                                       cache / f"{key}.err")
+    if meta_path.exists() and cubin_path.exists():
+        meta = json.loads(meta_path.read_text())
+        return BuildResult("ok", key, log=meta.get("log", ""), cached=True, meta=meta,
+                           seconds=time.perf_counter() - t0)
+    if err_path.exists():
+        return BuildResult("compile_error", key, log=err_path.read_text(), cached=True,
+                           seconds=time.perf_counter() - t0)
+    try:
+        cubin, log = compile_cubin(d, job.sm)
+    except Exception as e:  # NVRTC itself missing or broken
+        return BuildResult("compile_error", key, log=f"nvrtc failed: {e!r}",
+                           seconds=time.perf_counter() - t0)
+    seconds = time.perf_counter() - t0
+    cache.mkdir(parents=True, exist_ok=True)
+    if cubin is None:
+        _atomic_write(err_path, log.encode())
+        return BuildResult("compile_error", key, log=log, seconds=seconds)
+    meta = launch_meta(job, d)
+    meta["log"] = log
+    meta["compile_seconds"] = round(seconds, 3)
+    _atomic_write(cubin_path, cubin)
+    _atomic_write(meta_path, json.dumps(meta, sort_keys=True).encode())
+    return BuildResult("ok", key, log=log, seconds=seconds, meta=meta)
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def cubin_path(cache_dir: str | os.PathLike[str], key: str) -> Path:
+    return Path(cache_dir) / f"{key}.cubin"
+
+
+def load_meta(cache_dir: str | os.PathLike[str], key: str) -> dict[str, Any]:
+    return json.loads((Path(cache_dir) / f"{key}.json").read_text())
+
+
+def _build_star(args: tuple[BuildJob, str]) -> BuildResult:
+    return build(*args)
+
+
+def build_many(jobs: Iterable[BuildJob], cache_dir: str | os.PathLike[str],
+               workers: int | None = None) -> list[BuildResult]:
+    """Build in parallel (a process pool; NVRTC holds the GIL poorly and can crash alone)."""
+    jobs = list(jobs)
+    workers = workers or os.cpu_count() or 1
+    if workers <= 1 or len(jobs) <= 1:
+        return [build(j, cache_dir) for j in jobs]
+    with ProcessPoolExecutor(max_workers=min(workers, len(jobs))) as ex:
+        return list(ex.map(_build_star, [(j, str(cache_dir)) for j in jobs], chunksize=1))

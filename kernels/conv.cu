@@ -1,0 +1,202 @@
+// tctune: one templated implicit-GEMM conv2d on Tensor Cores (mma.sync, inline PTX).
+//
+// GEMM view: M = N*P*Q output pixels, N = K output channels, reduced over R*S*C.
+// Every build is one (shape, precision, sm, schedule, epilogue): all of them arrive as
+// integer -D defines written by kernels/build.py from the enumerated schedule space, never
+// as free text. The shape is a compile-time constant because the duplicate-aware load
+// (paper 3.1) indexes the receptive field statically.
+//
+// Hardware levels, as in CUTLASS:
+//   instruction_tile.cuh  mma.sync / ldmatrix / cp.async wrappers
+//   block_tile.cuh        global -> shared loads (im2col or duplicate-aware), the pipeline
+//   warp_tile.cuh         shared -> register fragments and the warp's mma loop
+//   epilogue.cuh          split-K fix-up, requantize / bias / ReLU, packing, stores
+//
+// Tensor contracts (kernels/reference.py builds them):
+//   x: NHWC [N][H][W][Cp] or NHWCnc [N/8][H][W][Cp/c][8][c]; Cp = C rounded up to the
+//      16-byte channel vector c (zero channels added by the harness: any C works).
+//   w: KRSC [K][R][S][Cp].  int4 is packed two per byte, element 2i in the low nibble.
+//   y: NHWC [N][P][Q][K] or NHWCnc [N/8][P][Q][K/co][8][co] of the epilogue's output type.
+
+#ifndef TC_PREC
+#error "built by kernels/build.py: the shape, schedule and epilogue are -D defines"
+#endif
+
+#include "instruction_tile.cuh"
+
+namespace cfg {
+// ---- precision and instruction tile
+constexpr int PREC = TC_PREC;  // 0 fp16, 1 int8, 2 int4, 3 fp32_tc
+constexpr int SM = TC_SM;
+constexpr bool INT4_S8 = TC_INT4_S8 != 0;  // int4 unpacked to s8 in shared memory (sm_90)
+constexpr int ELEM_BITS = PREC == 0 ? 16 : PREC == 1 ? 8 : 4;  // in global memory
+constexpr int SMEM_BITS = INT4_S8 ? 8 : ELEM_BITS;             // in shared memory
+constexpr bool REGPATH = SM < 80 || INT4_S8;  // no cp.async (sm_75) or a transform on the way
+constexpr int KB = SM >= 80 ? 32 : 16;          // bytes of k per instruction (16 -> k8/k16/k32)
+constexpr int IM = (PREC == 0 || SM >= 80) ? 16 : 8;  // instruction rows (m8 for sm_75 int)
+constexpr int INST_K = KB * 8 / SMEM_BITS;
+constexpr int AM = (IM / 8) * (KB / 16);  // 8x8 matrices in an A fragment
+constexpr int BMAT = KB / 16;             // 8x8 matrices in a B fragment
+constexpr int ACC_T = IM * 8 / 32;        // accumulators per thread per instruction tile
+
+// ---- shape (C is the padded channel count; C_REAL the layer's)
+constexpr int N = TC_N, H = TC_H, W = TC_W, C = TC_C, C_REAL = TC_C_REAL, K = TC_K;
+constexpr int R = TC_R, S = TC_S;
+constexpr int SH = TC_STR_H, SW = TC_STR_W, PH = TC_PAD_H, PW = TC_PAD_W;
+constexpr int DH = TC_DIL_H, DW = TC_DIL_W;
+constexpr int P = (H + 2 * PH - DH * (R - 1) - 1) / SH + 1;
+constexpr int Q = (W + 2 * PW - DW * (S - 1) - 1) / SW + 1;
+constexpr int M = N * P * Q;
+
+// ---- schedule knobs
+constexpr int BRW = TC_BLK_ROW_WARPS, BCW = TC_BLK_COL_WARPS;
+constexpr int WRT = TC_WARP_ROW_TILES, WCT = TC_WARP_COL_TILES;
+constexpr int CHUNK = TC_CHUNK, REORDER = TC_REORDER_INNER, DUP = TC_DUP_AWARE;
+constexpr int PACK = TC_PACK_OUT, LAYOUT = TC_LAYOUT, STAGES = TC_STAGES, SPLITK = TC_SPLIT_K;
+
+// ---- block tile
+constexpr int BM = BRW * WRT * IM, BN = BCW * WCT * 8, WARPS = BRW * BCW, THREADS = WARPS * 32;
+constexpr int SB = CHUNK * KB;       // shared bytes of one row (pixel or channel) per tap
+constexpr int NCH = SB / 16;         // 16-byte chunks per shared row
+constexpr int BKC = CHUNK * INST_K;  // channels per stage
+constexpr int GB = BKC * ELEM_BITS / 8, VPR = GB / 16;  // global bytes / vectors per row
+constexpr int CV16 = 128 / ELEM_BITS;                   // channels per 16-byte vector
+constexpr int CB = C * ELEM_BITS / 8;                   // bytes per pixel
+constexpr int NCB = (C + BKC - 1) / BKC;                // channel blocks
+constexpr int NB = LAYOUT ? 8 : 1;                      // images per pixel row of M
+constexpr int NBT = N / NB;
+constexpr int BMP = BM / NB;                            // pixel positions per block
+constexpr int PIXSTRIDE = LAYOUT ? CB * 8 : CB;
+constexpr int CVSTRIDE = LAYOUT ? 128 : 16;
+constexpr int IMGSTRIDE = H * W * PIXSTRIDE;
+constexpr int TILES_N = (K + BN - 1) / BN;
+
+// ---- duplicate-aware receptive field (paper 3.1), see block_tile.cuh
+constexpr int cmin(int a, int b) { return a < b ? a : b; }
+constexpr int cmax(int a, int b) { return a > b ? a : b; }
+constexpr bool FULLROW = BMP >= Q;  // the block covers whole output rows
+constexpr int ROWS_OUT = cmin(FULLROW ? (BMP + Q - 1) / Q + 1 : 2, NBT * P);
+constexpr int NIMG = cmin(NBT, (ROWS_OUT + P - 2) / P + 1);
+constexpr int GAP = cmax(0, (R - 1) * DH - SH + 1);  // slots between images' rows
+constexpr int PG = P * SH + GAP;
+constexpr int IN_COLS = ((FULLROW ? Q : BMP) - 1) * SW + (S - 1) * DW + 1;
+constexpr int SLOTS = REORDER ? (FULLROW ? (ROWS_OUT - 1) * SH + (R - 1) * DH + 1 + (NIMG - 1) * GAP
+                                         : ROWS_OUT * R)
+                              : ROWS_OUT;
+constexpr int TAPS = DUP ? (REORDER ? R * S : S) : 1;  // filter taps per stage
+constexpr int A_ROWS = DUP ? SLOTS * IN_COLS * NB : BM;
+constexpr int A_STAGE = A_ROWS * SB, B_STAGE = BN * TAPS * SB;
+constexpr int NIT = DUP ? (REORDER ? NCB : R * NCB) : R * S * NCB;  // main-loop stages
+
+// ---- epilogue (compile-time options of the build, not knobs)
+constexpr int EPI = TC_EPI;    // int: 0 raw int32 acc, 1 requantize; fp16: 0 plain, 1 + bias
+constexpr int RELU = TC_RELU;
+constexpr int OUT_BITS = PREC == 0 ? 16 : (EPI == 0 ? 32 : ELEM_BITS);
+constexpr int STAGE_BITS = PACK ? OUT_BITS : 32;
+constexpr bool DIRECT_OUT = PACK && OUT_BITS == 32;  // raw int32: registers -> global
+constexpr int TB = BN * OUT_BITS / 8;                // output tile row bytes
+constexpr int E_ROW = BN * STAGE_BITS / 8 + 16;      // staging row (+16 B against conflicts)
+constexpr int EPI_SMEM = DIRECT_OUT ? 0 : BM * E_ROW;
+constexpr int PIPE_SMEM = STAGES * (A_STAGE + B_STAGE);
+constexpr int SMEM = cmax(PIPE_SMEM, EPI_SMEM);
+constexpr int CVO = 128 / OUT_BITS;  // output channels per 16-byte vector (NHWCnc out)
+constexpr int gcd(int a, int b) { return b == 0 ? a : gcd(b, a % b); }
+constexpr int pow2_le16(int v) { return (v % 16 == 0) ? 16 : (v % 8 == 0) ? 8 : (v % 4 == 0) ? 4
+                                        : (v % 2 == 0) ? 2 : 1; }
+constexpr int VW = pow2_le16(gcd(K * OUT_BITS / 8, TB));  // bytes per output store
+constexpr int ACC_N = WRT * WCT * ACC_T;
+
+// ---- what cannot be built, each with its reason (kernels/space.py:validity mirrors these)
+static_assert(PREC != 3, "fp32_tc is not implemented in this kernel yet");
+static_assert(C % CV16 == 0, "channels are padded to whole 16-byte vectors by the harness");
+static_assert(!LAYOUT || (N % 8 == 0 && C_REAL % CV16 == 0 && K % CVO == 0 && K % CV16 == 0),
+              "NHWCnc stores 8 images x one 16-byte channel vector: batch and channels must fill them");
+static_assert(!REGPATH || STAGES <= 2,
+              "the register-staged pipeline (sm_75, int4 via s8) is double-buffered at most");
+static_assert(SMEM == TC_SMEM_BYTES, "kernels/space.py:geometry must equal what the kernel allocates");
+static_assert(PREC != 2 || K % 2 == 0, "int4 output packs two channels per byte");
+}  // namespace cfg
+
+#include "block_tile.cuh"
+#include "warp_tile.cuh"
+#include "epilogue.cuh"
+
+extern "C" __global__ void __launch_bounds__(cfg::THREADS, 1)
+tc_conv(const u8* __restrict__ x, const u8* __restrict__ w, const float* __restrict__ scale,
+        const float* __restrict__ bias, u8* __restrict__ y, u32* __restrict__ ws,
+        u32* __restrict__ counters) {
+  using namespace cfg;
+  extern __shared__ __align__(128) u8 smem[];
+  const int tid = threadIdx.x;
+  const int tile = blockIdx.x;
+  const int split = blockIdx.z;
+  const int m0 = (tile / TILES_N) * BM;
+  const int n0 = (tile % TILES_N) * BN;
+  // Balanced split of the main loop: every split owns [it0, it1).
+  const int it0 = split * NIT / SPLITK;
+  const int it1 = (split + 1) * NIT / SPLITK;
+
+  BlockLoader ld;
+  ld.init(x, w, m0, n0, tid);
+  WarpTile wt;
+  wt.init(m0, tid, ld);
+
+  const u32 sbase = smem_addr(smem);
+  auto a_buf = [&](int st) { return sbase + (u32)(st * (A_STAGE + B_STAGE)); };
+  auto b_buf = [&](int st) { return sbase + (u32)(st * (A_STAGE + B_STAGE) + A_STAGE); };
+  const int nit = it1 - it0;
+
+  if constexpr (!REGPATH) {
+    // cp.async multistage pipeline: STAGES-1 stages in flight while one is computed.
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+      if (s < nit) ld.load_stage(it0 + s, a_buf(s), b_buf(s));
+      cp_async_commit();
+    }
+#pragma unroll 1
+    for (int i = 0; i < nit; ++i) {
+      const int st = i % STAGES;
+      if constexpr (STAGES == 1) {
+        ld.load_stage(it0 + i, a_buf(0), b_buf(0));
+        cp_async_commit();
+        cp_async_wait<0>();
+        __syncthreads();
+      } else {
+        cp_async_wait<STAGES - 2>();
+        __syncthreads();
+        const int nx = i + STAGES - 1;
+        if (nx < nit) ld.load_stage(it0 + nx, a_buf(nx % STAGES), b_buf(nx % STAGES));
+        cp_async_commit();
+      }
+      wt.compute_stage(a_buf(st), b_buf(st), it0 + i);
+      if constexpr (STAGES == 1) __syncthreads();
+    }
+    cp_async_wait<0>();
+  } else {
+    // Register-staged: STAGES=1 loads, then computes; STAGES=2 holds the next stage's
+    // first vectors in registers while the current one is computed.
+    if constexpr (STAGES == 1) {
+#pragma unroll 1
+      for (int i = 0; i < nit; ++i) {
+        ld.load_stage_sync(it0 + i, a_buf(0), b_buf(0));
+        __syncthreads();
+        wt.compute_stage(a_buf(0), b_buf(0), it0 + i);
+        __syncthreads();
+      }
+    } else {
+      if (nit > 0) ld.load_stage_sync(it0, a_buf(0), b_buf(0));
+      __syncthreads();
+#pragma unroll 1
+      for (int i = 0; i < nit; ++i) {
+        const int st = i & 1;
+        const bool more = i + 1 < nit;
+        if (more) ld.prefetch_regs(it0 + i + 1);
+        wt.compute_stage(a_buf(st), b_buf(st), it0 + i);
+        if (more) ld.finish_regs(it0 + i + 1, a_buf(st ^ 1), b_buf(st ^ 1));
+        __syncthreads();
+      }
+    }
+  }
+  __syncthreads();  // shared memory is reused by the epilogue
+  epilogue(wt, smem, m0, n0, tid, tile, split, scale, bias, y, ws, counters);
+}

@@ -1,0 +1,258 @@
+// Epilogue: split-K fix-up, then the output transform and the stores.
+//
+// Accumulator fragment of an instruction tile (m16n8 / m8n8): thread (g = lane/4, t = lane%4)
+// holds rows g (and g+8 for m16) at columns 2t, 2t+1.
+//
+// PACK_OUT=0: raw 32-bit accumulators go to shared memory; a second pass reads them back,
+//   runs the epilogue and writes 16-byte vectors.
+// PACK_OUT=1 (paper 3.2): the epilogue runs in registers; int8 / int4 values are packed into
+//   32-bit words across the quad with warp shuffles before the (4-8x smaller) shared store;
+//   raw int32 output goes straight from registers to global memory.
+#pragma once
+
+namespace cfg {
+constexpr int ROWS_H = IM / 8;              // row halves (g, g+8) per instruction tile
+constexpr int HALVES = WCT * ROWS_H;         // (tile column, row half) pairs per warp row tile
+}  // namespace cfg
+
+// Byte offset of output element (m, n) in y (n must start a vector for int4).
+__device__ __forceinline__ long long out_off(int m, int n) {
+  using namespace cfg;
+  if constexpr (LAYOUT) {
+    const int mp = m >> 3, ni = m & 7;
+    return ((long long)(mp * (K / CVO) + n / CVO) * 8 + ni) * 16 + (n % CVO) * OUT_BITS / 8;
+  } else {
+    return ((long long)m * K + n) * OUT_BITS / 8;
+  }
+}
+
+// The epilogue of one value: int -> requantized int (clamped), fp -> float with bias.
+__device__ __forceinline__ int requant(int a, float sc, float bi) {
+  using namespace cfg;
+  constexpr float LO = ELEM_BITS == 8 ? -128.f : -8.f, HI = ELEM_BITS == 8 ? 127.f : 7.f;
+  float v = f_add_rn(f_mul_rn(s32_to_f32(a), sc), bi);
+  v = fminf(fmaxf(v, RELU ? 0.f : LO), HI);
+  return f32_to_s32_rni(v);
+}
+__device__ __forceinline__ float fp_epi(float a, float bi) {
+  using namespace cfg;
+  float v = EPI ? f_add_rn(a, bi) : a;
+  return RELU ? fmaxf(v, 0.f) : v;
+}
+
+// Half `h` of a warp row tile: which tile column and which row half (g or g+8).
+__device__ __forceinline__ void half_pos(int h, int& j, int& rh) {
+  j = h / cfg::ROWS_H;
+  rh = h % cfg::ROWS_H;
+}
+
+template <class WT>
+__device__ __forceinline__ void epilogue(WT& wt, u8* smem, int m0, int n0, int tid, int tile,
+                                         int split, const float* scale, const float* bias,
+                                         u8* y, u32* ws, u32* counters) {
+  using namespace cfg;
+  const int lane = tid & 31, g = lane >> 2, t = lane & 3;
+
+  // ---- split-K: every split writes its partial tile; the last to arrive sums them in split
+  // order (deterministic), resets the counter for the next launch, and runs the epilogue.
+  if constexpr (SPLITK > 1) {
+    u32* mine = ws + ((long long)tile * SPLITK + split) * (ACC_N * THREADS);
+    int k = 0;
+#pragma unroll
+    for (int i = 0; i < WRT; ++i)
+#pragma unroll
+      for (int j = 0; j < WCT; ++j)
+#pragma unroll
+        for (int c = 0; c < ACC_T; ++c, ++k)
+          mine[k * THREADS + tid] = *reinterpret_cast<u32*>(&wt.acc[i][j][c]);
+    __threadfence();
+    __syncthreads();
+    // The flag lives in the (now idle) dynamic shared memory: no static allocation, so the
+    // shared-memory size stays exactly geometry()'s.
+    volatile int* s_last = reinterpret_cast<volatile int*>(smem);
+    if (tid == 0) *s_last = atomicAdd(&counters[tile], 1u) == SPLITK - 1;
+    __syncthreads();
+    const bool last = *s_last;
+    __syncthreads();  // everyone has read the flag before the staging overwrites it
+    if (!last) return;
+    __threadfence();
+    k = 0;
+#pragma unroll
+    for (int i = 0; i < WRT; ++i)
+#pragma unroll
+      for (int j = 0; j < WCT; ++j)
+#pragma unroll
+        for (int c = 0; c < ACC_T; ++c, ++k) {
+          const u32* base = ws + (long long)tile * SPLITK * (ACC_N * THREADS) + k * THREADS + tid;
+          acc_t sum;
+          u32 v0 = ldcg_u32(base);
+          sum = *reinterpret_cast<acc_t*>(&v0);
+#pragma unroll
+          for (int sp = 1; sp < SPLITK; ++sp) {
+            u32 v = ldcg_u32(base + (long long)sp * (ACC_N * THREADS));
+            sum += *reinterpret_cast<acc_t*>(&v);
+          }
+          wt.acc[i][j][c] = sum;
+        }
+    if (tid == 0) counters[tile] = 0;
+  }
+
+  // ---- raw int32 with PACK_OUT: straight from registers.
+  if constexpr (DIRECT_OUT) {
+#pragma unroll
+    for (int i = 0; i < WRT; ++i)
+#pragma unroll
+      for (int j = 0; j < WCT; ++j)
+#pragma unroll
+        for (int rh = 0; rh < ROWS_H; ++rh) {
+          const int m = m0 + wt.wm0 + i * IM + rh * 8 + g;
+          const int n = n0 + wt.wn0 + j * 8 + 2 * t;
+          if (m >= M || n >= K) continue;
+          int* dst = reinterpret_cast<int*>(y + out_off(m, n));
+          const int v0 = wt.acc[i][j][2 * rh], v1 = wt.acc[i][j][2 * rh + 1];
+          if (K % 2 == 0) {
+            *reinterpret_cast<int2*>(dst) = make_int2(v0, v1);
+          } else {
+            dst[0] = v0;
+            if (n + 1 < K) *reinterpret_cast<int*>(y + out_off(m, n + 1)) = v1;
+          }
+        }
+    return;
+  }
+
+  // ---- stage the tile in shared memory
+  if constexpr (!PACK) {
+#pragma unroll
+    for (int i = 0; i < WRT; ++i)
+#pragma unroll
+      for (int j = 0; j < WCT; ++j)
+#pragma unroll
+        for (int rh = 0; rh < ROWS_H; ++rh) {
+          const int row = wt.wm0 + i * IM + rh * 8 + g, col = wt.wn0 + j * 8 + 2 * t;
+          u32* dst = reinterpret_cast<u32*>(smem + row * E_ROW + col * 4);
+          dst[0] = *reinterpret_cast<u32*>(&wt.acc[i][j][2 * rh]);
+          dst[1] = *reinterpret_cast<u32*>(&wt.acc[i][j][2 * rh + 1]);
+        }
+  } else if constexpr (PREC == 0) {
+    // fp16: bias + ReLU + convert in registers, one f16x2 word per row half.
+#pragma unroll
+    for (int j = 0; j < WCT; ++j) {
+      const int col = wt.wn0 + j * 8 + 2 * t, n = n0 + col;
+      const float b0 = (EPI && n < K) ? bias[n] : 0.f, b1 = (EPI && n + 1 < K) ? bias[n + 1] : 0.f;
+#pragma unroll
+      for (int i = 0; i < WRT; ++i)
+#pragma unroll
+        for (int rh = 0; rh < ROWS_H; ++rh) {
+          const int row = wt.wm0 + i * IM + rh * 8 + g;
+          *reinterpret_cast<u32*>(smem + row * E_ROW + col * 2) =
+              pack_f16x2(fp_epi(wt.acc[i][j][2 * rh], b0), fp_epi(wt.acc[i][j][2 * rh + 1], b1));
+        }
+    }
+  } else {
+    // int8 / int4: requantize in registers, then pack across the quad.
+    constexpr int GROUP = ELEM_BITS == 8 ? 2 : 4;  // halves that share one 32-bit word set
+#pragma unroll
+    for (int i = 0; i < WRT; ++i) {
+#pragma unroll
+      for (int h0 = 0; h0 < HALVES; h0 += GROUP) {
+        // Each thread's two values of every half in the group, as 8 (int4) or 16 (int8) bits.
+        u32 bits[GROUP];
+#pragma unroll
+        for (int k = 0; k < GROUP; ++k) {
+          bits[k] = 0;
+          if (h0 + k < HALVES) {
+            int j, rh;
+            half_pos(h0 + k, j, rh);
+            const int n = n0 + wt.wn0 + j * 8 + 2 * t;
+            const float s0 = n < K ? scale[n] : 0.f, s1 = n + 1 < K ? scale[n + 1] : 0.f;
+            const float c0 = n < K ? bias[n] : 0.f, c1 = n + 1 < K ? bias[n + 1] : 0.f;
+            const int q0 = requant(wt.acc[i][j][2 * rh], s0, c0);
+            const int q1 = requant(wt.acc[i][j][2 * rh + 1], s1, c1);
+            bits[k] = ELEM_BITS == 8 ? ((u32)(q0 & 0xFF) | ((u32)(q1 & 0xFF) << 8))
+                                     : ((u32)(q0 & 0xF) | ((u32)(q1 & 0xF) << 4));
+          }
+        }
+        if constexpr (ELEM_BITS == 8) {
+          // Even t keeps half 0 and receives its neighbour's half-0 bytes; odd t does half 1.
+          const u32 send = (t & 1) ? bits[0] : bits[1];
+          const u32 recv = shfl_xor(send, 1);
+          const u32 word = (t & 1) ? (recv | (bits[1] << 16)) : (bits[0] | (recv << 16));
+          const int h = h0 + (t & 1);
+          if (h < HALVES) {
+            int j, rh;
+            half_pos(h, j, rh);
+            const int row = wt.wm0 + i * IM + rh * 8 + g;
+            const int colb = wt.wn0 + j * 8 + 4 * (t >> 1);  // bytes == channels for int8
+            *reinterpret_cast<u32*>(smem + row * E_ROW + colb) = word;
+          }
+        } else {
+          // 4x4 byte transpose across the quad: thread t gathers half t's 8 channels.
+          const u32 mine = bits[0] | (bits[1] << 8) | (bits[2] << 16) | (bits[3] << 24);
+          u32 word = 0;
+#pragma unroll
+          for (int src = 0; src < 4; ++src) {
+            const u32 v = shfl_idx(mine, (lane & ~3) | src);
+            word |= ((v >> (8 * t)) & 0xFFu) << (8 * src);
+          }
+          const int h = h0 + t;
+          if (h < HALVES) {
+            int j, rh;
+            half_pos(h, j, rh);
+            const int row = wt.wm0 + i * IM + rh * 8 + g;
+            const int colb = (wt.wn0 + j * 8) / 2;
+            *reinterpret_cast<u32*>(smem + row * E_ROW + colb) = word;
+          }
+        }
+      }
+    }
+  }
+  __syncthreads();
+
+  // ---- second pass: shared -> global in VW-byte vectors (coalesced along the rows)
+  constexpr int VPRO = TB / VW;  // vectors per output row of the tile
+  constexpr int EV = VW * 8 / OUT_BITS;  // elements per vector
+#pragma unroll 1
+  for (int v = tid; v < BM * VPRO; v += THREADS) {
+    const int row = v / VPRO, cv = v - row * VPRO;
+    const int m = m0 + row, n = n0 + cv * EV;
+    if (m >= M || n >= K) continue;
+    u8* dst = y + out_off(m, n);
+    if constexpr (PACK) {
+      const u8* src = smem + row * E_ROW + cv * VW;
+      if constexpr (VW == 16) *reinterpret_cast<V4*>(dst) = *reinterpret_cast<const V4*>(src);
+      else if constexpr (VW == 8) *reinterpret_cast<u64*>(dst) = *reinterpret_cast<const u64*>(src);
+      else if constexpr (VW == 4) *reinterpret_cast<u32*>(dst) = *reinterpret_cast<const u32*>(src);
+      else if constexpr (VW == 2)
+        *reinterpret_cast<unsigned short*>(dst) = *reinterpret_cast<const unsigned short*>(src);
+      else *dst = *src;
+    } else {
+      const u32* src = reinterpret_cast<const u32*>(smem + row * E_ROW) + cv * EV;
+      u32 out[(VW + 3) / 4];
+#pragma unroll
+      for (int k = 0; k < (VW + 3) / 4; ++k) out[k] = 0;
+#pragma unroll
+      for (int e = 0; e < EV; ++e) {
+        const int nn = n + e;
+        u32 val;
+        if constexpr (OUT_BITS == 32) {
+          val = src[e];
+        } else if constexpr (PREC == 0) {
+          const float a = __int_as_float((int)src[e]);
+          val = pack_f16x2(fp_epi(a, EPI ? bias[nn] : 0.f), 0.f) & 0xFFFFu;
+        } else {
+          val = (u32)requant((int)src[e], scale[nn], bias[nn]) & (u32)((1ull << OUT_BITS) - 1);
+        }
+        const int bit = e * OUT_BITS;
+        out[bit / 32] |= val << (bit % 32);
+      }
+      if constexpr (VW >= 4) {
+#pragma unroll
+        for (int k = 0; k < VW / 4; ++k) reinterpret_cast<u32*>(dst)[k] = out[k];
+      } else if constexpr (VW == 2) {
+        *reinterpret_cast<unsigned short*>(dst) = (unsigned short)out[0];
+      } else {
+        *dst = (u8)out[0];
+      }
+    }
+  }
+}

@@ -1,0 +1,156 @@
+// Instruction tile: the PTX wrappers the warp and block tiles are made of.
+// mma.sync per (precision, sm), ldmatrix, cp.async, and small bit helpers.
+// Everything is inline PTX so that NVRTC needs no CUDA headers (compile time matters).
+#pragma once
+
+typedef unsigned int u32;
+typedef unsigned long long u64;
+typedef signed char s8;
+typedef unsigned char u8;
+
+struct alignas(16) V4 { u32 x, y, z, w; };
+
+__device__ __forceinline__ u32 smem_addr(const void* p) {
+  return (u32)__cvta_generic_to_shared(p);
+}
+
+// ---- ldmatrix: 8x8 b16 matrices, i.e. 8 rows of 16 bytes; lane l gets word (l%4) of row l/4.
+// The byte layout is the same for fp16, s8 and s4 fragments, so one loader serves all.
+__device__ __forceinline__ void ldsm_x4(u32 addr, u32& r0, u32& r1, u32& r2, u32& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x2(u32 addr, u32& r0, u32& r1) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
+               : "=r"(r0), "=r"(r1) : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x1(u32 addr, u32& r0) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x1.shared.b16 {%0}, [%1];\n"
+               : "=r"(r0) : "r"(addr));
+}
+
+// ---- cp.async (sm_80+): 16 bytes global -> shared; src_bytes = 0 zero-fills (padding, tails).
+__device__ __forceinline__ void cp_async16(u32 dst, const void* src, bool valid) {
+#if TC_SM >= 80
+  int n = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(dst), "l"(src), "r"(n));
+#endif
+}
+__device__ __forceinline__ void cp_async_commit() {
+#if TC_SM >= 80
+  asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+#if TC_SM >= 80
+  asm volatile("cp.async.wait_group %0;\n" :: "n"(N));
+#endif
+}
+
+// ---- plain 16-byte global load / shared store (register-staged pipeline).
+__device__ __forceinline__ V4 ldg16(const void* p, bool valid) {
+  V4 v = {0u, 0u, 0u, 0u};
+  if (valid) {
+    asm volatile("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  }
+  return v;
+}
+__device__ __forceinline__ void sts16(u32 addr, const V4& v) {
+  asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};\n"
+               :: "r"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w));
+}
+
+// s4 x8 (one word) -> two words of s8 x4: low nibbles and high nibbles, sign-extended.
+// The k order inside a fragment does not matter as long as A and B are permuted alike,
+// and both operands go through this same function.
+__device__ __forceinline__ u32 sext_nibbles(u32 v) {
+  // v holds 0..15 per byte; bit 3 set -> set bits 4..7 of that byte (0x08 * 0x1E = 0xF0,
+  // no carry into the next byte).
+  return v | ((v & 0x08080808u) * 0x1Eu);
+}
+__device__ __forceinline__ void unpack_s4_word(u32 w, u32& lo, u32& hi) {
+  lo = sext_nibbles(w & 0x0F0F0F0Fu);
+  hi = sext_nibbles((w >> 4) & 0x0F0F0F0Fu);
+}
+
+// ---- mma.sync: one instruction tile. A: (IM x KB bytes) row, B: (KB bytes x 8) col.
+// ACC is float for fp16, int for integer precisions.
+#if TC_PREC == 0
+typedef float acc_t;
+#else
+typedef int acc_t;
+#endif
+
+__device__ __forceinline__ void mma_tile(acc_t* d, const u32* a, const u32* b) {
+#if TC_PREC == 0 && TC_SM >= 80
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+               "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#elif TC_PREC == 0
+  asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 "
+               "{%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(b[0]));
+#elif (TC_PREC == 1 || TC_INT4_S8) && TC_SM >= 80
+  asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 "
+               "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+               : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#elif TC_PREC == 1
+  asm volatile("mma.sync.aligned.m8n8k16.row.col.s32.s8.s8.s32 "
+               "{%0,%1}, {%2}, {%3}, {%0,%1};\n"
+               : "+r"(d[0]), "+r"(d[1]) : "r"(a[0]), "r"(b[0]));
+#elif TC_PREC == 2 && TC_SM >= 80
+  asm volatile("mma.sync.aligned.m16n8k64.row.col.s32.s4.s4.s32 "
+               "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+               : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#elif TC_PREC == 2
+  asm volatile("mma.sync.aligned.m8n8k32.row.col.s32.s4.s4.s32 "
+               "{%0,%1}, {%2}, {%3}, {%0,%1};\n"
+               : "+r"(d[0]), "+r"(d[1]) : "r"(a[0]), "r"(b[0]));
+#else
+#error "no mma.sync path for this precision (fp32_tc is not implemented yet)"
+#endif
+}
+
+// ---- epilogue arithmetic, written in PTX so that nothing is contracted into an FMA: the
+// integer reference (kernels/reference.py) reproduces these roundings bit for bit.
+__device__ __forceinline__ float f_mul_rn(float a, float b) {
+  float d; asm("mul.rn.f32 %0, %1, %2;" : "=f"(d) : "f"(a), "f"(b)); return d;
+}
+__device__ __forceinline__ float f_add_rn(float a, float b) {
+  float d; asm("add.rn.f32 %0, %1, %2;" : "=f"(d) : "f"(a), "f"(b)); return d;
+}
+__device__ __forceinline__ float s32_to_f32(int a) {
+  float d; asm("cvt.rn.f32.s32 %0, %1;" : "=f"(d) : "r"(a)); return d;
+}
+__device__ __forceinline__ int f32_to_s32_rni(float a) {
+  int d; asm("cvt.rni.s32.f32 %0, %1;" : "=r"(d) : "f"(a)); return d;
+}
+__device__ __forceinline__ u32 pack_f16x2(float lo, float hi) {
+  u32 d;
+#if TC_SM >= 80
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));  // hi -> upper half
+#else
+  unsigned short l, h;  // cvt.rn.f16x2.f32 needs sm_80
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(l) : "f"(lo));
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(hi));
+  d = (u32)l | ((u32)h << 16);
+#endif
+  return d;
+}
+__device__ __forceinline__ u32 shfl_xor(u32 v, int m) {
+  u32 d; asm volatile("shfl.sync.bfly.b32 %0, %1, %2, 0x1f, 0xffffffff;" : "=r"(d) : "r"(v), "r"(m));
+  return d;
+}
+__device__ __forceinline__ u32 shfl_idx(u32 v, int src) {
+  u32 d; asm volatile("shfl.sync.idx.b32 %0, %1, %2, 0x1f, 0xffffffff;" : "=r"(d) : "r"(v), "r"(src));
+  return d;
+}
+__device__ __forceinline__ u32 ldcg_u32(const u32* p) {  // L2 only: other blocks' partials
+  u32 d; asm volatile("ld.global.cg.u32 %0, [%1];" : "=r"(d) : "l"(p)); return d;
+}

@@ -1,0 +1,264 @@
+"""Reference convolution, layouts, int4 packing and the epilogue, in numpy (CPU, no GPU).
+
+Integer precisions are exact: the accumulator is computed in float64 BLAS only when every
+partial sum is provably below 2**53 (then float64 is exact for integer products and sums),
+otherwise in int64. Float precisions are computed in float64.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from kernels.space import NHWCNC_BATCH_BLOCK, channel_vector, padded_channels
+from kernels.spec import ConvShape, Precision
+
+INT_RANGE = {"int8": (-128, 127), "int4": (-8, 7)}
+
+
+# ---- the convolution ---------------------------------------------------------------------
+def im2col(x: np.ndarray, shape: ConvShape) -> np.ndarray:
+    """x: [N][H][W][C] -> [N*P*Q][R*S*C] in (r, s, c) order, zeros where padded."""
+    n, h, w, c = x.shape
+    (sh, sw), (ph, pw), (dh, dw) = shape.stride, shape.pad, shape.dilation
+    p, q = shape.p, shape.q
+    xp = np.zeros((n, h + 2 * ph, w + 2 * pw, c), dtype=x.dtype)
+    xp[:, ph:ph + h, pw:pw + w, :] = x
+    cols = np.empty((n, p, q, shape.r, shape.s, c), dtype=x.dtype)
+    for r in range(shape.r):
+        for s in range(shape.s):
+            hs, ws = r * dh, s * dw
+            cols[:, :, :, r, s, :] = xp[:, hs:hs + sh * (p - 1) + 1:sh,
+                                        ws:ws + sw * (q - 1) + 1:sw, :]
+    return cols.reshape(n * p * q, shape.r * shape.s * c)
+
+
+def conv_ref(x: np.ndarray, w: np.ndarray, shape: ConvShape, precision: Precision) -> np.ndarray:
+    """x NHWC, w KRSC (real channels) -> accumulators NHWC [N][P][Q][K].
+
+    int8/int4: exact int64. fp16/fp32_tc: float64.
+    """
+    p = Precision(precision)
+    a = im2col(x, shape)
+    b = w.reshape(shape.k, -1)
+    if p.is_integer:
+        bound = float(np.abs(a).max(initial=0)) * float(np.abs(b).max(initial=0)) * a.shape[1]
+        if bound < 2.0**53:
+            acc = np.rint(a.astype(np.float64) @ b.astype(np.float64).T).astype(np.int64)
+        else:
+            acc = a.astype(np.int64) @ b.astype(np.int64).T
+    else:
+        acc = a.astype(np.float64) @ b.astype(np.float64).T
+    return acc.reshape(shape.n, shape.p, shape.q, shape.k)
+
+
+def conv_naive(x: np.ndarray, w: np.ndarray, shape: ConvShape) -> np.ndarray:
+    """The definition, loop by loop (slow; tests compare conv_ref with it on small shapes)."""
+    (sh, sw), (ph, pw), (dh, dw) = shape.stride, shape.pad, shape.dilation
+    integer = np.issubdtype(x.dtype, np.integer)
+    out = np.zeros((shape.n, shape.p, shape.q, shape.k), dtype=np.int64 if integer else np.float64)
+    xw = x.astype(np.int64 if integer else np.float64)
+    ww = w.astype(np.int64 if integer else np.float64)
+    for n in range(shape.n):
+        for p in range(shape.p):
+            for q in range(shape.q):
+                for r in range(shape.r):
+                    ih = p * sh - ph + r * dh
+                    if not 0 <= ih < shape.h:
+                        continue
+                    for s in range(shape.s):
+                        iw = q * sw - pw + s * dw
+                        if not 0 <= iw < shape.w:
+                            continue
+                        out[n, p, q, :] += ww[:, r, s, :] @ xw[n, ih, iw, :]
+    return out
+
+
+# ---- the epilogue ------------------------------------------------------------------------
+def requantize(acc: np.ndarray, scale: np.ndarray, bias: np.ndarray, bits: int,
+               relu: bool) -> np.ndarray:
+    """y = clamp(round(acc*scale[k] + bias[k])) exactly as the kernel does it: float32
+    multiply, then float32 add (no FMA), round half to even, clamp to the signed range."""
+    lo, hi = (-128, 127) if bits == 8 else (-8, 7)
+    v = acc.astype(np.int32).astype(np.float32) * scale.astype(np.float32)
+    v = v + bias.astype(np.float32)
+    v = np.clip(v, 0 if relu else lo, hi)
+    return np.rint(v).astype(np.int64)
+
+
+def fp_epilogue(acc: np.ndarray, bias: np.ndarray | None, relu: bool) -> np.ndarray:
+    v = acc.astype(np.float64)
+    if bias is not None:
+        v = v + bias.astype(np.float64)
+    return np.maximum(v, 0.0) if relu else v
+
+
+# ---- int4 packing and layouts ------------------------------------------------------------
+def pack_int4(v: np.ndarray) -> np.ndarray:
+    """Last axis (even length) of values in [-8, 7] -> bytes, element 2i in the low nibble."""
+    u = (v.astype(np.int64) & 0xF).astype(np.uint8)
+    return (u[..., 0::2] | (u[..., 1::2] << 4)).astype(np.uint8)
+
+
+def unpack_int4(b: np.ndarray) -> np.ndarray:
+    """Inverse of pack_int4: bytes -> signed values, twice as many along the last axis."""
+    b = b.astype(np.uint8)
+    lo = (b & 0xF).astype(np.int8)
+    hi = (b >> 4).astype(np.int8)
+    out = np.empty(b.shape[:-1] + (2 * b.shape[-1],), dtype=np.int8)
+    out[..., 0::2] = np.where(lo > 7, lo - 16, lo)
+    out[..., 1::2] = np.where(hi > 7, hi - 16, hi)
+    return out
+
+
+def nhwc_to_nhwcnc(x: np.ndarray, c_vec: int) -> np.ndarray:
+    """[N][H][W][C] -> [N/8][H][W][C/c][8][c] (any element type, c = elements per vector)."""
+    n, h, w, c = x.shape
+    nb = NHWCNC_BATCH_BLOCK
+    if n % nb or c % c_vec:
+        raise ValueError(f"NHWCnc needs N % {nb} == 0 and C % {c_vec} == 0, got {x.shape}")
+    t = x.reshape(n // nb, nb, h, w, c // c_vec, c_vec)
+    return np.ascontiguousarray(t.transpose(0, 2, 3, 4, 1, 5))
+
+
+def nhwcnc_to_nhwc(x: np.ndarray) -> np.ndarray:
+    """[N/8][H][W][C/c][8][c] -> [N][H][W][C]."""
+    nb8, h, w, cb, nb, cv = x.shape
+    return np.ascontiguousarray(x.transpose(0, 4, 1, 2, 3, 5)).reshape(nb8 * nb, h, w, cb * cv)
+
+
+# ---- device byte images of the tensors the kernel reads and writes -----------------------
+def pad_channels(x: np.ndarray, cp: int) -> np.ndarray:
+    if x.shape[-1] == cp:
+        return np.ascontiguousarray(x)
+    out = np.zeros(x.shape[:-1] + (cp,), dtype=x.dtype)
+    out[..., : x.shape[-1]] = x
+    return out
+
+
+def to_device_bytes(t: np.ndarray, precision: Precision, layout: str, c_vec: int) -> np.ndarray:
+    """Values (NHWC or KRSC, channels already padded) -> the uint8 image the kernel reads."""
+    p = Precision(precision)
+    if p is Precision.FP16:
+        v = t.astype(np.float16)
+    elif p is Precision.INT8 or p is Precision.INT4:
+        v = t.astype(np.int8)
+    else:
+        raise ValueError(f"no device image for {p.value}")
+    if layout == "nhwcnc":
+        v = nhwc_to_nhwcnc(v, c_vec)
+    if p is Precision.INT4:
+        return pack_int4(v).reshape(-1)
+    return np.ascontiguousarray(v).view(np.uint8).reshape(-1)
+
+
+def from_device_output(buf: np.ndarray, shape: ConvShape, out_bits: int, precision: Precision,
+                       layout: str) -> np.ndarray:
+    """The kernel's output bytes -> NHWC values (int64 for integers, float64 for fp16)."""
+    p = Precision(precision)
+    n, pp, q, k = shape.n, shape.p, shape.q, shape.k
+    if out_bits == 32:
+        v = buf.view(np.int32) if p.is_integer else buf.view(np.float32)
+    elif out_bits == 16:
+        v = buf.view(np.float16)
+    elif out_bits == 8:
+        v = buf.view(np.int8)
+    else:
+        v = unpack_int4(buf)
+    if layout == "nhwcnc":
+        cv = 128 // out_bits
+        v = nhwcnc_to_nhwc(v.reshape(n // NHWCNC_BATCH_BLOCK, pp, q, k // cv,
+                                     NHWCNC_BATCH_BLOCK, cv))
+    v = v.reshape(n, pp, q, k)
+    return v.astype(np.int64) if (p.is_integer and out_bits != 16) else v.astype(np.float64)
+
+
+def output_bytes(shape: ConvShape, out_bits: int) -> int:
+    return shape.n * shape.p * shape.q * shape.k * out_bits // 8
+
+
+# ---- random problems ---------------------------------------------------------------------
+@dataclass
+class Problem:
+    """Inputs of one check: values (NHWC / KRSC, real channels) and epilogue parameters."""
+
+    shape: ConvShape
+    precision: Precision
+    x: np.ndarray
+    w: np.ndarray
+    scale: np.ndarray  # float32 [K]
+    bias: np.ndarray  # float32 [K]
+    acc: np.ndarray  # reference accumulators NHWC (int64 or float64)
+
+    def expected(self, epilogue_mode: str, relu: bool) -> np.ndarray:
+        p = self.precision
+        if p.is_integer:
+            if epilogue_mode == "acc":
+                return self.acc
+            return requantize(self.acc, self.scale, self.bias, p.input_bits, relu)
+        return fp_epilogue(self.acc, self.bias if epilogue_mode == "bias" else None, relu)
+
+    def device_inputs(self, layout: str) -> tuple[np.ndarray, np.ndarray]:
+        """(x bytes, w bytes) as the kernel reads them; weights are always KRSC."""
+        cp = padded_channels(self.shape, self.precision)
+        cv = channel_vector(self.precision)
+        xb = to_device_bytes(pad_channels(self.x, cp), self.precision, layout, cv)
+        wb = to_device_bytes(pad_channels(self.w, cp), self.precision, "nhwc", cv)
+        return xb, wb
+
+
+def shape_seed(shape: ConvShape, precision: Precision, salt: int = 0) -> int:
+    """A fixed seed per (shape, precision): the same inputs every time a layer is checked."""
+    import hashlib
+
+    h = hashlib.sha256(f"{shape.key()}|{Precision(precision).value}|{salt}".encode()).digest()
+    return int.from_bytes(h[:8], "little")
+
+
+def make_problem(shape: ConvShape, precision: Precision, seed: int | None = None) -> Problem:
+    """Random inputs (never zeros) and the exact reference accumulators."""
+    p = Precision(precision)
+    rng = np.random.default_rng(shape_seed(shape, p) if seed is None else seed)
+    xs = (shape.n, shape.h, shape.w, shape.c)
+    ws = (shape.k, shape.r, shape.s, shape.c)
+    if p.is_integer:
+        lo, hi = INT_RANGE[p.value]
+        x = rng.integers(lo, hi + 1, size=xs, dtype=np.int8)
+        w = rng.integers(lo, hi + 1, size=ws, dtype=np.int8)
+    else:
+        x = rng.uniform(-1, 1, size=xs).astype(np.float16)
+        w = rng.uniform(-1, 1, size=ws).astype(np.float16)
+    acc = conv_ref(x, w, shape, p)
+    if p.is_integer:
+        # Scale so that outputs spread over the range (a few saturate): the check then sees
+        # every accumulator through a fine quantization step.
+        qmax = INT_RANGE[p.value][1]
+        std = acc.reshape(-1, shape.k).astype(np.float64).std(axis=0) + 1.0
+        scale = (qmax * 0.4 / std * rng.uniform(0.8, 1.25, size=shape.k)).astype(np.float32)
+        bias = rng.uniform(-0.3 * qmax, 0.3 * qmax, size=shape.k).astype(np.float32)
+    else:
+        scale = np.ones(shape.k, dtype=np.float32)
+        bias = rng.uniform(-0.5, 0.5, size=shape.k).astype(np.float32)
+    return Problem(shape, p, x, w, scale, bias, acc)
+
+
+def check_output(got: np.ndarray, want: np.ndarray, precision: Precision,
+                 out_bits: int) -> tuple[bool, dict[str, float]]:
+    """Integers: exactly equal. fp16 outputs: relative L2 error within FP16_REL_TOL."""
+    p = Precision(precision)
+    if p.is_integer:
+        bad = int(np.count_nonzero(got != want))
+        return bad == 0, {"mismatches": bad, "elements": int(want.size)}
+    if not np.all(np.isfinite(got)):
+        return False, {"rel_err": float("inf")}
+    denom = float(np.linalg.norm(want)) or 1.0
+    rel = float(np.linalg.norm(got - want)) / denom
+    # Per element: fp16 rounding of the output plus fp32 accumulation, scaled to the data.
+    worst = float(np.max(np.abs(got - want) / (np.abs(want) + 1e-2 * (denom / np.sqrt(want.size)))))
+    return rel <= FP16_REL_TOL and worst <= FP16_ELEM_TOL, {"rel_err": rel, "worst_elem": worst}
+
+
+# fp16 output rounding alone gives ~3e-4 relative; the accumulation is fp32.
+FP16_REL_TOL = 2e-3
+FP16_ELEM_TOL = 2e-2

@@ -1,0 +1,264 @@
+"""Load built cubins with CuPy, check them, time them; each measurement in a child process.
+
+`DeviceSession` does the GPU work in-process (the bench scripts use it directly, inside a
+child of their own). `Runner` owns one long-lived measurement child process (CuPy start-up
+costs about a second, too much per candidate) and re-spawns it after a crash, a sticky CUDA
+error (illegal address) or a hang: the result is `runtime_error` / `timeout` and the caller
+goes on. CuPy is imported only inside functions, so `kernels` imports without a GPU.
+
+Protocol (DESIGN.md): random inputs with a fixed seed per shape; the output poisoned before
+the check run; integer outputs exactly equal to the integer reference (requantized outputs
+to the exact requantization of the exact accumulators), fp16 within a relative error of the
+float64 reference; then timing with `kernels.timing.time_launches` (CUDA graph of
+back-to-back launches over rotating input sets that exceed L2, >= 5 samples of >= 1 ms).
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import time
+import traceback
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+from kernels.build import cubin_path, load_meta
+from kernels.reference import (
+    Problem,
+    check_output,
+    from_device_output,
+    make_problem,
+    output_bytes,
+)
+from kernels.spec import ConvShape, Precision
+from kernels.timing import sets_for_l2, time_launches
+
+POISON = 0xA5
+DEFAULT_TIMEOUT_S = 60.0
+START_TIMEOUT_S = 120.0
+
+
+class DeviceSession:
+    """GPU side: modules, inputs and references cached across measurements of one process."""
+
+    def __init__(self, device: int = 0, max_modules: int = 64) -> None:
+        import cupy
+
+        self.cp = cupy
+        cupy.cuda.Device(device).use()
+        props = cupy.cuda.runtime.getDeviceProperties(device)
+        name = props["name"]
+        self.gpu_name = name.decode() if isinstance(name, bytes) else str(name)
+        self.l2_bytes = int(props.get("l2CacheSize", 50 * 2**20))
+        self.sm = int(props["major"]) * 10 + int(props["minor"])
+        self._modules: OrderedDict[str, Any] = OrderedDict()
+        self._max_modules = max_modules
+        self._problems: OrderedDict[tuple[str, str, int], Problem] = OrderedDict()
+        self._dev: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
+
+    # ---- caches -------------------------------------------------------------------------
+    def function(self, cache_dir: str, key: str, meta: dict[str, Any]) -> Any:
+        if key in self._modules:
+            self._modules.move_to_end(key)
+            return self._modules[key][1]
+        mod = self.cp.RawModule(path=str(cubin_path(cache_dir, key)))
+        fn = mod.get_function(meta["kernel"])
+        if meta["smem_bytes"] > 48 * 1024:
+            fn.max_dynamic_shared_size_bytes = int(meta["smem_bytes"])
+        self._modules[key] = (mod, fn)
+        while len(self._modules) > self._max_modules:
+            self._modules.popitem(last=False)
+        return fn
+
+    def problem(self, shape: ConvShape, precision: Precision, seed: int | None) -> Problem:
+        k = (shape.key(), Precision(precision).value, -1 if seed is None else seed)
+        if k not in self._problems:
+            self._problems[k] = make_problem(shape, precision, seed)
+            while len(self._problems) > 4:
+                self._problems.popitem(last=False)
+        return self._problems[k]
+
+    def inputs(self, prob: Problem, layout: str, n_sets: int) -> dict[str, Any]:
+        """Device copies: n_sets of x and w (for rotation), scale and bias."""
+        k = (prob.shape.key(), prob.precision.value, id(prob), layout, n_sets)
+        if k in self._dev:
+            self._dev.move_to_end(k)
+            return self._dev[k]
+        while self._dev:  # one problem's buffers at a time: memory stays bounded
+            self._dev.popitem(last=False)
+        xb, wb = prob.device_inputs(layout)
+        cp = self.cp
+        x0, w0 = cp.asarray(xb), cp.asarray(wb)
+        d = {"x": [x0] + [x0.copy() for _ in range(n_sets - 1)],
+             "w": [w0] + [w0.copy() for _ in range(n_sets - 1)],
+             "scale": cp.asarray(prob.scale), "bias": cp.asarray(prob.bias),
+             "in_bytes": int(xb.nbytes + wb.nbytes)}
+        self._dev[k] = d
+        return d
+
+    # ---- one candidate ------------------------------------------------------------------
+    def measure(self, cache_dir: str, key: str, *, seed: int | None = None, time_it: bool = True,
+                samples: int | None = None) -> dict[str, Any]:
+        """Check, then time. Returns {status, median_us, iqr_us, error, detail}."""
+        cp = self.cp
+        meta = load_meta(cache_dir, key)
+        shape = ConvShape.from_dict(meta["shape"])
+        prec = Precision(meta["precision"])
+        epi = meta["epilogue"]
+        out_bits = int(meta["out_bits"])
+        layout = meta["layout"]
+        fn = self.function(cache_dir, key, meta)
+        prob = self.problem(shape, prec, seed)
+        y_bytes = output_bytes(shape, out_bits)
+        n_sets = sets_for_l2(self._set_bytes(prob, layout, y_bytes), self.l2_bytes) if time_it \
+            else 1
+        dev = self.inputs(prob, layout, n_sets)
+        ys = [cp.empty(y_bytes, dtype=cp.uint8) for _ in range(n_sets)]
+        ws = cp.zeros(max(1, meta["workspace_bytes"] // 4), dtype=cp.uint32)
+        counters = cp.zeros(max(1, meta["counters"]), dtype=cp.uint32)
+        grid, block, smem = tuple(meta["grid"]), tuple(meta["block"]), int(meta["smem_bytes"])
+
+        def launch(i: int) -> None:
+            fn(grid, block, (dev["x"][i], dev["w"][i], dev["scale"], dev["bias"], ys[i], ws,
+                             counters), shared_mem=smem)
+
+        # Correctness: poisoned output, one launch, exact / tolerance compare.
+        ys[0].fill(POISON)
+        launch(0)
+        cp.cuda.runtime.deviceSynchronize()
+        got = from_device_output(cp.asnumpy(ys[0]), shape, out_bits, prec, layout)
+        want = prob.expected(epi["mode"], bool(epi["relu"]))
+        ok, stats = check_output(got, want, prec, out_bits)
+        detail: dict[str, Any] = {"gpu": self.gpu_name, "check": stats, "n_sets": n_sets}
+        if not ok:
+            return {"status": "wrong", "median_us": None, "iqr_us": None,
+                    "error": f"output differs from the reference: {stats}", "detail": detail}
+        if not time_it:
+            return {"status": "ok", "median_us": None, "iqr_us": None, "error": None,
+                    "detail": detail}
+        kw = {"samples": samples} if samples else {}
+        t = time_launches(launch, n_sets, api="cupy", **kw)
+        detail.update(t.to_dict())
+        return {"status": "ok", "median_us": round(t.median_us, 4), "iqr_us": round(t.iqr_us, 4),
+                "error": None, "detail": detail}
+
+    @staticmethod
+    def _set_bytes(prob: Problem, layout: str, y_bytes: int) -> int:
+        xb, wb = prob.device_inputs(layout)
+        return int(xb.nbytes + wb.nbytes + y_bytes)
+
+
+def _is_sticky(e: BaseException) -> bool:
+    s = f"{type(e).__name__}: {e}"
+    return any(t in s for t in ("ILLEGAL", "illegal", "LAUNCH_FAILED", "MISALIGNED",
+                                "cudaErrorLaunch", "unspecified launch failure", "HARDWARE"))
+
+
+def _child_main(conn: Any, device: int) -> None:
+    try:
+        sess = DeviceSession(device)
+    except Exception as e:  # no GPU / no CuPy: say so and stop
+        conn.send({"ready": False, "error": f"{type(e).__name__}: {e}"})
+        return
+    conn.send({"ready": True, "gpu": sess.gpu_name, "sm": sess.sm})
+    while True:
+        try:
+            req = conn.recv()
+        except EOFError:
+            return
+        if req is None:
+            return
+        try:
+            res = sess.measure(req["cache_dir"], req["key"], seed=req.get("seed"),
+                               time_it=req.get("time_it", True), samples=req.get("samples"))
+            conn.send(res)
+        except Exception as e:
+            msg = f"{type(e).__name__}: {e}"
+            conn.send({"status": "runtime_error", "median_us": None, "iqr_us": None,
+                       "error": msg[-2000:], "detail": {"trace": traceback.format_exc()[-2000:]},
+                       "fatal": True})
+            # Any CUDA error may leave the context unusable: start clean.
+            return
+
+
+class Runner:
+    """Parent side: one measurement child, re-spawned whenever it dies or hangs."""
+
+    def __init__(self, device: int = 0, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        self.device = device
+        self.timeout_s = timeout_s
+        self._proc: Any = None
+        self._conn: Any = None
+        self.gpu_name: str | None = None
+        self.sm: int | None = None
+        self.start_error: str | None = None
+
+    def _start(self) -> bool:
+        ctx = mp.get_context("spawn")
+        parent, child = ctx.Pipe()
+        proc = ctx.Process(target=_child_main, args=(child, self.device), daemon=True)
+        proc.start()
+        child.close()
+        if not parent.poll(START_TIMEOUT_S):
+            proc.kill()
+            self.start_error = "measurement process did not start in time"
+            return False
+        msg = parent.recv()
+        if not msg.get("ready"):
+            proc.join(5)
+            self.start_error = msg.get("error", "no GPU")
+            return False
+        self._proc, self._conn = proc, parent
+        self.gpu_name, self.sm = msg["gpu"], msg["sm"]
+        return True
+
+    def _stop(self) -> None:
+        if self._proc is not None:
+            if self._proc.is_alive():
+                self._proc.kill()
+            self._proc.join(5)
+        if self._conn is not None:
+            self._conn.close()
+        self._proc = self._conn = None
+
+    def ensure_started(self) -> bool:
+        if self._proc is not None and self._proc.is_alive():
+            return True
+        self._stop()
+        return self._start()
+
+    def measure(self, cache_dir: str | os.PathLike[str], key: str, *, seed: int | None = None,
+                time_it: bool = True, samples: int | None = None) -> dict[str, Any]:
+        if not Path(cubin_path(cache_dir, key)).exists():
+            return {"status": "compile_error", "median_us": None, "iqr_us": None,
+                    "error": f"no cubin for {key}", "detail": {}}
+        if not self.ensure_started():
+            return {"status": "runtime_error", "median_us": None, "iqr_us": None,
+                    "error": f"no measurement process: {self.start_error}", "detail": {}}
+        t0 = time.monotonic()
+        try:
+            self._conn.send({"cache_dir": str(cache_dir), "key": key, "seed": seed,
+                             "time_it": time_it, "samples": samples})
+            if not self._conn.poll(self.timeout_s):
+                self._stop()
+                return {"status": "timeout", "median_us": None, "iqr_us": None,
+                        "error": f"no result within {self.timeout_s:.0f} s", "detail": {}}
+            res = self._conn.recv()
+        except (EOFError, OSError, BrokenPipeError) as e:
+            self._stop()
+            return {"status": "runtime_error", "median_us": None, "iqr_us": None,
+                    "error": f"measurement process died: {e!r}", "detail": {}}
+        if res.pop("fatal", False):
+            self._stop()
+        res.setdefault("detail", {})["wall_s"] = round(time.monotonic() - t0, 3)
+        return res
+
+    def close(self) -> None:
+        if self._conn is not None and self._proc is not None and self._proc.is_alive():
+            try:
+                self._conn.send(None)
+                self._proc.join(5)
+            except (OSError, BrokenPipeError):
+                pass
+        self._stop()
