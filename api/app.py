@@ -8,7 +8,9 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from api.routes import dashboard, health, jobs, schedule, schedules, tune, workers
+from api.auth import RateLimiter
+from api.limits import BodyLimit
+from api.routes import dashboard, health, jobs, schedule, schedules, tasks, tune, workers
 from store.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
@@ -36,7 +38,10 @@ def create_app(settings: Settings | None = None, dispatcher: bool = True) -> Fas
                   description="Autotuning of reduced-precision convolution on Tensor Cores")
     app.state.settings = cfg
     app.state.on_new_job = _new_job_notifier(cfg)
-    for module in (tune, jobs, schedule, schedules, workers, health, dashboard):
+    app.state.tune_limiter = RateLimiter(cfg.tune_per_minute)
+    app.add_middleware(BodyLimit, default=cfg.max_body_bytes,
+                       overrides={"/import": cfg.max_import_bytes})
+    for module in (tune, jobs, schedule, schedules, workers, tasks, health, dashboard):
         app.include_router(module.router)
     return app
 

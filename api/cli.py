@@ -67,6 +67,8 @@ def serve(host: str, port: int, data: str | None) -> None:
         migrate.upgrade(url)  # the embedded default keeps its own schema current
     elif migrate.current_revision(url) != migrate.head_revision(url):
         raise click.ClickException("the database schema is not current: run `tctune db upgrade`")
+    if settings.embedded and settings.auth == "required":
+        _first_token(settings)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     mode = "embedded" if settings.embedded else f"distributed (broker {settings.broker_url})"
     click.echo(f"tctune: {mode}, database {url.split('@')[-1]}", err=True)
@@ -124,6 +126,67 @@ def _distributed_settings() -> Any:
     return settings
 
 
+def _first_token(settings: Any) -> None:
+    """The embedded default's first start: an admin token, printed once and kept in the
+    data dir (mode 0600) where the CLI on this machine finds it."""
+    from store import repository as repo
+    from store.db import session_scope
+
+    with session_scope(settings.db_url) as s:
+        if repo.count_tokens(s):
+            return
+        token = repo.create_token(s, "initial", "admin")
+    path = settings.data_dir / "token"
+    path.write_text(token + "\n")
+    path.chmod(0o600)
+    click.echo(f"tctune: first start; admin token (also in {path}):\n  {token}", err=True)
+
+
+@main.group()
+def token() -> None:
+    """API tokens (stored as hashes; shown once)."""
+
+
+@token.command("create")
+@click.option("--scope", type=click.Choice(["read", "tune", "admin"]), required=True)
+@click.option("--name", default="cli", show_default=True)
+def token_create(scope: str, name: str) -> None:
+    """Create a token and print it (the only time it is shown)."""
+    from store import repository as repo
+    from store.db import session_scope
+    from store.settings import Settings
+
+    with session_scope(Settings().db_url) as s:
+        click.echo(repo.create_token(s, name, scope))
+
+
+@token.command("list")
+def token_list() -> None:
+    """List tokens (ids, names, scopes; never the tokens)."""
+    from store import repository as repo
+    from store.db import session_scope
+    from store.settings import Settings
+
+    with session_scope(Settings().db_url) as s:
+        for t in repo.list_tokens(s):
+            state = "revoked" if t.revoked_at else "active"
+            click.echo(f"{t.id}\t{t.name}\t{t.scope}\t{state}\t{t.created_at:%Y-%m-%d}")
+
+
+@token.command("revoke")
+@click.argument("token_id", type=int)
+def token_revoke(token_id: int) -> None:
+    """Revoke a token by id."""
+    from store import repository as repo
+    from store.db import session_scope
+    from store.settings import Settings
+
+    with session_scope(Settings().db_url) as s:
+        if not repo.revoke_token(s, token_id):
+            raise click.ClickException(f"no active token {token_id}")
+    click.echo(f"token {token_id} revoked")
+
+
 @main.group()
 def db() -> None:
     """Database schema migrations."""
@@ -155,6 +218,19 @@ def db_downgrade(revision: str) -> None:
 
 server_option = click.option("--server", default=None, envvar="TCTUNE_SERVER",
                              help="API address [default http://127.0.0.1:8000]")
+token_option = click.option("--token", default=None, envvar="TCTUNE_TOKEN",
+                            help="API token [default: the embedded default's "
+                                 "./tctune-data/token when present]")
+
+
+def _client(server: str | None, token: str | None) -> Any:
+    from api.client import DEFAULT_SERVER, Client
+    from store.settings import Settings
+
+    if token is None:
+        local = Settings().data_dir / "token"
+        token = local.read_text().strip() if local.is_file() else None
+    return Client(server or DEFAULT_SERVER, token=token)
 
 
 @main.command()
@@ -167,13 +243,14 @@ server_option = click.option("--server", default=None, envvar="TCTUNE_SERVER",
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--wait", is_flag=True, help="show progress until the job ends")
 @server_option
+@token_option
 def tune(shape_text: str, precision: str, target: str, trials: int, strategy: str | None,
-         seed: int, wait: bool, server: str | None) -> None:
+         seed: int, wait: bool, server: str | None, token: str | None) -> None:
     """Submit a layer for tuning."""
-    from api.client import DEFAULT_SERVER, Client, TctuneError
+    from api.client import DEFAULT_SERVER, TctuneError
 
     shape = _parse_shape(shape_text)
-    client = Client(server or DEFAULT_SERVER)
+    client = _client(server, token)
     try:
         resp = client.tune(shape, precision, target, trials, strategy, seed)
     except TctuneError as err:
@@ -223,11 +300,13 @@ def _explain(body: Any) -> str:
 @click.option("--precision", required=True, type=click.Choice(["fp16", "int8", "int4", "fp32_tc"]))
 @click.option("--target", required=True)
 @server_option
-def schedule(shape_text: str, precision: str, target: str, server: str | None) -> None:
+@token_option
+def schedule(shape_text: str, precision: str, target: str, server: str | None,
+             token: str | None) -> None:
     """Print the best schedule of a layer (exit 1 when none is known yet)."""
-    from api.client import DEFAULT_SERVER, Client, TctuneError
+    from api.client import TctuneError
 
-    client = Client(server or DEFAULT_SERVER)
+    client = _client(server, token)
     try:
         best = client.schedule(_parse_shape(shape_text), precision, target)
     except TctuneError as err:

@@ -55,6 +55,18 @@ class Task(Base):
     baseline_backend: Mapped[str | None] = mapped_column(String(16), nullable=True)
 
 
+class ApiToken(Base):
+    """A bearer token; only its hash is stored. Scopes nest: admin > tune > read."""
+
+    __tablename__ = "api_token"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(64))
+    scope: Mapped[str] = mapped_column(String(16))
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+
 class Job(Base):
     """One tuning run of a task with a trial budget and a strategy."""
 
@@ -69,6 +81,9 @@ class Job(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    # The token that submitted it (None: the service runs open) may cancel it.
+    submitted_by: Mapped[int | None] = mapped_column(
+        ForeignKey("api_token.id", ondelete="SET NULL"), nullable=True, index=True)
     # What the explorer's cost model said in its last round (knob importance and the like).
     insight: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
 

@@ -6,6 +6,8 @@ with insert-or-ignore), so "at least once" delivery yields "exactly once" rows.
 
 from __future__ import annotations
 
+import hashlib
+import secrets
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -19,6 +21,7 @@ from kernels.space import schedule_hash
 from kernels.spec import ConvShape, Precision, Target, task_key
 from store.models import (
     ACTIVE_JOB_STATES,
+    ApiToken,
     BestSchedule,
     Candidate,
     Job,
@@ -76,9 +79,10 @@ def latest_job_for_task(session: Session, task_id: int) -> Job | None:
     ).one_or_none()
 
 
-def create_job(session: Session, task: Task, trials: int, strategy: str, seed: int) -> Job:
+def create_job(session: Session, task: Task, trials: int, strategy: str, seed: int,
+               submitted_by: int | None = None) -> Job:
     job = Job(task_id=task.id, trials=trials, strategy=strategy, seed=seed, status="queued",
-              created_at=utcnow())
+              created_at=utcnow(), submitted_by=submitted_by)
     session.add(job)
     session.flush()
     return job
@@ -375,3 +379,43 @@ def live_workers(session: Session, target: str | None = None,
     if target:  # '*' marks a worker of the simulated backend, which serves every target
         stmt = stmt.where(Worker.target.in_((target, "*")))
     return session.scalars(stmt.order_by(Worker.name)).all()
+
+
+# --- tokens -----------------------------------------------------------------------------
+
+def token_digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def create_token(session: Session, name: str, scope: str) -> str:
+    """A new bearer token: returned once, stored as its hash."""
+    token = "tct_" + secrets.token_urlsafe(32)
+    session.add(ApiToken(name=name, scope=scope, token_hash=token_digest(token),
+                         created_at=utcnow()))
+    session.flush()
+    return token
+
+
+def find_token(session: Session, token: str) -> ApiToken | None:
+    return session.scalars(select(ApiToken).where(
+        ApiToken.token_hash == token_digest(token), ApiToken.revoked_at.is_(None))).one_or_none()
+
+
+def count_tokens(session: Session) -> int:
+    return int(session.scalar(select(func.count(ApiToken.id))) or 0)
+
+
+def list_tokens(session: Session) -> Sequence[ApiToken]:
+    return session.scalars(select(ApiToken).order_by(ApiToken.id)).all()
+
+
+def revoke_token(session: Session, token_id: int) -> bool:
+    res = session.execute(update(ApiToken).where(ApiToken.id == token_id,
+                                                 ApiToken.revoked_at.is_(None))
+                          .values(revoked_at=utcnow()).execution_options(**NO_SYNC))
+    return bool(res.rowcount)
+
+
+def active_jobs_of(session: Session, token_id: int) -> int:
+    return int(session.scalar(select(func.count(Job.id)).where(
+        Job.submitted_by == token_id, Job.status.in_(ACTIVE_JOB_STATES))) or 0)

@@ -39,6 +39,16 @@ class Settings(BaseSettings):
     redispatch_s: float = 60.0
     heartbeat_s: float = 5.0
     task_soft_limit_s: float = 900.0
+    # API access: "required" -> mutating endpoints need a token of the right scope
+    # (tctune token create); "off" -> an open service. Reads need a `read` token only
+    # when read_auth is set. The embedded default creates and prints a first admin token.
+    auth: Literal["required", "off"] = "required"
+    read_auth: bool = False
+    # Limits: POST /tune per token per minute, active jobs per token, request bodies.
+    tune_per_minute: int = 120
+    active_jobs_per_token: int = 200
+    max_body_bytes: int = 1 << 20
+    max_import_bytes: int = 256 << 20
     # Planted faults of the simulated backend, for fault tests: the fraction of schedules
     # whose measuring child process crashes (deterministic per schedule).
     sim_crash_rate: float = 0.0

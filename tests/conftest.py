@@ -42,6 +42,11 @@ class Service:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    @property
+    def headers(self) -> dict[str, str]:
+        """The admin token the embedded default printed at its first start."""
+        return {"Authorization": f"Bearer {(self.data_dir / 'token').read_text().strip()}"}
+
     def start(self, timeout: float = 60.0) -> Service:
         self.log_path = self.data_dir / f"serve-{time.time_ns()}.log"
         log = open(self.log_path, "wb")  # noqa: SIM115 (kept open for the child)

@@ -12,6 +12,7 @@ from sqlalchemy import func, select
 
 from api.app import create_app
 from store import migrate
+from store import repository as repo
 from store.db import session_scope
 from store.models import Candidate, Job, Measurement, Task
 from store.settings import Settings
@@ -23,7 +24,10 @@ STAGE2 = {"n": 8, "h": 56, "w": 56, "c": 64, "k": 64, "r": 3, "s": 3, "pad": [1,
 def api(tmp_path: Path) -> Iterator[tuple[TestClient, str]]:
     settings = Settings(data_dir=tmp_path, backend="simulated")
     migrate.upgrade(settings.db_url)
-    with TestClient(create_app(settings, dispatcher=False)) as client:
+    with session_scope(settings.db_url) as s:
+        token = repo.create_token(s, "test", "tune")
+    with TestClient(create_app(settings, dispatcher=False),
+                    headers={"Authorization": f"Bearer {token}"}) as client:
         yield client, settings.db_url
 
 

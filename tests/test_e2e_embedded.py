@@ -30,7 +30,8 @@ def _wait(url: str, job_id: int, until: Callable[[dict], bool], timeout: float =
 def test_tune_stage2_int8_end_to_end(make_service: Callable[..., Service]) -> None:
     svc = make_service().start()
     resp = httpx.post(f"{svc.url}/tune", json={"shape": STAGE2, "precision": "int8",
-                                               "target": "h200", "trials": 64})
+                                               "target": "h200", "trials": 64},
+                      headers=svc.headers)
     assert resp.status_code == 202, resp.text
     job_id = resp.json()["job_id"]
     state = _wait(svc.url, job_id, lambda s: s["status"] == "done")
@@ -60,7 +61,8 @@ def test_job_survives_sigkill_of_the_service(make_service: Callable[..., Service
     # Slow simulated measurements so that the kill lands mid-job.
     svc = make_service(TCTUNE_SIM_DELAY_S="0.06", TCTUNE_BATCH_SIZE="8").start()
     job_id = httpx.post(f"{svc.url}/tune", json={"shape": STAGE2, "precision": "int8",
-                                                 "target": "h200", "trials": 64}).json()["job_id"]
+                                                 "target": "h200", "trials": 64},
+                        headers=svc.headers).json()["job_id"]
     before = _wait(svc.url, job_id, lambda s: s["trials_done"] >= 12)
     svc.kill()
     assert before["status"] == "running"

@@ -69,6 +69,7 @@ class Fleet:
     api_port: int = field(default_factory=free_port)
     procs: list[Proc] = field(default_factory=list)
     redis: Proc | None = None
+    headers: dict[str, str] = field(default_factory=dict)
 
     @property
     def env(self) -> dict[str, str]:
@@ -98,6 +99,10 @@ class Fleet:
         return proc
 
     def start(self, workers: int = 1, **worker_env: str) -> Fleet:
+        token = subprocess.run([sys.executable, "-m", "api.cli", "token", "create", "--scope",
+                                "admin"], cwd=REPO, env=self.env, capture_output=True,
+                               text=True, check=True).stdout.strip()
+        self.headers = {"Authorization": f"Bearer {token}"}
         self.start_redis()
         self.api = self.run("api", "serve", "--port", str(self.api_port))
         self.explorer = self.run("explorer", "explorer")
@@ -111,7 +116,8 @@ class Fleet:
 
     def submit(self, trials: int, **body: Any) -> int:
         resp = httpx.post(f"{self.url}/tune", json={"shape": STAGE2, "precision": "int8",
-                                                    "target": "h200", "trials": trials, **body})
+                                                    "target": "h200", "trials": trials, **body},
+                          headers=self.headers)
         assert resp.status_code == 202, resp.text
         return int(resp.json()["job_id"])
 
@@ -247,7 +253,8 @@ def test_crashing_measurement_is_a_runtime_error_and_the_worker_goes_on(fleet: F
 def test_job_without_a_live_worker_says_so(fleet: Fleet) -> None:
     fleet.start(workers=1)
     resp = httpx.post(f"{fleet.url}/tune", json={"shape": STAGE2, "precision": "int8",
-                                                 "target": "t4", "trials": 8})
+                                                 "target": "t4", "trials": 8},
+                      headers=fleet.headers)
     job_id = resp.json()["job_id"]
     time.sleep(3)
     state = fleet.job(job_id)

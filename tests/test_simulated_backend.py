@@ -42,10 +42,11 @@ def test_invalid_schedule_is_a_compile_error() -> None:
 
 
 def test_the_model_orders_what_hardware_orders() -> None:
-    # Lower precision is faster, except int4 on Hopper where it is emulated.
+    # Lower precision is faster where the hardware has the unit: int4 gains little on
+    # Hopper, which runs it at the int8 rate.
     assert _best(STAGE2, Precision.INT8, "h100") < _best(STAGE2, Precision.FP16, "h100")
-    assert _best(STAGE2, Precision.INT4, "t4") < _best(STAGE2, Precision.INT8, "t4")
-    assert _best(STAGE2, Precision.INT4, "h100") > 3 * _best(STAGE2, Precision.INT8, "h100")
+    assert _best(STAGE2, Precision.INT4, "t4") < 0.7 * _best(STAGE2, Precision.INT8, "t4")
+    assert _best(STAGE2, Precision.INT4, "h100") > 0.8 * _best(STAGE2, Precision.INT8, "h100")
     # A bigger GPU is faster; a bigger batch takes longer.
     assert _best(STAGE2, Precision.INT8, "h100") < _best(STAGE2, Precision.INT8, "t4")
     big = ConvShape(32, 56, 56, 64, 64, 3, 3, pad=1)

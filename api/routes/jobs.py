@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, HTTPException, Query
+from fastapi import APIRouter, HTTPException, Query, status
 from sqlalchemy import select
 
+from api.auth import Reader, Tuner
 from api.deps import DB
 from api.schemas import JobOut, JobSummary, MeasurementOut, TaskOut
 from store import repository as repo
@@ -28,25 +29,45 @@ def _speedup(task: Task, best_us: float | None) -> float | None:
 STATUS_PATTERN = "^(" + "|".join(JOB_STATES) + ")$"
 
 
+@router.post("/jobs/{job_id}/cancel", response_model=JobSummary,
+             responses={401: {"description": "no valid token"},
+                        403: {"description": "neither admin nor the submitter"},
+                        404: {"description": "no job"},
+                        409: {"description": "the job has ended already"}})
+def cancel_job(job_id: int, session: DB, caller: Tuner) -> JobSummary:
+    job = repo.get_job(session, job_id, lock=True)
+    if job is None:
+        raise HTTPException(404, detail=f"no job {job_id}")
+    if not (caller.allows("admin") or job.submitted_by == caller.token_id):
+        raise HTTPException(status.HTTP_403_FORBIDDEN,
+                            "only an admin token or the token that submitted it may cancel")
+    if job.status not in ACTIVE_JOB_STATES:
+        raise HTTPException(status.HTTP_409_CONFLICT, f"job {job_id} is {job.status} already")
+    repo.set_job_status(session, job, "cancelled")
+    return _summary(session, job)
+
+
 @router.get("/jobs", response_model=list[JobSummary])
-def list_jobs(session: DB, status: str | None = Query(None, pattern=STATUS_PATTERN),
+def list_jobs(session: DB, _: Reader, state: str | None = Query(None, pattern=STATUS_PATTERN),
               limit: int = Query(100, ge=1, le=1000)) -> list[JobSummary]:
     stmt = select(Job, Task).join(Task, Task.id == Job.task_id).order_by(Job.id.desc())
-    if status:
-        stmt = stmt.where(Job.status == status)
-    out = []
-    for job, task in session.execute(stmt.limit(limit)).all():
-        prog = repo.job_progress(session, job.id)
-        out.append(JobSummary(id=job.id, status=job.status, strategy=job.strategy,
-                              trials=job.trials, trials_done=prog.measured, best_us=prog.best_us,
-                              simulated=prog.simulated, speedup=_speedup(task, prog.best_us),
-                              task=task_out(task),
-                              created_at=job.created_at))
-    return out
+    if state:
+        stmt = stmt.where(Job.status == state)
+    return [_summary(session, job, task) for job, task in session.execute(stmt.limit(limit))]
+
+
+def _summary(session: DB, job: Job, task: Task | None = None) -> JobSummary:
+    task = task or repo.get_task(session, job.task_id)
+    assert task is not None
+    prog = repo.job_progress(session, job.id)
+    return JobSummary(id=job.id, status=job.status, strategy=job.strategy, trials=job.trials,
+                      trials_done=prog.measured, best_us=prog.best_us, simulated=prog.simulated,
+                      speedup=_speedup(task, prog.best_us), task=task_out(task),
+                      created_at=job.created_at)
 
 
 @router.get("/jobs/{job_id}", response_model=JobOut, responses={404: {"description": "no job"}})
-def get_job(job_id: int, session: DB,
+def get_job(job_id: int, session: DB, _: Reader,
             after: int = Query(0, ge=0, description="only measurements with id > after"),
             ) -> JobOut:
     job = repo.get_job(session, job_id)

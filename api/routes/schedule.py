@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Query
 from fastapi.responses import JSONResponse
 
+from api.auth import Reader
 from api.deps import DB
 from api.errors import unprocessable
 from api.schemas import ScheduleMissing, ScheduleOut
@@ -27,6 +28,7 @@ def _pair(name: str, raw: str) -> tuple[int, int]:
             responses={404: {"model": ScheduleMissing, "description": "nothing verified yet"}})
 def get_schedule(
     session: DB,
+    _: Reader,
     n: int = Query(...), h: int = Query(...), w: int = Query(...), c: int = Query(...),
     k: int = Query(...), r: int = Query(...), s: int = Query(...),
     stride: str = Query("1", description="'1' or '1,2'"),

@@ -7,6 +7,7 @@ import json
 from fastapi import APIRouter, Query
 from fastapi.responses import Response
 
+from api.auth import Reader
 from api.deps import DB
 from api.routes.jobs import task_out
 from api.schemas import BestOut
@@ -17,7 +18,7 @@ router = APIRouter(tags=["schedules"])
 
 @router.get("/schedules", response_model=list[BestOut],
             responses={200: {"content": {"application/x-ndjson": {}}}})
-def list_schedules(session: DB, target: str | None = Query(None, max_length=32),
+def list_schedules(session: DB, _: Reader, target: str | None = Query(None, max_length=32),
                    precision: str | None = Query(None, max_length=16),
                    format: str = Query("json", pattern="^(json|jsonl)$"),
                    limit: int = Query(1000, ge=1, le=100_000)) -> list[BestOut] | Response:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request, Response, status
+from fastapi import APIRouter, HTTPException, Request, Response, status
 
+from api.auth import Tuner
 from api.deps import DB
 from api.errors import unprocessable
 from api.schemas import TuneRequest, TuneResponse
@@ -17,8 +18,17 @@ router = APIRouter(tags=["tune"])
 @router.post("/tune", status_code=status.HTTP_202_ACCEPTED, response_model=TuneResponse,
              responses={200: {"model": TuneResponse,
                               "description": "an active job of the same task"},
-                        422: {"description": "invalid layer, precision, target or strategy"}})
-def tune(req: TuneRequest, request: Request, response: Response, session: DB) -> TuneResponse:
+                        401: {"description": "no valid token"},
+                        403: {"description": "the token's scope is not enough"},
+                        422: {"description": "invalid layer, precision, target or strategy"},
+                        429: {"description": "rate or active-job limit of the token"}})
+def tune(req: TuneRequest, request: Request, response: Response, session: DB,
+         caller: Tuner) -> TuneResponse:
+    wait_s = request.app.state.tune_limiter.take(caller.token_id)
+    if wait_s > 0:
+        raise HTTPException(status.HTTP_429_TOO_MANY_REQUESTS,
+                            "too many POST /tune for this token; slow down",
+                            headers={"Retry-After": str(max(1, round(wait_s)))})
     target = get_target(req.target)
     shape = req.shape.to_shape()
     problems = shape.problems(req.precision, target)
@@ -29,8 +39,13 @@ def tune(req: TuneRequest, request: Request, response: Response, session: DB) ->
     job = repo.active_job_for_task(session, task.id)
     created = job is None
     if job is None:
+        limit = request.app.state.settings.active_jobs_per_token
+        if caller.token_id is not None and repo.active_jobs_of(session, caller.token_id) >= limit:
+            raise HTTPException(status.HTTP_429_TOO_MANY_REQUESTS,
+                                f"this token has {limit} queued or running jobs already; "
+                                "wait for some to finish or cancel them")
         job = repo.create_job(session, task, req.trials, req.strategy or DEFAULT_STRATEGY,
-                              req.seed)
+                              req.seed, submitted_by=caller.token_id)
         session.commit()  # the explorer must find the job when the message arrives
         request.app.state.on_new_job(job.id)
     else:

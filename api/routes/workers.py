@@ -6,6 +6,7 @@ from datetime import timedelta
 
 from fastapi import APIRouter
 
+from api.auth import Reader
 from api.deps import DB
 from api.schemas import WorkerOut
 from store import repository as repo
@@ -19,7 +20,7 @@ RATE_WINDOW_MIN = 5
 
 
 @router.get("/workers", response_model=list[WorkerOut])
-def list_workers(session: DB) -> list[WorkerOut]:
+def list_workers(session: DB, _: Reader) -> list[WorkerOut]:
     now = utcnow()
     counts = repo.measurements_per_worker(session, now - timedelta(minutes=RATE_WINDOW_MIN))
     out = []
