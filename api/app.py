@@ -10,7 +10,18 @@ from fastapi import FastAPI
 
 from api.auth import RateLimiter
 from api.limits import BodyLimit
-from api.routes import dashboard, health, jobs, schedule, schedules, tasks, tune, workers
+from api.metrics import Metrics, MetricsMiddleware
+from api.routes import (
+    dashboard,
+    health,
+    jobs,
+    metrics,
+    schedule,
+    schedules,
+    tasks,
+    tune,
+    workers,
+)
 from store.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
@@ -41,7 +52,9 @@ def create_app(settings: Settings | None = None, dispatcher: bool = True) -> Fas
     app.state.tune_limiter = RateLimiter(cfg.tune_per_minute)
     app.add_middleware(BodyLimit, default=cfg.max_body_bytes,
                        overrides={"/import": cfg.max_import_bytes})
-    for module in (tune, jobs, schedule, schedules, workers, tasks, health, dashboard):
+    app.state.metrics = Metrics(cfg)
+    app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
+    for module in (tune, jobs, schedule, schedules, workers, tasks, health, metrics, dashboard):
         app.include_router(module.router)
     return app
 

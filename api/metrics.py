@@ -1,0 +1,107 @@
+"""Prometheus metrics: requests (count, latency by route), jobs by state, measurements by
+status, and the work waiting in queues. The gauges are read from the database at scrape
+time, so every API process reports the same fleet-wide numbers."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+from sqlalchemy import func, select
+
+from store.db import session_scope
+from store.models import Candidate, Job, Measurement
+from store.settings import Settings
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+class FleetCollector(Collector):
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        jobs = GaugeMetricFamily("tctune_jobs", "Jobs by state", labels=["state"])
+        meas = GaugeMetricFamily("tctune_measurements", "Measurements by status",
+                                 labels=["status", "backend"])
+        cands = GaugeMetricFamily("tctune_candidates_open",
+                                  "Proposed candidates not measured yet", labels=["state"])
+        with session_scope(self.settings.db_url) as s:
+            for state, n in s.execute(select(Job.status, func.count()).group_by(Job.status)):
+                jobs.add_metric([state], n)
+            for status, backend, n in s.execute(
+                    select(Measurement.status, Measurement.backend, func.count())
+                    .group_by(Measurement.status, Measurement.backend)):
+                meas.add_metric([status, backend], n)
+            for state, n in s.execute(select(Candidate.state, func.count())
+                                      .where(Candidate.state != "done")
+                                      .group_by(Candidate.state)):
+                cands.add_metric([state], n)
+        yield jobs
+        yield meas
+        yield cands
+        if not self.settings.embedded:
+            yield self._queues()
+
+    def _queues(self) -> GaugeMetricFamily:
+        depth = GaugeMetricFamily("tctune_queue_depth", "Messages waiting in a broker queue",
+                                  labels=["queue"])
+        try:
+            from kernels.spec import TARGETS
+            from workers.fleet import queue_depths
+
+            names = ["explore", "build"] + [f"measure.{t}" for t in TARGETS]
+            for name, n in queue_depths(names).items():
+                depth.add_metric([name], n)
+        except Exception:  # the broker is away: report no depths rather than fail
+            pass
+        return depth
+
+
+class Metrics:
+    def __init__(self, settings: Settings) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter("tctune_http_requests", "HTTP requests",
+                                ["method", "route", "status"], registry=self.registry)
+        self.latency = Histogram("tctune_http_request_seconds", "HTTP request latency",
+                                 ["method", "route"], buckets=LATENCY_BUCKETS,
+                                 registry=self.registry)
+        self.registry.register(FleetCollector(settings))
+
+
+class MetricsMiddleware:
+    """Counts and times every request under its route template (not the raw path, so
+    that /jobs/1 and /jobs/2 are one series)."""
+
+    def __init__(self, app: Any, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        status = {"code": 500}
+
+        async def send_wrapper(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                status["code"] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_wrapper)
+        finally:
+            route = _route_of(scope)
+            self.metrics.requests.labels(scope["method"], route, str(status["code"])).inc()
+            self.metrics.latency.labels(scope["method"], route).observe(
+                time.perf_counter() - start)
+
+
+def _route_of(scope: Any) -> str:
+    """The matched route's template; the router leaves it in the scope."""
+    return getattr(scope.get("route"), "path", "unmatched")
