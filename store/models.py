@@ -13,6 +13,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     String,
     Text,
@@ -161,3 +162,14 @@ class Worker(Base):
     state: Mapped[str] = mapped_column(String(16), default="idle")
     started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     last_heartbeat: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class Artifact(Base):
+    """A built kernel (cubin + launch metadata), for GPU workers on other hosts than the
+    builder. Keyed by the build's cache key: a hash of source, options and sm."""
+
+    __tablename__ = "artifact"
+    key: Mapped[str] = mapped_column(String(128), primary_key=True)
+    cubin: Mapped[bytes] = mapped_column(LargeBinary)
+    meta: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

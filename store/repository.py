@@ -44,7 +44,7 @@ def as_utc(dt: datetime | None) -> datetime | None:
 NO_SYNC = {"synchronize_session": False}
 
 
-def _insert(session: Session, model: type) -> Any:
+def insert_for(session: Session, model: type) -> Any:
     dialect = session.get_bind().dialect.name
     return (postgresql.insert(model) if dialect == "postgresql" else sqlite.insert(model))
 
@@ -54,7 +54,7 @@ def _insert(session: Session, model: type) -> Any:
 def get_or_create_task(session: Session, shape: ConvShape, precision: Precision,
                        target: Target) -> Task:
     key = task_key(shape, precision, target)
-    stmt = _insert(session, Task).values(
+    stmt = insert_for(session, Task).values(
         key=key, shape=shape.to_dict(), shape_key=shape.key(),
         precision=Precision(precision).value, target=target.name, created_at=utcnow(),
     ).on_conflict_do_nothing(index_elements=["key"])
@@ -198,7 +198,7 @@ def add_candidates(session: Session, job: Job, schedules: Iterable[dict[str, Any
     preds = list(predicted_us) if predicted_us is not None else [None] * len(scheds)
     for sched, pred in zip(scheds, preds, strict=True):
         h = schedule_hash(sched)
-        stmt = _insert(session, Candidate).values(
+        stmt = insert_for(session, Candidate).values(
             job_id=job.id, task_id=job.task_id, round=round_no, schedule=sched,
             schedule_hash=h, state="pending", attempts=0, created_at=utcnow(),
             predicted_us=pred,
@@ -280,7 +280,7 @@ def record_measurement(session: Session, cand: Candidate, status: str, median_us
                        iqr_us: float | None, backend: str, worker: str | None,
                        error: str | None) -> bool:
     """Store the result of a candidate once; True if this call wrote it."""
-    stmt = _insert(session, Measurement).values(
+    stmt = insert_for(session, Measurement).values(
         task_id=cand.task_id, job_id=cand.job_id, schedule=cand.schedule,
         schedule_hash=cand.schedule_hash, status=status, median_us=median_us, iqr_us=iqr_us,
         backend=backend, worker=worker, error=(error or None) and error[-20000:],
@@ -296,16 +296,21 @@ def is_measured(session: Session, task_id: int, sched_hash: str) -> bool:
         Measurement.task_id == task_id, Measurement.schedule_hash == sched_hash)) is not None
 
 
-def refresh_best(session: Session, task_id: int) -> Measurement | None:
-    """Point the task's best schedule at its fastest verified measurement."""
-    best = session.scalars(
+def best_measurement(session: Session, task_id: int) -> Measurement | None:
+    """The task's fastest verified measurement."""
+    return session.scalars(
         select(Measurement).where(Measurement.task_id == task_id, Measurement.status == "ok",
                                   Measurement.median_us.is_not(None))
         .order_by(Measurement.median_us, Measurement.id).limit(1)
     ).one_or_none()
+
+
+def refresh_best(session: Session, task_id: int) -> Measurement | None:
+    """Point the task's best schedule at its fastest verified measurement."""
+    best = best_measurement(session, task_id)
     if best is None:
         return None
-    stmt = _insert(session, BestSchedule).values(
+    stmt = insert_for(session, BestSchedule).values(
         task_id=task_id, measurement_id=best.id, updated_at=utcnow())
     stmt = stmt.on_conflict_do_update(
         index_elements=["task_id"],
@@ -349,7 +354,7 @@ def best_schedules(session: Session, target: str | None = None, precision: str |
 def heartbeat(session: Session, name: str, gpu_model: str, sm: int, target: str, backend: str,
               state: str = "idle") -> None:
     now = utcnow()
-    stmt = _insert(session, Worker).values(
+    stmt = insert_for(session, Worker).values(
         name=name, gpu_model=gpu_model, sm=sm, target=target, backend=backend, state=state,
         started_at=now, last_heartbeat=now,
     )

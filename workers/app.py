@@ -98,7 +98,8 @@ def build_task(candidate_ids: list[int]) -> int:
     target = _target_of(candidate_ids[0])
     if target is None:
         return 0
-    built = tasks.build_many(settings.db_url, candidate_ids, builder_backend(target, settings))
+    built = tasks.build_many(settings.db_url, candidate_ids, builder_backend(target, settings),
+                             publish=True)
     send(measure_task, candidate_ids, measure_queue(target))
     return built
 

@@ -22,6 +22,7 @@ from search.strategy import History, PriorTrial, Trial
 from store import repository as repo
 from store.db import session_scope
 from store.models import ACTIVE_JOB_STATES, Job, Task
+from workers import artifacts
 from workers.backends.base import Backend, BuildOutcome, MeasureOutcome, TaskSpec
 
 log = logging.getLogger(__name__)
@@ -62,6 +63,7 @@ def finish_if_done(session: Any, job: Job) -> bool:
         return True
     if repo.job_progress(session, job.id).measured >= job.trials:
         repo.set_job_status(session, job, "done")
+        artifacts.prune(session, job.id, job.task_id)
         return True
     return False
 
@@ -106,8 +108,10 @@ def explore(db_url: str, job_id: int, batch_size: int = 32) -> list[int]:
         return ids
 
 
-def build_many(db_url: str, candidate_ids: Sequence[int], backend: Backend) -> int:
-    """Build the still-pending candidates among `candidate_ids`; returns how many it built."""
+def build_many(db_url: str, candidate_ids: Sequence[int], backend: Backend,
+               publish: bool = False) -> int:
+    """Build the still-pending candidates among `candidate_ids`; returns how many it built.
+    `publish`: store each cubin in the database for GPU workers on other hosts."""
     with session_scope(db_url) as s:
         todo = []
         for cid in candidate_ids:
@@ -117,8 +121,11 @@ def build_many(db_url: str, candidate_ids: Sequence[int], backend: Backend) -> i
             task = repo.get_task(s, cand.task_id)
             assert task is not None
             todo.append((cid, task_spec(task), dict(cand.schedule)))
+    cache_dir = getattr(backend, "cache_dir", None)
     for cid, spec, schedule in todo:
         outcome = backend.build(spec, schedule)
+        if publish and cache_dir and outcome.status == "ok" and outcome.artifact:
+            artifacts.publish(db_url, cache_dir, outcome.artifact)
         with session_scope(db_url) as s:
             repo.record_build(s, cid, outcome.status, outcome.artifact, outcome.log)
     return len(todo)
@@ -175,8 +182,12 @@ def measure_many(db_url: str, candidate_ids: Sequence[int], backend: Backend, wo
 
     pending: list[tuple[_Leased, MeasureOutcome]] = []
     last_flush = time.monotonic()
+    cache_dir = getattr(backend, "cache_dir", None)
     for item in leased:
-        built = item.built if item.built.status else backend.build(item.spec, item.schedule)
+        built = item.built
+        if not built.status or (cache_dir and built.status == "ok" and built.artifact
+                                and not artifacts.fetch(db_url, cache_dir, built.artifact)):
+            built = backend.build(item.spec, item.schedule)  # nobody built it for this host
         pending.append((item, backend.measure(item.spec, item.schedule, built)))
         if time.monotonic() - last_flush >= flush_s:
             written += _flush(db_url, pending, backend.name, worker, baselines)
