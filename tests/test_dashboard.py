@@ -1,0 +1,102 @@
+"""The dashboard's pages and assets are served by the API itself, without a browser."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import plotly
+import pytest
+from fastapi.testclient import TestClient
+
+from api.app import create_app
+from store.settings import Settings
+
+PAGES = {"/": "jobs", "/ui/jobs/7": "job", "/ui/fleet": "fleet", "/ui/schedules": "schedules"}
+STATIC = Path(__file__).resolve().parent.parent / "api" / "static"
+TEMPLATES = STATIC.parent / "templates"
+
+
+@pytest.fixture
+def client(tmp_path: Path) -> Iterator[TestClient]:
+    # The pages need no database: no dispatcher, no migration.
+    app = create_app(Settings(data_dir=tmp_path), dispatcher=False)
+    with TestClient(app) as c:
+        yield c
+
+
+@pytest.mark.parametrize("path,page", PAGES.items())
+def test_pages_are_html_and_reference_only_served_assets(client: TestClient, path: str,
+                                                        page: str) -> None:
+    resp = client.get(path)
+    assert resp.status_code == 200
+    assert resp.headers["content-type"].startswith("text/html")
+    body = resp.text
+    assert f'data-page="{page}"' in body
+    assert "{{" not in body, "every template placeholder is filled"
+    refs = re.findall(r'(?:src|href)="(/[^"]*)"', body)
+    assert f"/ui/static/{page}.js" in refs and "/ui/static/dashboard.js" in refs
+    for ref in refs:
+        assert client.get(ref).status_code == 200, ref
+    if page == "job":
+        assert 'data-job-id="7"' in body and "/ui/static/plotly.min.js" in refs
+
+
+def test_plotly_is_served_from_the_pip_package(client: TestClient) -> None:
+    resp = client.get("/ui/static/plotly.min.js", headers={"Accept-Encoding": "identity"})
+    assert resp.status_code == 200
+    assert resp.headers["content-type"].startswith("text/javascript")
+    packaged = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
+    assert resp.content == packaged.read_bytes()
+    assert b"plotly.js" in resp.content[:500]
+
+    # Gzipped on request (4.8 MB -> about 1.5 MB), and revalidated by ETag.
+    raw = client.get("/ui/static/plotly.min.js", headers={"Accept-Encoding": "gzip"})
+    assert raw.headers["content-encoding"] == "gzip"
+    assert int(raw.headers["content-length"]) < len(resp.content) / 2
+    etag = resp.headers["etag"]
+    again = client.get("/ui/static/plotly.min.js", headers={"If-None-Match": etag})
+    assert again.status_code == 304 and again.content == b""
+
+
+@pytest.mark.parametrize("name,media", [("dashboard.js", "text/javascript"),
+                                        ("job.js", "text/javascript"),
+                                        ("dashboard.css", "text/css"),
+                                        ("favicon.svg", "image/svg+xml")])
+def test_static_assets(client: TestClient, name: str, media: str) -> None:
+    resp = client.get(f"/ui/static/{name}", headers={"Accept-Encoding": "gzip"})
+    assert resp.status_code == 200
+    assert resp.headers["content-type"].startswith(media)
+    body = resp.content  # httpx decodes gzip itself
+    assert body == (STATIC / name).read_bytes()
+    if len(body) > 1024:
+        assert resp.headers["content-encoding"] == "gzip"
+
+
+@pytest.mark.parametrize("path", ["/ui/static/nope.js", "/ui/static/..%2Fapp.py",
+                                  "/ui/static/%2E%2E%2Froutes%2Fdashboard.py",
+                                  "/ui/static/..%2Ftemplates%2Flayout.html"])
+def test_no_files_outside_static(client: TestClient, path: str) -> None:
+    assert client.get(path).status_code == 404
+
+
+def test_ui_redirects_and_bad_job_ids(client: TestClient) -> None:
+    resp = client.get("/ui", follow_redirects=False)
+    assert resp.status_code == 307 and resp.headers["location"] == "/"
+    assert client.get("/ui/jobs/abc").status_code == 422
+    assert client.get("/favicon.ico").headers["content-type"].startswith("image/svg+xml")
+
+
+def test_pages_stay_out_of_the_api_schema(client: TestClient) -> None:
+    paths = client.get("/openapi.json").json()["paths"]
+    assert "/" not in paths and not any(p.startswith("/ui") for p in paths)
+
+
+def test_nothing_is_loaded_from_the_internet() -> None:
+    # The service must work offline: no CDN, no web fonts, no absolute URLs in our assets.
+    for path in [*STATIC.iterdir(), *TEMPLATES.iterdir()]:
+        text = path.read_text(encoding="utf-8")
+        hits = [u for u in re.findall(r"https?://[^\s\"')]+", text)
+                if not u.startswith("http://www.w3.org/")]  # the SVG namespace is no fetch
+        assert not hits, f"{path.name} refers to {hits}"
