@@ -1,0 +1,162 @@
+"""NVRTC builds of the conv kernel on a CPU: validity and the compiler agree, SASS holds the
+intended Tensor Core instructions and no spills, failures are data."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kernels.build import BuildJob, Epilogue, build, build_many, cubin_path
+from kernels.sass import cuobjdump_path, summarize
+from kernels.space import ScheduleSpace, geometry, validity
+from kernels.spec import RESNET50_3X3, ConvShape, Precision, get_target
+
+SM_TARGET = {75: "t4", 80: "a100", 90: "h100"}
+SAMPLES = int(os.environ.get("TCTUNE_BUILD_SAMPLES", "200"))
+SHAPES = [
+    RESNET50_3X3["stage2"], RESNET50_3X3["stage3"], RESNET50_3X3["stage4"],
+    RESNET50_3X3["stage5"],
+    ConvShape(2, 32, 32, 3, 64, 7, 7, stride=2, pad=3),
+    ConvShape(8, 14, 14, 64, 96, 1, 1),
+    ConvShape(3, 13, 11, 48, 40, 3, 3, stride=2, pad=1),
+    ConvShape(2, 17, 19, 24, 40, 3, 3, pad=2, dilation=2),
+]
+BASE = dict(BLK_ROW_WARPS=2, BLK_COL_WARPS=2, WARP_ROW_TILES=2, WARP_COL_TILES=4, CHUNK=2,
+            REORDER_INNER=0, DUP_AWARE=0, PACK_OUT=1, LAYOUT="nhwc", STAGES=2, SPLIT_K=1)
+
+needs_sass = pytest.mark.skipif(cuobjdump_path() is None, reason="cuobjdump not installed")
+
+
+@pytest.fixture(scope="session")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("cubins")
+
+
+def sample_jobs(precision: Precision, sm: int, count: int, seed: int) -> list[BuildJob]:
+    rng = np.random.default_rng(seed)
+    target = get_target(SM_TARGET[sm])
+    jobs = []
+    for i in range(count):
+        shape = SHAPES[i % len(SHAPES)]
+        space = ScheduleSpace(shape, precision, target)
+        sched = space.schedule_at(int(rng.choice(space.valid_indices)))
+        epi = Epilogue(str(rng.choice(["acc", "default"])), bool(rng.random() < 0.3))
+        jobs.append(BuildJob(shape, precision, sm, sched, epi))
+    return jobs
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("precision", ["fp16", "int8", "int4"])
+def test_sampled_valid_schedules_compile_for_every_sm(precision: str, cache: Path) -> None:
+    jobs = [j for sm in (75, 80, 90)
+            for j in sample_jobs(Precision(precision), sm, SAMPLES, seed=sm)]
+    results = build_many(jobs, cache)
+    bad = [(j.sm, j.shape.key(), j.schedule, r.log[-400:])
+           for j, r in zip(jobs, results, strict=True) if r.status != "ok"]
+    assert not bad, f"{len(bad)} valid schedules failed to compile, e.g. {bad[:3]}"
+
+
+def test_compile_failure_is_data(cache: Path) -> None:
+    res = build(BuildJob(RESNET50_3X3["stage3"], Precision.INT8, 90,
+                         {**BASE, "CHUNK": 3}), cache)
+    assert res.status == "compile_error" and "CHUNK" in res.log
+    res = build(BuildJob(RESNET50_3X3["stage3"], Precision.FP32_TC, 90,
+                         {**BASE, "SPLIT": "scaled3"}), cache)
+    assert res.status == "compile_error"  # fp32_tc is issue 7: a clean compile error for now
+
+
+def test_cache_hit_and_key_depends_on_sm(cache: Path) -> None:
+    job = BuildJob(RESNET50_3X3["stage4"], Precision.FP16, 80, BASE)
+    first, second = build(job, cache), build(job, cache)
+    assert first.status == "ok" and second.cached and second.key == first.key
+    other = build(BuildJob(RESNET50_3X3["stage4"], Precision.FP16, 90, BASE), cache)
+    assert other.key != first.key and cubin_path(cache, other.key).exists()
+
+
+# ---- each rule of validity exists because something fails without it ------------------
+def _only_rule_broken(shape: ConvShape, precision: Precision, target_name: str, rule: str,
+                      limit: int = 40) -> list[dict]:
+    """Schedules of the space that break `rule` and no other rule."""
+    target = get_target(target_name)
+    space = ScheduleSpace(shape, precision, target)
+    idx = np.arange(space.size)
+    cols = space.columns(idx)
+    g = geometry(shape, precision, target, cols)
+    cap = np.minimum(255, (65536 // g.threads) // 8 * 8)
+    deep = np.where(cols["CHUNK"] >= 4, 16, 0)
+    regs_ok = g.acc_regs + 2 * g.frag_regs + 64 + deep <= cap
+    smem_ok = g.smem_bytes <= target.smem_per_block_kib * 1024
+    valid = validity(shape, precision, target, cols)
+    pick = {"regs": ~regs_ok & smem_ok, "smem": regs_ok & ~smem_ok}[rule]
+    # everything else fine: making the broken quantity fit would make it valid
+    out = [space.schedule_at(int(i)) for i in idx[pick & ~valid]]
+    rng = np.random.default_rng(0)
+    return [out[int(i)] for i in rng.permutation(len(out))[:limit]]
+
+
+def test_register_rule_guards_spills(cache: Path) -> None:
+    shape = RESNET50_3X3["stage3"]
+    scheds = _only_rule_broken(shape, Precision.INT8, "h100", "regs", limit=40)
+    assert scheds
+    results = build_many([BuildJob(shape, Precision.INT8, 90, s) for s in scheds], cache)
+    spilled = [r for r in results if r.status == "compile_error" and "spill" in r.log]
+    assert spilled, "no schedule past the register rule spilled: the rule would be unneeded"
+
+
+def test_shared_memory_rule_guards_the_launch_limit(cache: Path) -> None:
+    shape = RESNET50_3X3["stage2"]
+    target = get_target("h100")
+    scheds = _only_rule_broken(shape, Precision.FP16, "h100", "smem", limit=3)
+    assert scheds
+    for s in scheds:
+        res = build(BuildJob(shape, Precision.FP16, 90, s), cache)
+        # It compiles (the kernel static_asserts geometry() == what it allocates), but asks
+        # for more dynamic shared memory than any block may launch with.
+        assert res.status == "ok"
+        assert res.meta["smem_bytes"] > target.smem_per_block_kib * 1024
+
+
+def test_stages_rule_on_register_staged_paths(cache: Path) -> None:
+    shape = RESNET50_3X3["stage3"]
+    for prec, sm in ((Precision.INT8, 75), (Precision.INT4, 90)):
+        res = build(BuildJob(shape, prec, sm, {**BASE, "STAGES": 3}), cache)
+        assert res.status == "compile_error" and "double-buffered" in res.log
+        assert not ScheduleSpace(shape, prec, get_target(SM_TARGET[sm])).is_valid(
+            {**BASE, "STAGES": 3})
+
+
+def test_nhwcnc_rule(cache: Path) -> None:
+    shape = ConvShape(3, 14, 14, 64, 64, 3, 3, pad=1)  # batch 3: no 8-image blocks
+    s = {**BASE, "LAYOUT": "nhwcnc"}
+    res = build(BuildJob(shape, Precision.INT8, 90, s), cache)
+    assert res.status == "compile_error" and "NHWCnc" in res.log
+    assert not ScheduleSpace(shape, Precision.INT8, get_target("h100")).is_valid(s)
+
+
+# ---- what the cubins hold ------------------------------------------------------------
+@needs_sass
+@pytest.mark.parametrize("precision,sm,want", [
+    ("int4", 75, "IMMA.8832.S4.S4"), ("int4", 80, "IMMA.16864.S4.S4"),
+    ("int8", 90, "IMMA.16832.S8.S8"), ("int8", 75, "IMMA.8816.S8.S8"),
+    ("fp16", 75, "HMMA.1688.F32"), ("fp16", 80, "HMMA.16816.F32"), ("fp16", 90, "HMMA.16816.F32"),
+])
+def test_sass_has_tensor_core_instructions_and_no_spills(precision: str, sm: int, want: str,
+                                                         cache: Path) -> None:
+    for extra in ({}, {"DUP_AWARE": 1, "REORDER_INNER": 1}, {"PACK_OUT": 0, "SPLIT_K": 2}):
+        s = {**BASE, **extra}
+        res = build(BuildJob(RESNET50_3X3["stage3"], Precision(precision), sm, s), cache)
+        assert res.status == "ok", res.log
+        summary = summarize(cubin_path(cache, res.key))
+        assert want in summary.mma, summary.mma
+        assert not summary.spills and summary.stack == 0
+
+
+def test_kernels_import_without_cupy() -> None:
+    import importlib
+
+    for mod in ("kernels.build", "kernels.runner", "kernels.reference", "kernels.timing",
+                "workers.backends.cuda"):
+        importlib.import_module(mod)
