@@ -15,10 +15,12 @@ from api.routes import (
     dashboard,
     health,
     jobs,
+    lookup,
     metrics,
     schedule,
     schedules,
     tasks,
+    transfer,
     tune,
     workers,
 )
@@ -54,7 +56,8 @@ def create_app(settings: Settings | None = None, dispatcher: bool = True) -> Fas
                        overrides={"/import": cfg.max_import_bytes})
     app.state.metrics = Metrics(cfg)
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
-    for module in (tune, jobs, schedule, schedules, workers, tasks, health, metrics, dashboard):
+    for module in (tune, jobs, schedule, lookup, schedules, workers, tasks, transfer, health,
+                   metrics, dashboard):
         app.include_router(module.router)
     return app
 

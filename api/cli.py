@@ -317,6 +317,85 @@ def schedule(shape_text: str, precision: str, target: str, server: str | None,
     click.echo(json.dumps(best, indent=2))
 
 
+@main.command("export")
+@click.option("--out", "out_path", type=click.Path(dir_okay=False), default="-",
+              show_default=True, help="file to write ('-' for stdout)")
+@click.option("--target", default=None)
+@click.option("--precision", default=None)
+@server_option
+@token_option
+def export_cmd(out_path: str, target: str | None, precision: str | None, server: str | None,
+               token: str | None) -> None:
+    """Export measurements and best schedules as JSON lines (schema in the README)."""
+    from api.client import TctuneError
+
+    try:
+        text = _client(server, token).export(target, precision)
+    except TctuneError as err:
+        raise click.ClickException(_explain(err.body)) from None
+    with click.open_file(out_path, "w") as fh:
+        fh.write(text)
+    click.echo(f"exported {text.count(chr(10))} lines", err=True)
+
+
+@main.command("import")
+@click.argument("path", type=click.Path(exists=True, dir_okay=False, allow_dash=True))
+@server_option
+@token_option
+def import_cmd(path: str, server: str | None, token: str | None) -> None:
+    """Import a JSON lines export (idempotent; an invalid file imports nothing)."""
+    from api.client import TctuneError
+
+    with click.open_file(path) as fh:
+        text = fh.read()
+    try:
+        report = _client(server, token).import_lines(text)
+    except TctuneError as err:
+        body = err.body.get("detail") if isinstance(err.body, dict) else err.body
+        if isinstance(body, dict) and "errors" in body:
+            raise click.ClickException(
+                body["msg"] + ":\n  " + "\n  ".join(body["errors"])) from None
+        raise click.ClickException(_explain(err.body)) from None
+    click.echo(json.dumps(report))
+
+
+@main.command("plan")
+@click.argument("model", type=click.Path(exists=True, dir_okay=False))
+@click.option("--trials", default=500, show_default=True, type=int)
+@click.option("--strategy", default=None)
+@click.option("--dry-run", is_flag=True, help="report coverage, submit nothing")
+@server_option
+@token_option
+def plan_cmd(model: str, trials: int, strategy: str | None, dry_run: bool, server: str | None,
+             token: str | None) -> None:
+    """Submit a model's untuned conv layers and report its coverage."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from api.client import TctuneError
+    from api.plan import load_model, plan
+
+    try:
+        layers = load_model(model)
+        cov = plan(_client(server, token), layers, trials, submit=not dry_run,
+                   strategy=strategy)
+    except ValueError as err:
+        raise click.ClickException(f"{model}: {err}") from None
+    except TctuneError as err:
+        raise click.ClickException(_explain(err.body)) from None
+    table = Table("layer", "task", "state", "latency (us)")
+    for row in cov.rows:
+        lat = "" if row["latency_us"] is None else f"{row['latency_us']:.2f}"
+        table.add_row(row["name"], row["task_key"], row["state"], lat)
+    console = Console(stderr=True)
+    console.print(table)
+    console.print(f"coverage: {cov.tuned}/{cov.distinct} distinct layers tuned "
+                  f"({cov.layers} layers); submitted {cov.submitted}, already running "
+                  f"{cov.running}")
+    click.echo(json.dumps({"layers": cov.layers, "distinct": cov.distinct, "tuned": cov.tuned,
+                           "submitted": cov.submitted, "running": cov.running}))
+
+
 # --- benchmarks -------------------------------------------------------------------------
 
 @main.group()

@@ -78,5 +78,27 @@ class Client:
             return None
         return self._json(resp)  # type: ignore[no-any-return]
 
+    def lookup(self, layers: list[tuple[ConvShape, str, str]]) -> list[dict[str, Any]]:
+        """Best schedules of many (shape, precision, target) layers, in order; each result
+        has found=False where none is known yet."""
+        body = {"layers": [{"shape": sh.to_dict(), "precision": p, "target": t}
+                           for sh, p, t in layers]}
+        return self._json(self.http.post("/schedules/lookup", json=body))["results"]  # type: ignore
+
+    def cancel(self, job_id: int) -> dict[str, Any]:
+        return self._json(self.http.post(f"/jobs/{job_id}/cancel"))  # type: ignore
+
+    def export(self, target: str | None = None, precision: str | None = None) -> str:
+        params = {k: v for k, v in (("target", target), ("precision", precision)) if v}
+        resp = self.http.get("/export", params=params)
+        if resp.status_code != 200:
+            self._json(resp)  # raises with the server's reason
+        return resp.text
+
+    def import_lines(self, text: str) -> dict[str, Any]:
+        resp = self.http.post("/import", content=text.encode(),
+                              headers={"content-type": "application/x-ndjson"})
+        return self._json(resp)  # type: ignore[no-any-return]
+
     def close(self) -> None:
         self.http.close()

@@ -1,0 +1,73 @@
+"""POST /schedules/lookup: the best schedules of many layers in one round trip (a model's
+conv layers at deploy time)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+from pydantic import BaseModel, ConfigDict, Field
+
+from api.auth import Reader
+from api.deps import DB
+from api.errors import unprocessable
+from api.schemas import ShapeIn
+from kernels.spec import TARGETS, Precision, task_key
+from store import repository as repo
+
+router = APIRouter(tags=["schedule"])
+
+
+class Layer(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    shape: ShapeIn
+    precision: Precision
+    target: str = Field(max_length=32)
+
+
+class LookupIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    layers: list[Layer] = Field(min_length=1, max_length=1000)
+
+
+class LookupItem(BaseModel):
+    task_key: str
+    found: bool
+    schedule: dict[str, Any] | None = None
+    latency_us: float | None = None
+    simulated: bool | None = None
+    job_id: int | None = None
+
+
+class LookupOut(BaseModel):
+    results: list[LookupItem]
+    found: int
+    missing: int
+
+
+@router.post("/schedules/lookup", response_model=LookupOut,
+             responses={422: {"description": "a layer is invalid (its index is named)"}})
+def lookup(req: LookupIn, session: DB, _: Reader) -> LookupOut:
+    problems = []
+    for i, layer in enumerate(req.layers):
+        if layer.target.lower() not in TARGETS:
+            problems.append((("body", "layers", i, "target"),
+                             f"unknown target {layer.target!r}; known: {', '.join(TARGETS)}"))
+            continue
+        for f, msg in layer.shape.to_shape().problems(layer.precision, TARGETS[layer.target]):
+            problems.append((("body", "layers", i, "shape", f), msg))
+    if problems:
+        raise unprocessable(problems)
+    results = []
+    for layer in req.layers:
+        key = task_key(layer.shape.to_shape(), layer.precision, TARGETS[layer.target.lower()])
+        found = repo.best_for_key(session, key)
+        if found is None:
+            results.append(LookupItem(task_key=key, found=False))
+        else:
+            m, _task = found
+            results.append(LookupItem(task_key=key, found=True, schedule=m.schedule,
+                                      latency_us=m.median_us, simulated=m.backend == "simulated",
+                                      job_id=m.job_id))
+    hits = sum(r.found for r in results)
+    return LookupOut(results=results, found=hits, missing=len(results) - hits)
