@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 from alembic import context
-from sqlalchemy import pool
+from sqlalchemy import create_engine, pool
 
-from store.db import get_engine
 from store.models import Base
 from store.settings import get_settings
 
@@ -22,16 +21,23 @@ def run_offline() -> None:
 
 def run_online() -> None:
     connectable = config.attributes.get("connection")
-    if connectable is None:
-        engine = get_engine(url) if url.startswith("sqlite") else None
-        if engine is None:
-            from sqlalchemy import create_engine
-
-            engine = create_engine(url, poolclass=pool.NullPool)
-        with engine.connect() as connection:
-            _run(connection)
-    else:
+    if connectable is not None:
         _run(connectable)
+        return
+    # A private engine: SQLite's batch migrations copy a table, drop the old one and rename
+    # the copy; with foreign keys on, dropping `job` would cascade into every measurement.
+    engine = create_engine(url, poolclass=pool.NullPool)
+    with engine.connect() as connection:
+        if url.startswith("sqlite"):
+            connection.exec_driver_sql("PRAGMA foreign_keys=OFF")  # outside any transaction
+            connection.commit()  # end SQLAlchemy's implicit one, so Alembic's own commits
+        _run(connection)
+        if url.startswith("sqlite"):
+            connection.commit()
+            broken = connection.exec_driver_sql("PRAGMA foreign_key_check").fetchall()
+            if broken:
+                raise RuntimeError(f"migration left dangling foreign keys: {broken[:5]}")
+    engine.dispose()
 
 
 def _run(connection) -> None:  # type: ignore[no-untyped-def]

@@ -10,7 +10,8 @@ from store import migrate
 from store.db import get_engine
 from store.models import Base
 
-TABLES = {"task", "job", "candidate", "measurement", "best_schedule", "worker", "api_token"}
+TABLES = {"task", "job", "candidate", "measurement", "best_schedule", "worker", "api_token",
+          "artifact"}
 
 
 def _roundtrip(url: str) -> None:
@@ -36,3 +37,30 @@ def test_sqlite_upgrade_and_downgrade(tmp_path: Path) -> None:
 
 def test_postgresql_upgrade_and_downgrade(pg_url: str) -> None:
     _roundtrip(pg_url)
+
+
+def test_migrations_keep_the_data(tmp_path: Path) -> None:
+    """SQLite rebuilds tables in batch migrations: no cascade may eat the measurements."""
+    from sqlalchemy import func, select
+
+    from kernels.space import ScheduleSpace
+    from kernels.spec import RESNET50_3X3, TARGETS, Precision
+    from store import repository as repo
+    from store.db import session_scope
+    from store.models import Measurement
+
+    url = f"sqlite:///{tmp_path / 'keep.db'}"
+    migrate.upgrade(url)
+    shape = RESNET50_3X3["stage2"]
+    space = ScheduleSpace(shape, Precision.INT8, TARGETS["h200"])
+    with session_scope(url) as s:
+        task = repo.get_or_create_task(s, shape, Precision.INT8, TARGETS["h200"])
+        job = repo.create_job(s, task, 16, "random", 0)
+        ids = repo.add_candidates(s, job, space.schedules(space.valid_indices[:16]), 1)
+        for i, cid in enumerate(ids):
+            repo.record_measurement(s, repo.get_candidate(s, cid), "ok", 1.0 + i, 0.0,
+                                    "simulated", "w", None)
+    for rev in ("0001", "head", "0003", "head"):
+        (migrate.downgrade if rev != "head" else migrate.upgrade)(url, rev)
+        with session_scope(url) as s:
+            assert s.scalar(select(func.count(Measurement.id))) == 16, rev
