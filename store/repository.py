@@ -160,17 +160,17 @@ def task_measurements(session: Session, task_id: int) -> Sequence[Measurement]:
     ).all()
 
 
-def prior_measurements(session: Session, target: str, precision: str, exclude_task_id: int,
-                       limit: int = 50_000) -> list[tuple[dict[str, Any], dict[str, Any], str,
-                                                           float | None]]:
-    """(shape, schedule, status, median_us) of other tasks on the same target and precision,
-    newest first: what a new task's cost model starts from."""
+def prior_measurements_since(session: Session, target: str, precision: str, after_id: int
+                             ) -> list[tuple[int, int, dict[str, Any], dict[str, Any], str,
+                                             float | None]]:
+    """(id, task id, shape, schedule, status, median_us) of measurements on a target and
+    precision with id > after_id, oldest first: what new tasks' cost models start from."""
     rows = session.execute(
-        select(Task.shape, Measurement.schedule, Measurement.status, Measurement.median_us)
+        select(Measurement.id, Task.id, Task.shape, Measurement.schedule, Measurement.status,
+               Measurement.median_us)
         .join(Task, Task.id == Measurement.task_id)
-        .where(Task.target == target, Task.precision == precision,
-               Task.id != exclude_task_id)
-        .order_by(Measurement.id.desc()).limit(limit)
+        .where(Task.target == target, Task.precision == precision, Measurement.id > after_id)
+        .order_by(Measurement.id)
     ).all()
     return [tuple(r) for r in rows]  # type: ignore[misc]
 

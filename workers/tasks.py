@@ -17,13 +17,12 @@ from typing import Any
 
 from kernels.space import ScheduleSpace
 from kernels.spec import ConvShape, Precision, get_target
-from search.registry import make_strategy
-from search.strategy import History, PriorTrial, Trial
 from store import repository as repo
 from store.db import session_scope
 from store.models import ACTIVE_JOB_STATES, Job, Task
 from workers import artifacts
 from workers.backends.base import Backend, BuildOutcome, MeasureOutcome, TaskSpec
+from workers.history import history_of, strategy_for
 
 log = logging.getLogger(__name__)
 
@@ -42,19 +41,6 @@ def task_spec(task: Task) -> TaskSpec:
 def space_of(task: Task) -> ScheduleSpace:
     spec = task_spec(task)
     return ScheduleSpace(spec.shape, spec.precision, spec.target)
-
-
-def _history(session: Any, task: Task, space: ScheduleSpace) -> History:
-    trials = []
-    for m in repo.task_measurements(session, task.id):
-        try:
-            trials.append(Trial(space.index_of(m.schedule), m.status, m.median_us))
-        except (KeyError, ValueError):  # a schedule from an older space: not ours to replay
-            continue
-    prior = [PriorTrial(ConvShape.from_dict(shape), sched, status, us)
-             for shape, sched, status, us in
-             repo.prior_measurements(session, task.target, task.precision, task.id)]
-    return History(trials=trials, prior=prior)
 
 
 def finish_if_done(session: Any, job: Job) -> bool:
@@ -89,9 +75,9 @@ def explore(db_url: str, job_id: int, batch_size: int = 32) -> list[int]:
         assert task is not None
         repo.set_job_status(s, job, "running")
         space = space_of(task)
-        history = _history(s, task, space)
+        history = history_of(s, db_url, task, space)
         remaining = job.trials - repo.job_progress(s, job.id).measured
-        strategy = make_strategy(job.strategy, space, seed=job.seed)
+        strategy = strategy_for(db_url, job, space)
         picks = strategy.propose(history, min(batch_size, remaining))
         if not picks:
             repo.set_job_status(s, job, "done",
