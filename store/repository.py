@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Select, and_, func, select, update
+from sqlalchemy import Select, and_, func, select, tuple_, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -242,21 +242,6 @@ def get_candidate(session: Session, candidate_id: int) -> Candidate | None:
     return session.get(Candidate, candidate_id)
 
 
-def lease_candidate(session: Session, candidate_id: int, owner: str, seconds: float) -> bool:
-    """Take the candidate for `seconds` unless someone else holds an unexpired lease."""
-    now = utcnow()
-    res = session.execute(
-        update(Candidate)
-        .where(Candidate.id == candidate_id, Candidate.state != "done",
-               (Candidate.lease_expires_at.is_(None)) | (Candidate.lease_expires_at < now)
-               | (Candidate.lease_owner == owner))
-        .values(lease_owner=owner, lease_expires_at=now + timedelta(seconds=seconds),
-                attempts=Candidate.attempts + 1)
-        .execution_options(**NO_SYNC)
-    )
-    return bool(res.rowcount)
-
-
 def record_build(session: Session, candidate_id: int, status: str, artifact: str | None,
                  log: str) -> None:
     session.execute(
@@ -267,33 +252,63 @@ def record_build(session: Session, candidate_id: int, status: str, artifact: str
     )
 
 
-def retire_candidate(session: Session, candidate_id: int) -> None:
-    """Close a candidate that needs no measurement (already measured, job not active)."""
-    session.execute(update(Candidate).where(Candidate.id == candidate_id)
-                    .values(state="done", lease_owner=None, lease_expires_at=None)
-                    .execution_options(**NO_SYNC))
+def open_candidates_with_context(session: Session, ids: Sequence[int]
+                                 ) -> list[tuple[Candidate, Job, Task]]:
+    """The open candidates among `ids` with their job and task, in one query."""
+    rows = session.execute(
+        select(Candidate, Job, Task).join(Job, Job.id == Candidate.job_id)
+        .join(Task, Task.id == Candidate.task_id)
+        .where(Candidate.id.in_(list(ids)), Candidate.state != "done").order_by(Candidate.id))
+    return [(c, j, t) for c, j, t in rows]
 
 
-# --- measurements -----------------------------------------------------------------------
+def measured_among(session: Session, keys: Iterable[tuple[int, str]]) -> set[tuple[int, str]]:
+    """Which (task id, schedule hash) pairs are measured already."""
+    keys = list(keys)
+    if not keys:
+        return set()
+    rows = session.execute(select(Measurement.task_id, Measurement.schedule_hash).where(
+        tuple_(Measurement.task_id, Measurement.schedule_hash).in_(keys)))
+    return {(t, h) for t, h in rows}
 
-def record_measurement(session: Session, cand: Candidate, status: str, median_us: float | None,
-                       iqr_us: float | None, backend: str, worker: str | None,
-                       error: str | None) -> bool:
-    """Store the result of a candidate once; True if this call wrote it."""
+
+def lease_candidates(session: Session, ids: Sequence[int], owner: str,
+                     seconds: float) -> set[int]:
+    """Lease what nobody else holds among `ids`; returns the ids now leased to `owner`."""
+    if not ids:
+        return set()
+    now = utcnow()
+    res = session.execute(
+        update(Candidate)
+        .where(Candidate.id.in_(list(ids)), Candidate.state != "done",
+               (Candidate.lease_expires_at.is_(None)) | (Candidate.lease_expires_at < now)
+               | (Candidate.lease_owner == owner))
+        .values(lease_owner=owner, lease_expires_at=now + timedelta(seconds=seconds),
+                attempts=Candidate.attempts + 1)
+        .returning(Candidate.id)
+        .execution_options(**NO_SYNC))
+    return {i for (i,) in res}
+
+
+def retire_candidates(session: Session, ids: Sequence[int]) -> None:
+    if ids:
+        session.execute(update(Candidate).where(Candidate.id.in_(list(ids)))
+                        .values(state="done", lease_owner=None, lease_expires_at=None)
+                        .execution_options(**NO_SYNC))
+
+
+def record_measurements(session: Session, rows: Sequence[dict[str, Any]]
+                        ) -> set[tuple[int, str]]:
+    """Insert results (each a Measurement's columns) once; returns the (task id, schedule
+    hash) pairs this call wrote — a pair measured before is left as it is."""
+    if not rows:
+        return set()
+    now = utcnow()
     stmt = insert_for(session, Measurement).values(
-        task_id=cand.task_id, job_id=cand.job_id, schedule=cand.schedule,
-        schedule_hash=cand.schedule_hash, status=status, median_us=median_us, iqr_us=iqr_us,
-        backend=backend, worker=worker, error=(error or None) and error[-20000:],
-        created_at=utcnow(), predicted_us=cand.predicted_us,
-    ).on_conflict_do_nothing(index_elements=["task_id", "schedule_hash"])
-    wrote = bool(session.execute(stmt).rowcount)
-    retire_candidate(session, cand.id)
-    return wrote
-
-
-def is_measured(session: Session, task_id: int, sched_hash: str) -> bool:
-    return session.scalar(select(Measurement.id).where(
-        Measurement.task_id == task_id, Measurement.schedule_hash == sched_hash)) is not None
+        [{"created_at": now, **r} for r in rows]
+    ).on_conflict_do_nothing(index_elements=["task_id", "schedule_hash"]).returning(
+        Measurement.task_id, Measurement.schedule_hash)
+    return {(t, h) for t, h in session.execute(stmt)}
 
 
 def best_measurement(session: Session, task_id: int) -> Measurement | None:

@@ -41,9 +41,11 @@ def test_publish_fetch_and_prune(tmp_path: Path) -> None:
         for cid, key in zip(ids, [res.key, "other-key"], strict=True):
             repo.record_build(s, cid, "ok", key, "")
         s.execute(repo.insert_for(s, Artifact).values(key="other-key", cubin=b"x", meta="{}"))
-        for cid, us in zip(ids, [1.0, 2.0], strict=True):
-            repo.record_measurement(s, repo.get_candidate(s, cid), "ok", us, 0.0, "cuda",
-                                    "w", None)
+        repo.record_measurements(s, [
+            {"task_id": task.id, "job_id": job.id, "schedule": c.schedule,
+             "schedule_hash": c.schedule_hash, "status": "ok", "median_us": us,
+             "backend": "cuda"}
+            for us, c in zip([1.0, 2.0], (repo.get_candidate(s, i) for i in ids), strict=True)])
         repo.refresh_best(s, task.id)
         assert artifacts.prune(s, job.id, task.id) == 1
         assert [a.key for a in s.query(Artifact)] == [res.key]

@@ -57,9 +57,11 @@ def test_migrations_keep_the_data(tmp_path: Path) -> None:
         task = repo.get_or_create_task(s, shape, Precision.INT8, TARGETS["h200"])
         job = repo.create_job(s, task, 16, "random", 0)
         ids = repo.add_candidates(s, job, space.schedules(space.valid_indices[:16]), 1)
-        for i, cid in enumerate(ids):
-            repo.record_measurement(s, repo.get_candidate(s, cid), "ok", 1.0 + i, 0.0,
-                                    "simulated", "w", None)
+        repo.record_measurements(s, [
+            {"task_id": task.id, "job_id": job.id, "schedule": c.schedule,
+             "schedule_hash": c.schedule_hash, "status": "ok", "median_us": 1.0 + i,
+             "backend": "simulated"}
+            for i, c in enumerate(repo.get_candidate(s, cid) for cid in ids)])
     for rev in ("0001", "head", "0003", "head"):
         (migrate.downgrade if rev != "head" else migrate.upgrade)(url, rev)
         with session_scope(url) as s:

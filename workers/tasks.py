@@ -123,6 +123,9 @@ class _Leased:
     task_id: int
     spec: TaskSpec
     schedule: dict[str, Any]
+    schedule_hash: str
+    job_id: int
+    predicted_us: float | None
     built: BuildOutcome
 
 
@@ -132,40 +135,39 @@ def measure_many(db_url: str, candidate_ids: Sequence[int], backend: Backend, wo
 
     The chunk is leased in one transaction; results are written in groups (at most
     `flush_s` apart) so that a worker killed mid-chunk loses at most that much work, and
-    the rest of the chunk is re-issued to another worker once its lease expires.
+    the rest of the chunk is re-issued to another worker once its lease expires. Every
+    step is a handful of set-wise statements, whatever the chunk's size.
     """
     leased: list[_Leased] = []
-    written = 0
+    gave_up: list[tuple[_Leased, MeasureOutcome]] = []
     with session_scope(db_url) as s:
+        rows = repo.open_candidates_with_context(s, candidate_ids)
+        measured = repo.measured_among(s, [(c.task_id, c.schedule_hash) for c, _, _ in rows])
+        retire = {c.id for c, j, _ in rows
+                  if j.status not in ACTIVE_JOB_STATES or (c.task_id, c.schedule_hash) in measured}
+        repo.retire_candidates(s, sorted(retire))  # nothing to measure (again)
+        live = [(c, t) for c, _, t in rows if c.id not in retire]
+        mine = repo.lease_candidates(s, [c.id for c, _ in live], worker, lease_s)
         baselines_needed: dict[int, TaskSpec] = {}
-        for cid in candidate_ids:
-            cand = repo.get_candidate(s, cid)
-            if cand is None or cand.state == "done":
-                continue
-            job = repo.get_job(s, cand.job_id)
-            if job is None or job.status not in ACTIVE_JOB_STATES \
-                    or repo.is_measured(s, cand.task_id, cand.schedule_hash):
-                repo.retire_candidate(s, cand.id)  # nothing to measure (again)
-                continue
-            if cand.attempts >= MAX_ATTEMPTS:
-                written += repo.record_measurement(
-                    s, cand, "runtime_error", None, None, backend.name, worker,
-                    f"gave up after {cand.attempts} attempts without a result")
-                finish_if_done(s, job)
-                continue
-            if not repo.lease_candidate(s, cand.id, worker, lease_s):
+        for cand, task in live:
+            if cand.id not in mine:
                 continue  # another worker holds it
-            task = repo.get_task(s, cand.task_id)
-            assert task is not None
-            spec = task_spec(task)
+            item = _Leased(cand.id, task.id, task_spec(task), dict(cand.schedule),
+                           cand.schedule_hash, cand.job_id, cand.predicted_us,
+                           BuildOutcome(cand.build_status or "", cand.artifact,
+                                        cand.build_log or ""))
+            if cand.attempts >= MAX_ATTEMPTS:  # its workers died each time it was taken
+                gave_up.append((item, MeasureOutcome(
+                    "runtime_error", error=f"gave up after {cand.attempts} attempts "
+                                           "without a result")))
+                continue
             if task.baseline_us is None:
-                baselines_needed[task.id] = spec
-            leased.append(_Leased(cand.id, task.id, spec, dict(cand.schedule),
-                                  BuildOutcome(cand.build_status or "", cand.artifact,
-                                               cand.build_log or "")))
+                baselines_needed[task.id] = item.spec
+            leased.append(item)
     baselines = {tid: b for tid, spec in baselines_needed.items()
                  if (b := _baseline(spec, backend)) is not None}
 
+    written = _flush(db_url, gave_up, backend.name, worker, {})
     pending: list[tuple[_Leased, MeasureOutcome]] = []
     last_flush = time.monotonic()
     cache_dir = getattr(backend, "cache_dir", None)
@@ -187,27 +189,23 @@ def _flush(db_url: str, results: list[tuple[_Leased, MeasureOutcome]], backend: 
     """Write a group of results in one transaction; best schedules and job states follow."""
     if not results and not baselines:
         return 0
-    written = 0
     with session_scope(db_url) as s:
         for task_id, us in baselines.items():
             repo.set_baseline(s, task_id, us, backend)
-        improved, jobs = set(), set()
-        for item, out in results:
-            cand = repo.get_candidate(s, item.cand_id)
-            assert cand is not None
-            if repo.record_measurement(s, cand, out.status, out.median_us, out.iqr_us,
-                                       backend, worker, out.error):
-                written += 1
-                if out.status == "ok":
-                    improved.add(cand.task_id)
-            jobs.add(cand.job_id)
-        for task_id in improved:
+        wrote = repo.record_measurements(s, [{
+            "task_id": item.task_id, "job_id": item.job_id, "schedule": item.schedule,
+            "schedule_hash": item.schedule_hash, "status": out.status,
+            "median_us": out.median_us, "iqr_us": out.iqr_us, "backend": backend,
+            "worker": worker, "error": (out.error or None) and out.error[-20000:],
+            "predicted_us": item.predicted_us} for item, out in results])
+        repo.retire_candidates(s, [item.cand_id for item, _ in results])
+        for task_id in {t for t, _ in wrote} & {i.task_id for i, o in results if o.status == "ok"}:
             repo.refresh_best(s, task_id)
-        for job_id in jobs:
+        for job_id in {item.job_id for item, _ in results}:
             job = repo.get_job(s, job_id)
             if job is not None:
                 finish_if_done(s, job)
-    return written
+    return len(wrote)
 
 
 def _baseline(spec: TaskSpec, backend: Backend) -> float | None:
