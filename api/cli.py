@@ -48,7 +48,10 @@ def main() -> None:
 @click.option("--port", default=8000, show_default=True, type=int)
 @click.option("--data", default=None, type=click.Path(file_okay=False),
               help="data directory of the embedded default [env TCTUNE_DATA_DIR]")
-def serve(host: str, port: int, data: str | None) -> None:
+@click.option("--workers", default=1, show_default=True, type=click.IntRange(1, 64),
+              help="API processes; with more than one, the embedded dispatcher runs in this "
+                   "parent process")
+def serve(host: str, port: int, data: str | None, workers: int) -> None:
     """Run the API (and, with no broker configured, the embedded dispatcher)."""
     import logging
 
@@ -72,7 +75,30 @@ def serve(host: str, port: int, data: str | None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     mode = "embedded" if settings.embedded else f"distributed (broker {settings.broker_url})"
     click.echo(f"tctune: {mode}, database {url.split('@')[-1]}", err=True)
-    uvicorn.run(create_app(settings), host=host, port=port, log_level="warning")
+    if workers == 1:
+        uvicorn.run(create_app(settings), host=host, port=port, log_level="warning")
+        return
+    # Several processes share the port (GET /schedule is CPU-bound Python); each serves the
+    # API only, and the one dispatcher lives here so that no job is dispatched twice.
+    runner = None
+    if settings.embedded:
+        from workers.embedded import EmbeddedDispatcher
+
+        runner = EmbeddedDispatcher(settings)
+        runner.start()
+    try:
+        uvicorn.run("api.cli:api_only_app", factory=True, host=host, port=port,
+                    workers=workers, log_level="warning")
+    finally:
+        if runner is not None:
+            runner.stop()
+
+
+def api_only_app() -> Any:
+    """The app of one `serve --workers N` process (settings from the environment)."""
+    from api.app import create_app
+
+    return create_app(dispatcher=False)
 
 
 @main.command()
@@ -97,7 +123,9 @@ def builder(concurrency: int) -> None:
 @click.option("--gpu", type=int, default=None, help="CUDA device index this process owns")
 @click.option("--simulate", default=None, metavar="TARGET",
               help="measure with the analytical model of TARGET instead of a GPU")
-def worker(gpu: int | None, simulate: str | None) -> None:
+@click.option("--slots", default=1, show_default=True, type=click.IntRange(1, 1024),
+              help="simulated GPUs in this process (threads; --simulate only)")
+def worker(gpu: int | None, simulate: str | None, slots: int) -> None:
     """One measuring worker: one process per GPU (queue 'measure.<target>')."""
     from kernels.spec import TARGETS
     from workers.fleet import run_worker
@@ -107,10 +135,12 @@ def worker(gpu: int | None, simulate: str | None) -> None:
     if simulate is not None and simulate.lower() not in TARGETS:
         raise click.BadParameter(f"unknown target; known: {', '.join(TARGETS)}",
                                  param_hint="--simulate")
+    if slots > 1 and simulate is None:
+        raise click.UsageError("--slots is for simulated workers; a GPU gets one process")
     if gpu is not None:
         # Before anything touches CUDA: this process sees exactly its GPU, as device 0.
         os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu)
-    run_worker(_distributed_settings(), gpu, simulate and simulate.lower())
+    run_worker(_distributed_settings(), gpu, simulate and simulate.lower(), slots)
 
 
 def _distributed_settings() -> Any:

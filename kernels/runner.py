@@ -15,11 +15,14 @@ back-to-back launches over rotating input sets that exceed L2, >= 5 samples of >
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
+import socket
+import subprocess
+import sys
 import time
 import traceback
 from collections import OrderedDict
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -195,18 +198,25 @@ class Runner:
         self.start_error: str | None = None
 
     def _start(self) -> bool:
-        ctx = mp.get_context("spawn")
-        parent, child = ctx.Pipe()
-        proc = ctx.Process(target=_child_main, args=(child, self.device), daemon=True)
-        proc.start()
-        child.close()
+        # A plain subprocess, not multiprocessing: the caller may itself be a daemonic pool
+        # process (a Celery worker's), and those may not have multiprocessing children.
+        parent_sock, child_sock = socket.socketpair()
+        proc = subprocess.Popen([sys.executable, "-m", "kernels.runner", str(self.device),
+                                 str(child_sock.fileno())], pass_fds=(child_sock.fileno(),),
+                                stdin=subprocess.DEVNULL)
+        child_sock.close()
+        parent = Connection(parent_sock.detach())
         if not parent.poll(START_TIMEOUT_S):
             proc.kill()
+            proc.wait(5)
             self.start_error = "measurement process did not start in time"
             return False
-        msg = parent.recv()
+        try:
+            msg = parent.recv()
+        except EOFError:
+            msg = {"ready": False, "error": f"measurement process exited ({proc.wait(5)})"}
         if not msg.get("ready"):
-            proc.join(5)
+            proc.wait(5)
             self.start_error = msg.get("error", "no GPU")
             return False
         self._proc, self._conn = proc, parent
@@ -215,15 +225,15 @@ class Runner:
 
     def _stop(self) -> None:
         if self._proc is not None:
-            if self._proc.is_alive():
+            if self._proc.poll() is None:
                 self._proc.kill()
-            self._proc.join(5)
+            self._proc.wait(5)
         if self._conn is not None:
             self._conn.close()
         self._proc = self._conn = None
 
     def ensure_started(self) -> bool:
-        if self._proc is not None and self._proc.is_alive():
+        if self._proc is not None and self._proc.poll() is None:
             return True
         self._stop()
         return self._start()
@@ -255,10 +265,14 @@ class Runner:
         return res
 
     def close(self) -> None:
-        if self._conn is not None and self._proc is not None and self._proc.is_alive():
+        if self._conn is not None and self._proc is not None and self._proc.poll() is None:
             try:
                 self._conn.send(None)
-                self._proc.join(5)
-            except (OSError, BrokenPipeError):
+                self._proc.wait(5)
+            except (OSError, BrokenPipeError, subprocess.TimeoutExpired):
                 pass
         self._stop()
+
+
+if __name__ == "__main__":  # the measurement child: python -m kernels.runner DEVICE FD
+    _child_main(Connection(int(sys.argv[2])), int(sys.argv[1]))

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Select, and_, func, select, tuple_, update
+from sqlalchemy import Connection, Select, and_, bindparam, func, select, tuple_, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -193,20 +193,18 @@ def next_round(session: Session, job_id: int) -> int:
 def add_candidates(session: Session, job: Job, schedules: Iterable[dict[str, Any]],
                    round_no: int, predicted_us: Sequence[float | None] | None = None) -> list[int]:
     """Insert proposals (ignoring any the job already has) and return the new ids."""
-    ids: list[int] = []
     scheds = list(schedules)
+    if not scheds:
+        return []
     preds = list(predicted_us) if predicted_us is not None else [None] * len(scheds)
-    for sched, pred in zip(scheds, preds, strict=True):
-        h = schedule_hash(sched)
-        stmt = insert_for(session, Candidate).values(
-            job_id=job.id, task_id=job.task_id, round=round_no, schedule=sched,
-            schedule_hash=h, state="pending", attempts=0, created_at=utcnow(),
-            predicted_us=pred,
-        ).on_conflict_do_nothing(index_elements=["job_id", "schedule_hash"])
-        if session.execute(stmt).rowcount:
-            ids.append(session.scalars(select(Candidate.id).where(
-                Candidate.job_id == job.id, Candidate.schedule_hash == h)).one())
-    return ids
+    now = utcnow()
+    stmt = insert_for(session, Candidate).values([
+        {"job_id": job.id, "task_id": job.task_id, "round": round_no, "schedule": sched,
+         "schedule_hash": schedule_hash(sched), "state": "pending", "attempts": 0,
+         "created_at": now, "predicted_us": pred}
+        for sched, pred in zip(scheds, preds, strict=True)
+    ]).on_conflict_do_nothing(index_elements=["job_id", "schedule_hash"]).returning(Candidate.id)
+    return sorted(i for (i,) in session.execute(stmt))
 
 
 def mark_dispatched(session: Session, candidate_ids: Sequence[int]) -> None:
@@ -242,14 +240,18 @@ def get_candidate(session: Session, candidate_id: int) -> Candidate | None:
     return session.get(Candidate, candidate_id)
 
 
-def record_build(session: Session, candidate_id: int, status: str, artifact: str | None,
-                 log: str) -> None:
-    session.execute(
-        update(Candidate).where(Candidate.id == candidate_id, Candidate.state == "pending")
-        .values(state="built", build_status=status, artifact=artifact, build_log=log[-20000:],
-                lease_owner=None, lease_expires_at=None)
-        .execution_options(**NO_SYNC)
-    )
+def record_builds(session: Session, builds: Sequence[tuple[int, str, str | None, str]]) -> None:
+    """(candidate id, status, artifact, log) of finished builds, in one statement."""
+    if not builds:
+        return
+    session.connection().execute(
+        update(Candidate.__table__)
+        .where(Candidate.__table__.c.id == bindparam("cid"),
+               Candidate.__table__.c.state == "pending")
+        .values(state="built", build_status=bindparam("st"), artifact=bindparam("art"),
+                build_log=bindparam("lg"), lease_owner=None, lease_expires_at=None),
+        [{"cid": cid, "st": st, "art": art, "lg": log[-20000:]}
+         for cid, st, art, log in builds])
 
 
 def open_candidates_with_context(session: Session, ids: Sequence[int]
@@ -345,6 +347,55 @@ def best_query(key: str) -> Select[Any]:
 def best_for_key(session: Session, key: str) -> tuple[Measurement, Task] | None:
     row = session.execute(best_query(key)).one_or_none()
     return None if row is None else (row[0], row[1])
+
+
+@dataclass(frozen=True)
+class BestRow:
+    """What GET /schedule answers with, plus what identifies the version it read."""
+
+    task_id: int
+    task_key: str
+    measurement_id: int
+    updated_at: datetime
+    schedule: dict[str, Any]
+    median_us: float | None
+    iqr_us: float | None
+    backend: str
+    job_id: int
+    measured_at: datetime
+
+
+# GET /schedule's read, the service's hottest query: one lookup by the unique (indexed)
+# task key, only the columns the answer needs, on a Connection (no ORM objects).
+_BEST_ROW = (
+    select(Task.id, Task.key, BestSchedule.measurement_id, BestSchedule.updated_at,
+           Measurement.schedule, Measurement.median_us, Measurement.iqr_us,
+           Measurement.backend, Measurement.job_id, Measurement.created_at)
+    .select_from(Task)
+    .join(BestSchedule, BestSchedule.task_id == Task.id)
+    .join(Measurement, Measurement.id == BestSchedule.measurement_id)
+    .where(Task.key == bindparam("key"))
+)
+
+
+def best_row_for_key(conn: Connection, key: str) -> BestRow | None:
+    row = conn.execute(_BEST_ROW, {"key": key}).first()
+    return None if row is None else BestRow(*row)
+
+
+def best_fingerprint(conn: Connection) -> tuple[Any, ...]:
+    """Changes whenever a task's best schedule is set, moved or deleted: a better schedule
+    has a new measurement id and every refresh stamps updated_at; a deletion changes the
+    count. Cheap (one aggregate over best_schedule)."""
+    return tuple(conn.execute(select(
+        func.count(), func.coalesce(func.sum(BestSchedule.measurement_id), 0),
+        func.max(BestSchedule.updated_at))).one())
+
+
+def best_versions(conn: Connection) -> dict[int, tuple[int, datetime]]:
+    """task id -> (best measurement id, updated_at) of every task with a best schedule."""
+    return {t: (m, u) for t, m, u in conn.execute(select(
+        BestSchedule.task_id, BestSchedule.measurement_id, BestSchedule.updated_at))}
 
 
 def set_baseline(session: Session, task_id: int, us: float, backend: str) -> None:

@@ -38,8 +38,8 @@ def test_publish_fetch_and_prune(tmp_path: Path) -> None:
         job = repo.create_job(s, task, 2, "random", 0)
         other = space.schedule_at(int(space.valid_indices[0]))
         ids = repo.add_candidates(s, job, [sched, other], 1)
-        for cid, key in zip(ids, [res.key, "other-key"], strict=True):
-            repo.record_build(s, cid, "ok", key, "")
+        repo.record_builds(s, [(cid, "ok", key, "")
+                               for cid, key in zip(ids, [res.key, "other-key"], strict=True)])
         s.execute(repo.insert_for(s, Artifact).values(key="other-key", cubin=b"x", meta="{}"))
         repo.record_measurements(s, [
             {"task_id": task.id, "job_id": job.id, "schedule": c.schedule,

@@ -10,9 +10,11 @@ re-sent by the explorer's sweeper (`workers.fleet`).
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import socket
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -71,8 +73,19 @@ RETRY = {"autoretry_for": (OperationalError, ConnectionError), "retry_backoff": 
          "retry_backoff_max": 60, "max_retries": 20}
 
 
+_slot = threading.local()
+_slots = itertools.count()
+
+
 def worker_identity() -> str:
-    return os.environ.get("TCTUNE_WORKER_NAME") or f"{socket.gethostname()}-{os.getpid()}"
+    """This measuring process's name; with several slots (a simulated node's threads, each
+    one GPU) every thread is a worker of its own: name#slot."""
+    base = os.environ.get("TCTUNE_WORKER_NAME") or f"{socket.gethostname()}-{os.getpid()}"
+    if int(os.environ.get("TCTUNE_WORKER_SLOTS", "1")) <= 1:
+        return base
+    if not hasattr(_slot, "n"):
+        _slot.n = next(_slots)
+    return f"{base}#{_slot.n}"
 
 
 def chunks(ids: Sequence[int], size: int) -> list[list[int]]:

@@ -15,7 +15,7 @@ import threading
 import time
 from datetime import timedelta
 
-from sqlalchemy import func, select
+from sqlalchemy import select
 
 from store import repository as repo
 from store.db import session_scope
@@ -117,8 +117,11 @@ def run_builder(settings: Settings, concurrency: int) -> None:
              "-n", f"builder-{os.getpid()}@{socket.gethostname()}"])
 
 
-def run_worker(settings: Settings, gpu: int | None, simulate: str | None) -> None:
-    """One process per GPU (or one simulated GPU): measures the target's queue."""
+def run_worker(settings: Settings, gpu: int | None, simulate: str | None,
+               slots: int = 1) -> None:
+    """One process per GPU: measures the target's queue. A simulated node may host several
+    simulated GPUs (`slots` threads, each a worker of its own) — how a benchmark puts
+    hundreds of workers on a small machine."""
     from kernels.spec import get_target
     from workers.backends import local_gpu_target
 
@@ -134,20 +137,25 @@ def run_worker(settings: Settings, gpu: int | None, simulate: str | None) -> Non
         target, model, sm, backend = found, found.model, found.sm, "cuda"
         name = f"{socket.gethostname()}/gpu{gpu}"
     os.environ["TCTUNE_WORKER_NAME"] = name
+    os.environ["TCTUNE_WORKER_SLOTS"] = str(slots)
+    names = [name] if slots <= 1 else [f"{name}#{i}" for i in range(slots)]
 
     def beat() -> None:
         since = utcnow() - timedelta(seconds=2 * settings.heartbeat_s)
         with session_scope(settings.db_url) as s:
-            recent = s.scalar(select(func.count(Measurement.id)).where(
-                Measurement.worker == name, Measurement.created_at >= since)) or 0
-            repo.heartbeat(s, name, model, sm, target.name, backend,
-                           state="busy" if recent else "idle")
+            busy = {w for (w,) in s.execute(select(Measurement.worker).where(
+                Measurement.worker.in_(names), Measurement.created_at >= since).distinct())}
+            for n in names:
+                repo.heartbeat(s, n, model, sm, target.name, backend,
+                               state="busy" if n in busy else "idle")
 
     _loop(settings.heartbeat_s, beat, "heartbeat")
+    pool = ["-P", "prefork", "-c", "1"] if slots <= 1 else ["-P", "threads", "-c", str(slots)]
     try:
         # prefork with one child: Celery's time limits apply, and a GPU is used by one task.
-        _celery(["-Q", f"measure.{target.name}", "-P", "prefork", "-c", "1", "-n",
+        _celery(["-Q", f"measure.{target.name}", *pool, "-n",
                  f"{name.replace('/', '-')}@{socket.gethostname()}"])
     finally:
         with session_scope(settings.db_url) as s:
-            repo.heartbeat(s, name, model, sm, target.name, backend, state="stopped")
+            for n in names:
+                repo.heartbeat(s, n, model, sm, target.name, backend, state="stopped")

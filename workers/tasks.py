@@ -75,10 +75,15 @@ def explore(db_url: str, job_id: int, batch_size: int = 32) -> list[int]:
         assert task is not None
         repo.set_job_status(s, job, "running")
         space = space_of(task)
+        started = time.perf_counter()
         history = history_of(s, db_url, task, space)
         remaining = job.trials - repo.job_progress(s, job.id).measured
         strategy = strategy_for(db_url, job, space)
         picks = strategy.propose(history, min(batch_size, remaining))
+        # One line per proposal: the fleet benchmark reads the explorer's latency from it.
+        log.info("proposal job=%d strategy=%s n=%d history=%d prior=%d seconds=%.4f", job.id,
+                 job.strategy, len(picks), len(history.trials), len(history.prior),
+                 time.perf_counter() - started)
         if not picks:
             repo.set_job_status(s, job, "done",
                                 error="search space exhausted before the trial budget")
@@ -99,21 +104,18 @@ def build_many(db_url: str, candidate_ids: Sequence[int], backend: Backend,
     """Build the still-pending candidates among `candidate_ids`; returns how many it built.
     `publish`: store each cubin in the database for GPU workers on other hosts."""
     with session_scope(db_url) as s:
-        todo = []
-        for cid in candidate_ids:
-            cand = repo.get_candidate(s, cid)
-            if cand is None or cand.state != "pending":
-                continue
-            task = repo.get_task(s, cand.task_id)
-            assert task is not None
-            todo.append((cid, task_spec(task), dict(cand.schedule)))
+        todo = [(c.id, task_spec(t), dict(c.schedule))
+                for c, _, t in repo.open_candidates_with_context(s, candidate_ids)
+                if c.state == "pending"]
     cache_dir = getattr(backend, "cache_dir", None)
+    done = []
     for cid, spec, schedule in todo:
         outcome = backend.build(spec, schedule)
         if publish and cache_dir and outcome.status == "ok" and outcome.artifact:
             artifacts.publish(db_url, cache_dir, outcome.artifact)
-        with session_scope(db_url) as s:
-            repo.record_build(s, cid, outcome.status, outcome.artifact, outcome.log)
+        done.append((cid, outcome.status, outcome.artifact, outcome.log))
+    with session_scope(db_url) as s:
+        repo.record_builds(s, done)
     return len(todo)
 
 

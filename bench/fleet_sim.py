@@ -1,0 +1,172 @@
+"""Fleet at scale, by simulation: many simulated GPU workers against one explorer,
+a Redis broker and PostgreSQL, all on this machine.
+
+Workers are `tctune worker --simulate h200 --slots S` processes: each thread is one
+simulated GPU with its own lease identity that sleeps `--measure-s` per measurement (what a
+real GPU's check-and-time loop takes) and writes through the same task functions as a GPU
+worker. The driver submits many tuning jobs through the API and samples, over a window
+after warm-up: measurements written per second (database), the explorer's proposal
+latency (its log), and the measure queue's depth (Redis).
+
+    python3 bench/fleet_sim.py --workers 256 --seconds 90 --out bench/data/fleet_sim.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+from sqlalchemy import create_engine, text
+
+REPO = Path(__file__).resolve().parent.parent
+PG_ADMIN = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+LAYERS = [  # ResNet-50's 3x3 layers
+    (56, 64), (28, 128), (14, 256), (7, 512)]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(argv, cwd=REPO, env=env, stdout=open(log, "wb"),  # noqa: SIM115
+                            stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def tctune(*args: str) -> list[str]:
+    return [sys.executable, "-m", "api.cli", *args]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workers", type=int, default=256, help="simulated GPUs")
+    ap.add_argument("--slots", type=int, default=64, help="simulated GPUs per process")
+    ap.add_argument("--measure-s", type=float, default=0.25,
+                    help="seconds one simulated measurement takes")
+    ap.add_argument("--jobs", type=int, default=64)
+    ap.add_argument("--trials", type=int, default=2000)
+    ap.add_argument("--strategy", default="diversity")
+    ap.add_argument("--batch", type=int, default=32, help="candidates per explorer round")
+    ap.add_argument("--chunk", type=int, default=8, help="candidates per measure message")
+    ap.add_argument("--explorers", type=int, default=1,
+                    help="explorer processes (rounds of one job never overlap: row lock)")
+    ap.add_argument("--warmup", type=float, default=30)
+    ap.add_argument("--seconds", type=float, default=90)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+
+    tmp = Path(tempfile.mkdtemp(prefix="fleet_sim_"))
+    db_name = f"tctune_fleet_{uuid.uuid4().hex[:8]}"
+    admin = create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT")
+    with admin.connect() as c:
+        c.execute(text(f'CREATE DATABASE "{db_name}"'))
+    db_url = PG_ADMIN.rsplit("/", 1)[0] + f"/{db_name}"
+    redis_port, api_port = free_port(), free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TCTUNE_")}
+    env.update({
+        "PYTHONUNBUFFERED": "1", "TCTUNE_DATABASE_URL": db_url,
+        "TCTUNE_BROKER_URL": f"redis://127.0.0.1:{redis_port}/0",
+        "TCTUNE_BACKEND": "simulated", "TCTUNE_SIM_DELAY_S": str(args.measure_s),
+        "TCTUNE_BATCH_SIZE": str(args.batch), "TCTUNE_CHUNK_SIZE": str(args.chunk),
+        "TCTUNE_AUTH": "off", "TCTUNE_HEARTBEAT_S": "10",
+    })
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        subprocess.run(tctune("db", "upgrade"), cwd=REPO, env=env, check=True,
+                       capture_output=True)
+        procs.append(start(["redis-server", "--port", str(redis_port), "--save", "",
+                            "--appendonly", "no"], env, tmp / "redis.log"))
+        procs.append(start(tctune("serve", "--port", str(api_port)), env, tmp / "api.log"))
+        for i in range(args.explorers):
+            procs.append(start(tctune("explorer"), env, tmp / f"explorer{i}.log"))
+        procs.append(start(tctune("builder", "-c", "2"), env, tmp / "builder.log"))
+        left = args.workers
+        while left > 0:
+            n = min(args.slots, left)
+            procs.append(start(tctune("worker", "--simulate", "h200", "--slots", str(n)), env,
+                               tmp / f"worker{len(procs)}.log"))
+            left -= n
+        api = f"http://127.0.0.1:{api_port}"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{api}/healthz", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.5)
+        for j in range(args.jobs):
+            hw, c = LAYERS[j % len(LAYERS)]
+            n = 2 ** (j // len(LAYERS) // 2 % 8)  # batch 1..128
+            precision = ("int8", "fp16")[(j // len(LAYERS)) % 2]
+            r = httpx.post(f"{api}/tune", json={
+                "shape": {"n": n, "h": hw, "w": hw, "c": c, "k": c, "r": 3, "s": 3, "pad": 1},
+                "precision": precision, "target": "h200", "trials": args.trials,
+                "strategy": args.strategy}, timeout=30)
+            r.raise_for_status()
+
+        engine = create_engine(db_url)
+        samples: list[tuple[float, int, int]] = []
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < args.warmup + args.seconds:
+            with engine.connect() as c:
+                count = int(c.execute(text("SELECT count(*) FROM measurement")).scalar() or 0)
+            depth = subprocess.run(["redis-cli", "-p", str(redis_port), "llen", "measure.h200"],
+                                   capture_output=True, text=True).stdout.strip()
+            samples.append((time.monotonic() - t0, count, int(depth or 0)))
+            time.sleep(2.0)
+        window = [s for s in samples if s[0] >= args.warmup]
+        rate = (window[-1][1] - window[0][1]) / (window[-1][0] - window[0][0])
+        proposals = [float(m) for i in range(args.explorers) for m in re.findall(
+            r"proposal job=\d+ .* seconds=([0-9.]+)",
+            (tmp / f"explorer{i}.log").read_text())]
+        with engine.connect() as c:
+            workers = int(c.execute(text(
+                "SELECT count(DISTINCT worker) FROM measurement")).scalar() or 0)
+            dups = int(c.execute(text(
+                "SELECT count(*) - count(DISTINCT (task_id, schedule_hash)) FROM measurement"))
+                .scalar() or 0)
+        engine.dispose()
+        result: dict[str, Any] = {
+            "workers": args.workers, "measurements_per_s": round(rate, 1),
+            "proposal_p50_s": round(float(np.percentile(proposals, 50)), 4) if proposals else None,
+            "proposal_p99_s": round(float(np.percentile(proposals, 99)), 4) if proposals else None,
+            "proposals": len(proposals), "workers_seen": workers, "duplicates": dups,
+            "queue_depth_max": max(s[2] for s in window), "strategy": args.strategy,
+            "measure_s": args.measure_s, "jobs": args.jobs, "explorers": args.explorers,
+            "window_s": args.seconds, "machine": f"{os.cpu_count()} cores",
+        }
+        print(json.dumps(result, indent=2))
+        if args.out:
+            Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+        return 0
+    finally:
+        for p in procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGTERM)
+        time.sleep(3)
+        for p in procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+        with admin.connect() as c:
+            c.execute(text(f'DROP DATABASE IF EXISTS "{db_name}" WITH (FORCE)'))
+        print(f"logs in {tmp}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

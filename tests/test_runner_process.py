@@ -1,0 +1,27 @@
+"""The measurement child starts as a plain subprocess, also from a daemonic pool process
+(a Celery worker's), and reports plainly when there is no GPU."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+
+from kernels.runner import Runner
+
+
+def _start_runner(_: int) -> tuple[bool, str | None]:
+    r = Runner(device=0)
+    ok = r.ensure_started()
+    r.close()
+    return ok, r.start_error
+
+
+def test_runner_without_gpu_says_why() -> None:
+    ok, err = _start_runner(0)
+    assert ok is False
+    assert err  # e.g. "ModuleNotFoundError: No module named 'cupy'" or a driver error
+
+
+def test_runner_starts_inside_a_daemonic_process() -> None:
+    with mp.get_context("fork").Pool(1) as pool:  # pool processes are daemonic
+        ok, err = pool.apply(_start_runner, (0,))
+    assert ok is False and err and "daemonic" not in err
