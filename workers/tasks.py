@@ -73,7 +73,6 @@ def explore(db_url: str, job_id: int, batch_size: int = 32) -> list[int]:
             return []
         task = repo.get_task(s, job.task_id)
         assert task is not None
-        repo.set_job_status(s, job, "running")
         space = space_of(task)
         started = time.perf_counter()
         history = history_of(s, db_url, task, space)
@@ -88,6 +87,9 @@ def explore(db_url: str, job_id: int, batch_size: int = 32) -> list[int]:
             repo.set_job_status(s, job, "done",
                                 error="search space exhausted before the trial budget")
             return []
+        # Written only now: on SQLite the first write takes the database's write lock, which
+        # must not be held while the strategy thinks.
+        repo.set_job_status(s, job, "running")
         # Model-based strategies say what they predicted; the dashboard plots it.
         predictions: dict[int, float] = getattr(strategy, "predictions", None) or {}
         insight = getattr(strategy, "insight", None)
