@@ -5,13 +5,16 @@ from __future__ import annotations
 from typing import Any
 
 from kernels.space import ScheduleSpace
+from search.diversity import DiversityAware
+from search.grid import GridSearch
 from search.random_search import RandomSearch
+from search.sa import SimulatedAnnealing
 from search.strategy import Strategy
 
 STRATEGIES: dict[str, type[Strategy]] = {
-    RandomSearch.name: RandomSearch,
+    cls.name: cls for cls in (RandomSearch, GridSearch, SimulatedAnnealing, DiversityAware)
 }
-DEFAULT_STRATEGY = "random"
+DEFAULT_STRATEGY = "diversity"
 
 
 def make_strategy(name: str, space: ScheduleSpace, seed: int = 0, **options: Any) -> Strategy:

@@ -1,0 +1,117 @@
+"""Time the explorer's proposal of one batch of 32 with 50,000 measurements to learn from.
+
+The training set is what a busy target accumulates: simulated measurements (h100, int8) of
+random schedules of many conv layers as the History's prior, plus 200 trials of the layer
+being tuned (ResNet-50 stage3). Timed per strategy:
+
+- cold: a fresh process state (no cached base model): fingerprint the prior, featurize it,
+  train the base model, score the space, train on the task's trials, anneal, pick.
+- warm: the next batch of the same job (the base model is cached; the task model is
+  retrained on 32 more trials), which is what every batch but the first pays.
+
+    python bench/search_proposal_time.py [--measurements 50000] [--repeat 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from kernels.space import ScheduleSpace  # noqa: E402
+from kernels.spec import RESNET50_3X3, TARGETS, ConvShape, Precision  # noqa: E402
+from search import model_based  # noqa: E402
+from search.registry import make_strategy  # noqa: E402
+from search.strategy import History, PriorTrial, Trial  # noqa: E402
+from workers.backends.simulated import simulate_latency_us  # noqa: E402
+
+TASK_TRIALS = 200
+
+
+def prior_shapes() -> list[ConvShape]:
+    """Conv layers of common CNNs (3x3 and 1x1, strides 1 and 2) at batch 1, 8 and 32."""
+    out = []
+    for n in (1, 8, 32):
+        for hw, c in ((56, 64), (28, 128), (14, 256), (7, 512)):
+            out.append(ConvShape(n, hw, hw, c, c, 3, 3, pad=(1, 1)))
+            out.append(ConvShape(n, hw, hw, c, 4 * c, 1, 1))
+            out.append(ConvShape(n, 2 * hw, 2 * hw, c, 2 * c, 3, 3, stride=(2, 2), pad=(1, 1)))
+    return [s for s in out if s != RESNET50_3X3["stage3"]]
+
+
+def measurements(space: ScheduleSpace, count: int, rng: np.random.Generator
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    idx = rng.choice(space.valid_indices, size=min(count, len(space.valid_indices)),
+                     replace=False)
+    lat = simulate_latency_us(space.shape, space.precision, space.target, space.columns(idx))
+    return idx, lat * np.exp(rng.normal(0.0, 0.015, len(idx)))
+
+
+def make_history(total: int, precision: Precision, rng: np.random.Generator
+                 ) -> tuple[ScheduleSpace, History, list[Trial]]:
+    target = TARGETS["h100"]
+    shapes = prior_shapes()
+    per_shape = -(-(total - TASK_TRIALS) // len(shapes))
+    prior: list[PriorTrial] = []
+    for shape in shapes:
+        sp = ScheduleSpace(shape, precision, target)
+        idx, lat = measurements(sp, per_shape, rng)
+        prior += [PriorTrial(shape, sched, "ok", float(us))
+                  for sched, us in zip(sp.schedules(idx), lat, strict=True)]
+    prior = prior[: total - TASK_TRIALS]
+    space = ScheduleSpace(RESNET50_3X3["stage3"], precision, target)
+    idx, lat = measurements(space, TASK_TRIALS + 32 * 20, rng)
+    trials = [Trial(int(i), "ok", float(us)) for i, us in zip(idx, lat, strict=True)]
+    # A few failures, as real runs have them.
+    for j in range(0, TASK_TRIALS, 25):
+        trials[j] = Trial(trials[j].index, "runtime_error", None)
+    return space, History(trials=trials[:TASK_TRIALS], prior=prior), trials
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--measurements", type=int, default=50_000)
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--strategies", default="diversity,sa")
+    args = ap.parse_args(argv)
+    rng = np.random.default_rng(0)
+    space, history, more = make_history(args.measurements, Precision.INT8, rng)
+    n_train = len(history.trials) + len(history.prior)
+    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; "
+          f"training set {n_train} measurements ({len(history.prior)} prior over "
+          f"{len({t.shape for t in history.prior})} layers + {len(history.trials)} trials); "
+          f"space {len(space.valid_indices)} valid schedules")
+    for name in args.strategies.split(","):
+        cold, warm = [], []
+        for r in range(args.repeat):
+            model_based._PRIOR_CACHE.clear()
+            strat = make_strategy(name, space, seed=r)
+            h = History(trials=list(history.trials), prior=history.prior)
+            t0 = time.perf_counter()
+            batch = strat.propose(h, 32)
+            cold.append(time.perf_counter() - t0)
+            assert len(batch) == 32
+            # The next batch of the same job: 32 more trials measured. For sa, cross a plan
+            # boundary (64 more) so that its model is retrained too.
+            extra = 64 if name == "sa" else 32
+            h2 = History(trials=list(history.trials) + more[TASK_TRIALS:TASK_TRIALS + extra],
+                         prior=history.prior)
+            t0 = time.perf_counter()
+            batch = strat.propose(h2, 32)
+            warm.append(time.perf_counter() - t0)
+            assert len(batch) == 32
+        print(f"{name:10s} cold median {statistics.median(cold):.3f} s (max {max(cold):.3f})"
+              f"   warm median {statistics.median(warm):.3f} s (max {max(warm):.3f})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,140 @@
+"""XGBoost cost model: scores schedules so that faster ones score higher.
+
+Targets are throughput normalized within each layer (the layer's best measured latency over
+the schedule's latency, so 1.0 is that layer's best). Failed candidates (wrong, compile or
+runtime error, timeout) are kept with throughput 0: the model must learn to avoid them, and
+dropping them would let the search propose their neighbours again and again.
+
+Two losses: `rank` (pairwise ranking within each layer, AutoTVM's default and the paper's)
+and `reg` (squared error on the normalized throughput). Measurements of other layers (the
+History's prior) train a base model once; the task's own trials then boost on top of its
+margin, so transfer costs nothing per batch and the task's data corrects the prior.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import xgboost as xgb
+
+from kernels.spec import Precision, Target
+from search.features import columns_from_schedules, schedule_features
+from search.strategy import PriorTrial
+
+# Beyond this many prior rows a deterministic sample is used: the base model's quality
+# saturates long before and its training time would not fit the explorer's budget.
+MAX_PRIOR_ROWS = 12000
+NTHREAD = 2
+
+
+def normalized_throughput(median_us: np.ndarray, ok: np.ndarray) -> np.ndarray:
+    """best / latency among the ok rows (1.0 at the best), 0.0 for failures."""
+    lat = np.asarray(median_us, dtype=np.float64)
+    good = np.asarray(ok, dtype=bool) & np.isfinite(lat) & (lat > 0)
+    if not good.any():
+        return np.zeros(len(lat))
+    best = lat[good].min()
+    return np.where(good, best / np.where(good, lat, 1.0), 0.0)
+
+
+@dataclass
+class Rows:
+    """A training set: features, targets and the layer each row belongs to."""
+
+    X: np.ndarray
+    y: np.ndarray
+    group: np.ndarray  # int per row; rows of one layer share a group
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+
+def prior_rows(prior: Sequence[PriorTrial], precision: Precision, target: Target,
+               max_rows: int = MAX_PRIOR_ROWS, seed: int = 0) -> Rows | None:
+    """Training rows from measurements of other layers, one group per layer."""
+    if not prior:
+        return None
+    keep = np.arange(len(prior))
+    if len(prior) > max_rows:
+        keep = np.sort(np.random.default_rng(seed).choice(len(prior), max_rows, replace=False))
+    by_shape: dict[object, list[int]] = {}
+    for i in keep:
+        by_shape.setdefault(prior[i].shape, []).append(int(i))
+    xs, ys, gs = [], [], []
+    for g, (shape, rows) in enumerate(by_shape.items()):
+        trials = [prior[i] for i in rows]
+        cols = columns_from_schedules(precision, [t.schedule for t in trials])
+        xs.append(schedule_features(shape, precision, target, cols))
+        lat = np.array([t.median_us if t.median_us is not None else np.inf for t in trials])
+        ys.append(normalized_throughput(lat, np.array([t.status == "ok" for t in trials])))
+        gs.append(np.full(len(rows), g))
+    return Rows(np.vstack(xs), np.concatenate(ys), np.concatenate(gs))
+
+
+class CostModel:
+    """XGBoost booster(s); `fit` retrains from scratch on the rows it is given.
+
+    `bags` > 1 trains that many boosters on row and column subsamples (80%) with their own
+    seeds and averages their margins: with the few dozen trials of a new task a single
+    booster's top picks vary a lot with which trials it saw, and the average varies less.
+    """
+
+    def __init__(self, loss: str = "rank", rounds: int = 100, max_depth: int = 4,
+                 eta: float = 0.2, seed: int = 0, bags: int = 1) -> None:
+        if loss not in ("rank", "reg"):
+            raise ValueError(f"unknown loss {loss!r}: rank or reg")
+        self.loss = loss
+        self.rounds = rounds
+        self.seed = seed
+        self.bags = max(1, int(bags))
+        self.params: dict[str, object] = {
+            "max_depth": max_depth, "eta": eta, "min_child_weight": 1.0, "lambda": 1.0,
+            "subsample": 1.0, "tree_method": "hist", "max_bin": 64, "nthread": NTHREAD,
+            "seed": seed, "verbosity": 0,
+        }
+        if loss == "rank":
+            # Pairs within a layer only; several sampled pairs per row so that small
+            # training sets (one batch) still give the model enough comparisons.
+            self.params.update({"objective": "rank:pairwise",
+                                "lambdarank_pair_method": "mean",
+                                "lambdarank_num_pair_per_sample": 8})
+        else:
+            self.params["objective"] = "reg:squarederror"
+        self.boosters: list[xgb.Booster] = []
+
+    def fit(self, rows: Rows, base_margin: np.ndarray | None = None) -> CostModel:
+        order = np.argsort(rows.group, kind="stable")  # ranking needs rows sorted by group
+        dm = xgb.DMatrix(rows.X[order], label=rows.y[order], nthread=NTHREAD,
+                         base_margin=None if base_margin is None else base_margin[order])
+        if self.loss == "rank":
+            dm.set_group(np.bincount(rows.group[order])[np.unique(rows.group[order])])
+        if self.bags == 1:
+            self.boosters = [xgb.train(self.params, dm, num_boost_round=self.rounds)]
+        else:
+            self.boosters = [
+                xgb.train({**self.params, "seed": self.seed * 1000 + j, "subsample": 0.8,
+                           "colsample_bytree": 0.8}, dm, num_boost_round=self.rounds)
+                for j in range(self.bags)]
+        return self
+
+    def predict(self, X: np.ndarray, base_margin: np.ndarray | None = None) -> np.ndarray:
+        """Higher is faster. Margins (the raw score), so a base model's margin adds up."""
+        if not self.boosters:
+            raise RuntimeError("the cost model is not trained")
+        out = np.mean([np.asarray(b.inplace_predict(X, predict_type="margin"), np.float64)
+                       for b in self.boosters], axis=0)
+        return out if base_margin is None else out + base_margin
+
+
+def pairwise_accuracy(pred: np.ndarray, truth: np.ndarray, max_pairs: int = 200_000,
+                      seed: int = 0) -> float:
+    """Fraction of pairs with different true values that the prediction orders right."""
+    rng = np.random.default_rng(seed)
+    n = len(truth)
+    a = rng.integers(0, n, max_pairs)
+    b = rng.integers(0, n, max_pairs)
+    keep = truth[a] != truth[b]
+    a, b = a[keep], b[keep]
+    return float(np.mean((pred[a] > pred[b]) == (truth[a] > truth[b])))

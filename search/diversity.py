@@ -1,0 +1,120 @@
+"""The paper's diversity-aware explorer (section 3.4) around the XGBoost cost model.
+
+Each batch: retrain the model on every trial (and the prior), then anneal on its score as
+AutoTVM does, except that each walker makes two mutants per iteration, the half of all
+mutants that is most diverse is kept, and only those compete with the walkers (and become
+candidates). The batch is the top (n - n/32) unmeasured candidates plus n/32 random ones
+(31 + 1 for a batch of 32). With no trial measured and no prior, the batch is random.
+
+Diversity of a mutant: how rare its knob values are in the pool (walkers and all mutants),
+averaged over knobs, so the kept half spreads over values the pool has few of; exact
+duplicates (of a walker or an earlier mutant) are kept last. One-shot and vectorized,
+because it runs 500 times per proposal.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from kernels.space import ScheduleSpace
+from search.annealing import anneal
+from search.model_based import ModelBasedStrategy
+from search.moves import Moves
+from search.strategy import History
+
+
+def rarity(moves: Moves, pool: np.ndarray) -> np.ndarray:
+    """Per point of `pool`: mean over knobs of 1 / (how many pool points share its value)."""
+    d = moves.digits(pool)
+    offsets = np.concatenate([[0], np.cumsum(moves.radices)[:-1]])
+    flat = d + offsets
+    counts = np.bincount(flat.ravel(), minlength=int(moves.radices.sum()))
+    return (1.0 / counts[flat]).mean(axis=1)
+
+
+def select_diverse(moves: Moves, points: np.ndarray, scores: np.ndarray,
+                   mutants: np.ndarray, mutant_scores: np.ndarray) -> np.ndarray:
+    """Positions in `mutants` of the most diverse len(points), paired with walker slots.
+
+    `mutants` holds m rounds of one mutant per walker (mutant j belongs to walker j % n).
+    A kept mutant competes for its own walker's slot; a walker whose mutants were both
+    dropped takes the second kept mutant of another walker.
+    """
+    n = len(points)
+    pool = np.concatenate([points, mutants])
+    score = rarity(moves, pool)[n:]
+    # Duplicates and mutants that could not move add nothing new.
+    _, first = np.unique(pool, return_index=True)
+    fresh = np.zeros(len(pool), dtype=bool)
+    fresh[first] = True
+    score = np.where(fresh[n:] & np.isfinite(mutant_scores), score, -1.0)
+    # Most diverse first; ties by model score, then position (deterministic).
+    order = np.lexsort((np.arange(len(mutants)), -mutant_scores, -score))
+    kept = np.zeros(len(mutants), dtype=bool)
+    kept[order[:n]] = True
+
+    m = len(mutants) // n
+    owner = np.arange(len(mutants)) % n
+    slot = np.full(n, -1, dtype=np.int64)
+    spare: list[np.ndarray] = []
+    for r in range(m):
+        pos = np.arange(r * n, (r + 1) * n)
+        k = kept[pos]
+        take = k & (slot[owner[pos]] < 0)
+        slot[owner[pos][take]] = pos[take]
+        spare.append(pos[k & ~take])
+    empty = np.flatnonzero(slot < 0)
+    slot[empty] = np.concatenate(spare)[: len(empty)]
+    return slot
+
+
+def coverage_pick(moves: Moves, candidates: np.ndarray, n: int) -> np.ndarray:
+    """n of the candidates (best first), greedily adding the one that brings the most knob
+    values not yet in the pick; ties go to the better-scored (earlier) candidate."""
+    if len(candidates) <= n:
+        return candidates
+    d = moves.digits(candidates)
+    offsets = np.concatenate([[0], np.cumsum(moves.radices)[:-1]])
+    flat = d + offsets
+    covered = np.zeros(int(moves.radices.sum()), dtype=bool)
+    free = np.ones(len(candidates), dtype=bool)
+    out = []
+    for _ in range(n):
+        gain = np.where(free, (~covered[flat]).sum(axis=1), -1)
+        j = int(np.argmax(gain))  # first maximum: the best-scored among equals
+        out.append(j)
+        free[j] = False
+        covered[flat[j]] = True
+    return candidates[np.array(out)]
+
+
+class DiversityAware(ModelBasedStrategy):
+    name = "diversity"
+
+    def __init__(self, space: ScheduleSpace, seed: int = 0, **options: Any) -> None:
+        options.setdefault("mutants", 2)
+        super().__init__(space, seed=seed, **options)
+        # > 1: take this many times the batch from the annealer's best and keep the batch
+        # that covers the most knob values (AutoTVM's diversity filter on the final pick).
+        self.final_ratio = float(options.get("final_ratio", 1))
+
+    def propose(self, history: History, n: int) -> list[int]:
+        rng = self.rng(history)
+        n_random = n // 32
+        table = self.score_table(history.trials, history.prior)
+        picks: list[int] = []
+        if table is not None:
+            moves = self.moves
+
+            def selector(points: np.ndarray, scores: np.ndarray, mutants: np.ndarray,
+                         mutant_scores: np.ndarray, _rng: np.random.Generator) -> np.ndarray:
+                return select_diverse(moves, points, scores, mutants, mutant_scores)
+
+            want = n - n_random
+            top = anneal(table, moves, self.seen_mask(history),
+                         max(want, int(round(want * self.final_ratio))), rng,
+                         self.anneal_cfg, selector=selector)
+            picks = [int(i) for i in coverage_pick(moves, top, want)]
+        return self.fill_random(picks, history, n, rng)

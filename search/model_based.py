@@ -1,0 +1,155 @@
+"""What the model-based strategies (sa, diversity) share: features of the space, training
+the cost model on the history (and the prior, for transfer), and the score table.
+
+Everything is a function of (seed, history): caches here only save time (the space's
+features, the base model trained on a given prior), so a fresh instance after a restart
+proposes exactly what the old one would have.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from kernels.space import ScheduleSpace
+from search.annealing import AnnealConfig
+from search.cost_model import CostModel, Rows, normalized_throughput, prior_rows
+from search.features import space_features
+from search.moves import Moves
+from search.strategy import History, PriorTrial, Strategy, Trial
+
+# Task rows beyond this are sampled (deterministically) before training; a task never gets
+# near it in practice, but the explorer's time budget must hold whatever the history is.
+MAX_TASK_ROWS = 20000
+
+# Base models trained on a prior, shared by every strategy instance in the process:
+# (target, precision, loss, fingerprint) -> model. Small: one entry per live target.
+_PRIOR_CACHE: dict[tuple[Any, ...], CostModel] = {}
+_PRIOR_CACHE_SIZE = 8
+
+
+def prior_fingerprint(prior: Sequence[PriorTrial]) -> int:
+    """In-process identity of a prior's content, cheap enough for 50,000 trials: the results
+    in order (a measured median is as good as an id). Hashing every schedule dict and shape
+    would cost a good part of the proposal's time budget."""
+    return hash((len(prior), tuple(t.median_us for t in prior),
+                 tuple(t.status for t in prior)))
+
+
+class ModelBasedStrategy(Strategy):
+    """Base of the strategies that rank candidates with the XGBoost cost model."""
+
+    def __init__(self, space: ScheduleSpace, seed: int = 0, **options: Any) -> None:
+        super().__init__(space, seed=seed, **options)
+        self.loss = str(options.get("loss", "rank"))
+        self.rounds = int(options.get("rounds", 100))
+        self.max_depth = int(options.get("max_depth", 4))
+        self.bags = int(options.get("bags", 1))
+        self.anneal_cfg = AnnealConfig(
+            walkers=int(options.get("walkers", 128)), iters=int(options.get("iters", 500)),
+            early_stop=int(options.get("early_stop", 50)),
+            mutants=int(options.get("mutants", 1)),
+            offer_all=bool(int(options.get("offer_all", 0))))
+        self._moves: Moves | None = None
+        self._features: np.ndarray | None = None
+        self._prior_table: tuple[int, np.ndarray, CostModel] | None = None
+
+    # --- cached views of the space ------------------------------------------------------
+    @property
+    def moves(self) -> Moves:
+        if self._moves is None:
+            self._moves = Moves(self.space)
+        return self._moves
+
+    @property
+    def features(self) -> np.ndarray:
+        """Features of every valid schedule, rows in `space.valid_indices` order."""
+        if self._features is None:
+            self._features = space_features(self.space, self.space.valid_indices)
+        return self._features
+
+    def rows_of(self, indices: np.ndarray) -> np.ndarray:
+        return np.searchsorted(self.space.valid_indices, np.asarray(indices, dtype=np.int64))
+
+    def seen_mask(self, history: History) -> np.ndarray:
+        mask = np.zeros(self.space.size, dtype=bool)
+        seen = list(history.seen)
+        if seen:
+            mask[np.asarray(seen, dtype=np.int64)] = True
+        return mask
+
+    # --- the model ----------------------------------------------------------------------
+    def _new_model(self, bags: int = 1) -> CostModel:
+        return CostModel(self.loss, rounds=self.rounds, max_depth=self.max_depth,
+                         seed=self.seed, bags=bags)
+
+    def prior_scores(self, prior: Sequence[PriorTrial], fp: int | None = None
+                     ) -> tuple[np.ndarray, CostModel] | None:
+        """The base model trained on the prior and its scores over the valid space."""
+        if not prior:
+            return None
+        fp = prior_fingerprint(prior) if fp is None else fp
+        if self._prior_table is not None and self._prior_table[0] == fp:
+            return self._prior_table[1], self._prior_table[2]
+        key = (self.space.target.name, self.space.precision.value, self.loss, self.rounds,
+               self.max_depth, fp)
+        model = _PRIOR_CACHE.get(key)
+        if model is None:
+            rows = prior_rows(prior, self.space.precision, self.space.target)
+            if rows is None or not (rows.y > 0).any():
+                return None
+            model = self._new_model().fit(rows)
+            while len(_PRIOR_CACHE) >= _PRIOR_CACHE_SIZE:
+                _PRIOR_CACHE.pop(next(iter(_PRIOR_CACHE)))
+            _PRIOR_CACHE[key] = model
+        table = model.predict(self.features)
+        self._prior_table = (fp, table, model)
+        return table, model
+
+    def score_table(self, trials: Sequence[Trial], prior: Sequence[PriorTrial] = (),
+                    prior_fp: int | None = None) -> np.ndarray | None:
+        """Model score of every index of the space (-inf where invalid), trained on these
+        trials and the prior; None when there is nothing to learn from yet."""
+        base = self.prior_scores(prior, prior_fp)
+        ok = np.array([t.status == "ok" and t.median_us is not None for t in trials], bool)
+        own = None
+        if len(trials) and ok.any():
+            idx = np.array([t.index for t in trials], dtype=np.int64)
+            lat = np.array([t.median_us if t.median_us is not None else np.inf
+                            for t in trials])
+            if len(idx) > MAX_TASK_ROWS:
+                keep = np.sort(np.random.default_rng(self.seed).choice(
+                    len(idx), MAX_TASK_ROWS, replace=False))
+                idx, lat, ok = idx[keep], lat[keep], ok[keep]
+            # Trials outside today's valid space (the space changed since) cannot be rows.
+            inside = np.isin(idx, self.space.valid_indices)
+            idx, lat, ok = idx[inside], lat[inside], ok[inside]
+            if ok.any():
+                X = self.features[self.rows_of(idx)]
+                y = normalized_throughput(lat, ok)
+                # The task's own model is bagged (its data are few); the prior's is not.
+                model = self._new_model(self.bags)
+                margin = None if base is None else base[0][self.rows_of(idx)]
+                model.fit(Rows(X, y, np.zeros(len(y), dtype=np.int64)), base_margin=margin)
+                own = model.predict(self.features,
+                                    base_margin=None if base is None else base[0])
+        scores = own if own is not None else (None if base is None else base[0])
+        if scores is None:
+            return None
+        table = np.full(self.space.size, -np.inf)
+        table[self.space.valid_indices] = scores
+        return table
+
+    # --- filling a batch -----------------------------------------------------------------
+    def fill_random(self, picks: list[int], history: History, n: int,
+                    rng: np.random.Generator) -> list[int]:
+        """Top up `picks` to n with random unseen valid schedules (distinct)."""
+        if len(picks) >= n:
+            return picks[:n]
+        left = self.unseen_valid(history)
+        if picks:
+            left = left[~np.isin(left, np.asarray(picks, dtype=np.int64))]
+        extra = rng.choice(left, size=min(n - len(picks), len(left)), replace=False)
+        return picks + [int(i) for i in extra]

@@ -1,0 +1,98 @@
+"""Features and the XGBoost cost model on recorded datasets."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kernels.space import ScheduleSpace
+from kernels.spec import RESNET50_3X3, TARGETS, Precision
+from search.cost_model import CostModel, Rows, normalized_throughput, pairwise_accuracy
+from search.datasets import load_dataset
+from search.features import columns_from_schedules, feature_names, space_features
+
+REPLAY = Path(__file__).resolve().parent.parent / "bench" / "data" / "replay"
+
+
+def test_features_are_finite_named_and_match_row_by_row() -> None:
+    space = ScheduleSpace(RESNET50_3X3["stage3"], Precision.FP16, TARGETS["h100"])
+    idx = np.random.default_rng(0).choice(space.valid_indices, 300, replace=False)
+    X = space_features(space, idx)
+    assert X.shape == (300, len(feature_names(Precision.FP16)))
+    assert np.isfinite(X).all()
+    # Vectorized over many schedules == one at a time, and from dicts == from indices.
+    one = np.vstack([space_features(space, np.array([i])) for i in idx[:20]])
+    np.testing.assert_allclose(one, X[:20])
+    from search.features import schedule_features
+    cols = columns_from_schedules(Precision.FP16, space.schedules(idx[:20]))
+    np.testing.assert_allclose(schedule_features(space.shape, Precision.FP16, space.target,
+                                                 cols), X[:20])
+
+
+def test_shape_features_tell_layers_apart_and_knob_columns_do_not_depend_on_them() -> None:
+    names = feature_names(Precision.INT8)
+    a = ScheduleSpace(RESNET50_3X3["stage2"], Precision.INT8, TARGETS["h100"])
+    b = ScheduleSpace(RESNET50_3X3["stage5"], Precision.INT8, TARGETS["h100"])
+    sched = a.schedule_at(int(a.valid_indices[100]))
+    xa = space_features(a, np.array([a.index_of(sched)]))[0]
+    xb = space_features(b, np.array([b.index_of(sched)]))[0]
+    knob_cols = [i for i, n in enumerate(names) if not n.startswith(("d:", "s:"))]
+    np.testing.assert_array_equal(xa[knob_cols], xb[knob_cols])
+    shape_cols = [i for i, n in enumerate(names) if n.startswith("s:")]
+    assert (xa[shape_cols] != xb[shape_cols]).sum() >= 4
+    # Derived: the wider the block's M extent, the more of its 3x3 im2col rows share pixels.
+    X = space_features(a, a.valid_indices)
+    bm, dup = X[:, names.index("d:block_m")], X[:, names.index("d:dup_ratio")]
+    assert np.median(dup[bm == bm.max()]) > 2 * np.median(dup[bm == bm.min()])
+
+
+def test_normalized_throughput_keeps_failures_at_zero() -> None:
+    y = normalized_throughput(np.array([10.0, 20.0, np.inf, 5.0]),
+                              np.array([True, True, False, True]))
+    np.testing.assert_allclose(y, [0.5, 0.25, 0.0, 1.0])
+    assert not normalized_throughput(np.array([np.inf]), np.array([False])).any()
+
+
+@pytest.mark.parametrize("dataset", ["sim_stage2_int8_h100_paper6", "sim_stage5_fp16_h100_wide"])
+@pytest.mark.parametrize("loss", ["rank", "reg"])
+def test_ranking_accuracy_on_held_out_schedules(dataset: str, loss: str) -> None:
+    ds = load_dataset(REPLAY / f"{dataset}.jsonl.gz")
+    v = ds.space.valid_indices
+    X = space_features(ds.space, v)
+    truth = ds.throughput(v)
+    accs = []
+    for seed in range(3):
+        perm = np.random.default_rng(seed).permutation(len(v))
+        train, test = perm[:200], perm[200:]
+        y = normalized_throughput(ds.median_us[v[train]], np.isfinite(ds.median_us[v[train]]))
+        model = CostModel(loss, seed=seed).fit(Rows(X[train], y, np.zeros(200, np.int64)))
+        accs.append(pairwise_accuracy(model.predict(X[test]), truth[test]))
+    assert min(accs) > 0.7, accs
+
+
+def test_failed_candidates_teach_the_model_to_avoid_their_region() -> None:
+    """Mark every CHUNK=1 schedule as failed: trained with the failures kept (throughput 0),
+    the model scores held-out CHUNK=1 schedules below the rest."""
+    ds = load_dataset(REPLAY / "sim_stage3_fp16_h100_paper6.jsonl.gz")
+    v = ds.space.valid_indices
+    X = space_features(ds.space, v)
+    chunk1 = ds.space.columns(v)["CHUNK"] == 1
+    perm = np.random.default_rng(0).permutation(len(v))
+    train, test = perm[:150], perm[150:]
+    ok = ~chunk1[train]
+    y = normalized_throughput(np.where(ok, ds.median_us[v[train]], np.inf), ok)
+    model = CostModel("rank").fit(Rows(X[train], y, np.zeros(150, np.int64)))
+    pred = model.predict(X[test])
+    assert np.median(pred[chunk1[test]]) < np.quantile(pred[~chunk1[test]], 0.1)
+
+
+def test_base_margin_adds_a_prior_models_scores() -> None:
+    ds = load_dataset(REPLAY / "sim_stage4_fp16_h100_paper6.jsonl.gz")
+    v = ds.space.valid_indices[:300]
+    X = space_features(ds.space, v)
+    y = ds.throughput(v)
+    base = np.linspace(-1, 1, len(v))
+    m = CostModel("reg", rounds=5).fit(Rows(X, y, np.zeros(len(v), np.int64)), base_margin=base)
+    np.testing.assert_allclose(m.predict(X, base_margin=base) - m.predict(X), base, atol=1e-5)
