@@ -27,6 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from kernels.build import cubin_path, load_meta
+from kernels.launch import alloc_scratch, load_function
+from kernels.launch import launch as launch_kernel
 from kernels.reference import (
     Problem,
     check_output,
@@ -65,10 +67,7 @@ class DeviceSession:
         if key in self._modules:
             self._modules.move_to_end(key)
             return self._modules[key][1]
-        mod = self.cp.RawModule(path=str(cubin_path(cache_dir, key)))
-        fn = mod.get_function(meta["kernel"])
-        if meta["smem_bytes"] > 48 * 1024:
-            fn.max_dynamic_shared_size_bytes = int(meta["smem_bytes"])
+        mod, fn = load_function(cubin_path(cache_dir, key), meta)
         self._modules[key] = (mod, fn)
         while len(self._modules) > self._max_modules:
             self._modules.popitem(last=False)
@@ -118,13 +117,11 @@ class DeviceSession:
             else 1
         dev = self.inputs(prob, layout, n_sets)
         ys = [cp.empty(y_bytes, dtype=cp.uint8) for _ in range(n_sets)]
-        ws = cp.zeros(max(1, meta["workspace_bytes"] // 4), dtype=cp.uint32)
-        counters = cp.zeros(max(1, meta["counters"]), dtype=cp.uint32)
-        grid, block, smem = tuple(meta["grid"]), tuple(meta["block"]), int(meta["smem_bytes"])
+        ws, counters = alloc_scratch(meta)
 
         def launch(i: int) -> None:
-            fn(grid, block, (dev["x"][i], dev["w"][i], dev["scale"], dev["bias"], ys[i], ws,
-                             counters), shared_mem=smem)
+            launch_kernel(fn, meta, dev["x"][i], dev["w"][i], dev["scale"], dev["bias"], ys[i],
+                          ws, counters)
 
         # Correctness: poisoned output, one launch, exact / tolerance compare.
         ys[0].fill(POISON)

@@ -1,0 +1,627 @@
+"""Deploy-time runtime: a conv op built from a tuned schedule, run on CuPy or PyTorch tensors.
+
+    from kernels.runtime import Conv2d, from_service
+    conv = Conv2d(shape, "int8", schedule, target="h100", epilogue="requant", relu=True)
+    y = conv(x, w, scale=s, bias=b)          # CuPy arrays or torch CUDA tensors, NHWC
+    conv = from_service("http://tctune:8000", shape, "fp16", "h100")   # best tuned schedule
+
+Construction validates the schedule (`kernels.space`), compiles it through NVRTC with the
+disk cache (`kernels.build`; no GPU needed) and computes the tensor contract. A call
+validates every argument (shape, dtype, device, contiguity, alignment; a clear
+ValueError/TypeError names the argument and what was expected), takes torch tensors
+through DLPack (zero copy) and launches on the caller's current stream
+(`torch.cuda.current_stream()` for torch tensors, `cupy.cuda.get_current_stream()` for CuPy
+arrays). The launch itself is `kernels.launch`, shared with the measurement runner.
+
+Tensor contract (storage shapes; `conv.input_shape` etc. say it for a given op):
+  x  NHWC [N][H][W][Cp]  or, when the schedule's LAYOUT is "nhwcnc",
+     NHWCnc [N/8][H][W][Cp/c][8][c] (`conv.to_input_layout(x_nhwc)` converts);
+     Cp = C rounded up to a 16-byte channel vector (8 fp16 / 16 int8 / 32 int4 channels).
+     Pass Cp channels with the extra ones zero (zero copy), or C channels and the op pads
+     into its own buffer (one device copy per call; the ResNet-50 stem's C=3 is this case).
+  w  KRSC [K][R][S][Cp] (or C, padded the same way; `conv.prepare_weight` pads once and
+     also takes PyTorch's KCRS layout).
+  scale, bias  float32 [K]: int8/int4 "requant" y = clamp(round(acc*scale[k] + bias[k]));
+     fp16 "bias" adds bias[k] (None: zero). "acc" (no epilogue) writes raw int32 accumulators.
+  y  NHWC [N][P][Q][K] (or NHWCnc like x) of `conv.output_dtype`: int8 / int4 packed two per
+     byte (uint8) / int32 / float16; allocated in the caller's framework unless `out=` is given.
+  int4 activations and weights are packed two per byte (uint8), element 2i in the low nibble.
+
+Graph capture: call the op once on a stream before capturing it; that first call allocates the
+op's per-stream scratch (split-K workspace and counters). Launches of one op on two streams
+at once each get their own scratch; calls on one stream run one after another.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kernels.build import DEFAULT_EPILOGUE, BuildJob, BuildResult, Epilogue, build, cubin_path
+from kernels.space import (
+    NHWCNC_BATCH_BLOCK,
+    Schedule,
+    ScheduleSpace,
+    channel_vector,
+    geometry,
+    int4_via_s8,
+    knobs_for,
+    padded_channels,
+    schedule_problems,
+)
+from kernels.spec import (
+    RESNET50_3X3,
+    ConvShape,
+    Precision,
+    Target,
+    get_target,
+    target_for_gpu_model,
+)
+
+CACHE_ENV = "TCTUNE_KERNEL_CACHE"
+ALIGN = 16  # the kernel moves 16-byte vectors of x, w and y
+
+
+class DefaultScheduleWarning(UserWarning):
+    """An op runs a default schedule because no tuned one was given or found."""
+
+
+def default_cache_dir() -> Path:
+    env = os.environ.get(CACHE_ENV)
+    return Path(env) if env else Path.home() / ".cache" / "tctune" / "kernels"
+
+
+# ---- default schedules -------------------------------------------------------------------
+_KNOB_ORDER = ("BLK_ROW_WARPS", "BLK_COL_WARPS", "WARP_ROW_TILES", "WARP_COL_TILES", "CHUNK",
+               "REORDER_INNER", "DUP_AWARE", "PACK_OUT", "LAYOUT", "STAGES", "SPLIT_K")
+
+
+def _sched(*values: Any) -> Schedule:
+    return dict(zip(_KNOB_ORDER, values, strict=True))
+
+
+# The exhaustively tuned bests of ResNet-50's 3x3 layers at batch 8, measured on an NVIDIA
+# H200 (sm_90; bench/data/conv_vs_cudnn.json, 'tuned' rows). They are the starting points of
+# every default: the one of the nearest GEMM shape is taken, adapted to the target's rules.
+RECORDED_BESTS: dict[str, list[tuple[str, ConvShape, Schedule]]] = {
+    "int8": [
+        ("stage2", RESNET50_3X3["stage2"], _sched(4, 1, 2, 4, 2, 0, 0, 0, "nhwc", 3, 1)),
+        ("stage3", RESNET50_3X3["stage3"], _sched(4, 1, 1, 4, 4, 0, 0, 1, "nhwc", 3, 1)),
+        ("stage4", RESNET50_3X3["stage4"], _sched(1, 4, 2, 2, 4, 0, 0, 1, "nhwc", 3, 2)),
+        ("stage5", RESNET50_3X3["stage5"], _sched(2, 4, 2, 2, 8, 0, 0, 0, "nhwc", 2, 4)),
+    ],
+    "fp16": [
+        ("stage2", RESNET50_3X3["stage2"], _sched(4, 2, 4, 4, 2, 1, 1, 1, "nhwc", 3, 1)),
+        ("stage3", RESNET50_3X3["stage3"], _sched(2, 2, 2, 2, 8, 0, 0, 1, "nhwc", 3, 1)),
+        ("stage4", RESNET50_3X3["stage4"], _sched(1, 4, 2, 4, 4, 0, 0, 0, "nhwc", 3, 4)),
+        ("stage5", RESNET50_3X3["stage5"], _sched(2, 2, 2, 4, 4, 1, 0, 1, "nhwc", 3, 4)),
+    ],
+}
+
+
+# The default for a layer that is none of the four: stage3's best. Over the other 19 conv
+# shapes of ResNet-50 (batch 8, H200, bench/data/resnet50_e2e.json) it ran at a geometric
+# mean of 1.09x (int8) / 1.20x (fp16) of each layer's searched best; the recorded best of
+# the nearest GEMM shape, the first rule, gave 1.23x / 1.24x.
+PREFERRED_DEFAULT = "stage3"
+
+
+def _gemm_distance(a: ConvShape, b: ConvShape) -> float:
+    return sum(abs(math.log2(x) - math.log2(y)) for x, y in
+               ((a.gemm_m, b.gemm_m), (a.gemm_n, b.gemm_n), (a.gemm_k, b.gemm_k)))
+
+
+def _adapt(schedule: Mapping[str, Any], precision: Precision, target: Target) -> Schedule:
+    """A recorded schedule made structurally right for another precision / arch."""
+    s = dict(schedule)
+    if "SPLIT" in knobs_for(precision):
+        s.setdefault("SPLIT", "scaled3")
+    if target.sm < 80 or int4_via_s8(precision, target.sm):
+        s["STAGES"] = min(int(s["STAGES"]), 2)  # register-staged pipelines: 2 stages at most
+    return s
+
+
+def _epilogue_smem_ok(shape: ConvShape, precision: Precision, target: Target,
+                      cols: Mapping[str, np.ndarray], epilogue: Epilogue) -> np.ndarray:
+    """`is_valid` sizes shared memory for the tuned (requantized) output; raw int32 output
+    stages wider tiles, which must fit too."""
+    g = geometry(shape, precision, target, cols, out_bits=epilogue.out_bits(precision))
+    return np.asarray(g.smem_bytes <= target.smem_per_block_kib * 1024)
+
+
+def schedule_fits(shape: ConvShape, precision: Precision, target: Target,
+                  schedule: Mapping[str, Any], epilogue: Epilogue = DEFAULT_EPILOGUE
+                  ) -> str | None:
+    """None if the schedule can build and launch for this layer and epilogue, else why not."""
+    p = Precision(precision)
+    probs = schedule_problems(p, schedule)
+    if probs:
+        return "; ".join(f"{k}: {v}" for k, v in probs)
+    space = ScheduleSpace(shape, p, target)
+    if not space.is_valid(schedule):
+        cols = space.columns(np.array([space.index_of(schedule)]))
+        smem = int(geometry(shape, p, target, cols).smem_bytes[0])
+        if smem > target.smem_per_block_kib * 1024:
+            return (f"needs {smem} bytes of shared memory; {target.name} allows "
+                    f"{target.smem_per_block_kib * 1024}")
+        return ("breaks a rule of kernels.space.validity (registers per thread, pipeline "
+                "stages on this arch, or NHWCnc needs N % 8 == 0 and whole channel vectors)")
+    cols = space.columns(np.array([space.index_of(schedule)]))
+    if not _epilogue_smem_ok(shape, p, target, cols, epilogue.resolved(p))[0]:
+        return f"its {epilogue.resolved(p).mode!r} epilogue tile does not fit in shared memory"
+    return None
+
+
+def default_schedule(shape: ConvShape, precision: Precision | str, target: Target | str,
+                     epilogue: Epilogue = DEFAULT_EPILOGUE) -> tuple[Schedule, str]:
+    """A sound schedule for a layer nobody tuned, and where it came from.
+
+    The recorded best (H200, ResNet-50 3x3, batch 8) of the same layer, else stage3's (see
+    PREFERRED_DEFAULT), else that of the nearest GEMM shape, the first of them valid here;
+    if none is, the valid schedule that differs from the first in the fewest knobs.
+    """
+    p = Precision(precision)
+    t = get_target(target) if isinstance(target, str) else target
+    epi = epilogue.resolved(p)
+    table = RECORDED_BESTS["int8" if p.is_integer else "fp16"]
+    ranked = sorted(table, key=lambda row: (row[1] != shape, row[0] != PREFERRED_DEFAULT,
+                                            _gemm_distance(row[1], shape)))
+    for name, _, sched in ranked:
+        s = _adapt(sched, p, t)
+        if schedule_fits(shape, p, t, s, epi) is None:
+            return s, f"recorded best of ResNet-50 {name} (H200, batch 8)"
+    name, _, sched = ranked[0]
+    pref = _adapt(sched, p, t)
+    space = ScheduleSpace(shape, p, t)
+    idx = space.valid_indices
+    if len(idx):
+        idx = idx[_epilogue_smem_ok(shape, p, t, space.columns(idx), epi)]
+    if not len(idx):
+        raise ValueError(f"no schedule of the space is valid for {shape.key()} {p.value} "
+                         f"on {t.name}")
+    want = space.digits(np.array([space.index_of(pref)]))[0]
+    changed = (space.digits(idx) != want).sum(axis=1)
+    best = int(idx[int(np.argmin(changed))])
+    return (space.schedule_at(best),
+            f"nearest valid schedule to the recorded best of ResNet-50 {name} "
+            f"({int(changed.min())} knobs changed)")
+
+
+# ---- tensor contract ---------------------------------------------------------------------
+def _storage(channels: int, bits: int) -> int:
+    """Elements of storage for `channels` values (int4: two per byte)."""
+    return channels // 2 if bits == 4 else channels
+
+
+def _dtype_for(bits: int, precision: Precision) -> str:
+    if bits == 4:
+        return "uint8"
+    if bits == 8:
+        return "int8"
+    if bits == 16:
+        return "float16"
+    return "int32" if precision.is_integer else "float32"
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """What one argument must be: storage shape(s) accepted and dtype(s)."""
+
+    name: str
+    shapes: tuple[tuple[int, ...], ...]
+    dtypes: tuple[str, ...]
+    what: str  # the layout in words, for error messages
+
+    def describe_shapes(self) -> str:
+        return " or ".join(str(s) for s in self.shapes)
+
+
+def _framework(t: Any) -> str:
+    mod = type(t).__module__
+    if mod.startswith("torch"):
+        return "torch"
+    if mod.startswith("cupy"):
+        return "cupy"
+    return mod.split(".")[0] or "unknown"
+
+
+def _dtype_name(t: Any) -> str:
+    d = t.dtype
+    name = getattr(d, "name", None)  # numpy / CuPy dtypes
+    if isinstance(name, str):
+        return name
+    return str(d).removeprefix("torch.")  # torch.int8 -> int8
+
+
+def _is_contiguous(t: Any, fw: str) -> bool:
+    if fw == "torch":
+        return bool(t.is_contiguous())
+    flags = getattr(t, "flags", None)
+    return bool(flags["C_CONTIGUOUS"]) if flags is not None else True
+
+
+def _device_of(t: Any, fw: str) -> int | None:
+    """CUDA device index, or None when the tensor is not on a GPU."""
+    if fw == "torch":
+        return int(t.device.index) if t.device.type == "cuda" else None
+    if fw == "cupy":
+        return int(t.device.id)
+    return None
+
+
+def _data_ptr(t: Any, fw: str) -> int:
+    return int(t.data_ptr()) if fw == "torch" else int(t.data.ptr)
+
+
+def check_tensor(t: Any, spec: TensorSpec, framework: str | None = None,
+                 device: int | None = None, align: int = ALIGN) -> tuple[str, int]:
+    """Validate one argument against its spec; returns (framework, device).
+
+    Raises TypeError (not an array of a supported framework, mixed frameworks, wrong dtype)
+    or ValueError (shape, device, contiguity, alignment), naming the argument."""
+    fw = _framework(t)
+    if fw not in ("torch", "cupy"):
+        raise TypeError(f"{spec.name} must be a CuPy array or a PyTorch CUDA tensor, got "
+                        f"{type(t).__module__}.{type(t).__name__}")
+    if framework is not None and fw != framework:
+        raise TypeError(f"{spec.name} is a {fw} array but x is a {framework} one: pass every "
+                        f"tensor of a call from one framework")
+    dt = _dtype_name(t)
+    if dt not in spec.dtypes:
+        raise TypeError(f"{spec.name} must have dtype {' or '.join(spec.dtypes)}, got {dt}")
+    shape = tuple(int(v) for v in t.shape)
+    if shape not in spec.shapes:
+        raise ValueError(f"{spec.name} must have shape {spec.describe_shapes()} ({spec.what}), "
+                         f"got {shape}")
+    dev = _device_of(t, fw)
+    if dev is None:
+        raise ValueError(f"{spec.name} must be on a CUDA device, got {t.device}")
+    if device is not None and dev != device:
+        raise ValueError(f"{spec.name} is on cuda:{dev} but x is on cuda:{device}")
+    if not _is_contiguous(t, fw):
+        raise ValueError(f"{spec.name} must be C-contiguous ({spec.what}); a permuted or "
+                         f"strided view is not (call .contiguous() / cupy.ascontiguousarray)")
+    if _data_ptr(t, fw) % align:
+        raise ValueError(f"{spec.name} must start on a {align}-byte boundary (is it a view at "
+                         f"an offset?); pass a freshly allocated tensor")
+    return fw, dev
+
+
+def _to_blocked(t: Any, vector: int) -> Any:
+    """[N][H][W][C] -> [N/8][H][W][C/v][8][v], for torch, CuPy or numpy arrays."""
+    n, h, w, c = (int(v) for v in t.shape)
+    nb = NHWCNC_BATCH_BLOCK
+    if n % nb or c % vector:
+        raise ValueError(f"NHWCnc needs N % {nb} == 0 and C % {vector} == 0, got {tuple(t.shape)}")
+    v = t.reshape(n // nb, nb, h, w, c // vector, vector)
+    perm = (0, 2, 3, 4, 1, 5)
+    if hasattr(v, "permute"):
+        return v.permute(*perm).contiguous()
+    return v.transpose(perm).copy()
+
+
+def _from_blocked(t: Any) -> Any:
+    """[N/8][H][W][C/v][8][v] -> [N][H][W][C]."""
+    nb8, h, w, cb, nb, cv = (int(v) for v in t.shape)
+    perm = (0, 4, 1, 2, 3, 5)
+    v = t.permute(*perm).contiguous() if hasattr(t, "permute") else t.transpose(perm).copy()
+    return v.reshape(nb8 * nb, h, w, cb * cv)
+
+
+# ---- the op ------------------------------------------------------------------------------
+def _resolve_target(target: Target | str | None) -> Target:
+    if isinstance(target, Target):
+        return target
+    if target is not None:
+        return get_target(target)
+    try:
+        import cupy
+
+        dev = cupy.cuda.Device().id
+        name = cupy.cuda.runtime.getDeviceProperties(dev)["name"]
+    except Exception as e:  # no CuPy, no driver, no GPU
+        raise ValueError(f"target=None means 'this GPU', but none could be queried ({e!r}); "
+                         f"name one: {', '.join(_target_names())}") from None
+    name = name.decode() if isinstance(name, bytes) else str(name)
+    t = target_for_gpu_model(name)
+    if t is None:
+        raise ValueError(f"GPU {name!r} is not a known target; name one: "
+                         f"{', '.join(_target_names())}")
+    return t
+
+
+def _target_names() -> list[str]:
+    from kernels.spec import TARGETS
+
+    return list(TARGETS)
+
+
+class Conv2d:
+    """A tuned conv layer: `y = conv(x, weight, scale=None, bias=None, out=None)`.
+
+    shape      the layer (ConvShape: NHWC activations, KRSC weights, groups=1)
+    precision  "int8", "fp16", "int4" (or "fp32_tc" where the kernel supports it)
+    schedule   a tuned schedule (knob -> value); None: a default with a DefaultScheduleWarning
+    target     "h100", a Target, or None for the current GPU (needs CuPy and a GPU)
+    epilogue   "requant" (int: int8/int4 out) / "bias" (fp16) / "acc" (int32 accumulators,
+               or plain fp16) / "default" (requant or bias), or an `Epilogue`
+    relu       clamp at zero in the epilogue
+    cache_dir  where cubins are built and kept (default $TCTUNE_KERNEL_CACHE or
+               ~/.cache/tctune/kernels)
+    """
+
+    def __init__(self, shape: ConvShape, precision: Precision | str,
+                 schedule: Mapping[str, Any] | None = None, target: Target | str | None = None,
+                 *, epilogue: Epilogue | str = "default", relu: bool = False,
+                 cache_dir: str | os.PathLike[str] | None = None) -> None:
+        self.shape = shape
+        self.precision = Precision(precision)
+        self.target = _resolve_target(target)
+        p, t = self.precision, self.target
+        epi = epilogue if isinstance(epilogue, Epilogue) else \
+            Epilogue("acc" if epilogue == "none" else epilogue, relu)
+        self.epilogue = epi.resolved(p)
+        problems = shape.problems(p, t)
+        if problems:
+            raise ValueError(f"layer {shape.key()} cannot run as {p.value}: "
+                             + "; ".join(f"{k}: {v}" for k, v in problems))
+        if schedule is None:
+            sched, src = default_schedule(shape, p, t, self.epilogue)
+            warnings.warn(f"no tuned schedule for {shape.key()} {p.value} on {t.name}: using "
+                          f"the default ({src}); tune the layer (tctune tune / POST /tune) "
+                          f"for its best", DefaultScheduleWarning, stacklevel=2)
+            self.schedule: Schedule = sched
+            self.schedule_source = f"default: {src}"
+        else:
+            why = schedule_fits(shape, p, t, schedule, self.epilogue)
+            if why:
+                raise ValueError(f"schedule is not valid for {shape.key()} {p.value} on "
+                                 f"{t.name}: {why}")
+            self.schedule = dict(schedule)
+            self.schedule_source = "given"
+        self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+        res: BuildResult = build(BuildJob(shape, p, t.sm, self.schedule, self.epilogue),
+                                 self.cache_dir)
+        if res.status != "ok":
+            raise RuntimeError(f"building {shape.key()} {p.value} for sm_{t.sm} failed: "
+                               f"{res.log[-3000:]}")
+        self.build_result = res
+        self.key = res.key
+        self.meta = res.meta
+        self.layout: str = self.schedule["LAYOUT"]
+        self._init_contract()
+        self._fns: dict[int, tuple[Any, Any]] = {}
+        self._scratch: dict[tuple[int, int], dict[str, Any]] = {}
+        self._streams: dict[int, Any] = {}
+
+    # ---- contract ------------------------------------------------------------------------
+    def _init_contract(self) -> None:
+        sh, p = self.shape, self.precision
+        in_bits, out_bits = p.input_bits, int(self.meta["out_bits"])
+        self.padded_channels = cp = padded_channels(sh, p)
+        self.input_dtype = _dtype_for(in_bits, p)
+        self.output_dtype = _dtype_for(out_bits, p)
+        in_dtypes = (self.input_dtype, "int8") if in_bits == 4 else (self.input_dtype,)
+        cv = channel_vector(p)
+        nb = NHWCNC_BATCH_BLOCK
+        if self.layout == "nhwcnc":
+            self.input_shape = (sh.n // nb, sh.h, sh.w, cp // cv, nb, _storage(cv, in_bits))
+            co = 128 // out_bits
+            self.output_shape = (sh.n // nb, sh.p, sh.q, sh.k // co, nb, _storage(co, out_bits))
+            x_shapes = (self.input_shape,)
+            what_x, what_y = "NHWCnc [N/8][H][W][C/c][8][c]", "NHWCnc [N/8][P][Q][K/c][8][c]"
+        else:
+            self.input_shape = (sh.n, sh.h, sh.w, _storage(cp, in_bits))
+            self.output_shape = (sh.n, sh.p, sh.q, _storage(sh.k, out_bits))
+            x_shapes = (self.input_shape,)
+            if cp != sh.c:
+                x_shapes += ((sh.n, sh.h, sh.w, _storage(sh.c, in_bits)),)
+            what_x = (f"NHWC, channels zero-padded to {cp}" if cp != sh.c else "NHWC")
+            what_y = "NHWC"
+        self.weight_shape = (sh.k, sh.r, sh.s, _storage(cp, in_bits))
+        w_shapes = (self.weight_shape,)
+        if cp != sh.c:
+            w_shapes += ((sh.k, sh.r, sh.s, _storage(sh.c, in_bits)),)
+        unit = " (int4 packed two per byte)" if in_bits == 4 else ""
+        self.specs = {
+            "x": TensorSpec("x", x_shapes, in_dtypes, what_x + unit),
+            "weight": TensorSpec("weight", w_shapes, in_dtypes,
+                                 f"KRSC, channels zero-padded to {cp}{unit}" if cp != sh.c
+                                 else f"KRSC{unit}"),
+            "scale": TensorSpec("scale", ((sh.k,),), ("float32",), "one per output channel"),
+            "bias": TensorSpec("bias", ((sh.k,),), ("float32",), "one per output channel"),
+            "out": TensorSpec("out", (self.output_shape,), (self.output_dtype,), what_y),
+        }
+
+    @property
+    def needs_scale(self) -> bool:
+        return self.precision.is_integer and self.epilogue.mode == "requant"
+
+    @property
+    def uses_bias(self) -> bool:
+        return self.epilogue.mode in ("requant", "bias")
+
+    def validate(self, x: Any, weight: Any, scale: Any = None, bias: Any = None,
+                 out: Any = None) -> tuple[str, int]:
+        """Check every argument of a call (no GPU work); returns (framework, device)."""
+        fw, dev = check_tensor(x, self.specs["x"])
+        check_tensor(weight, self.specs["weight"], fw, dev)
+        if scale is None and self.needs_scale:
+            raise ValueError("scale is required: the requant epilogue computes "
+                             "clamp(round(acc*scale[k] + bias[k])) (float32 [K])")
+        if scale is not None:
+            if not self.needs_scale:
+                raise ValueError(f"scale is not used by the {self.epilogue.mode!r} epilogue of "
+                                 f"{self.precision.value}; pass None")
+            check_tensor(scale, self.specs["scale"], fw, dev, align=4)
+        if bias is not None:
+            if not self.uses_bias:
+                raise ValueError(f"bias is not used by the {self.epilogue.mode!r} epilogue; "
+                                 f"build the op with epilogue='bias'/'requant' or pass None")
+            check_tensor(bias, self.specs["bias"], fw, dev, align=4)
+        if out is not None:
+            check_tensor(out, self.specs["out"], fw, dev)
+        return fw, dev
+
+    # ---- helpers for callers -------------------------------------------------------------
+    def to_input_layout(self, x_nhwc: Any) -> Any:
+        """NHWC storage [N][H][W][Cp] -> what this op reads (NHWCnc when the schedule says so)."""
+        if self.layout != "nhwcnc":
+            return x_nhwc
+        return _to_blocked(x_nhwc, self.input_shape[-1])
+
+    def from_output_layout(self, y: Any) -> Any:
+        """This op's output -> NHWC storage [N][P][Q][K]."""
+        return _from_blocked(y) if self.layout == "nhwcnc" else y
+
+    def prepare_weight(self, w: Any, layout: str = "krsc") -> Any:
+        """Weights as the kernel reads them (KRSC, channels zero-padded), once: a new
+        contiguous tensor of the same framework. layout "kcrs" is PyTorch's conv weight."""
+        fw = _framework(w)
+        if layout == "kcrs":
+            if self.precision.input_bits == 4:
+                raise ValueError("int4 weights come packed in KRSC; kcrs is not supported")
+            w = w.permute(0, 2, 3, 1) if fw == "torch" else w.transpose(0, 2, 3, 1)
+        elif layout != "krsc":
+            raise ValueError(f"layout must be 'krsc' or 'kcrs', got {layout!r}")
+        want = self.weight_shape
+        shape = tuple(int(v) for v in w.shape)
+        if shape[:3] != want[:3] or shape[3] > want[3]:
+            raise ValueError(f"weight must have shape {want[:3]} + (channels <= {want[3]},) "
+                             f"after the layout change, got {shape}")
+        if fw == "torch":
+            import torch
+
+            w = w.detach()
+            buf = torch.zeros(want, dtype=w.dtype, device=w.device)
+        else:
+            import cupy
+
+            buf = cupy.zeros(want, dtype=w.dtype)
+        buf[..., : shape[3]] = w
+        return buf
+
+    # ---- launch --------------------------------------------------------------------------
+    def _function(self, dev: int) -> Any:
+        if dev not in self._fns:
+            from kernels.launch import load_function
+
+            self._fns[dev] = load_function(cubin_path(self.cache_dir, self.key), self.meta)
+        return self._fns[dev][1]
+
+    def _scratch_for(self, dev: int, stream_ptr: int) -> dict[str, Any]:
+        k = (dev, stream_ptr)
+        if k not in self._scratch:
+            import cupy
+
+            from kernels.launch import alloc_scratch
+
+            ws, counters = alloc_scratch(self.meta)
+            self._scratch[k] = {"ws": ws, "counters": counters,
+                                "zeros_k": cupy.zeros(self.shape.k, dtype=cupy.float32)}
+        return self._scratch[k]
+
+    def _padded(self, scratch: dict[str, Any], name: str, a: Any, full: tuple[int, ...]) -> Any:
+        """A narrow-channel tensor copied into the op's zero-padded buffer (per stream)."""
+        if tuple(a.shape) == full:
+            return a
+        import cupy
+
+        buf = scratch.get(name)
+        if buf is None:
+            buf = scratch[name] = cupy.zeros(full, dtype=a.dtype)
+        buf[..., : a.shape[-1]] = a
+        return buf
+
+    def _enqueue(self, dev: int, stream_ptr: int, x: Any, w: Any, scale: Any, bias: Any,
+                 y: Any) -> None:
+        """Launch on CuPy's current stream (the caller's), all arguments CuPy arrays."""
+        from kernels.launch import launch
+
+        fn = self._function(dev)
+        sc = self._scratch_for(dev, stream_ptr)
+        x = self._padded(sc, "x_pad", x, self.input_shape)
+        w = self._padded(sc, "w_pad", w, self.weight_shape)
+        zeros = sc["zeros_k"]
+        launch(fn, self.meta, x, w, zeros if scale is None else scale,
+               zeros if bias is None else bias, y, sc["ws"], sc["counters"])
+
+    def _stream(self, ptr: int) -> Any:
+        import cupy
+
+        if ptr == 0:
+            return cupy.cuda.Stream.null
+        if ptr not in self._streams:
+            with warnings.catch_warnings():
+                # CuPy 14 deprecates ExternalStream for Stream.from_external(obj with
+                # __cuda_stream__); a raw pointer is what torch gives us, and what we tested.
+                warnings.simplefilter("ignore", DeprecationWarning)
+                self._streams[ptr] = cupy.cuda.ExternalStream(ptr)
+        return self._streams[ptr]
+
+    def __call__(self, x: Any, weight: Any, scale: Any = None, bias: Any = None, *,
+                 out: Any = None) -> Any:
+        fw, dev = self.validate(x, weight, scale, bias, out)
+        import cupy
+
+        if fw == "cupy":
+            with cupy.cuda.Device(dev):
+                stream = cupy.cuda.get_current_stream()
+                y = out if out is not None else cupy.empty(self.output_shape,
+                                                           dtype=self.output_dtype)
+                self._enqueue(dev, int(stream.ptr), x, weight, scale, bias, y)
+            return y
+        import torch
+
+        with torch.cuda.device(dev):
+            ptr = int(torch.cuda.current_stream(dev).cuda_stream)
+            y = out if out is not None else torch.empty(
+                self.output_shape, dtype=getattr(torch, self.output_dtype), device=x.device)
+            # CuPy's current stream = torch's: the DLPack exchange then inserts no
+            # cross-stream wait, and the launch is ordered with the caller's torch work.
+            with cupy.cuda.Device(dev), self._stream(ptr):
+                arrs = [None if a is None else cupy.from_dlpack(a.detach())
+                        for a in (x, weight, scale, bias, y)]
+                self._enqueue(dev, ptr, *arrs)
+        return y
+
+    def __repr__(self) -> str:
+        return (f"Conv2d({self.shape.key()}, {self.precision.value}, {self.target.name}, "
+                f"epilogue={self.epilogue.mode}{'+relu' if self.epilogue.relu else ''}, "
+                f"layout={self.layout}, schedule={self.schedule_source})")
+
+
+def from_service(client_or_url: Any, shape: ConvShape, precision: Precision | str,
+                 target: Target | str, **kwargs: Any) -> Conv2d:
+    """The layer's best tuned schedule from a tctune service (`GET /schedule`), built.
+
+    client_or_url: an `api.client.Client` (anything with `.schedule(shape, precision,
+    target)`) or the service's URL. Where the service knows no schedule yet, the op falls
+    back to the default with a DefaultScheduleWarning. kwargs go to `Conv2d`.
+    """
+    p = Precision(precision)
+    t = get_target(target) if isinstance(target, str) else target
+    client, own = client_or_url, False
+    if isinstance(client_or_url, str):
+        from api.client import Client  # only here: kernels does not depend on the API
+
+        client, own = Client(client_or_url), True
+    try:
+        found = client.schedule(shape, p.value, t.name)
+    finally:
+        if own:
+            client.close()
+    if found is None:
+        return Conv2d(shape, p, None, t, **kwargs)
+    op = Conv2d(shape, p, found["schedule"], t, **kwargs)
+    sim = ", simulated" if found.get("simulated") else ""
+    op.schedule_source = (f"service: job {found.get('job_id')}, {found.get('latency_us')} us "
+                          f"({found.get('backend')}{sim})")
+    return op

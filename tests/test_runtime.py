@@ -1,0 +1,454 @@
+"""The deploy-time runtime (kernels/runtime.py).
+
+On a CPU (CI): ops build through NVRTC, the fallback default schedule is valid and warns,
+every mismatched argument is refused with a clear error (validation is separate from the
+launch, so torch CPU tensors and stand-in arrays exercise it), the NHWCnc helpers match the
+reference layouts, `from_service` takes the service's schedule.
+
+On a GPU (`test_on_gpu_*`, skipped without CuPy and a device): results equal the reference
+on random inputs, for CuPy arrays and torch tensors, on non-default streams. The device
+cases are built by `test_device_cases_build` first, so a CPU run with
+TCTUNE_KERNEL_CACHE=<dir> prebuilds every cubin the GPU run needs:
+    TCTUNE_KERNEL_CACHE=.rtcache python -m pytest tests/test_runtime.py            # CPU
+    TCTUNE_KERNEL_CACHE=.rtcache python -m pytest --noconftest -k on_gpu tests/test_runtime.py
+"""
+
+from __future__ import annotations
+
+import importlib
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from kernels import reference as ref
+from kernels.build import Epilogue
+from kernels.runtime import (
+    RECORDED_BESTS,
+    Conv2d,
+    DefaultScheduleWarning,
+    _sched,
+    default_cache_dir,
+    default_schedule,
+    from_service,
+)
+from kernels.space import ScheduleSpace
+from kernels.spec import RESNET50_3X3, ConvShape, Precision, get_target
+
+STAGE3 = RESNET50_3X3["stage3"]
+INT8_BEST = RECORDED_BESTS["int8"][1][2]  # stage3's recorded best
+SMALL = ConvShape(2, 10, 12, 32, 48, 3, 3, pad=(1, 1))
+STEM = ConvShape(2, 30, 30, 3, 64, 7, 7, stride=2, pad=3)
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("rtcache")
+
+
+# ---- building ----------------------------------------------------------------------------
+def test_kernels_import_without_cupy() -> None:
+    # CuPy and torch are imported inside the functions that launch, never at import.
+    mod = importlib.import_module("kernels.runtime")
+    assert hasattr(mod, "Conv2d") and hasattr(mod, "from_service")
+
+
+def test_builds_through_nvrtc_on_cpu(cache: Path) -> None:
+    op = Conv2d(STAGE3, "int8", INT8_BEST, target="h100", epilogue="requant", relu=True,
+                cache_dir=cache)
+    assert op.schedule_source == "given"
+    assert (cache / f"{op.key}.cubin").stat().st_size > 1000
+    assert op.meta["grid"][0] > 0 and op.meta["epilogue"] == {"mode": "requant", "relu": True}
+    assert op.input_shape == (8, 28, 28, 128) and op.weight_shape == (128, 3, 3, 128)
+    assert op.output_shape == (8, 28, 28, 128) and op.output_dtype == "int8"
+    again = Conv2d(STAGE3, "int8", INT8_BEST, target="h100", epilogue="requant", relu=True,
+                   cache_dir=cache)
+    assert again.key == op.key and again.build_result.cached
+    acc = Conv2d(STAGE3, "int8", INT8_BEST, target="h100", epilogue="acc", cache_dir=cache)
+    assert acc.output_dtype == "int32" and acc.key != op.key
+
+
+def test_default_cache_dir_follows_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("TCTUNE_KERNEL_CACHE", str(tmp_path))
+    assert default_cache_dir() == tmp_path
+
+
+@pytest.mark.parametrize("shape,precision,target", [
+    (ConvShape(8, 224, 224, 3, 64, 7, 7, stride=2, pad=3), "int8", "h100"),  # stem, C=3
+    (ConvShape(8, 56, 56, 64, 256, 1, 1), "fp16", "h100"),
+    (ConvShape(8, 28, 28, 512, 1024, 1, 1, stride=2), "int8", "h200"),
+    (ConvShape(3, 9, 11, 20, 13, 3, 3, pad=1), "fp16", "t4"),  # tails, sm_75
+    (ConvShape(4, 14, 14, 64, 64, 3, 3, pad=1), "int4", "h100"),  # s8 path: STAGES <= 2
+])
+def test_fallback_warns_and_picks_a_valid_default(shape: ConvShape, precision: str,
+                                                  target: str, cache: Path) -> None:
+    with pytest.warns(DefaultScheduleWarning, match="no tuned schedule"):
+        op = Conv2d(shape, precision, None, target=target, cache_dir=cache)
+    assert op.schedule_source.startswith("default: recorded best of ResNet-50")
+    assert ScheduleSpace(shape, Precision(precision), get_target(target)).is_valid(op.schedule)
+    assert op.build_result.status == "ok"
+
+
+def test_fallback_takes_the_nearest_valid_schedule(monkeypatch: pytest.MonkeyPatch) -> None:
+    # 8x8 instruction tiles per warp need 256 accumulator registers: invalid everywhere.
+    bad = _sched(4, 1, 8, 8, 2, 0, 0, 0, "nhwc", 3, 1)
+    monkeypatch.setitem(RECORDED_BESTS, "int8", [("stage3", STAGE3, bad)])
+    target = get_target("h100")
+    space = ScheduleSpace(STAGE3, Precision.INT8, target)
+    assert not space.is_valid(bad)
+    sched, src = default_schedule(STAGE3, "int8", target)
+    assert space.is_valid(sched) and src.startswith("nearest valid")
+    assert sum(sched[k] != bad[k] for k in bad) == int(src.split("(")[1].split()[0])
+
+
+def test_default_respects_the_raw_accumulator_epilogue() -> None:
+    # int32 output stages 4 bytes per element: the default must fit that too.
+    target = get_target("t4")
+    shape = ConvShape(8, 56, 56, 64, 256, 1, 1)
+    sched, _ = default_schedule(shape, "int8", target, Epilogue("acc"))
+    from kernels.runtime import schedule_fits
+
+    assert schedule_fits(shape, Precision.INT8, target, sched, Epilogue("acc")) is None
+
+
+def test_invalid_schedules_are_refused(cache: Path) -> None:
+    with pytest.raises(ValueError, match="FOO: unknown knob"):
+        Conv2d(STAGE3, "int8", {**INT8_BEST, "FOO": 1}, target="h100", cache_dir=cache)
+    with pytest.raises(ValueError, match="CHUNK: must be one of"):
+        Conv2d(STAGE3, "int8", {**INT8_BEST, "CHUNK": 3}, target="h100", cache_dir=cache)
+    big = _sched(4, 4, 4, 4, 8, 0, 0, 0, "nhwc", 3, 1)  # ~200 KB of pipeline: not on a T4
+    with pytest.raises(ValueError, match="shared memory"):
+        Conv2d(STAGE3, "int8", big, target="t4", cache_dir=cache)
+    nhwcnc = {**INT8_BEST, "LAYOUT": "nhwcnc"}
+    with pytest.raises(ValueError, match="NHWCnc"):
+        Conv2d(ConvShape(3, 28, 28, 128, 128, 3, 3, pad=1), "int8", nhwcnc, target="h100",
+               cache_dir=cache)
+    with pytest.raises(ValueError, match="unknown target"):
+        Conv2d(STAGE3, "int8", INT8_BEST, target="v100", cache_dir=cache)
+    with pytest.raises(ValueError, match="int4 packs two channels"):
+        Conv2d(ConvShape(1, 8, 8, 3, 8, 1, 1), "int4", None, target="h100", cache_dir=cache)
+
+
+def test_target_none_without_a_gpu_says_so(cache: Path) -> None:
+    try:
+        import cupy  # noqa: F401
+
+        pytest.skip("CuPy is installed: target=None may find a GPU")
+    except ImportError:
+        pass
+    with pytest.raises(ValueError, match="target=None"):
+        Conv2d(STAGE3, "int8", INT8_BEST, cache_dir=cache)
+
+
+# ---- argument validation (no GPU needed) ------------------------------------------------
+class FakeCupy:
+    """Stands in for a cupy.ndarray (framework by module name, like the runtime checks)."""
+
+    __module__ = "cupy._fake"
+
+    def __init__(self, shape: tuple[int, ...], dtype: str, device: int = 0,
+                 contiguous: bool = True, ptr: int = 1 << 20) -> None:
+        self.shape = shape
+        self.dtype = np.dtype(dtype)
+        self.device = type("Dev", (), {"id": device})()
+        self.flags = {"C_CONTIGUOUS": contiguous}
+        self.data = type("Mem", (), {"ptr": ptr})()
+
+
+@pytest.fixture(scope="module")
+def op(cache: Path) -> Conv2d:
+    return Conv2d(STAGE3, "int8", INT8_BEST, target="h100", epilogue="requant",
+                  cache_dir=cache)
+
+
+def _ok_args(op: Conv2d) -> dict[str, Any]:
+    return {"x": FakeCupy(op.input_shape, "int8"), "weight": FakeCupy(op.weight_shape, "int8"),
+            "scale": FakeCupy((op.shape.k,), "float32"), "bias": FakeCupy((op.shape.k,), "float32")}
+
+
+def test_validation_accepts_the_contract(op: Conv2d) -> None:
+    assert op.validate(**_ok_args(op)) == ("cupy", 0)
+    a = _ok_args(op)
+    assert op.validate(**a, out=FakeCupy(op.output_shape, "int8")) == ("cupy", 0)
+
+
+def test_validation_names_the_argument_and_what_was_expected(op: Conv2d) -> None:
+    a = _ok_args(op)
+    with pytest.raises(TypeError, match=r"x must be a CuPy array or a PyTorch CUDA tensor, "
+                                        r"got numpy.ndarray"):
+        op.validate(np.zeros(op.input_shape, np.int8), a["weight"], a["scale"])
+    with pytest.raises(TypeError, match="x must have dtype int8, got float16"):
+        op.validate(FakeCupy(op.input_shape, "float16"), a["weight"], a["scale"])
+    with pytest.raises(ValueError, match=r"x must have shape \(8, 28, 28, 128\) \(NHWC\), "
+                                         r"got \(8, 128, 28, 28\)"):
+        op.validate(FakeCupy((8, 128, 28, 28), "int8"), a["weight"], a["scale"])
+    with pytest.raises(ValueError, match=r"weight must have shape \(128, 3, 3, 128\)"):
+        op.validate(a["x"], FakeCupy((128, 128, 3, 3), "int8"), a["scale"])
+    with pytest.raises(ValueError, match="weight is on cuda:1 but x is on cuda:0"):
+        op.validate(a["x"], FakeCupy(op.weight_shape, "int8", device=1), a["scale"])
+    with pytest.raises(ValueError, match="x must be C-contiguous"):
+        op.validate(FakeCupy(op.input_shape, "int8", contiguous=False), a["weight"], a["scale"])
+    with pytest.raises(ValueError, match="16-byte boundary"):
+        op.validate(FakeCupy(op.input_shape, "int8", ptr=(1 << 20) + 4), a["weight"],
+                    a["scale"])
+    with pytest.raises(ValueError, match="scale is required"):
+        op.validate(a["x"], a["weight"])
+    with pytest.raises(TypeError, match="scale must have dtype float32, got float16"):
+        op.validate(a["x"], a["weight"], FakeCupy((128,), "float16"))
+    with pytest.raises(ValueError, match=r"bias must have shape \(128,\)"):
+        op.validate(a["x"], a["weight"], a["scale"], FakeCupy((64,), "float32"))
+    with pytest.raises(TypeError, match="out must have dtype int8, got int32"):
+        op.validate(**a, out=FakeCupy(op.output_shape, "int32"))
+
+
+def test_validation_with_torch_tensors(op: Conv2d) -> None:
+    torch = pytest.importorskip("torch")
+    x = torch.zeros(op.input_shape, dtype=torch.int8)
+    w = torch.zeros(op.weight_shape, dtype=torch.int8)
+    s = torch.ones(op.shape.k, dtype=torch.float32)
+    with pytest.raises(ValueError, match="x must be on a CUDA device, got cpu"):
+        op.validate(x, w, s)
+    with pytest.raises(TypeError, match="x must have dtype int8, got float32"):
+        op.validate(x.float(), w, s)
+    with pytest.raises(ValueError, match="x must have shape"):
+        op.validate(x.permute(0, 3, 1, 2), w, s)
+    with pytest.raises(TypeError, match="weight is a torch array but x is a cupy one"):
+        op.validate(FakeCupy(op.input_shape, "int8"), w, s)
+
+
+def test_epilogue_arguments_follow_the_epilogue(cache: Path) -> None:
+    fp16 = Conv2d(STAGE3, "fp16", RECORDED_BESTS["fp16"][1][2], target="h100",
+                  cache_dir=cache)
+    assert fp16.epilogue.mode == "bias" and fp16.output_dtype == "float16"
+    x, w = FakeCupy(fp16.input_shape, "float16"), FakeCupy(fp16.weight_shape, "float16")
+    assert fp16.validate(x, w) == ("cupy", 0)  # bias is optional (zero)
+    with pytest.raises(ValueError, match="scale is not used"):
+        fp16.validate(x, w, FakeCupy((128,), "float32"))
+    acc = Conv2d(STAGE3, "int8", INT8_BEST, target="h100", epilogue="none", cache_dir=cache)
+    xi, wi = FakeCupy(acc.input_shape, "int8"), FakeCupy(acc.weight_shape, "int8")
+    assert acc.epilogue.mode == "acc" and acc.validate(xi, wi) == ("cupy", 0)
+    with pytest.raises(ValueError, match="bias is not used"):
+        acc.validate(xi, wi, None, FakeCupy((128,), "float32"))
+
+
+def test_narrow_channels_accept_real_or_padded(cache: Path) -> None:
+    with pytest.warns(DefaultScheduleWarning):
+        op = Conv2d(STEM, "int8", None, target="h100", epilogue="acc", cache_dir=cache)
+    assert op.padded_channels == 16 and op.input_shape == (2, 30, 30, 16)
+    for c in (3, 16):
+        x, w = FakeCupy((2, 30, 30, c), "int8"), FakeCupy((64, 7, 7, c), "int8")
+        assert op.validate(x, w) == ("cupy", 0)
+    with pytest.raises(ValueError, match=r"\(2, 30, 30, 16\) or \(2, 30, 30, 3\) \(NHWC, "
+                                         r"channels zero-padded to 16\)"):
+        op.validate(FakeCupy((2, 30, 30, 8), "int8"), FakeCupy((64, 7, 7, 3), "int8"))
+
+
+def test_prepare_weight_pads_and_reorders(cache: Path) -> None:
+    torch = pytest.importorskip("torch")
+    with pytest.warns(DefaultScheduleWarning):
+        op = Conv2d(STEM, "fp16", None, target="h100", cache_dir=cache)
+    w_kcrs = torch.randn(64, 3, 7, 7).half()
+    w = op.prepare_weight(w_kcrs, layout="kcrs")
+    assert tuple(w.shape) == op.weight_shape == (64, 7, 7, 8) and w.is_contiguous()
+    assert torch.equal(w[..., :3], w_kcrs.permute(0, 2, 3, 1)) and not w[..., 3:].any()
+    with pytest.raises(ValueError, match="weight must have shape"):
+        op.prepare_weight(torch.zeros(64, 7, 7, 9).half())
+
+
+def test_nhwcnc_contract_and_helpers(cache: Path) -> None:
+    shape = ConvShape(8, 14, 14, 64, 32, 3, 3, pad=1)
+    sched = {**INT8_BEST, "LAYOUT": "nhwcnc", "SPLIT_K": 1}
+    op = Conv2d(shape, "int8", sched, target="h100", cache_dir=cache)
+    assert op.input_shape == (1, 14, 14, 4, 8, 16)
+    assert op.output_shape == (1, 14, 14, 2, 8, 16)  # int8 out: 16 channels per vector
+    x = np.random.default_rng(0).integers(-128, 128, (8, 14, 14, 64), dtype=np.int8)
+    blocked = op.to_input_layout(x)
+    assert np.array_equal(blocked, ref.nhwc_to_nhwcnc(x, 16))
+    y = ref.nhwc_to_nhwcnc(x[..., :32], 16)
+    assert np.array_equal(op.from_output_layout(y), x[..., :32])
+    with pytest.raises(ValueError, match="NHWCnc"):
+        op.validate(FakeCupy((8, 14, 14, 64), "int8"), FakeCupy(op.weight_shape, "int8"),
+                    FakeCupy((32,), "float32"))
+
+
+# ---- from_service ------------------------------------------------------------------------
+class StubClient:
+    def __init__(self, found: dict[str, Any] | None) -> None:
+        self.found = found
+        self.asked: list[tuple[Any, ...]] = []
+
+    def schedule(self, shape: ConvShape, precision: str, target: str) -> dict[str, Any] | None:
+        self.asked.append((shape, precision, target))
+        return self.found
+
+
+def test_from_service_builds_the_served_schedule(cache: Path) -> None:
+    client = StubClient({"schedule": INT8_BEST, "latency_us": 7.95, "iqr_us": 0.1,
+                         "simulated": False, "backend": "cuda", "job_id": 3,
+                         "measured_at": "2026-11-22T00:00:00Z", "task_key": "k"})
+    op = from_service(client, STAGE3, "int8", "h200", cache_dir=cache)
+    assert client.asked == [(STAGE3, "int8", "h200")]
+    assert op.schedule == INT8_BEST and op.schedule_source.startswith("service: job 3")
+    with pytest.warns(DefaultScheduleWarning):
+        op2 = from_service(StubClient(None), STAGE3, "int8", "h200", cache_dir=cache)
+    assert op2.schedule_source.startswith("default:")
+
+
+# ---- the cases the GPU run checks (built here, on the CPU) --------------------------------
+def device_cases() -> dict[str, Conv2d]:
+    """Every op the GPU tests launch, in the default cache (TCTUNE_KERNEL_CACHE)."""
+    split_k = {**INT8_BEST, "SPLIT_K": 4}
+    nhwcnc = {**INT8_BEST, "LAYOUT": "nhwcnc", "SPLIT_K": 1}
+    fp16_best = RECORDED_BESTS["fp16"][1][2]
+    blocked = ConvShape(8, 14, 14, 64, 32, 3, 3, pad=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DefaultScheduleWarning)
+        return {
+            "int8_acc": Conv2d(SMALL, "int8", INT8_BEST, "h100", epilogue="acc"),
+            "int8_requant_relu": Conv2d(SMALL, "int8", INT8_BEST, "h100", epilogue="requant",
+                                        relu=True),
+            "int8_split_k": Conv2d(SMALL, "int8", split_k, "h100", epilogue="acc"),
+            "fp16_bias_relu": Conv2d(SMALL, "fp16", fp16_best, "h100", relu=True),
+            "int8_stem_acc": Conv2d(STEM, "int8", None, "h100", epilogue="acc"),
+            "fp16_stem": Conv2d(STEM, "fp16", None, "h100"),
+            "int8_nhwcnc": Conv2d(blocked, "int8", nhwcnc, "h100", epilogue="acc"),
+            "int4_requant": Conv2d(SMALL, "int4", None, "h100"),
+        }
+
+
+def test_device_cases_build() -> None:
+    cases = device_cases()
+    assert all(op.build_result.status == "ok" for op in cases.values())
+
+
+# ---- on the GPU --------------------------------------------------------------------------
+def _gpu() -> bool:
+    try:
+        import cupy
+
+        return bool(cupy.cuda.runtime.getDeviceCount() > 0)
+    except Exception:  # noqa: BLE001 - no CuPy / driver / device
+        return False
+
+
+on_gpu = pytest.mark.skipif(not _gpu(), reason="needs CuPy and a CUDA GPU")
+
+
+@pytest.fixture(scope="module")
+def cases() -> dict[str, Conv2d]:
+    return device_cases()
+
+
+def _problem(op: Conv2d, seed: int) -> ref.Problem:
+    return ref.make_problem(op.shape, op.precision, seed)
+
+
+def _storage_inputs(op: Conv2d, prob: ref.Problem, padded: bool = True
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """Host arrays in the op's storage contract (padded channels, layout, int4 packing)."""
+    cp = op.padded_channels if padded else op.shape.c
+    x, w = ref.pad_channels(prob.x, cp), ref.pad_channels(prob.w, cp)
+    if op.precision is Precision.INT4:
+        x, w = ref.pack_int4(x), ref.pack_int4(w)
+    return op.to_input_layout(x), w
+
+
+def _want(op: Conv2d, prob: ref.Problem) -> np.ndarray:
+    return prob.expected(op.epilogue.mode, op.epilogue.relu)
+
+
+def _got(op: Conv2d, y: np.ndarray) -> np.ndarray:
+    """The op's output on the host -> NHWC values (int64 / float64)."""
+    y = op.from_output_layout(y)
+    if op.output_dtype == "uint8":  # int4 packed
+        y = ref.unpack_int4(y)
+    return y.astype(np.float64 if op.output_dtype == "float16" else np.int64)
+
+
+def _assert_matches(op: Conv2d, got: np.ndarray, want: np.ndarray) -> None:
+    bits = {"int32": 32, "int8": 8, "uint8": 4, "float16": 16}[op.output_dtype]
+    ok, stats = ref.check_output(got, want, op.precision, bits)
+    assert ok, stats
+
+
+def _run_cupy(op: Conv2d, prob: ref.Problem, padded: bool = True, repeat: int = 1
+              ) -> np.ndarray:
+    import cupy
+
+    x, w = _storage_inputs(op, prob, padded)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        args = [cupy.asarray(x), cupy.asarray(w),
+                cupy.asarray(prob.scale) if op.needs_scale else None,
+                cupy.asarray(prob.bias) if op.uses_bias else None]
+        out = cupy.full(op.output_shape, 0xA5 if op.output_dtype == "uint8" else -91,
+                        dtype=op.output_dtype)  # poisoned
+        for _ in range(repeat):
+            y = op(*args, out=out)
+        stream.synchronize()
+        assert y is out and cupy.cuda.get_current_stream().ptr == stream.ptr
+        return cupy.asnumpy(y)
+
+
+def _run_torch(op: Conv2d, prob: ref.Problem, padded: bool = True) -> np.ndarray:
+    import torch
+
+    x, w = _storage_inputs(op, prob, padded)
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        args = [torch.from_numpy(np.ascontiguousarray(x)).cuda(),
+                torch.from_numpy(np.ascontiguousarray(w)).cuda(),
+                torch.from_numpy(prob.scale).cuda() if op.needs_scale else None,
+                torch.from_numpy(prob.bias).cuda() if op.uses_bias else None]
+        y = op(*args)
+        assert isinstance(y, torch.Tensor) and tuple(y.shape) == op.output_shape
+        # Work queued after the op on the caller's stream sees its result.
+        y2 = y.clone()
+    s.synchronize()
+    return y2.cpu().numpy()
+
+
+@on_gpu
+@pytest.mark.parametrize("name", ["int8_acc", "int8_requant_relu", "fp16_bias_relu",
+                                  "int8_nhwcnc", "int4_requant"])
+def test_on_gpu_cupy_and_torch_equal_the_reference(cases: dict[str, Conv2d], name: str) -> None:
+    op = cases[name]
+    for seed in (1, 2):  # fresh random inputs each time
+        prob = _problem(op, seed)
+        want = _want(op, prob)
+        _assert_matches(op, _got(op, _run_cupy(op, prob)), want)
+        _assert_matches(op, _got(op, _run_torch(op, prob)), want)
+
+
+@on_gpu
+def test_on_gpu_split_k_repeats_and_matches(cases: dict[str, Conv2d]) -> None:
+    op = cases["int8_split_k"]
+    prob = _problem(op, 3)
+    _assert_matches(op, _got(op, _run_cupy(op, prob, repeat=3)), _want(op, prob))
+
+
+@on_gpu
+@pytest.mark.parametrize("name", ["int8_stem_acc", "fp16_stem"])
+def test_on_gpu_narrow_channels_real_and_padded(cases: dict[str, Conv2d], name: str) -> None:
+    op = cases[name]
+    prob = _problem(op, 4)
+    want = _want(op, prob)
+    for padded in (True, False):
+        _assert_matches(op, _got(op, _run_cupy(op, prob, padded)), want)
+        _assert_matches(op, _got(op, _run_torch(op, prob, padded)), want)
+
+
+@on_gpu
+def test_on_gpu_refuses_host_tensors_and_wrong_device_order(cases: dict[str, Conv2d]) -> None:
+    import torch
+
+    op = cases["int8_acc"]
+    x = torch.zeros(op.input_shape, dtype=torch.int8, device="cuda")
+    w = torch.zeros(op.weight_shape, dtype=torch.int8)
+    with pytest.raises(ValueError, match="weight must be on a CUDA device"):
+        op(x, w)
+    with pytest.raises(ValueError, match="x must be C-contiguous"):
+        op(torch.zeros((2, 10, 12, 64), dtype=torch.int8, device="cuda")[..., ::2],
+           w.cuda())
