@@ -1,10 +1,17 @@
-"""422 errors in FastAPI's own format, for checks that need more than a field's type."""
+"""Error responses: 422s in FastAPI's own format for checks that need more than a field's
+type, and the error responses each route declares so that the OpenAPI document is honest."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
 
+from fastapi import Request, Response
 from fastapi.exceptions import RequestValidationError
+from fastapi.routing import APIRoute
+from starlette.exceptions import HTTPException
+
+from api.schemas import Problem
 
 
 def unprocessable(problems: Iterable[tuple[tuple[str | int, ...], str]]) -> RequestValidationError:
@@ -13,3 +20,36 @@ def unprocessable(problems: Iterable[tuple[tuple[str | int, ...], str]]) -> Requ
         {"type": "value_error", "loc": list(loc), "msg": msg, "input": None}
         for loc, msg in problems
     ])
+
+
+def problem(description: str) -> dict[str, Any]:
+    """An error response for `responses=`: `{"detail": "..."}` (HTTPException's body)."""
+    return {"model": Problem, "description": description}
+
+
+# Reads need a token only when the service runs with read_auth; any valid token may read.
+READ_ERRORS: dict[int | str, dict[str, Any]] = {
+    401: problem("no valid token (only when the service requires tokens for reads)")}
+BODY_ERRORS: dict[int | str, dict[str, Any]] = {
+    413: problem("request body larger than the service accepts")}
+
+
+class JsonBodyRoute(APIRoute):
+    """A route whose JSON body that is not even UTF-8 gets a 422 naming the body, like any
+    other malformed JSON (FastAPI answers such a body with a bare 400)."""
+
+    def get_route_handler(self) -> Callable[[Request], Awaitable[Response]]:
+        handler = super().get_route_handler()
+
+        async def route(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except HTTPException as exc:  # Starlette's: what FastAPI's body parsing raises
+                cause = exc.__cause__
+                if exc.status_code == 400 and isinstance(cause, UnicodeDecodeError):
+                    raise unprocessable([(("body",), "the body is not JSON: undecodable byte at "
+                                                     f"offset {cause.start} (JSON is UTF-8)")]
+                                       ) from exc
+                raise
+
+        return route

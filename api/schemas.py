@@ -12,10 +12,21 @@ from pydantic import (
     ConfigDict,
     Field,
     StrictInt,
+    WithJsonSchema,
     field_validator,
 )
 
-from kernels.spec import TARGETS, ConvShape, Precision
+from kernels.spec import (
+    MAX_BATCH,
+    MAX_CHANNELS,
+    MAX_DILATION,
+    MAX_FILTER,
+    MAX_SPATIAL,
+    MAX_STRIDE,
+    TARGETS,
+    ConvShape,
+    Precision,
+)
 from search.registry import STRATEGIES
 from store.repository import as_utc
 
@@ -25,29 +36,53 @@ MAX_TRIALS = 20_000
 UTC = Annotated[datetime, AfterValidator(as_utc)]
 
 
-
 def _as_pair(v: Any) -> Any:
     return [v, v] if isinstance(v, int) and not isinstance(v, bool) else v
 
 
+def _documented(lo: int, hi: int) -> Any:
+    """Bounds shown in the schema but checked by ConvShape.problems, whose messages say which
+    field and why (and which also checks what a schema cannot: the layer as a whole)."""
+    return Field(json_schema_extra={"minimum": lo, "maximum": hi})
+
+
+def _pair_schema(lo: int, hi: int) -> WithJsonSchema:
+    one = {"type": "integer", "minimum": lo, "maximum": hi}
+    return WithJsonSchema({"anyOf": [one, {"type": "array", "items": one,
+                                           "minItems": 2, "maxItems": 2}]})
+
+
+Batch = Annotated[StrictInt, _documented(1, MAX_BATCH)]
+Spatial = Annotated[StrictInt, _documented(1, MAX_SPATIAL)]
+Channels = Annotated[StrictInt, _documented(1, MAX_CHANNELS)]
+Filter = Annotated[StrictInt, _documented(1, MAX_FILTER)]
 # One int for both axes, or [vertical, horizontal].
 Pair = Annotated[list[StrictInt], Field(min_length=2, max_length=2), BeforeValidator(_as_pair)]
+Stride = Annotated[Pair, _pair_schema(1, MAX_STRIDE)]
+Padding = Annotated[Pair, _pair_schema(0, MAX_FILTER)]
+Dilation = Annotated[Pair, _pair_schema(1, MAX_DILATION)]
+
+
+# Accepted target names, case-insensitively, as a JSON Schema pattern (no inline flags there).
+TARGET_PATTERN = "^(" + "|".join(
+    "".join(f"[{ch}{ch.upper()}]" if ch.isalpha() else ch for ch in name) for name in TARGETS
+) + ")$"
 
 
 class ShapeIn(BaseModel):
     """A conv layer. Integers only; stride/pad/dilation as one int or [vertical, horizontal]."""
 
     model_config = ConfigDict(extra="forbid")
-    n: StrictInt
-    h: StrictInt
-    w: StrictInt
-    c: StrictInt
-    k: StrictInt
-    r: StrictInt
-    s: StrictInt
-    stride: Pair = [1, 1]
-    pad: Pair = [0, 0]
-    dilation: Pair = [1, 1]
+    n: Batch
+    h: Spatial
+    w: Spatial
+    c: Channels
+    k: Channels
+    r: Filter
+    s: Filter
+    stride: Stride = [1, 1]
+    pad: Padding = [0, 0]
+    dilation: Dilation = [1, 1]
 
     def to_shape(self) -> ConvShape:
         return ConvShape.from_dict(self.model_dump())
@@ -57,7 +92,8 @@ class TuneRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     shape: ShapeIn
     precision: Precision
-    target: str = Field(description=f"one of {', '.join(TARGETS)}")
+    target: str = Field(description=f"one of {', '.join(TARGETS)}",
+                        json_schema_extra={"pattern": TARGET_PATTERN})
     trials: StrictInt = Field(500, ge=1, le=MAX_TRIALS)
     strategy: str | None = Field(None, description="search strategy; default: the service's")
     seed: StrictInt = Field(0, ge=0, le=2**31 - 1)
@@ -146,6 +182,34 @@ class JobSummary(BaseModel):
     created_at: UTC
 
 
+# Pairs in a query string: '1' (both axes) or '1,2' (vertical, horizontal).
+PAIR_PATTERN = "^ *[0-9]+ *(, *[0-9]+ *)?$"
+
+
+def _pair_query(default: str) -> Any:
+    return Field(default, description="'1' or '1,2' (vertical, horizontal)",
+                 json_schema_extra={"pattern": PAIR_PATTERN})
+
+
+class ScheduleQuery(BaseModel):
+    """The query of GET /schedule: a layer, its precision and the target GPU."""
+
+    model_config = ConfigDict(extra="ignore")  # e.g. ?token= (read_auth)
+    n: Annotated[int, _documented(1, MAX_BATCH)]
+    h: Annotated[int, _documented(1, MAX_SPATIAL)]
+    w: Annotated[int, _documented(1, MAX_SPATIAL)]
+    c: Annotated[int, _documented(1, MAX_CHANNELS)]
+    k: Annotated[int, _documented(1, MAX_CHANNELS)]
+    r: Annotated[int, _documented(1, MAX_FILTER)]
+    s: Annotated[int, _documented(1, MAX_FILTER)]
+    stride: str = _pair_query("1")
+    pad: str = _pair_query("0")
+    dilation: str = _pair_query("1")
+    precision: Precision
+    target: str = Field(description=f"one of {', '.join(TARGETS)}",
+                        json_schema_extra={"pattern": TARGET_PATTERN})
+
+
 class ScheduleOut(BaseModel):
     schedule: dict[str, Any]
     latency_us: float
@@ -184,6 +248,12 @@ class BestOut(BaseModel):
     simulated: bool
     job_id: int
     measured_at: UTC
+
+
+class Problem(BaseModel):
+    """The body of an error other than a validation error."""
+
+    detail: str
 
 
 class Health(BaseModel):

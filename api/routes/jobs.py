@@ -6,7 +6,8 @@ from fastapi import APIRouter, HTTPException, Query, status
 from sqlalchemy import select
 
 from api.auth import Reader, Tuner
-from api.deps import DB
+from api.deps import DB, MAX_ID, RowId
+from api.errors import READ_ERRORS, problem
 from api.schemas import JobOut, JobSummary, MeasurementOut, TaskOut
 from store import repository as repo
 from store.models import ACTIVE_JOB_STATES, JOB_STATES, Job, Task
@@ -30,11 +31,11 @@ STATUS_PATTERN = "^(" + "|".join(JOB_STATES) + ")$"
 
 
 @router.post("/jobs/{job_id}/cancel", response_model=JobSummary,
-             responses={401: {"description": "no valid token"},
-                        403: {"description": "neither admin nor the submitter"},
-                        404: {"description": "no job"},
-                        409: {"description": "the job has ended already"}})
-def cancel_job(job_id: int, session: DB, caller: Tuner) -> JobSummary:
+             responses={401: problem("no valid token"),
+                        403: problem("neither admin nor the submitter"),
+                        404: problem("no job"),
+                        409: problem("the job has ended already")})
+def cancel_job(job_id: RowId, session: DB, caller: Tuner) -> JobSummary:
     job = repo.get_job(session, job_id, lock=True)
     if job is None:
         raise HTTPException(404, detail=f"no job {job_id}")
@@ -47,7 +48,7 @@ def cancel_job(job_id: int, session: DB, caller: Tuner) -> JobSummary:
     return _summary(session, job)
 
 
-@router.get("/jobs", response_model=list[JobSummary])
+@router.get("/jobs", response_model=list[JobSummary], responses=READ_ERRORS)
 def list_jobs(session: DB, _: Reader, state: str | None = Query(None, pattern=STATUS_PATTERN),
               limit: int = Query(100, ge=1, le=1000)) -> list[JobSummary]:
     stmt = select(Job, Task).join(Task, Task.id == Job.task_id).order_by(Job.id.desc())
@@ -66,9 +67,11 @@ def _summary(session: DB, job: Job, task: Task | None = None) -> JobSummary:
                       created_at=job.created_at)
 
 
-@router.get("/jobs/{job_id}", response_model=JobOut, responses={404: {"description": "no job"}})
-def get_job(job_id: int, session: DB, _: Reader,
-            after: int = Query(0, ge=0, description="only measurements with id > after"),
+@router.get("/jobs/{job_id}", response_model=JobOut,
+            responses={**READ_ERRORS, 404: problem("no job")})
+def get_job(job_id: RowId, session: DB, _: Reader,
+            after: int = Query(0, ge=0, le=MAX_ID,
+                               description="only measurements with id > after"),
             ) -> JobOut:
     job = repo.get_job(session, job_id)
     if job is None:

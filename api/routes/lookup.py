@@ -10,19 +10,19 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from api.auth import Reader
 from api.deps import DB
-from api.errors import unprocessable
-from api.schemas import ShapeIn
+from api.errors import READ_ERRORS, JsonBodyRoute, unprocessable
+from api.schemas import TARGET_PATTERN, ShapeIn
 from kernels.spec import TARGETS, Precision, task_key
 from store import repository as repo
 
-router = APIRouter(tags=["schedule"])
+router = APIRouter(tags=["schedule"], route_class=JsonBodyRoute)
 
 
 class Layer(BaseModel):
     model_config = ConfigDict(extra="forbid")
     shape: ShapeIn
     precision: Precision
-    target: str = Field(max_length=32)
+    target: str = Field(max_length=32, json_schema_extra={"pattern": TARGET_PATTERN})
 
 
 class LookupIn(BaseModel):
@@ -46,7 +46,8 @@ class LookupOut(BaseModel):
 
 
 @router.post("/schedules/lookup", response_model=LookupOut,
-             responses={422: {"description": "a layer is invalid (its index is named)"}})
+             responses={**READ_ERRORS,
+                        422: {"description": "a layer is invalid (its index is named)"}})
 def lookup(req: LookupIn, session: DB, _: Reader) -> LookupOut:
     problems = []
     for i, layer in enumerate(req.layers):
@@ -54,7 +55,8 @@ def lookup(req: LookupIn, session: DB, _: Reader) -> LookupOut:
             problems.append((("body", "layers", i, "target"),
                              f"unknown target {layer.target!r}; known: {', '.join(TARGETS)}"))
             continue
-        for f, msg in layer.shape.to_shape().problems(layer.precision, TARGETS[layer.target]):
+        for f, msg in layer.shape.to_shape().problems(layer.precision,
+                                                       TARGETS[layer.target.lower()]):
             problems.append((("body", "layers", i, "shape", f), msg))
     if problems:
         raise unprocessable(problems)

@@ -9,6 +9,7 @@ from fastapi.responses import Response
 
 from api.auth import Reader
 from api.deps import DB
+from api.errors import READ_ERRORS
 from api.routes.jobs import task_out
 from api.schemas import BestOut
 from store import repository as repo
@@ -17,7 +18,7 @@ router = APIRouter(tags=["schedules"])
 
 
 @router.get("/schedules", response_model=list[BestOut],
-            responses={200: {"content": {"application/x-ndjson": {}}}})
+            responses={**READ_ERRORS, 200: {"content": {"application/x-ndjson": {}}}})
 def list_schedules(session: DB, _: Reader, target: str | None = Query(None, max_length=32),
                    precision: str | None = Query(None, max_length=16),
                    format: str = Query("json", pattern="^(json|jsonl)$"),

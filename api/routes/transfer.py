@@ -10,6 +10,7 @@ from starlette.concurrency import run_in_threadpool
 
 from api.auth import Admin, Reader
 from api.deps import DB
+from api.errors import READ_ERRORS
 from store import transfer
 from store.db import session_scope
 
@@ -26,7 +27,8 @@ class ImportOut(BaseModel):
 
 
 @router.get("/export", response_class=StreamingResponse,
-            responses={200: {"content": {NDJSON: {}}, "description": "JSON lines"}})
+            responses={**READ_ERRORS,
+                       200: {"content": {NDJSON: {}}, "description": "JSON lines"}})
 def export(session: DB, _: Reader, target: str | None = Query(None, max_length=32),
            precision: str | None = Query(None, max_length=16)) -> StreamingResponse:
     lines = list(transfer.export_lines(session, target, precision))  # read inside the session
@@ -39,7 +41,12 @@ def export(session: DB, _: Reader, target: str | None = Query(None, max_length=3
              responses={401: {"description": "no valid token"},
                         403: {"description": "needs an admin token"},
                         413: {"description": "body too large"},
-                        422: {"description": "a line is invalid; nothing was imported"}})
+                        422: {"description": "a line is invalid; nothing was imported"}},
+             # The body is read raw (it may be large); declared so that clients and the
+             # schema-driven tests know it.
+             openapi_extra={"requestBody": {"required": True, "content": {NDJSON: {
+                 "schema": {"type": "string",
+                            "description": "JSON lines, as GET /export writes them"}}}}})
 async def import_(request: Request, _: Admin) -> ImportOut:
     raw = await request.body()
     try:

@@ -6,22 +6,23 @@ from fastapi import APIRouter, HTTPException, Request, Response, status
 
 from api.auth import Tuner
 from api.deps import DB
-from api.errors import unprocessable
+from api.errors import BODY_ERRORS, JsonBodyRoute, problem, unprocessable
 from api.schemas import TuneRequest, TuneResponse
 from kernels.spec import get_target
 from search.registry import DEFAULT_STRATEGY
 from store import repository as repo
 
-router = APIRouter(tags=["tune"])
+router = APIRouter(tags=["tune"], route_class=JsonBodyRoute)
 
 
 @router.post("/tune", status_code=status.HTTP_202_ACCEPTED, response_model=TuneResponse,
              responses={200: {"model": TuneResponse,
                               "description": "an active job of the same task"},
-                        401: {"description": "no valid token"},
-                        403: {"description": "the token's scope is not enough"},
+                        401: problem("no valid token"),
+                        403: problem("the token's scope is not enough"),
                         422: {"description": "invalid layer, precision, target or strategy"},
-                        429: {"description": "rate or active-job limit of the token"}})
+                        429: problem("rate or active-job limit of the token"),
+                        **BODY_ERRORS})
 def tune(req: TuneRequest, request: Request, response: Response, session: DB,
          caller: Tuner) -> TuneResponse:
     wait_s = request.app.state.tune_limiter.take(caller.token_id)

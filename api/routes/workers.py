@@ -8,6 +8,7 @@ from fastapi import APIRouter
 
 from api.auth import Reader
 from api.deps import DB
+from api.errors import READ_ERRORS
 from api.schemas import WorkerOut
 from store import repository as repo
 from store.models import utcnow
@@ -19,7 +20,7 @@ LOST_AFTER_S = 60.0
 RATE_WINDOW_MIN = 5
 
 
-@router.get("/workers", response_model=list[WorkerOut])
+@router.get("/workers", response_model=list[WorkerOut], responses=READ_ERRORS)
 def list_workers(session: DB, _: Reader) -> list[WorkerOut]:
     now = utcnow()
     counts = repo.measurements_per_worker(session, now - timedelta(minutes=RATE_WINDOW_MIN))
