@@ -49,6 +49,10 @@ class Settings(BaseSettings):
     active_jobs_per_token: int = 200
     max_body_bytes: int = 1 << 20
     max_import_bytes: int = 256 << 20
+    # GET /schedule keeps found schedules in memory (per API process) and checks them against
+    # the database at most this many seconds apart: a better schedule is served at most this
+    # long after it lands. 0 -> no cache, every lookup reads the database.
+    schedule_cache_s: float = 0.5
     # Planted faults of the simulated backend, for fault tests: the fraction of schedules
     # whose measuring child process crashes (deterministic per schedule).
     sim_crash_rate: float = 0.0
