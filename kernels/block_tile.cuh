@@ -25,6 +25,9 @@ constexpr int D_IT = (D_VECS + THREADS - 1) / THREADS;
 constexpr int PF_A = (REGPATH && !DUP) ? cmin(A_IT, 8) : 0;
 constexpr int PF_B = REGPATH ? cmin(B_IT, 8 - PF_A) : 0;
 constexpr int PF = PF_A + PF_B;
+// fp32_tc: the loads past the prefetch go in batches of RB (RB loads in flight, then their
+// splits and stores) instead of one load -> split -> store at a time.
+constexpr int RB = 4;
 }  // namespace cfg
 
 __device__ __forceinline__ int swz(int row) {
@@ -66,6 +69,8 @@ struct BlockLoader {
   int a_ih[cfg::A_PRE ? cfg::A_IT : 1];
   int a_iw[cfg::A_PRE ? cfg::A_IT : 1];
   V4 pf[cfg::PF > 0 ? cfg::PF : 1];
+  // fp32_tc: x * 2^ex and w * 2^ew as two power-of-two factors each (|e| may exceed 126).
+  float xm1, xm2, wm1, wm2;
 
   __device__ __forceinline__ void a_decode(int i, int& row, int& ch, const u8*& ptr, int& ih0,
                                            int& iw0) const {
@@ -101,6 +106,15 @@ struct BlockLoader {
         a_decode(i, row, ch, a_ptr[i], a_ih[i], a_iw[i]);
       }
     }
+  }
+
+  // fp32_tc: the per-tensor exponents from {amax_x, amax_w} (conv.cu's tensor contract).
+  __device__ __forceinline__ void init_split(const float* amax) {
+#if TC_PREC == 3
+    const int ex = tc_exp_for(amax[0]), ew = tc_exp_for(amax[1]);
+    xm1 = pow2i(ex / 2); xm2 = pow2i(ex - ex / 2);
+    wm1 = pow2i(ew / 2); wm2 = pow2i(ew - ew / 2);
+#endif
   }
 
   // ---- one job of each kind: where it comes from, where it goes, whether it is real
@@ -181,9 +195,22 @@ struct BlockLoader {
   __device__ __forceinline__ void put_async(u32 buf, int row, int ch, const u8* src, bool valid) {
     cp_async16(buf + soff(row, ch), valid ? (const void*)src : (const void*)x, valid);
   }
-  __device__ __forceinline__ void put_regs(u32 buf, int row, int ch, const V4& v) {
+  // op: 0 for A (activations), 1 for B (weights).
+  __device__ __forceinline__ void put_regs(u32 buf, int row, int ch, const V4& v, int op) {
     using namespace cfg;
-    if constexpr (INT4_S8) {
+    if constexpr (F32TC) {
+#if TC_PREC == 3
+      // 4 floats -> 4 hi halves (8 bytes) in the hi plane and 4 lo halves at the same place
+      // of the lo plane; global vector ch holds channels 4ch..4ch+3 = half of chunk ch/2.
+      const float m1 = op ? wm1 : xm1, m2 = op ? wm2 : xm2;
+      u32 h0, l0, h1, l1;
+      split_f32x2(__int_as_float((int)v.x) * m1 * m2, __int_as_float((int)v.y) * m1 * m2, h0, l0);
+      split_f32x2(__int_as_float((int)v.z) * m1 * m2, __int_as_float((int)v.w) * m1 * m2, h1, l1);
+      const u32 off = soff(row, ch >> 1) + (u32)((ch & 1) << 3);
+      sts8(buf + off, h0, h1);
+      sts8(buf + (u32)(op ? B_PLANE : A_PLANE) + off, l0, l1);
+#endif
+    } else if constexpr (INT4_S8) {
       V4 lo, hi;
       unpack_s4_word(v.x, lo.x, lo.y);
       unpack_s4_word(v.y, lo.z, lo.w);
@@ -237,23 +264,121 @@ struct BlockLoader {
     }
   }
 
+  // ---- fp32_tc staging ring (F32_ASYNC): job v's 16 bytes land at sbuf + v*16 (A jobs, then
+  // B jobs from sbuf + A_STAGE: fp32 stages are exactly as large as their hi + lo planes);
+  // each thread later splits exactly the jobs it copied, so no barrier sits in between.
+  __device__ __forceinline__ void stage_async(int it, u32 sbuf) {
+    using namespace cfg;
+    const StageIdx st = stage_idx(it);
+    const u8* src; int row, ch;
+    auto put = [&](u32 dst, bool valid) {
+      cp_async16(dst, valid ? (const void*)src : (const void*)x, valid);
+    };
+    if constexpr (DUP) {
+#pragma unroll 2
+      for (int i = 0; i < D_IT; ++i) {
+        const int v = tid + i * THREADS;
+        bool valid;
+        if (d_job(v, st, src, valid, row, ch)) put(sbuf + (u32)(v * 16), valid);
+      }
+    } else if constexpr (A_PRE) {
+#pragma unroll
+      for (int i = 0; i < A_IT; ++i) {
+        const bool valid = a_job(i, st, src, row, ch);
+        const int v = tid + i * THREADS;
+        if (v < A_VECS) put(sbuf + (u32)(v * 16), valid);
+      }
+    } else {
+#pragma unroll 1
+      for (int i = 0; i < A_IT; ++i) {
+        const bool valid = a_job(i, st, src, row, ch);
+        const int v = tid + i * THREADS;
+        if (v < A_VECS) put(sbuf + (u32)(v * 16), valid);
+      }
+    }
+#pragma unroll 2
+    for (int i = 0; i < B_IT; ++i) {
+      const bool valid = b_job(i, st, src, row, ch);
+      const int v = tid + i * THREADS;
+      if (v < B_VECS) put(sbuf + (u32)(A_STAGE + v * 16), valid);
+    }
+  }
+  __device__ __forceinline__ void split_stage(int it, u32 sbuf, u32 abuf, u32 bbuf) {
+    using namespace cfg;
+    if constexpr (DUP) {
+      const StageIdx st = stage_idx(it);
+      const u8* src; int row, ch;
+#pragma unroll 2
+      for (int i = 0; i < D_IT; ++i) {
+        const int v = tid + i * THREADS;
+        bool valid;
+        if (d_job(v, st, src, valid, row, ch)) put_regs(abuf, row, ch, lds16(sbuf + (u32)(v * 16)), 0);
+      }
+    } else {
+#pragma unroll 2
+      for (int i = 0; i < A_IT; ++i) {
+        const int v = tid + i * THREADS;
+        int row, ch;  // as a_job places job v
+        if constexpr (LAYOUT) { ch = (v >> 3) % VPR; row = (v / (8 * VPR)) * 8 + (v & 7); }
+        else { ch = v % VPR; row = v / VPR; }
+        if (v < A_VECS) put_regs(abuf, row, ch, lds16(sbuf + (u32)(v * 16)), 0);
+      }
+    }
+#pragma unroll 2
+    for (int i = 0; i < B_IT; ++i) {
+      const int v = tid + i * THREADS;  // as b_job places job v
+      if (v < B_VECS) put_regs(bbuf, v / VPR, v % VPR, lds16(sbuf + (u32)(A_STAGE + v * 16)), 1);
+    }
+  }
+
   // ---- register path
   template <int FROM>
   __device__ __forceinline__ void a_rest_sync(const StageIdx& st, u32 abuf) {
     using namespace cfg;
     const u8* src; int row, ch;
-    if constexpr (DUP) {
+    if constexpr (F32TC) {
+      // Batches of RB jobs: loads first (ldg16 is volatile, so they issue in this order),
+      // then the splits and stores.
+      auto batch = [&](int i0) {
+        V4 v[RB]; int rr[RB], cc[RB]; bool put[RB];
+#pragma unroll
+        for (int b = 0; b < RB; ++b) {
+          const int i = i0 + b;
+          bool valid = false;
+          src = x; row = 0; ch = 0;
+          if constexpr (DUP) {
+            put[b] = i < D_IT && d_job(tid + i * THREADS, st, src, valid, row, ch);
+          } else {
+            put[b] = i < A_IT && tid + i * THREADS < A_VECS;
+            valid = put[b] && a_job(i, st, src, row, ch);
+          }
+          v[b] = ldg16(src, put[b] && valid);
+          rr[b] = row; cc[b] = ch;
+        }
+#pragma unroll
+        for (int b = 0; b < RB; ++b)
+          if (put[b]) put_regs(abuf, rr[b], cc[b], v[b], 0);
+      };
+      if constexpr (A_PRE && !DUP) {
+        // the pixel decodes are register arrays: their index must be a constant
+#pragma unroll
+        for (int i0 = FROM; i0 < A_IT; i0 += RB) batch(i0);
+      } else {
+#pragma unroll 1
+        for (int i0 = DUP ? 0 : FROM; i0 < (DUP ? D_IT : A_IT); i0 += RB) batch(i0);
+      }
+    } else if constexpr (DUP) {
 #pragma unroll 1
       for (int i = 0; i < D_IT; ++i) {
         bool valid;
         if (d_job(tid + i * THREADS, st, src, valid, row, ch))
-          put_regs(abuf, row, ch, ldg16(src, valid));
+          put_regs(abuf, row, ch, ldg16(src, valid), 0);
       }
     } else {
 #pragma unroll 1
       for (int i = FROM; i < A_IT; ++i) {
         const bool valid = a_job(i, st, src, row, ch);
-        if (tid + i * THREADS < A_VECS) put_regs(abuf, row, ch, ldg16(src, valid));
+        if (tid + i * THREADS < A_VECS) put_regs(abuf, row, ch, ldg16(src, valid), 0);
       }
     }
   }
@@ -261,10 +386,29 @@ struct BlockLoader {
   __device__ __forceinline__ void b_rest_sync(const StageIdx& st, u32 bbuf) {
     using namespace cfg;
     const u8* src; int row, ch;
+    if constexpr (F32TC) {
 #pragma unroll 1
-    for (int i = FROM; i < B_IT; ++i) {
-      const bool valid = b_job(i, st, src, row, ch);
-      if (tid + i * THREADS < B_VECS) put_regs(bbuf, row, ch, ldg16(src, valid));
+      for (int i0 = FROM; i0 < B_IT; i0 += RB) {
+        V4 v[RB]; int rr[RB], cc[RB]; bool put[RB];
+#pragma unroll
+        for (int b = 0; b < RB; ++b) {
+          const int i = i0 + b;
+          src = w; row = 0; ch = 0;
+          put[b] = i < B_IT && tid + i * THREADS < B_VECS;
+          const bool valid = put[b] && b_job(i, st, src, row, ch);
+          v[b] = ldg16(src, valid);
+          rr[b] = row; cc[b] = ch;
+        }
+#pragma unroll
+        for (int b = 0; b < RB; ++b)
+          if (put[b]) put_regs(bbuf, rr[b], cc[b], v[b], 1);
+      }
+    } else {
+#pragma unroll 1
+      for (int i = FROM; i < B_IT; ++i) {
+        const bool valid = b_job(i, st, src, row, ch);
+        if (tid + i * THREADS < B_VECS) put_regs(bbuf, row, ch, ldg16(src, valid), 1);
+      }
     }
   }
   __device__ __forceinline__ void load_stage_sync(int it, u32 abuf, u32 bbuf) {
@@ -295,12 +439,12 @@ struct BlockLoader {
 #pragma unroll
     for (int i = 0; i < PF_A; ++i) {
       a_job(i, st, src, row, ch);
-      if (tid + i * THREADS < A_VECS) put_regs(abuf, row, ch, pf[i]);
+      if (tid + i * THREADS < A_VECS) put_regs(abuf, row, ch, pf[i], 0);
     }
 #pragma unroll
     for (int i = 0; i < PF_B; ++i) {
       b_job(i, st, src, row, ch);
-      if (tid + i * THREADS < B_VECS) put_regs(bbuf, row, ch, pf[PF_A + i]);
+      if (tid + i * THREADS < B_VECS) put_regs(bbuf, row, ch, pf[PF_A + i], 1);
     }
     a_rest_sync<PF_A>(st, abuf);
     b_rest_sync<PF_B>(st, bbuf);

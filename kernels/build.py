@@ -37,6 +37,7 @@ SOURCES = ("conv.cu", "instruction_tile.cuh", "block_tile.cuh", "warp_tile.cuh",
 KERNEL_NAME = "tc_conv"
 PRECISION_CODE = {"fp16": 0, "int8": 1, "int4": 2, "fp32_tc": 3}
 LAYOUT_CODE = {"nhwc": 0, "nhwcnc": 1}
+SPLIT_CODE = {"scaled3": 0, "binomial4": 1, "karatsuba": 2}  # fp32_tc products (conv.cu)
 # Bumped when the meaning of a cached artifact changes without its sources changing.
 BUILD_FORMAT = 1
 
@@ -45,9 +46,9 @@ BUILD_FORMAT = 1
 class Epilogue:
     """Compile-time output options of a build (not schedule knobs).
 
-    mode: "acc"  raw int32 accumulators (int) / plain fp16 out (fp16);
+    mode: "acc"  raw int32 accumulators (int) / plain fp16 out (fp16) / fp32 out (fp32_tc);
           "requant"  int: y = clamp(round(acc*scale[k] + bias[k])) stored as int8 / int4;
-          "bias"  fp16: + bias[k] before the fp16 conversion.
+          "bias"  fp16 / fp32_tc: + bias[k] before the output conversion.
     """
 
     mode: str = "default"
@@ -157,7 +158,7 @@ def defines(job: BuildJob) -> dict[str, int]:
         if name == "LAYOUT":
             d["TC_LAYOUT"] = LAYOUT_CODE[sched[name]]
         elif name == "SPLIT":
-            continue  # fp32_tc only (issue 7)
+            d["TC_SPLIT"] = SPLIT_CODE[sched[name]]  # fp32_tc only
         else:
             d[f"TC_{name}"] = int(sched[name])
     return d
@@ -222,7 +223,7 @@ def launch_meta(job: BuildJob, d: Mapping[str, int]) -> dict[str, Any]:
     """What the runner needs to allocate, lay out and launch this build."""
     p = Precision(job.precision)
     sh = job.shape
-    inst_m = 16 if (p is Precision.FP16 or job.sm >= 80) else 8
+    inst_m = 16 if (p in (Precision.FP16, Precision.FP32_TC) or job.sm >= 80) else 8
     s = job.schedule
     bm = s["BLK_ROW_WARPS"] * s["WARP_ROW_TILES"] * inst_m
     bn = s["BLK_COL_WARPS"] * s["WARP_COL_TILES"] * 8

@@ -17,9 +17,15 @@
 //      16-byte channel vector c (zero channels added by the harness: any C works).
 //   w: KRSC [K][R][S][Cp].  int4 is packed two per byte, element 2i in the low nibble.
 //   y: NHWC [N][P][Q][K] or NHWCnc [N/8][P][Q][K/co][8][co] of the epilogue's output type.
+//   fp32_tc (PREC 3): x, w and y are float32; `scale` points to two floats {amax_x, amax_w}
+//      (max |x|, max |w|, or any bounds of them) from which every thread derives the same
+//      per-tensor power-of-two exponents (tc_exp_for, below); 0 means "do not scale".
 
 #ifndef TC_PREC
 #error "built by kernels/build.py: the shape, schedule and epilogue are -D defines"
+#endif
+#ifndef TC_SPLIT
+#define TC_SPLIT 0  // defined by the build for fp32_tc only (other builds keep their keys)
 #endif
 
 #include "instruction_tile.cuh"
@@ -29,11 +35,22 @@ namespace cfg {
 constexpr int PREC = TC_PREC;  // 0 fp16, 1 int8, 2 int4, 3 fp32_tc
 constexpr int SM = TC_SM;
 constexpr bool INT4_S8 = TC_INT4_S8 != 0;  // int4 unpacked to s8 in shared memory (sm_90)
-constexpr int ELEM_BITS = PREC == 0 ? 16 : PREC == 1 ? 8 : 4;  // in global memory
-constexpr int SMEM_BITS = INT4_S8 ? 8 : ELEM_BITS;             // in shared memory
-constexpr bool REGPATH = SM < 80 || INT4_S8;  // no cp.async (sm_75) or a transform on the way
+// fp32_tc: fp32 in global memory, split on the way into shared memory into two fp16 planes,
+// hi = fp16(x) and lo = fp16((x - hi) * 2^11); the Tensor Cores see fp16 operands.
+constexpr bool F32TC = PREC == 3;
+constexpr int SPLIT = TC_SPLIT;  // fp32_tc products: 0 scaled3, 1 binomial4, 2 karatsuba
+constexpr int ACC_SETS = !F32TC ? 1 : SPLIT == 2 ? 3 : 2;  // accumulator sets per tile
+constexpr int PLANES = F32TC ? 2 : 1;                      // hi and lo planes in shared memory
+constexpr int ELEM_BITS = PREC == 0 ? 16 : PREC == 1 ? 8 : PREC == 3 ? 32 : 4;  // global
+constexpr int SMEM_BITS = INT4_S8 ? 8 : F32TC ? 16 : ELEM_BITS;               // shared
+// fp32_tc with STAGES=3 on sm_80+: cp.async copies raw fp32 stages into a 3-deep staging
+// ring and each thread splits the vectors it copied itself into double-buffered hi/lo
+// planes (two stages of loads in flight); STAGES=1/2 split on the register-staged path.
+constexpr bool F32_ASYNC = F32TC && SM >= 80 && TC_STAGES == 3;
+// No cp.async (sm_75), or a transform on the way into shared memory (s4 -> s8, fp32 split).
+constexpr bool REGPATH = SM < 80 || INT4_S8 || (F32TC && !F32_ASYNC);
 constexpr int KB = SM >= 80 ? 32 : 16;          // bytes of k per instruction (16 -> k8/k16/k32)
-constexpr int IM = (PREC == 0 || SM >= 80) ? 16 : 8;  // instruction rows (m8 for sm_75 int)
+constexpr int IM = (PREC == 0 || F32TC || SM >= 80) ? 16 : 8;  // instruction rows (m8: sm_75 int)
 constexpr int INST_K = KB * 8 / SMEM_BITS;
 constexpr int AM = (IM / 8) * (KB / 16);  // 8x8 matrices in an A fragment
 constexpr int BMAT = KB / 16;             // 8x8 matrices in a B fragment
@@ -85,19 +102,21 @@ constexpr int SLOTS = REORDER ? (FULLROW ? (ROWS_OUT - 1) * SH + (R - 1) * DH + 
                               : ROWS_OUT;
 constexpr int TAPS = DUP ? (REORDER ? R * S : S) : 1;  // filter taps per stage
 constexpr int A_ROWS = DUP ? SLOTS * IN_COLS * NB : BM;
-constexpr int A_STAGE = A_ROWS * SB, B_STAGE = BN * TAPS * SB;
+constexpr int A_PLANE = A_ROWS * SB, B_PLANE = BN * TAPS * SB;  // one fp16 plane (fp32_tc: hi)
+constexpr int A_STAGE = PLANES * A_PLANE, B_STAGE = PLANES * B_PLANE;
 constexpr int NIT = DUP ? (REORDER ? NCB : R * NCB) : R * S * NCB;  // main-loop stages
 
 // ---- epilogue (compile-time options of the build, not knobs)
 constexpr int EPI = TC_EPI;    // int: 0 raw int32 acc, 1 requantize; fp16: 0 plain, 1 + bias
 constexpr int RELU = TC_RELU;
-constexpr int OUT_BITS = PREC == 0 ? 16 : (EPI == 0 ? 32 : ELEM_BITS);
+constexpr int OUT_BITS = PREC == 0 ? 16 : F32TC ? 32 : (EPI == 0 ? 32 : ELEM_BITS);
 constexpr int STAGE_BITS = PACK ? OUT_BITS : 32;
 constexpr bool DIRECT_OUT = PACK && OUT_BITS == 32;  // raw int32: registers -> global
 constexpr int TB = BN * OUT_BITS / 8;                // output tile row bytes
 constexpr int E_ROW = BN * STAGE_BITS / 8 + 16;      // staging row (+16 B against conflicts)
 constexpr int EPI_SMEM = DIRECT_OUT ? 0 : BM * E_ROW;
-constexpr int PIPE_SMEM = STAGES * (A_STAGE + B_STAGE);
+// F32_ASYNC: two hi/lo plane buffers, then STAGES fp32 staging slots of the same size.
+constexpr int PIPE_SMEM = (F32_ASYNC ? 2 + STAGES : STAGES) * (A_STAGE + B_STAGE);
 constexpr int SMEM = cmax(PIPE_SMEM, EPI_SMEM);
 constexpr int CVO = 128 / OUT_BITS;  // output channels per 16-byte vector (NHWCnc out)
 constexpr int gcd(int a, int b) { return b == 0 ? a : gcd(b, a % b); }
@@ -107,7 +126,8 @@ constexpr int VW = pow2_le16(gcd(K * OUT_BITS / 8, TB));  // bytes per output st
 constexpr int ACC_N = WRT * WCT * ACC_T;
 
 // ---- what cannot be built, each with its reason (kernels/space.py:validity mirrors these)
-static_assert(PREC != 3, "fp32_tc is not implemented in this kernel yet");
+static_assert(!F32TC || (SPLIT >= 0 && SPLIT <= 2), "fp32_tc SPLIT is 0, 1 or 2");
+static_assert(F32TC || SPLIT == 0, "SPLIT is an fp32_tc knob");
 static_assert(C % CV16 == 0, "channels are padded to whole 16-byte vectors by the harness");
 static_assert(!LAYOUT || (N % 8 == 0 && C_REAL % CV16 == 0 && K % CVO == 0 && K % CV16 == 0),
               "NHWCnc stores 8 images x one 16-byte channel vector: batch and channels must fill them");
@@ -138,6 +158,7 @@ tc_conv(const u8* __restrict__ x, const u8* __restrict__ w, const float* __restr
 
   BlockLoader ld;
   ld.init(x, w, m0, n0, tid);
+  if constexpr (F32TC) ld.init_split(scale);
   WarpTile wt;
   wt.init(m0, tid, ld);
 
@@ -146,7 +167,28 @@ tc_conv(const u8* __restrict__ x, const u8* __restrict__ w, const float* __restr
   auto b_buf = [&](int st) { return sbase + (u32)(st * (A_STAGE + B_STAGE) + A_STAGE); };
   const int nit = it1 - it0;
 
-  if constexpr (!REGPATH) {
+  if constexpr (F32_ASYNC) {
+    auto stg = [&](int s) { return sbase + (u32)((2 + s) * (A_STAGE + B_STAGE)); };
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+      if (s < nit) ld.stage_async(it0 + s, stg(s));
+      cp_async_commit();
+    }
+#pragma unroll 1
+    for (int i = 0; i < nit; ++i) {
+      cp_async_wait<STAGES - 2>();  // this thread's copies of stage i have landed
+      // Only the copying thread reads a staging vector: no barrier before the split.
+      ld.split_stage(it0 + i, stg(i % STAGES), a_buf(i & 1), b_buf(i & 1));
+      // Every thread's hi/lo planes of stage i are written, every read of the slot that
+      // the next copy reuses (stage i-1's) and of the planes it overwrites is done.
+      __syncthreads();
+      const int nx = i + STAGES - 1;
+      if (nx < nit) ld.stage_async(it0 + nx, stg(nx % STAGES));
+      cp_async_commit();
+      wt.compute_stage(a_buf(i & 1), b_buf(i & 1), it0 + i);
+    }
+    cp_async_wait<0>();
+  } else if constexpr (!REGPATH) {
     // cp.async multistage pipeline: STAGES-1 stages in flight while one is computed.
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
@@ -198,5 +240,6 @@ tc_conv(const u8* __restrict__ x, const u8* __restrict__ w, const float* __restr
     }
   }
   __syncthreads();  // shared memory is reused by the epilogue
+  if constexpr (F32TC) wt.finalize(scale);  // the accumulator sets -> one fp32 value each
   epilogue(wt, smem, m0, n0, tid, tile, split, scale, bias, y, ws, counters);
 }

@@ -97,7 +97,7 @@ __device__ __forceinline__ void epilogue(WT& wt, u8* smem, int m0, int n0, int t
     if (tid == 0) counters[tile] = 0;
   }
 
-  // ---- raw int32 with PACK_OUT: straight from registers.
+  // ---- raw int32 (fp32_tc: fp32) with PACK_OUT: straight from registers.
   if constexpr (DIRECT_OUT) {
 #pragma unroll
     for (int i = 0; i < WRT; ++i)
@@ -109,7 +109,14 @@ __device__ __forceinline__ void epilogue(WT& wt, u8* smem, int m0, int n0, int t
           const int n = n0 + wt.wn0 + j * 8 + 2 * t;
           if (m >= M || n >= K) continue;
           int* dst = reinterpret_cast<int*>(y + out_off(m, n));
-          const int v0 = wt.acc[i][j][2 * rh], v1 = wt.acc[i][j][2 * rh + 1];
+          int v0, v1;
+          if constexpr (PREC == 3) {  // fp32 out: bias + ReLU in registers
+            const float b0 = EPI ? bias[n] : 0.f, b1 = (EPI && n + 1 < K) ? bias[n + 1] : 0.f;
+            v0 = __float_as_int(fp_epi(wt.acc[i][j][2 * rh], b0));
+            v1 = __float_as_int(fp_epi(wt.acc[i][j][2 * rh + 1], b1));
+          } else {
+            v0 = wt.acc[i][j][2 * rh]; v1 = wt.acc[i][j][2 * rh + 1];
+          }
           if (K % 2 == 0) {
             *reinterpret_cast<int2*>(dst) = make_int2(v0, v1);
           } else {
@@ -234,7 +241,9 @@ __device__ __forceinline__ void epilogue(WT& wt, u8* smem, int m0, int n0, int t
       for (int e = 0; e < EV; ++e) {
         const int nn = n + e;
         u32 val;
-        if constexpr (OUT_BITS == 32) {
+        if constexpr (PREC == 3) {
+          val = (u32)__float_as_int(fp_epi(__int_as_float((int)src[e]), EPI ? bias[nn] : 0.f));
+        } else if constexpr (OUT_BITS == 32) {
           val = src[e];
         } else if constexpr (PREC == 0) {
           const float a = __int_as_float((int)src[e]);

@@ -57,6 +57,12 @@ __device__ __forceinline__ V4 ldg16(const void* p, bool valid) {
   }
   return v;
 }
+__device__ __forceinline__ V4 lds16(u32 addr) {
+  V4 v;
+  asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
+  return v;
+}
 __device__ __forceinline__ void sts16(u32 addr, const V4& v) {
   asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};\n"
                :: "r"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w));
@@ -77,19 +83,19 @@ __device__ __forceinline__ void unpack_s4_word(u32 w, u32& lo, u32& hi) {
 
 // ---- mma.sync: one instruction tile. A: (IM x KB bytes) row, B: (KB bytes x 8) col.
 // ACC is float for fp16, int for integer precisions.
-#if TC_PREC == 0
+#if TC_PREC == 0 || TC_PREC == 3
 typedef float acc_t;
 #else
 typedef int acc_t;
 #endif
 
 __device__ __forceinline__ void mma_tile(acc_t* d, const u32* a, const u32* b) {
-#if TC_PREC == 0 && TC_SM >= 80
+#if (TC_PREC == 0 || TC_PREC == 3) && TC_SM >= 80
   asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
                "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-#elif TC_PREC == 0
+#elif TC_PREC == 0 || TC_PREC == 3
   asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 "
                "{%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
@@ -113,9 +119,10 @@ __device__ __forceinline__ void mma_tile(acc_t* d, const u32* a, const u32* b) {
                "{%0,%1}, {%2}, {%3}, {%0,%1};\n"
                : "+r"(d[0]), "+r"(d[1]) : "r"(a[0]), "r"(b[0]));
 #else
-#error "no mma.sync path for this precision (fp32_tc is not implemented yet)"
+#error "no mma.sync path for this precision"
 #endif
 }
+
 
 // ---- epilogue arithmetic, written in PTX so that nothing is contracted into an FMA: the
 // integer reference (kernels/reference.py) reproduces these roundings bit for bit.
@@ -154,3 +161,59 @@ __device__ __forceinline__ u32 shfl_idx(u32 v, int src) {
 __device__ __forceinline__ u32 ldcg_u32(const u32* p) {  // L2 only: other blocks' partials
   u32 d; asm volatile("ld.global.cg.u32 %0, [%1];" : "=r"(d) : "l"(p)); return d;
 }
+
+#if TC_PREC == 3
+// ---- fp32_tc ------------------------------------------------------------------------------
+// d = A*B with a zero accumulator: the hi*hi products of one k-step leave the Tensor Core as
+// a fresh fp32 sum, and the caller adds it to its running sum with a round-to-nearest FADD.
+// (Chained in the Tensor Core accumulator the running sum is truncated at every k-step;
+// emulated in numpy that is 6-30x the error at K = 576..8192, see kernels/NOTES.md.)
+__device__ __forceinline__ void mma_f16_fresh(float* d, const u32* a, const u32* b) {
+  const float z = 0.f;
+#if TC_SM >= 80
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+               "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};\n"
+               : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(z));
+#else
+  asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 "
+               "{%0,%1,%2,%3}, {%4,%5}, {%6}, {%7,%7,%7,%7};\n"
+               : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(b[0]), "f"(z));
+#endif
+}
+__device__ __forceinline__ u32 hadd2(u32 a, u32 b) {  // two fp16 sums, round to nearest
+  u32 d; asm("add.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b)); return d;
+}
+__device__ __forceinline__ u32 hmul2(u32 a, u32 b) {
+  u32 d; asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b)); return d;
+}
+__device__ __forceinline__ void unpack_f16x2(u32 v, float& lo, float& hi) {
+  asm("{\n .reg .f16 l, h;\n mov.b32 {l, h}, %2;\n cvt.f32.f16 %0, l;\n cvt.f32.f16 %1, h;\n}"
+      : "=f"(lo), "=f"(hi) : "r"(v));
+}
+__device__ __forceinline__ void sts8(u32 addr, u32 a, u32 b) {
+  asm volatile("st.shared.v2.u32 [%0], {%1,%2};\n" :: "r"(addr), "r"(a), "r"(b));
+}
+// 2^e as a float, e in [-126, 127] (callers split larger exponents into several factors).
+__device__ __forceinline__ float pow2i(int e) { return __int_as_float((e + 127) << 23); }
+// The per-tensor exponent e such that amax * 2^e lies in [2^13, 2^14): hi = fp16(x * 2^e)
+// then never overflows (fp16 max 65504 leaves 4x headroom: karatsuba's hi+lo sums reach
+// 2^15) and values down to 2^-28 of amax stay normal fp16. amax = 0, inf or NaN: e = 0.
+// kernels/reference.py:fp32_tc_exponent is the same function in numpy.
+__device__ __forceinline__ int tc_exp_for(float amax) {
+  if (!(amax > 0.f) || !(amax <= 3.40282347e38f)) return 0;
+  int adj = 0;
+  if (amax < 1.17549435e-38f) { amax *= 18446744073709551616.f; adj = 64; }  // fp32 subnormal
+  const int e2 = ((__float_as_int(amax) >> 23) & 0xFF) - 126;  // amax = m * 2^e2, m in [.5, 1)
+  return 14 - (e2 - adj);
+}
+// Split two fp32 values (already scaled by 2^e) into hi and 2^11-scaled lo fp16 pairs.
+// x - hi is exact in fp32 (hi holds x's leading bits), and so is the product by 2^11.
+__device__ __forceinline__ void split_f32x2(float a, float b, u32& hi, u32& lo) {
+  hi = pack_f16x2(a, b);
+  float ah, bh;
+  unpack_f16x2(hi, ah, bh);
+  lo = pack_f16x2((a - ah) * 2048.f, (b - bh) * 2048.f);
+}
+#endif

@@ -3,6 +3,11 @@
 Integer precisions are exact: the accumulator is computed in float64 BLAS only when every
 partial sum is provably below 2**53 (then float64 is exact for integer products and sums),
 otherwise in int64. Float precisions are computed in float64.
+
+fp32_tc: `fp32_tc_exponent`, `fp32_tc_split` and `fp32_tc_reconstruct` are the kernel's
+per-tensor scaling and hi/lo split in numpy (kernels/instruction_tile.cuh does the same in
+CUDA); `check_output` accepts an fp32_tc result whose error against the float64 reference
+is within twice FP32's (see FP32_TC_* below).
 """
 
 from __future__ import annotations
@@ -142,6 +147,8 @@ def to_device_bytes(t: np.ndarray, precision: Precision, layout: str, c_vec: int
     p = Precision(precision)
     if p is Precision.FP16:
         v = t.astype(np.float16)
+    elif p is Precision.FP32_TC:
+        v = t.astype(np.float32)
     elif p is Precision.INT8 or p is Precision.INT4:
         v = t.astype(np.int8)
     else:
@@ -178,6 +185,72 @@ def output_bytes(shape: ConvShape, out_bits: int) -> int:
     return shape.n * shape.p * shape.q * shape.k * out_bits // 8
 
 
+# ---- fp32_tc: per-tensor power-of-two scaling and the hi/lo split ------------------------
+# The kernel scales each tensor by 2^e so that max|t| * 2^e lies in [2^13, 2^14): the hi
+# part fp16(t * 2^e) cannot overflow (fp16 max 65504; karatsuba's hi+lo sums reach 2^15)
+# and the lo part stays normal fp16 for values down to ~2^-28 of max|t|. The exponents are
+# computed by the kernel itself from {amax_x, amax_w}, passed in the `scale` argument (the
+# harness and the runtime compute max|x| and max|w|; any upper bounds work as well).
+FP32_TC_TARGET_EXP = 14  # max|t| * 2^e < 2^14
+FP32_TC_LO_SCALE = 2.0**11  # lo = fp16((t*2^e - hi) * 2^11)
+
+
+def fp32_tc_exponent(amax: float) -> int:
+    """e with amax * 2^e in [2^13, 2^14); 0 for amax 0, inf or NaN (kernel: tc_exp_for)."""
+    a = float(amax)
+    if not (a > 0.0 and np.isfinite(a)):
+        return 0
+    return FP32_TC_TARGET_EXP - int(np.frexp(np.float64(a))[1])
+
+
+def fp32_tc_amax(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """The kernel's `scale` argument for fp32_tc: float32 [max|x|, max|w|]."""
+    return np.array([np.abs(x).max(initial=0.0), np.abs(w).max(initial=0.0)], dtype=np.float32)
+
+
+def fp32_tc_split(t: np.ndarray, e: int) -> tuple[np.ndarray, np.ndarray]:
+    """float32 values -> (hi, lo) float16 with t * 2^e = hi + lo * 2^-11 (to ~2^-22).
+
+    Exactly the kernel's arithmetic: the scaling is exact (a power of two, applied in two
+    steps because |e| may exceed float32's exponent range), hi rounds to nearest, t - hi is
+    exact in float32 and so is its product by 2^11; lo rounds to nearest."""
+    e1, e2 = int(e / 2), e - int(e / 2)
+    ts = (t.astype(np.float32) * np.float32(2.0**e1)) * np.float32(2.0**e2)
+    hi = ts.astype(np.float16)
+    lo = ((ts - hi.astype(np.float32)) * np.float32(FP32_TC_LO_SCALE)).astype(np.float16)
+    return hi, lo
+
+
+def fp32_tc_reconstruct(hi: np.ndarray, lo: np.ndarray, e: int) -> np.ndarray:
+    """(hi + lo * 2^-11) * 2^-e in float64: the value the Tensor Core products see."""
+    v = hi.astype(np.float64) + lo.astype(np.float64) / FP32_TC_LO_SCALE
+    return np.ldexp(v, -e)
+
+
+# The check of an fp32_tc result, derived from the goal "error <= 2x that of FP32": an FP32
+# conv accumulating the K = R*S*C products one after another (FFMA, as each thread of an
+# FP32 implicit-GEMM kernel does) has a relative L2 error of about 0.3 * u * sqrt(K) on
+# uniform inputs (u = 2^-24; emulated in numpy for K = 64..8192: 0.30-0.31). The split
+# itself resolves inputs to 2^-22 (22 significant bits), which is the floor at small K.
+FP32_U = 2.0**-24
+FP32_TC_SEQ_COEF = 0.3
+FP32_TC_FLOOR = 2.0**-22
+FP32_TC_GOAL_FACTOR = 2.0
+
+
+def fp32_tc_rel_tol(gemm_k: int) -> float:
+    """Relative L2 error an fp32_tc result may have: 2 x max(FP32 model, split floor)."""
+    model = FP32_TC_SEQ_COEF * FP32_U * float(np.sqrt(max(gemm_k, 1)))
+    return FP32_TC_GOAL_FACTOR * max(model, FP32_TC_FLOOR)
+
+
+def fp32_tc_elem_tol(gemm_k: int) -> float:
+    """Per element, relative to sum_i |x_i w_i|: twice the worst case of any FP32 summation
+    order (K * u) plus the split's representation (2^-18 covers hi, lo and karatsuba's
+    rounded sums). A guard against unwritten or misplaced outputs, not an accuracy goal."""
+    return FP32_TC_GOAL_FACTOR * (max(gemm_k, 1) * FP32_U + 2.0**-18)
+
+
 # ---- random problems ---------------------------------------------------------------------
 @dataclass
 class Problem:
@@ -187,9 +260,10 @@ class Problem:
     precision: Precision
     x: np.ndarray
     w: np.ndarray
-    scale: np.ndarray  # float32 [K]
+    scale: np.ndarray  # float32 [K] (fp32_tc: float32 [2] = max|x|, max|w|)
     bias: np.ndarray  # float32 [K]
     acc: np.ndarray  # reference accumulators NHWC (int64 or float64)
+    abs_acc: np.ndarray | None = None  # fp32_tc: conv of |x| and |w| (per-element bound)
 
     def expected(self, epilogue_mode: str, relu: bool) -> np.ndarray:
         p = self.precision
@@ -226,6 +300,9 @@ def make_problem(shape: ConvShape, precision: Precision, seed: int | None = None
         lo, hi = INT_RANGE[p.value]
         x = rng.integers(lo, hi + 1, size=xs, dtype=np.int8)
         w = rng.integers(lo, hi + 1, size=ws, dtype=np.int8)
+    elif p is Precision.FP32_TC:
+        x = rng.uniform(-1, 1, size=xs).astype(np.float32)
+        w = rng.uniform(-1, 1, size=ws).astype(np.float32)
     else:
         x = rng.uniform(-1, 1, size=xs).astype(np.float16)
         w = rng.uniform(-1, 1, size=ws).astype(np.float16)
@@ -237,6 +314,11 @@ def make_problem(shape: ConvShape, precision: Precision, seed: int | None = None
         std = acc.reshape(-1, shape.k).astype(np.float64).std(axis=0) + 1.0
         scale = (qmax * 0.4 / std * rng.uniform(0.8, 1.25, size=shape.k)).astype(np.float32)
         bias = rng.uniform(-0.3 * qmax, 0.3 * qmax, size=shape.k).astype(np.float32)
+    elif p is Precision.FP32_TC:
+        scale = fp32_tc_amax(x, w)
+        bias = rng.uniform(-0.5, 0.5, size=shape.k).astype(np.float32)
+        abs_acc = conv_ref(np.abs(x), np.abs(w), shape, p)
+        return Problem(shape, p, x, w, scale, bias, acc, abs_acc)
     else:
         scale = np.ones(shape.k, dtype=np.float32)
         bias = rng.uniform(-0.5, 0.5, size=shape.k).astype(np.float32)
@@ -244,14 +326,34 @@ def make_problem(shape: ConvShape, precision: Precision, seed: int | None = None
 
 
 def check_output(got: np.ndarray, want: np.ndarray, precision: Precision,
-                 out_bits: int) -> tuple[bool, dict[str, float]]:
-    """Integers: exactly equal. fp16 outputs: relative L2 error within FP16_REL_TOL."""
+                 out_bits: int, *, gemm_k: int | None = None,
+                 abs_ref: np.ndarray | None = None) -> tuple[bool, dict[str, float]]:
+    """Integers: exactly equal. fp16 outputs: relative L2 error within FP16_REL_TOL.
+    fp32_tc (needs `gemm_k`, the reduction length R*S*C): relative L2 error within
+    fp32_tc_rel_tol(gemm_k), and, given `abs_ref` (the conv of |x| and |w|), every element
+    within fp32_tc_elem_tol(gemm_k) * abs_ref."""
     p = Precision(precision)
     if p.is_integer:
         bad = int(np.count_nonzero(got != want))
         return bad == 0, {"mismatches": bad, "elements": int(want.size)}
     if not np.all(np.isfinite(got)):
         return False, {"rel_err": float("inf")}
+    if p is Precision.FP32_TC:
+        if gemm_k is None:
+            raise ValueError("fp32_tc checks need gemm_k (R*S*C)")
+        d = got.astype(np.float64) - want
+        rel = float(np.linalg.norm(d)) / (float(np.linalg.norm(want)) or 1.0)
+        tol = fp32_tc_rel_tol(gemm_k)
+        stats = {"rel_err": rel, "rel_tol": tol,
+                 "max_abs_err": float(np.abs(d).max(initial=0.0))}
+        ok = rel <= tol
+        if abs_ref is not None:
+            # abs_ref has no bias: |bias| adds one rounding of the output at most.
+            bound = fp32_tc_elem_tol(gemm_k) * abs_ref + 2 * FP32_U * np.abs(want)
+            bad = int(np.count_nonzero(np.abs(d) > bound))
+            stats["bad_elements"] = bad
+            ok = ok and bad == 0
+        return ok, stats
     denom = float(np.linalg.norm(want)) or 1.0
     rel = float(np.linalg.norm(got - want)) / denom
     # Per element: fp16 rounding of the output plus fp32 accumulation, scaled to the data.

@@ -65,6 +65,13 @@ REGS_PER_BLOCK = 65536
 # in eight schedules it rejects would still compile without spilling.
 REG_OVERHEAD = 64
 REG_DEEP_CHUNK = 16
+# fp32_tc (calibrated the same way on ~360 sm_90 builds near the limit): the fixed part
+# grows with CHUNK (each unrolled k-step holds hi and lo fragments and the register-staged
+# loader keeps up to 8 prefetched vectors live across the math), and duplicate-aware loads
+# add their index state: REG_F32TC_BASE + REG_F32TC_PER_CHUNK * CHUNK (+ REG_F32TC_DUP).
+REG_F32TC_BASE = 48
+REG_F32TC_PER_CHUNK = 20
+REG_F32TC_DUP = 48
 # Bytes added to each row of the epilogue's staging tile against bank conflicts.
 EPILOGUE_ROW_PAD = 16
 
@@ -81,9 +88,9 @@ def schedule_hash(schedule: Mapping[str, Any]) -> str:
 
 
 def channel_vector(precision: Precision) -> int:
-    """Channels in one 16-byte vector of the activation tensor (the 'c' of NHWCnc)."""
-    return 128 // Precision(precision).input_bits if Precision(precision) is not \
-        Precision.FP32_TC else 8
+    """Channels in one 16-byte vector of the activation tensor (the 'c' of NHWCnc); fp32_tc
+    keeps fp32 in global memory, so 4."""
+    return 128 // Precision(precision).input_bits
 
 
 def padded_channels(shape: ConvShape, precision: Precision) -> int:
@@ -157,19 +164,32 @@ def geometry(shape: ConvShape, precision: Precision, target: Target,
     split_k = np.asarray(cols["SPLIT_K"], i64)
     blocked = np.asarray(cols["LAYOUT"], dtype=object) == "nhwcnc"
 
-    elem_bits = 16 if p is Precision.FP32_TC else p.input_bits
-    smem_bits = 8 if s8 else elem_bits
+    f32tc = p is Precision.FP32_TC
+    elem_bits = p.input_bits  # in global memory (fp32_tc: fp32)
+    # in shared memory: s4 unpacked to s8; fp32_tc split into fp16 hi and lo planes
+    smem_bits = 8 if s8 else 16 if f32tc else elem_bits
+    planes = 2 if f32tc else 1
     kb = inst.k * smem_bits // 8  # bytes of k per instruction (16 or 32)
     bm = brw * wrt * inst.m
     bn = bcw * wct * inst.n
     bk = chunk * inst.k
     warps = brw * bcw
     acc = wrt * wct * (inst.m * inst.n // 32)
-    if p is Precision.FP32_TC:
-        acc = acc * 2  # correction terms accumulate beside the Tensor Core accumulator
     # ldmatrix fragments of one k-step: A (m x kb bytes) and B (8 x kb bytes) per tile.
-    frag = wrt * (inst.m // 8) * (kb // 16) + wct * (kb // 16)
-    sb = chunk * kb  # shared bytes of one row per tap
+    frag_a = wrt * (inst.m // 8) * (kb // 16)
+    frag_b = wct * (kb // 16)
+    frag = frag_a + frag_b
+    if f32tc:
+        split = np.asarray(cols["SPLIT"], dtype=object) if "SPLIT" in cols else \
+            np.full(np.shape(brw), "scaled3", dtype=object)
+        kara, bino = split == "karatsuba", split == "binomial4"
+        # Accumulator sets (warp_tile.cuh): hi*hi (summed outside the Tensor Core) and the
+        # corrections; karatsuba keeps lo*lo apart as a third set.
+        acc = acc * np.where(kara, 3, 2)
+        # Fragments: hi and lo of A and B; karatsuba adds the hi+lo sums of both, binomial4
+        # the 2^-11-scaled lo of B.
+        frag = 2 * frag + np.where(kara, frag, 0) + np.where(bino, frag_b, 0)
+    sb = chunk * kb  # shared bytes of one row per tap (of one plane)
 
     cp = padded_channels(shape, p)
     n_cb = -(-cp // bk)
@@ -191,9 +211,12 @@ def geometry(shape: ConvShape, precision: Precision, target: Target,
                      rows_out)
     taps = np.where(dup, np.where(reorder, r * s, s), 1)
     a_rows = np.where(dup, slots * in_cols * nb, bm)
-    a_stage = a_rows * sb
-    b_stage = bn * taps * sb
-    pipeline = stages * (a_stage + b_stage)
+    a_stage = planes * a_rows * sb
+    b_stage = planes * bn * taps * sb
+    # fp32_tc with STAGES=3 on sm_80+ (conv.cu: F32_ASYNC): two hi/lo plane buffers and a
+    # 3-deep ring of fp32 staging slots, each as large as one stage's planes.
+    f32_async = f32tc and target.sm >= 80
+    pipeline = np.where(f32_async & (stages == 3), 2 + stages, stages) * (a_stage + b_stage)
     ob = p.output_bits if out_bits is None else out_bits
     stage_bits = np.where(pack, ob, 32)
     epilogue = np.where(pack & (ob == 32), 0, bm * (bn * stage_bits // 8 + EPILOGUE_ROW_PAD))
@@ -225,12 +248,19 @@ def validity(shape: ConvShape, precision: Precision, target: Target,
     # build treats spills as errors (ptxas --warn-on-spills -Werror): local-memory traffic in
     # the inner loop is never a schedule worth measuring. See REG_OVERHEAD.
     cap = np.minimum(MAX_REGS_PER_THREAD, (REGS_PER_BLOCK // g.threads) // 8 * 8)
-    deep = np.where(np.asarray(cols["CHUNK"]) >= 4, REG_DEEP_CHUNK, 0)
-    ok &= g.acc_regs + 2 * g.frag_regs + REG_OVERHEAD + deep <= cap
+    chunk = np.asarray(cols["CHUNK"])
+    if p is Precision.FP32_TC:
+        fixed = REG_F32TC_BASE + REG_F32TC_PER_CHUNK * chunk + \
+            np.where(np.asarray(cols["DUP_AWARE"]) == 1, REG_F32TC_DUP, 0)
+    else:
+        fixed = REG_OVERHEAD + np.where(chunk >= 4, REG_DEEP_CHUNK, 0)
+    ok &= g.acc_regs + 2 * g.frag_regs + fixed <= cap
     # Shared memory: a block cannot launch with more than the opt-in maximum.
     ok &= g.smem_bytes <= target.smem_per_block_kib * 1024
     # The register-staged pipeline (no cp.async on sm_75; int4 unpacked to s8 on the way
     # into shared memory on sm_90) is double-buffered at most (the kernel static_asserts).
+    # fp32_tc on sm_80+ splits on that path with STAGES 1-2 and runs STAGES=3 as a cp.async
+    # staging ring (conv.cu: F32_ASYNC).
     if target.sm < 80 or int4_via_s8(p, target.sm):
         ok &= np.asarray(cols["STAGES"]) <= 2
     # NHWCnc blocks 8 images x one 16-byte channel vector: batch and channels must fill

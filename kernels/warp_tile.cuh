@@ -31,8 +31,20 @@ __device__ __forceinline__ void ldsm_group(int g, u32 addr, u32* fr) {
   }
 }
 
+// fp32_tc sizes of the extra accumulator sets (1 element where a set does not exist).
+namespace cfg {
+constexpr int X2R = ACC_SETS >= 2 ? WRT : 1, X2C = ACC_SETS >= 2 ? WCT : 1;
+constexpr int X3R = ACC_SETS >= 3 ? WRT : 1, X3C = ACC_SETS >= 3 ? WCT : 1;
+}  // namespace cfg
+
 struct WarpTile {
+  // fp32_tc: acc holds hi*hi, summed outside the Tensor Core (round to nearest) per k-step;
+  // acc2 the corrections hi*lo + lo*hi (binomial4: + lo*lo*2^-11; karatsuba: the product of
+  // the sums (hi+lo)(hi+lo)); acc3 karatsuba's lo*lo. Both chained in the Tensor Core: their
+  // truncation errors are scaled by 2^-11 in the result.
   acc_t acc[cfg::WRT][cfg::WCT][cfg::ACC_T];
+  acc_t acc2[cfg::X2R][cfg::X2C][cfg::ACC_T];
+  acc_t acc3[cfg::X3R][cfg::X3C][cfg::ACC_T];
   int a_row[cfg::GA];  // shared row (non-dup) or base row of the receptive field (dup)
   int a_ke[cfg::GA];   // 16-byte k chunk of this lane's matrix
   int b_row[cfg::GBn];
@@ -50,7 +62,11 @@ struct WarpTile {
 #pragma unroll
       for (int j = 0; j < WCT; ++j)
 #pragma unroll
-        for (int c = 0; c < ACC_T; ++c) acc[i][j][c] = 0;
+        for (int c = 0; c < ACC_T; ++c) {
+          acc[i][j][c] = 0;
+          if constexpr (ACC_SETS >= 2) acc2[i % X2R][j % X2C][c] = 0;
+          if constexpr (ACC_SETS >= 3) acc3[i % X3R][j % X3C][c] = 0;
+        }
 #pragma unroll
     for (int g = 0; g < GA; ++g) {
       const int mat = lane_mat<NA>(g, lane);
@@ -97,23 +113,116 @@ struct WarpTile {
   __device__ __forceinline__ void compute_taps(u32 abuf, u32 bbuf, int tap) {
     using namespace cfg;
     const int toff = tap_offset(tap) * NB;
+    if constexpr (F32TC) {
+      compute_taps_split(abuf, bbuf, tap, toff);
+    } else {
+#pragma unroll
+      for (int ks = 0; ks < CHUNK; ++ks) {
+        u32 afr[NA], bfr[NBM];
+#pragma unroll
+        for (int g = 0; g < GA; ++g) {
+          const int row = a_row[g] + toff;
+          ldsm_group<NA>(g, abuf + soff(row, ks * (KB / 16) + a_ke[g]), afr);
+        }
+#pragma unroll
+        for (int g = 0; g < GBn; ++g) {
+          ldsm_group<NBM>(g, bbuf + soff(tap * BN + b_row[g], ks * BMAT + b_ke[g]), bfr);
+        }
+#pragma unroll
+        for (int i = 0; i < WRT; ++i)
+#pragma unroll
+          for (int j = 0; j < WCT; ++j) mma_tile(acc[i][j], &afr[i * AM], &bfr[j * BMAT]);
+      }
+    }
+  }
+
+  // fp32_tc: fragments of the hi and lo planes (same addressing), then per tile
+  //   scaled3    hh -> acc (fresh mma + FADD), hl + lh -> acc2
+  //   binomial4  as scaled3, + l * (l * 2^-11) -> acc2 (the 2^-22 term, in acc2's scale)
+  //   karatsuba  hh -> acc, (h+l)(h+l) -> acc2, ll -> acc3; D = acc2 - acc - acc3 at the end
+  __device__ __forceinline__ void compute_taps_split(u32 abuf, u32 bbuf, int tap, int toff) {
+#if TC_PREC == 3
+    using namespace cfg;
 #pragma unroll
     for (int ks = 0; ks < CHUNK; ++ks) {
-      u32 afr[NA], bfr[NBM];
+      u32 ah[NA], al[NA], bh[NBM], bl[NBM];
 #pragma unroll
       for (int g = 0; g < GA; ++g) {
-        const int row = a_row[g] + toff;
-        ldsm_group<NA>(g, abuf + soff(row, ks * (KB / 16) + a_ke[g]), afr);
+        const u32 off = soff(a_row[g] + toff, ks * (KB / 16) + a_ke[g]);
+        ldsm_group<NA>(g, abuf + off, ah);
+        ldsm_group<NA>(g, abuf + A_PLANE + off, al);
       }
 #pragma unroll
       for (int g = 0; g < GBn; ++g) {
-        ldsm_group<NBM>(g, bbuf + soff(tap * BN + b_row[g], ks * BMAT + b_ke[g]), bfr);
+        const u32 off = soff(tap * BN + b_row[g], ks * BMAT + b_ke[g]);
+        ldsm_group<NBM>(g, bbuf + off, bh);
+        ldsm_group<NBM>(g, bbuf + B_PLANE + off, bl);
+      }
+      // binomial4: lo(w) * 2^-11 in fp16, so that the lo*lo product lands in acc2's scale
+      // (it loses bits only where that falls below fp16's normal range: a 2^-22 term).
+      // karatsuba: the operand sums hi + lo, rounded to fp16 (their rounding, scaled by
+      // 2^-11 in the result, is what karatsuba trades for its missing fourth product).
+      u32 bq[SPLIT == 1 ? NBM : 1], as[SPLIT == 2 ? NA : 1], bs[SPLIT == 2 ? NBM : 1];
+      if constexpr (SPLIT == 1) {
+#pragma unroll
+        for (int k = 0; k < NBM; ++k) bq[k] = hmul2(bl[k], 0x10001000u);  // 2^-11 = 0x1000
+      }
+      if constexpr (SPLIT == 2) {
+#pragma unroll
+        for (int k = 0; k < NA; ++k) as[k] = hadd2(ah[k], al[k]);
+#pragma unroll
+        for (int k = 0; k < NBM; ++k) bs[k] = hadd2(bh[k], bl[k]);
       }
 #pragma unroll
       for (int i = 0; i < WRT; ++i)
 #pragma unroll
-        for (int j = 0; j < WCT; ++j) mma_tile(acc[i][j], &afr[i * AM], &bfr[j * BMAT]);
+        for (int j = 0; j < WCT; ++j) {
+          const u32* a_h = &ah[i * AM]; const u32* a_l = &al[i * AM];
+          const u32* b_h = &bh[j * BMAT]; const u32* b_l = &bl[j * BMAT];
+          float t[ACC_T];
+          mma_f16_fresh(t, a_h, b_h);
+#pragma unroll
+          for (int c = 0; c < ACC_T; ++c) acc[i][j][c] += t[c];
+          if constexpr (SPLIT == 2) {
+            mma_tile(acc2[i % X2R][j % X2C], &as[i * AM], &bs[j * BMAT]);
+            mma_tile(acc3[i % X3R][j % X3C], a_l, b_l);
+          } else {
+            mma_tile(acc2[i % X2R][j % X2C], a_h, b_l);
+            mma_tile(acc2[i % X2R][j % X2C], a_l, b_h);
+            if constexpr (SPLIT == 1) mma_tile(acc2[i % X2R][j % X2C], a_l, &bq[j * BMAT]);
+          }
+        }
     }
+#endif
+  }
+
+  // fp32_tc: the sets -> one fp32 value per element, scaled back by 2^-(ex + ew).
+  __device__ __forceinline__ void finalize(const float* amax) {
+#if TC_PREC == 3
+    using namespace cfg;
+    // -(ex + ew) lies in [-324, 228]: three factors of at most 2^+-108 each.
+    const int r = -(tc_exp_for(amax[0]) + tc_exp_for(amax[1]));
+    const int r1 = r / 3, r2 = (r - r1) / 2, r3 = r - r1 - r2;
+    const float d1 = pow2i(r1), d2 = pow2i(r2), d3 = pow2i(r3);
+    constexpr float S11 = 1.f / 2048.f, S22 = S11 * S11;
+#pragma unroll
+    for (int i = 0; i < WRT; ++i)
+#pragma unroll
+      for (int j = 0; j < WCT; ++j)
+#pragma unroll
+        for (int c = 0; c < ACC_T; ++c) {
+          const float h = acc[i][j][c], c2 = acc2[i % X2R][j % X2C][c];
+          float v;
+          if constexpr (SPLIT == 2) {
+            const float l = acc3[i % X3R][j % X3C][c];
+            const float d = (c2 - h) - l;  // the cross terms hl + lh
+            v = fmaf(l, S22, fmaf(d, S11, h));
+          } else {
+            v = fmaf(c2, S11, h);
+          }
+          acc[i][j][c] = v * d1 * d2 * d3;
+        }
+#endif
   }
 
   __device__ __forceinline__ void compute_stage(u32 abuf, u32 bbuf, int /*it*/) {
