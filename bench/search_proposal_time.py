@@ -90,26 +90,33 @@ def main(argv: list[str] | None = None) -> int:
           f"{len({t.shape for t in history.prior})} layers + {len(history.trials)} trials); "
           f"space {len(space.valid_indices)} valid schedules")
     for name in args.strategies.split(","):
-        cold, warm = [], []
+        cold, warm, cold_cpu, warm_cpu = [], [], [], []
         for r in range(args.repeat):
             model_based._PRIOR_CACHE.clear()
             strat = make_strategy(name, space, seed=r)
             h = History(trials=list(history.trials), prior=history.prior)
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             batch = strat.propose(h, 32)
             cold.append(time.perf_counter() - t0)
+            cold_cpu.append(time.process_time() - c0)
             assert len(batch) == 32
             # The next batch of the same job: 32 more trials measured. For sa, cross a plan
             # boundary (64 more) so that its model is retrained too.
             extra = 64 if name == "sa" else 32
             h2 = History(trials=list(history.trials) + more[TASK_TRIALS:TASK_TRIALS + extra],
                          prior=history.prior)
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             batch = strat.propose(h2, 32)
             warm.append(time.perf_counter() - t0)
+            warm_cpu.append(time.process_time() - c0)
             assert len(batch) == 32
-        print(f"{name:10s} cold median {statistics.median(cold):.3f} s (max {max(cold):.3f})"
-              f"   warm median {statistics.median(warm):.3f} s (max {max(warm):.3f})")
+        # CPU seconds (both threads) next to wall time: on a shared machine the wall time
+        # includes waiting for the cores; CPU / 2 is what an idle 2-core machine would take.
+        print(f"{name:10s} cold: wall median {statistics.median(cold):.3f} s, "
+              f"cpu median {statistics.median(cold_cpu):.3f} s | "
+              f"warm: wall median {statistics.median(warm):.3f} s, "
+              f"cpu median {statistics.median(warm_cpu):.3f} s")
+    print(f"load average during the run: {os.getloadavg()[0]:.1f}")
     return 0
 
 

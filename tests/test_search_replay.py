@@ -17,7 +17,7 @@ from search.datasets import load_dataset, write_dataset
 ROOT = Path(__file__).resolve().parent.parent
 REPLAY = ROOT / "bench" / "data" / "replay"
 RECORDED = ROOT / "bench" / "data" / "search_replay.json"
-CI_DATASET = "sim_stage4_fp16_h100_paper6"
+CI_DATASET = "resnet50_stage5_n8_fp16_h200"  # recorded on an H200
 
 
 def test_dataset_roundtrip_and_absent_schedules_are_invalid(tmp_path: Path) -> None:
@@ -60,8 +60,10 @@ def test_trials_to_and_score() -> None:
 
 
 def test_short_replay_orders_strategies_as_the_recorded_table(tmp_path: Path) -> None:
-    """3 seeds instead of 10 on one dataset: every strategy pair the recorded table separates
-    clearly (trials to 95%, a factor 1.5 or more apart) comes out in the same order."""
+    """3 seeds instead of 10 on one dataset (recorded on an H200): every strategy pair the
+    recorded table separates clearly (trials to 99%, a factor 1.5 or more apart) comes out in
+    the same order. (Trials to 95% is no good here: the strategies share their first random
+    batch, which for seeds 0-2 already holds a 95% schedule.)"""
     out, png = tmp_path / "r.json", tmp_path / "r.png"
     rc = replay.main(["--dataset", str(REPLAY / f"{CI_DATASET}.jsonl.gz"), "--seeds", "3",
                       "--out", str(out), "--png", str(png)])
@@ -75,14 +77,14 @@ def test_short_replay_orders_strategies_as_the_recorded_table(tmp_path: Path) ->
                 if r["dataset"] == CI_DATASET and r["strategy"] in got}
     assert set(recorded) == set(got)
 
-    def t95(r: dict) -> float:
-        return float("inf") if r["trials_to_95"] is None else r["trials_to_95"]
+    def t99(r: dict) -> float:
+        return float("inf") if r["trials_to_99"] is None else r["trials_to_99"]
 
     checked = 0
     for a in recorded:
         for b in recorded:
-            if t95(recorded[a]) * 1.5 <= t95(recorded[b]):
-                assert t95(got[a]) < t95(got[b]), (a, b, got[a], got[b])
+            if t99(recorded[a]) < float("inf") and t99(recorded[a]) * 1.5 <= t99(recorded[b]):
+                assert t99(got[a]) < t99(got[b]), (a, b, got[a], got[b])
                 checked += 1
     assert checked >= 3
     # The goals the recorded table claims hold in the short run too.

@@ -123,5 +123,5 @@ def test_transfer_the_prior_steers_the_first_batch(name: str) -> None:
     got = target.throughput(np.asarray(batch))
     rand = target.throughput(np.asarray(cold))
     assert len(set(batch)) == 32
-    assert got.max() > 0.9 > rand.max()
+    assert got.max() > max(0.95, rand.max())
     assert np.median(got) > np.median(rand) + 0.2
