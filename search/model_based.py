@@ -140,7 +140,43 @@ class ModelBasedStrategy(Strategy):
             return None
         table = np.full(self.space.size, -np.inf)
         table[self.space.valid_indices] = scores
+        self._last_table = table
         return table
+
+    # --- what the model thinks, for people ------------------------------------------------
+    def describe(self, history: History, picks: Sequence[int]
+                 ) -> tuple[dict[int, float], dict[str, Any] | None]:
+        """After a proposal: the model's predicted latency of each pick (its score mapped to
+        microseconds by a log-linear fit on this task's measured schedules) and each knob's
+        importance (how far the model's mean score moves across the knob's values)."""
+        table = getattr(self, "_last_table", None)
+        if table is None:
+            return {}, None
+        valid = self.space.valid_indices
+        scores = table[valid]
+        cols = self.space.columns(valid)
+        spread = {}
+        for name, col in cols.items():
+            means = [scores[col == v].mean() for v in np.unique(col)]
+            spread[name] = float(np.ptp(means)) if len(means) > 1 else 0.0
+        total = sum(spread.values()) or 1.0
+        insight: dict[str, Any] = {
+            "knob_importance": {k: round(v / total, 4) for k, v in spread.items()},
+            "model": f"xgboost {self.loss}", "trained_on": len(history.trials),
+            "prior": len(history.prior)}
+        ok = [(t.index, t.median_us) for t in history.trials
+              if t.status == "ok" and t.median_us and np.isfinite(table[t.index])]
+        if len(ok) < 3:
+            return {}, insight
+        x = np.array([table[i] for i, _ in ok])
+        y = np.log(np.array([us for _, us in ok]))
+        if np.ptp(x) == 0:
+            return {}, insight
+        a, b = np.polyfit(x, y, 1)
+        preds = {int(i): round(float(np.exp(a * table[i] + b)), 3) for i in picks
+                 if np.isfinite(table[i])}
+        insight["calibration_points"] = len(ok)
+        return preds, insight
 
     # --- filling a batch -----------------------------------------------------------------
     def fill_random(self, picks: list[int], history: History, n: int,

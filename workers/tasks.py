@@ -91,8 +91,8 @@ def explore(db_url: str, job_id: int, batch_size: int = 32) -> list[int]:
         # must not be held while the strategy thinks.
         repo.set_job_status(s, job, "running")
         # Model-based strategies say what they predicted; the dashboard plots it.
-        predictions: dict[int, float] = getattr(strategy, "predictions", None) or {}
-        insight = getattr(strategy, "insight", None)
+        describe = getattr(strategy, "describe", None)
+        predictions, insight = describe(history, picks) if describe else ({}, None)
         if insight:
             job.insight = insight
         ids = repo.add_candidates(s, job, space.schedules(picks), repo.next_round(s, job.id),
