@@ -435,7 +435,11 @@ class Conv2d:
             "weight": TensorSpec("weight", w_shapes, in_dtypes,
                                  f"KRSC, channels zero-padded to {cp}{unit}" if cp != sh.c
                                  else f"KRSC{unit}"),
-            "scale": TensorSpec("scale", ((sh.k,),), ("float32",), "one per output channel"),
+            "scale": (TensorSpec("scale", ((2,),), ("float32",),
+                                 "{max|x|, max|w|} (or upper bounds): the power-of-two scaling "
+                                 "of the fp16 split")
+                      if self.precision is Precision.FP32_TC else
+                      TensorSpec("scale", ((sh.k,),), ("float32",), "one per output channel")),
             "bias": TensorSpec("bias", ((sh.k,),), ("float32",), "one per output channel"),
             "out": TensorSpec("out", (self.output_shape,), (self.output_dtype,), what_y),
         }
@@ -456,7 +460,9 @@ class Conv2d:
         if scale is None and self.needs_scale:
             raise ValueError("scale is required: the requant epilogue computes "
                              "clamp(round(acc*scale[k] + bias[k])) (float32 [K])")
-        if scale is not None:
+        if scale is not None and self.precision is Precision.FP32_TC:
+            check_tensor(scale, self.specs["scale"], fw, dev, align=4)
+        elif scale is not None:
             if not self.needs_scale:
                 raise ValueError(f"scale is not used by the {self.epilogue.mode!r} epilogue of "
                                  f"{self.precision.value}; pass None")
@@ -550,6 +556,13 @@ class Conv2d:
         x = self._padded(sc, "x_pad", x, self.input_shape)
         w = self._padded(sc, "w_pad", w, self.weight_shape)
         zeros = sc["zeros_k"]
+        if scale is None and self.precision is Precision.FP32_TC:
+            # The kernel scales both operands by powers of two from {max|x|, max|w|}: without
+            # them values beyond fp16's range would overflow. One reduction each, on the
+            # caller's stream; pass `scale` (bounds) to skip it.
+            import cupy
+
+            scale = cupy.stack([cupy.abs(x).max(), cupy.abs(w).max()]).astype(cupy.float32)
         launch(fn, self.meta, x, w, zeros if scale is None else scale,
                zeros if bias is None else bias, y, sc["ws"], sc["counters"])
 
