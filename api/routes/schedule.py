@@ -127,7 +127,7 @@ class BestCache:
         # Bumped when a check drops entries: a miss read before a check that then fills
         # the cache after it might hold what the check has just dropped.
         self.generation = 0
-        self._check: asyncio.Task[None] | None = None
+        self._check: asyncio.Future[None] | None = None
 
     @property
     def enabled(self) -> bool:
@@ -135,12 +135,23 @@ class BestCache:
 
     async def current(self) -> None:
         """Return once the cache was checked at most max_age_s before this call (a check
-        that started after the call also ends the wait, however long it took)."""
-        oldest_ok = time.monotonic() - self.max_age_s
+        that started after the call also ends the wait, however long it took). Checks start
+        at half that age, in the background: under steady traffic no request waits."""
+        now = time.monotonic()
+        if now - self.checked_at > self.max_age_s / 2:
+            self._start_check()
+        oldest_ok = now - self.max_age_s
         while self.checked_at < oldest_ok:
-            if self._check is None or self._check.done():
-                self._check = asyncio.ensure_future(self._run_check())
-            await asyncio.shield(self._check)
+            await asyncio.shield(self._start_check())
+
+    def _start_check(self) -> asyncio.Future[None]:
+        loop = asyncio.get_running_loop()
+        # (A check left behind by another event loop, as test clients make, is not awaited.)
+        if self._check is None or self._check.done() or self._check.get_loop() is not loop:
+            self._check = loop.create_task(self._run_check())
+            # A background check's failure is retrieved here; waiting requests get it raised.
+            self._check.add_done_callback(lambda t: t.cancelled() or t.exception())
+        return self._check
 
     async def _run_check(self) -> None:
         started = time.monotonic()
