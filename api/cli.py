@@ -103,7 +103,7 @@ def api_only_app() -> Any:
 
 def _frozen(app: Any) -> Any:
     """What is imported and built before serving lives as long as the process: keep it out
-    of the collector's full passes (each walked ~150k objects, 50-100 ms on this 2-core
+    of the collector's full passes (each walked ~125k objects, 50-140 ms on this 2-core
     machine, all of it added to the requests in flight: the p99 of GET /schedule)."""
     import gc
 
