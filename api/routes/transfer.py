@@ -52,11 +52,11 @@ async def import_(request: Request, _: Admin) -> ImportOut:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
-        raise HTTPException(status.HTTP_422_UNPROCESSABLE_ENTITY,
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT,
                             "the body must be UTF-8 JSON lines") from None
     report = await run_in_threadpool(_import, request.app.state.settings.db_url, text)
     if report.errors:
-        raise HTTPException(status.HTTP_422_UNPROCESSABLE_ENTITY,
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT,
                             {"msg": "nothing was imported", "errors": report.errors})
     return ImportOut(lines=report.lines, imported=report.imported,
                      already_present=report.already_present, tasks=report.tasks)
