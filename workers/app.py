@@ -108,7 +108,7 @@ def explore_task(job_id: int) -> int:
 @app.task(name="tctune.build", **RETRY)
 def build_task(candidate_ids: list[int]) -> int:
     settings = get_settings()
-    target = _target_of(candidate_ids[0])
+    target = tasks.target_of(settings.db_url, candidate_ids[0])
     if target is None:
         return 0
     built = tasks.build_many(settings.db_url, candidate_ids, builder_backend(target, settings),
@@ -120,7 +120,7 @@ def build_task(candidate_ids: list[int]) -> int:
 @app.task(name="tctune.measure", **RETRY)
 def measure_task(candidate_ids: list[int]) -> int:
     settings = get_settings()
-    target = _target_of(candidate_ids[0])
+    target = tasks.target_of(settings.db_url, candidate_ids[0])
     if target is None:
         return 0
     wrote = tasks.measure_many(settings.db_url, candidate_ids, backend_for(target, settings),
@@ -129,13 +129,6 @@ def measure_task(candidate_ids: list[int]) -> int:
     if job_id is not None:  # the result that closes a round starts the next one
         send(explore_task, job_id, EXPLORE_QUEUE)
     return wrote
-
-
-def _target_of(candidate_id: int) -> str | None:
-    with session_scope(get_settings().db_url) as s:
-        cand = repo.get_candidate(s, candidate_id)
-        task = cand and repo.get_task(s, cand.task_id)
-        return task.target if task else None
 
 
 def _round_finished(candidate_id: int) -> int | None:

@@ -37,17 +37,9 @@ def _init_child(settings_json: str) -> None:
     _child_settings = Settings.model_validate_json(settings_json)
 
 
-def _child_target(candidate_id: int) -> str:
-    assert _child_settings is not None
-    with session_scope(_child_settings.db_url) as s:
-        cand = repo.get_candidate(s, candidate_id)
-        task = cand and repo.get_task(s, cand.task_id)
-        return task.target if task else ""
-
-
 def child_build(candidate_id: int) -> int:
     assert _child_settings is not None
-    target = _child_target(candidate_id)
+    target = tasks.target_of(_child_settings.db_url, candidate_id)
     if not target:
         return 0
     backend = backend_for(target, _child_settings)
@@ -56,7 +48,7 @@ def child_build(candidate_id: int) -> int:
 
 def child_measure(candidate_id: int) -> int:
     assert _child_settings is not None
-    target = _child_target(candidate_id)
+    target = tasks.target_of(_child_settings.db_url, candidate_id)
     if not target:
         return 0
     backend = backend_for(target, _child_settings)

@@ -38,6 +38,14 @@ def task_spec(task: Task) -> TaskSpec:
                     get_target(task.target))
 
 
+def target_of(db_url: str, candidate_id: int) -> str | None:
+    """The target of a candidate's task: which backend (and queue) it needs."""
+    with session_scope(db_url) as s:
+        cand = repo.get_candidate(s, candidate_id)
+        task = cand and repo.get_task(s, cand.task_id)
+        return task.target if task else None
+
+
 def space_of(task: Task) -> ScheduleSpace:
     spec = task_spec(task)
     return ScheduleSpace(spec.shape, spec.precision, spec.target)
