@@ -69,6 +69,18 @@ TARGET_PATTERN = "^(" + "|".join(
 ) + ")$"
 
 
+def _known_target(v: str) -> str:
+    if v.lower() not in TARGETS:
+        raise ValueError(f"unknown target {v!r}; known: {', '.join(TARGETS)}")
+    return v.lower()
+
+
+# A GPU model the service knows, case-insensitive, lowercased once validated.
+TargetName = Annotated[str, Field(max_length=32, description=f"one of {', '.join(TARGETS)}",
+                                  json_schema_extra={"pattern": TARGET_PATTERN}),
+                       AfterValidator(_known_target)]
+
+
 class ShapeIn(BaseModel):
     """A conv layer. Integers only; stride/pad/dilation as one int or [vertical, horizontal]."""
 
@@ -92,18 +104,10 @@ class TuneRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     shape: ShapeIn
     precision: Precision
-    target: str = Field(description=f"one of {', '.join(TARGETS)}",
-                        json_schema_extra={"pattern": TARGET_PATTERN})
+    target: TargetName
     trials: StrictInt = Field(500, ge=1, le=MAX_TRIALS)
     strategy: str | None = Field(None, description="search strategy; default: the service's")
     seed: StrictInt = Field(0, ge=0, le=2**31 - 1)
-
-    @field_validator("target")
-    @classmethod
-    def _known_target(cls, v: str) -> str:
-        if v.lower() not in TARGETS:
-            raise ValueError(f"unknown target {v!r}; known: {', '.join(TARGETS)}")
-        return v.lower()
 
     @field_validator("strategy")
     @classmethod
@@ -206,8 +210,7 @@ class ScheduleQuery(BaseModel):
     pad: str = _pair_query("0")
     dilation: str = _pair_query("1")
     precision: Precision
-    target: str = Field(description=f"one of {', '.join(TARGETS)}",
-                        json_schema_extra={"pattern": TARGET_PATTERN})
+    target: TargetName
 
 
 class ScheduleOut(BaseModel):

@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from api.auth import Reader
 from api.deps import DB
 from api.errors import READ_ERRORS, JsonBodyRoute, unprocessable
-from api.schemas import TARGET_PATTERN, ShapeIn
+from api.schemas import ShapeIn, TargetName
 from kernels.spec import TARGETS, Precision, task_key
 from store import repository as repo
 
@@ -22,7 +22,7 @@ class Layer(BaseModel):
     model_config = ConfigDict(extra="forbid")
     shape: ShapeIn
     precision: Precision
-    target: str = Field(max_length=32, json_schema_extra={"pattern": TARGET_PATTERN})
+    target: TargetName
 
 
 class LookupIn(BaseModel):
@@ -51,18 +51,13 @@ class LookupOut(BaseModel):
 def lookup(req: LookupIn, session: DB, _: Reader) -> LookupOut:
     problems = []
     for i, layer in enumerate(req.layers):
-        if layer.target.lower() not in TARGETS:
-            problems.append((("body", "layers", i, "target"),
-                             f"unknown target {layer.target!r}; known: {', '.join(TARGETS)}"))
-            continue
-        for f, msg in layer.shape.to_shape().problems(layer.precision,
-                                                       TARGETS[layer.target.lower()]):
+        for f, msg in layer.shape.to_shape().problems(layer.precision, TARGETS[layer.target]):
             problems.append((("body", "layers", i, "shape", f), msg))
     if problems:
         raise unprocessable(problems)
     results = []
     for layer in req.layers:
-        key = task_key(layer.shape.to_shape(), layer.precision, TARGETS[layer.target.lower()])
+        key = task_key(layer.shape.to_shape(), layer.precision, TARGETS[layer.target])
         found = repo.best_for_key(session, key)
         if found is None:
             results.append(LookupItem(task_key=key, found=False))

@@ -90,10 +90,7 @@ def task_key_of(query: dict[str, str]) -> str:
              # A missing field's `input` is the whole query (a ?token= included): drop it.
              "input": None if e["type"] == "missing" else e.get("input")}
             for e in exc.errors(include_url=False)]) from None
-    tgt = TARGETS.get(q.target.lower())
-    if tgt is None:
-        raise unprocessable([(("query", "target"),
-                              f"unknown target {q.target!r}; known: {', '.join(TARGETS)}")])
+    tgt = TARGETS[q.target]
     shape = ConvShape(q.n, q.h, q.w, q.c, q.k, q.r, q.s, stride=_pair("stride", q.stride),
                       pad=_pair("pad", q.pad), dilation=_pair("dilation", q.dilation))
     problems = shape.problems(q.precision, tgt)
