@@ -73,16 +73,14 @@ def served(tmp_path: Path) -> Iterator[tuple[TestClient, str]]:
         yield client, cfg.db_url
 
 
-def eventually(client: TestClient, params: dict[str, Any], want: Any) -> float:
-    """Seconds until GET /schedule answers `want` (a CHUNK value, or a status code)."""
-    start = time.monotonic()
-    while True:
-        resp = client.get("/schedule", params=params)
-        got = resp.json()["schedule"]["CHUNK"] if resp.status_code == 200 else resp.status_code
-        if got == want:
-            return time.monotonic() - start
-        assert time.monotonic() - start < BOUND_S + 1.0, f"still {got} after the bound"
-        time.sleep(0.02)
+def after_the_bound(client: TestClient, params: dict[str, Any]) -> Any:
+    """What GET /schedule answers once the bound has passed since the database changed (a
+    CHUNK value, or a status code). The cache promises an answer no older than the database
+    `schedule_cache_s` before the request arrived, so this holds however loaded the machine
+    is: load can only delay the request further past the change."""
+    time.sleep(BOUND_S + 0.01)
+    resp = client.get("/schedule", params=params)
+    return resp.json()["schedule"]["CHUNK"] if resp.status_code == 200 else resp.status_code
 
 
 def test_a_better_schedule_is_served_within_the_bound(served: tuple[TestClient, str]) -> None:
@@ -93,7 +91,7 @@ def test_a_better_schedule_is_served_within_the_bound(served: tuple[TestClient, 
     # Another spelling of the same layer is the same entry.
     assert client.get("/schedule", params=query(STAGE2, pad="1,1")).json() == first.json()
     promote(db, task, job, chunk=2, us=40.0)
-    assert eventually(client, query(STAGE2), 2) <= BOUND_S + 0.2
+    assert after_the_bound(client, query(STAGE2)) == 2
     assert client.get("/schedule", params=query(STAGE2, pad="1,1")).json()["latency_us"] == 40.0
 
 
@@ -105,7 +103,7 @@ def test_a_deleted_task_stops_being_served(served: tuple[TestClient, str]) -> No
     assert client.get("/schedule", params=query(STAGE3)).status_code == 200
     with session_scope(db) as s:
         s.execute(delete(Task).where(Task.id == task))
-    assert eventually(client, query(STAGE2), 404) <= BOUND_S + 0.2
+    assert after_the_bound(client, query(STAGE2)) == 404
     assert client.get("/schedule", params=query(STAGE3)).json()["schedule"] == {"CHUNK": 4}
 
 
@@ -119,7 +117,7 @@ def test_reused_ids_do_not_revive_a_deleted_task(served: tuple[TestClient, str])
         s.execute(delete(Task).where(Task.id == task))
     other = ConvShape(1, 14, 14, 256, 256, 3, 3, pad=(1, 1))
     assert add_task(db, other, chunk=8, us=10.0)[0] == task
-    assert eventually(client, query(STAGE2), 404) <= BOUND_S + 0.2
+    assert after_the_bound(client, query(STAGE2)) == 404
     assert client.get("/schedule", params=query(other)).json()["schedule"] == {"CHUNK": 8}
 
 
