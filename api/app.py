@@ -14,6 +14,7 @@ from api.metrics import Metrics, MetricsMiddleware
 from api.routes import (
     dashboard,
     health,
+    job_events,
     jobs,
     lookup,
     metrics,
@@ -56,8 +57,8 @@ def create_app(settings: Settings | None = None, dispatcher: bool = True) -> Fas
                        overrides={"/import": cfg.max_import_bytes})
     app.state.metrics = Metrics(cfg)
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
-    for module in (tune, jobs, schedule, lookup, schedules, workers, tasks, transfer, health,
-                   metrics, dashboard):
+    for module in (tune, jobs, job_events, schedule, lookup, schedules, workers, tasks,
+                   transfer, health, metrics, dashboard):
         app.include_router(module.router)
     return app
 

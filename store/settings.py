@@ -53,6 +53,9 @@ class Settings(BaseSettings):
     # the database at most this many seconds apart: a better schedule is served at most this
     # long after it lands. 0 -> no cache, every lookup reads the database.
     schedule_cache_s: float = 0.5
+    # GET /jobs/{id}/events closes a stream after this many seconds (the client reconnects
+    # with Last-Event-ID and misses nothing), so no job holds a connection forever.
+    events_max_s: float = 300.0
     # Planted faults of the simulated backend, for fault tests: the fraction of schedules
     # whose measuring child process crashes (deterministic per schedule).
     sim_crash_rate: float = 0.0

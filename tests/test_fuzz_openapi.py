@@ -135,8 +135,9 @@ def seeded(tmp_path: Path) -> Iterator[Seeded]:
     data = tmp_path
     # Limits high enough that generated POST /tune requests reach the code behind them;
     # the limits themselves are tested in test_auth_limits.py.
+    # Event streams of the seeded active job close after events_max_s.
     base = dict(data_dir=Path(data), backend="simulated", tune_per_minute=1_000_000,
-                active_jobs_per_token=1_000_000)
+                active_jobs_per_token=1_000_000, events_max_s=0.3)
     cfg = Settings(**base)
     migrate.upgrade(cfg.db_url)
     with session_scope(cfg.db_url) as s:

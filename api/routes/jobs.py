@@ -27,6 +27,18 @@ def _speedup(task: Task, best_us: float | None) -> float | None:
     return None
 
 
+def measurements_after(session: DB, job_id: int, after: int) -> list[MeasurementOut]:
+    """The job's measurements with id > after, in order, numbered by trial."""
+    rows = repo.job_measurements(session, job_id, after_id=after)
+    first_trial = repo.count_job_measurements_upto(session, job_id, after) + 1 if after else 1
+    return [MeasurementOut(id=m.id, trial=first_trial + i, schedule=m.schedule,
+                           schedule_hash=m.schedule_hash, status=m.status,
+                           median_us=m.median_us, iqr_us=m.iqr_us, backend=m.backend,
+                           simulated=m.backend == "simulated", worker=m.worker, error=m.error,
+                           created_at=m.created_at, predicted_us=m.predicted_us)
+            for i, m in enumerate(rows)]
+
+
 STATUS_PATTERN = "^(" + "|".join(JOB_STATES) + ")$"
 
 
@@ -79,8 +91,7 @@ def get_job(job_id: RowId, session: DB, _: Reader,
     task = repo.get_task(session, job.task_id)
     assert task is not None
     prog = repo.job_progress(session, job.id)
-    rows = repo.job_measurements(session, job.id, after_id=after)
-    first_trial = repo.count_job_measurements_upto(session, job.id, after) + 1 if after else 1
+    measurements = measurements_after(session, job.id, after)
     live = len(repo.live_workers(session, task.target))
     warning = None
     if job.status in ACTIVE_JOB_STATES and not live:
@@ -91,13 +102,6 @@ def get_job(job_id: RowId, session: DB, _: Reader,
         task=task_out(task), created_at=job.created_at, started_at=job.started_at,
         finished_at=job.finished_at, error=job.error, live_workers=live, warning=warning,
         speedup=_speedup(task, prog.best_us), insight=job.insight,
-        measurements=[
-            MeasurementOut(id=m.id, trial=first_trial + i, schedule=m.schedule,
-                           schedule_hash=m.schedule_hash, status=m.status,
-                           median_us=m.median_us, iqr_us=m.iqr_us, backend=m.backend,
-                           simulated=m.backend == "simulated", worker=m.worker, error=m.error,
-                           created_at=m.created_at, predicted_us=m.predicted_us)
-            for i, m in enumerate(rows)
-        ],
-        next_after=rows[-1].id if rows else after,
+        measurements=measurements,
+        next_after=measurements[-1].id if measurements else after,
     )
