@@ -32,8 +32,6 @@ import os
 import platform
 import random
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -50,6 +48,7 @@ from sqlalchemy import create_engine, insert, text
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench._procs import free_port, start, stop, wait_http  # noqa: E402
 from kernels.space import knobs_for, schedule_hash  # noqa: E402
 from kernels.spec import TARGETS, ConvShape, Precision, task_key  # noqa: E402
 from store import migrate  # noqa: E402
@@ -158,12 +157,6 @@ def seed(url: str, count: int, rng: random.Random) -> list[tuple[str, dict[str, 
 
 # --- processes --------------------------------------------------------------------------
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def start_server(db_url: str, data_dir: Path, port: int, workers: int, cache: bool,
                  log: Path) -> subprocess.Popen[bytes]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TCTUNE_")}
@@ -175,19 +168,9 @@ def start_server(db_url: str, data_dir: Path, port: int, workers: int, cache: bo
         env["TCTUNE_SCHEDULE_CACHE_S"] = "0"
     cmd = [sys.executable, "-m", "api.cli", "serve", "--port", str(port),
            "--data", str(data_dir), "--workers", str(workers)]
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=open(log, "wb"),  # noqa: SIM115
-                            stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited: {log.read_text()}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"server did not come up: {log.read_text()}")
+    proc = start(cmd, env, log)
+    wait_http(f"http://127.0.0.1:{port}/healthz", proc, 60, log)
+    return proc
 
 
 def renice_session(pid: int, nice: int) -> None:
@@ -197,16 +180,6 @@ def renice_session(pid: int, nice: int) -> None:
     (root only; 0 leaves it as it is)."""
     if nice:
         Path(f"/proc/{pid}/autogroup").write_text(str(nice))
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
 
 
 def group_cpu_s(pgid: int) -> float:

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -13,19 +11,16 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
 import pytest
 from sqlalchemy import create_engine, text
+
+from bench._procs import free_port, kill, start, stop, wait_http
 
 PG_ADMIN_URL = os.environ.get("TCTUNE_TEST_PG",
                               "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
 REPO = Path(__file__).resolve().parent.parent
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+__all__ = ["PG_ADMIN_URL", "REPO", "Service", "free_port"]
 
 
 @dataclass
@@ -49,38 +44,20 @@ class Service:
 
     def start(self, timeout: float = 60.0) -> Service:
         self.log_path = self.data_dir / f"serve-{time.time_ns()}.log"
-        log = open(self.log_path, "wb")  # noqa: SIM115 (kept open for the child)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "api.cli", "serve", "--port", str(self.port),
-             "--data", str(self.data_dir)],
-            cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"tctune serve exited: {self.log_path.read_text()}")
-            try:
-                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise RuntimeError(f"tctune serve did not come up: {self.log_path.read_text()}")
+        self.proc = start([sys.executable, "-m", "api.cli", "serve", "--port", str(self.port),
+                           "--data", str(self.data_dir)], self.env, self.log_path, cwd=REPO)
+        wait_http(f"{self.url}/healthz", self.proc, timeout, self.log_path,
+                  what="tctune serve")
+        return self
 
     def kill(self) -> None:
         """SIGKILL the whole process group: the API, the dispatcher and its children."""
         if self.proc and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(10)
+            kill(self.proc)
 
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.kill()
+            stop(self.proc, timeout=15)
 
     @property
     def db_url(self) -> str:
