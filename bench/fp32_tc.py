@@ -284,40 +284,23 @@ def cudnn_times(shape: ConvShape, l2_bytes: int) -> dict[str, float]:
     fp32 input (what fp32_tc adds per call when the activation's bound is not known ahead),
     all with kernels.timing.time_launches."""
     import torch
-    import torch.nn.functional as F
 
-    from kernels.timing import sets_for_l2, time_launches
+    from bench._cudnn import cudnn_conv_times
+    from kernels.timing import time_launches
 
-    torch.backends.cudnn.benchmark = True
-    g = torch.Generator(device="cpu").manual_seed(1234)
-    xs, ws = (shape.n, shape.c, shape.h, shape.w), (shape.k, shape.c, shape.r, shape.s)
-    out: dict[str, float] = {}
-    for name, dtype, tf32 in (("fp16", torch.float16, False),
-                              ("cudnn_tf32", torch.float32, True),
-                              ("cudnn_fp32", torch.float32, False)):
-        torch.backends.cudnn.allow_tf32 = tf32
-        x0 = (torch.rand(xs, generator=g) * 2 - 1).to("cuda", dtype).contiguous(
-            memory_format=torch.channels_last)
-        w0 = (torch.rand(ws, generator=g) * 2 - 1).to("cuda", dtype).contiguous(
-            memory_format=torch.channels_last)
-        per = (x0.numel() + w0.numel() + shape.gemm_m * shape.k) * x0.element_size()
-        n_sets = sets_for_l2(per, l2_bytes)
-        xl = [x0] + [x0.clone() for _ in range(n_sets - 1)]
-        wl = [w0] + [w0.clone() for _ in range(n_sets - 1)]
+    def amax_time(name: str, xl: list[Any], n_sets: int) -> dict[str, float]:
+        if name != "cudnn_fp32":
+            return {}
 
-        def conv(i: int, xl: list[Any] = xl, wl: list[Any] = wl) -> None:
-            F.conv2d(xl[i], wl[i], stride=shape.stride, padding=shape.pad,
-                     dilation=shape.dilation)
+        def amax(i: int) -> None:
+            torch.linalg.vector_norm(xl[i], ord=float("inf"))
 
-        out[name] = time_launches(conv, n_sets, api="torch").median_us
-        if name == "cudnn_fp32":
-            def amax(i: int, xl: list[Any] = xl) -> None:
-                torch.linalg.vector_norm(xl[i], ord=float("inf"))
+        return {"amax": time_launches(amax, n_sets, api="torch").median_us}
 
-            out["amax"] = time_launches(amax, n_sets, api="torch").median_us
-        del xl, wl
-    torch.backends.cudnn.allow_tf32 = False
-    return out
+    return cudnn_conv_times(shape, l2_bytes, (("fp16", "float16", False),
+                                              ("cudnn_tf32", "float32", True),
+                                              ("cudnn_fp32", "float32", False)),
+                            extra=amax_time)
 
 
 def cmd_run(a: argparse.Namespace) -> int:

@@ -1,0 +1,55 @@
+"""cuDNN convolutions timed with the kernels' harness (kernels.timing.time_launches): one loop
+for the benchmarks that compare against cuDNN (bench/fp32_tc.py; bench/conv_vs_cudnn.py's
+`baselines` runs the same loop and can call this one).
+
+Per variant, in the order given: random inputs in [-1, 1) from one CPU generator seeded 1234
+(so the order decides each variant's data), NCHW tensors in channels_last, as many input
+sets as it takes to exceed L2, then `F.conv2d` through `time_launches(api="torch")`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+# (result name, torch dtype name, allow TF32)
+Variant = tuple[str, str, bool]
+# extra(name, input sets, n_sets) -> more timings, run after a variant's conv with its inputs
+Extra = Callable[[str, list[Any], int], dict[str, float]]
+
+
+def cudnn_conv_times(shape: Any, l2_bytes: int, variants: Sequence[Variant], *,
+                     extra: Extra | None = None, device: str = "cuda") -> dict[str, float]:
+    """Median latency (us) of cuDNN's conv of `shape` (a kernels.spec.ConvShape) for each
+    variant; cudnn.benchmark on, TF32 left off afterwards."""
+    import torch
+    import torch.nn.functional as F
+
+    from kernels.timing import sets_for_l2, time_launches
+
+    torch.backends.cudnn.benchmark = True
+    g = torch.Generator(device="cpu").manual_seed(1234)
+    xs, ws = (shape.n, shape.c, shape.h, shape.w), (shape.k, shape.c, shape.r, shape.s)
+    out: dict[str, float] = {}
+    for name, dtype_name, tf32 in variants:
+        dtype = getattr(torch, dtype_name)
+        torch.backends.cudnn.allow_tf32 = tf32
+        x0 = (torch.rand(xs, generator=g) * 2 - 1).to(device, dtype).contiguous(
+            memory_format=torch.channels_last)
+        w0 = (torch.rand(ws, generator=g) * 2 - 1).to(device, dtype).contiguous(
+            memory_format=torch.channels_last)
+        per = (x0.numel() + w0.numel() + shape.gemm_m * shape.k) * x0.element_size()
+        n_sets = sets_for_l2(per, l2_bytes)
+        xl = [x0] + [x0.clone() for _ in range(n_sets - 1)]
+        wl = [w0] + [w0.clone() for _ in range(n_sets - 1)]
+
+        def conv(i: int, xl: list[Any] = xl, wl: list[Any] = wl) -> None:
+            F.conv2d(xl[i], wl[i], stride=shape.stride, padding=shape.pad,
+                     dilation=shape.dilation)
+
+        out[name] = time_launches(conv, n_sets, api="torch").median_us
+        if extra is not None:
+            out.update(extra(name, xl, n_sets))
+        del xl, wl
+    torch.backends.cudnn.allow_tf32 = False
+    return out
