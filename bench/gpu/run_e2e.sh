@@ -70,8 +70,9 @@ pg_stop() {
     rm -rf "$pgdir"
     pgdir=""
 }
-pg_as() {  # run a PostgreSQL program with the carried libraries, as $pguser
+pg_as() (  # a PostgreSQL program with the carried libraries, as $pguser, in / (a subshell)
     local cmd=(env LD_LIBRARY_PATH="$pgroot/usr/lib/x86_64-linux-gnu" TZ=UTC "$@")
+    cd / || exit 1
     if [[ -z $pguser ]]; then
         "${cmd[@]}"
     elif command -v setpriv >/dev/null; then
@@ -81,7 +82,7 @@ pg_as() {  # run a PostgreSQL program with the carried libraries, as $pguser
     else
         su -s /bin/sh "$pguser" -c "$(printf '%q ' "${cmd[@]}")"
     fi
-}
+)
 pg_start() {
     pgroot=${TCTUNE_PG_ROOT:-/tmp/tctune_pgroot}
     pgbin=$pgroot/usr/lib/postgresql/15/bin
@@ -128,6 +129,9 @@ else
 fi
 if [[ -z $sim ]]; then
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+    # cuda-bindings is the image's own (not carried): say which, and that NVRTC answers.
+    python3 -c 'import cuda.bindings as b; from cuda.bindings import nvrtc; print("cuda-bindings", b.__version__, "nvrtc", nvrtc.nvrtcVersion()[1:])' ||
+        echo "run_e2e: cuda-bindings/NVRTC not usable: builds will fail" >&2
 fi
 python3 bench/e2e_gpu.py --db "$db" --out "$out/$tag.json" --logs "$logs" "${args[@]}"
 rc=$?
