@@ -1,6 +1,6 @@
 """cuDNN convolutions timed with the kernels' harness (kernels.timing.time_launches): one loop
-for the benchmarks that compare against cuDNN (bench/fp32_tc.py; bench/conv_vs_cudnn.py's
-`baselines` runs the same loop and can call this one).
+for the benchmarks that compare against cuDNN (bench/fp32_tc.py, and
+bench/conv_vs_cudnn.py's `baselines`, which e2e_gpu and pipeline_probe use).
 
 Per variant, in the order given: random inputs in [-1, 1) from one CPU generator seeded 1234
 (so the order decides each variant's data), NCHW tensors in channels_last, as many input

@@ -75,38 +75,15 @@ def best(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
 # ---- baselines (PyTorch / cuDNN / cuBLAS), the same harness --------------------------------
 def baselines(shape: ConvShape, l2_bytes: int) -> dict[str, float]:
     import torch
-    import torch.nn.functional as F
 
+    from bench._cudnn import cudnn_conv_times
     from kernels.reference import im2col
     from kernels.timing import sets_for_l2, time_launches
 
-    torch.backends.cudnn.benchmark = True
     dev = torch.device("cuda")
-    g = torch.Generator(device="cpu").manual_seed(1234)
-    xs = (shape.n, shape.c, shape.h, shape.w)
-    ws = (shape.k, shape.c, shape.r, shape.s)
-    out: dict[str, float] = {}
-    for name, dtype, tf32 in (("cudnn_fp16_us", torch.float16, False),
-                              ("cudnn_fp32_us", torch.float32, False),
-                              ("cudnn_tf32_us", torch.float32, True)):
-        torch.backends.cudnn.allow_tf32 = tf32
-        torch.backends.cuda.matmul.allow_tf32 = tf32
-        x0 = (torch.rand(xs, generator=g) * 2 - 1).to(dev, dtype).contiguous(
-            memory_format=torch.channels_last)
-        w0 = (torch.rand(ws, generator=g) * 2 - 1).to(dev, dtype).contiguous(
-            memory_format=torch.channels_last)
-        per = (x0.numel() + w0.numel() + shape.gemm_m * shape.k) * x0.element_size()
-        n_sets = sets_for_l2(per, l2_bytes)
-        xl = [x0] + [x0.clone() for _ in range(n_sets - 1)]
-        wl = [w0] + [w0.clone() for _ in range(n_sets - 1)]
-
-        def conv(i: int, xl: list[Any] = xl, wl: list[Any] = wl) -> None:
-            F.conv2d(xl[i], wl[i], stride=shape.stride, padding=shape.pad,
-                     dilation=shape.dilation)
-
-        out[name] = round(time_launches(conv, n_sets, api="torch").median_us, 4)
-        del xl, wl
-    torch.backends.cudnn.allow_tf32 = False
+    variants = (("cudnn_fp16_us", "float16", False), ("cudnn_fp32_us", "float32", False),
+                ("cudnn_tf32_us", "float32", True))
+    out = {k: round(v, 4) for k, v in cudnn_conv_times(shape, l2_bytes, variants).items()}
     # torch._int_mm on the pre-lowered im2col matrix: an int8 GEMM lower bound that does
     # not pay for the lowering (A is built once, outside the timing).
     rng = np.random.default_rng(5)
