@@ -113,11 +113,27 @@ def _frozen(app: Any) -> Any:
 
 
 @main.command()
-def explorer() -> None:
+@click.option("--procs", default=1, show_default=True, type=click.IntRange(1, 256),
+              help="explorer processes taking explore messages (one job each at a time)")
+@click.option("--rounds-in-flight", default=None, type=click.IntRange(1, 8),
+              help="rounds of one job proposed ahead of their measurement "
+                   "[default: TCTUNE_ROUNDS_IN_FLIGHT or 2]")
+@click.option("--prior-refresh-s", default=None, type=click.FloatRange(0),
+              help="re-read other layers' measurements (the prior) at most this often "
+                   "[default: TCTUNE_PRIOR_REFRESH_S or 30]")
+def explorer(procs: int, rounds_in_flight: int | None, prior_refresh_s: float | None) -> None:
     """The central explorer of the distributed fleet (queue 'explore' + the sweeper)."""
     from workers.fleet import run_explorer
 
-    run_explorer(_distributed_settings())
+    # Through the environment: the Celery tasks (and pool children) read their settings.
+    if rounds_in_flight is not None:
+        os.environ["TCTUNE_ROUNDS_IN_FLIGHT"] = str(rounds_in_flight)
+    if prior_refresh_s is not None:
+        os.environ["TCTUNE_PRIOR_REFRESH_S"] = str(prior_refresh_s)
+    from store.settings import get_settings
+
+    get_settings.cache_clear()
+    run_explorer(_distributed_settings(), procs)
 
 
 @main.command()

@@ -49,6 +49,56 @@ def start(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[b
                             stderr=subprocess.STDOUT, start_new_session=True)
 
 
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def group_cpu_s() -> dict[int, float]:
+    """CPU seconds (user + system, with reaped children) per process group, from /proc."""
+    out: dict[int, float] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        pgrp = int(fields[2])
+        # utime, stime, cutime, cstime: fields 14-17 of proc(5), here shifted by the
+        # two already split off (pid, comm)
+        out[pgrp] = out.get(pgrp, 0.0) + sum(int(x) for x in fields[11:15]) / TICK
+    return out
+
+
+def comm_cpu_s(name: str) -> float:
+    total = 0.0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text_ = stat.read_text()
+        except OSError:
+            continue
+        if text_.split("(", 1)[1].split(")", 1)[0] == name:
+            total += sum(int(x) for x in text_.rsplit(")", 1)[1].split()[11:13]) / TICK
+    return total
+
+
+def machine_busy_s() -> float:
+    """Busy CPU seconds of the whole machine so far (every core), from /proc/stat."""
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (
+        int(x) for x in Path("/proc/stat").read_text().split()[1:9])
+    return (user + nice + system + irq + softirq + steal) / TICK
+
+
+def cpu_by_role(roles: dict[int, str]) -> dict[str, float]:
+    """CPU seconds so far of each role (our process groups), PostgreSQL (every postgres
+    process of the machine), the driver itself and the whole machine."""
+    groups = group_cpu_s()
+    out: dict[str, float] = {}
+    for pgid, role in roles.items():
+        out[role] = out.get(role, 0.0) + groups.get(pgid, 0.0)
+    out["postgres"] = comm_cpu_s("postgres")
+    out["driver"] = groups.get(os.getpgrp(), 0.0)
+    out["machine"] = machine_busy_s()
+    return out
+
+
 def tctune(*args: str) -> list[str]:
     return [sys.executable, "-m", "api.cli", *args]
 
@@ -65,12 +115,20 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=32, help="candidates per explorer round")
     ap.add_argument("--chunk", type=int, default=8, help="candidates per measure message")
     ap.add_argument("--explorers", type=int, default=1,
-                    help="explorer processes (rounds of one job never overlap: row lock)")
+                    help="separate `tctune explorer` processes (each with its sweeper)")
+    ap.add_argument("--procs", type=int, default=1,
+                    help="tctune explorer --procs: explorer pool processes of one explorer")
+    ap.add_argument("--rounds-in-flight", type=int, default=2,
+                    help="tctune explorer --rounds-in-flight (1: no pipelining)")
+    ap.add_argument("--prior-refresh-s", type=float, default=30.0,
+                    help="tctune explorer --prior-refresh-s (0: re-read every proposal)")
+    ap.add_argument("--builders", type=int, default=2, help="tctune builder -c")
     ap.add_argument("--warmup", type=float, default=30)
     ap.add_argument("--seconds", type=float, default=90)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
 
+    load_before = Path("/proc/loadavg").read_text().split()[:3]
     tmp = Path(tempfile.mkdtemp(prefix="fleet_sim_"))
     db_name = f"tctune_fleet_{uuid.uuid4().hex[:8]}"
     admin = create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT")
@@ -93,14 +151,22 @@ def main() -> int:
         procs.append(start(["redis-server", "--port", str(redis_port), "--save", "",
                             "--appendonly", "no"], env, tmp / "redis.log"))
         procs.append(start(tctune("serve", "--port", str(api_port)), env, tmp / "api.log"))
+        roles: dict[int, str] = {procs[0].pid: "redis", procs[1].pid: "api"}
         for i in range(args.explorers):
-            procs.append(start(tctune("explorer"), env, tmp / f"explorer{i}.log"))
-        procs.append(start(tctune("builder", "-c", "2"), env, tmp / "builder.log"))
+            procs.append(start(tctune(
+                "explorer", "--procs", str(args.procs),
+                "--rounds-in-flight", str(args.rounds_in_flight),
+                "--prior-refresh-s", str(args.prior_refresh_s)), env, tmp / f"explorer{i}.log"))
+            roles[procs[-1].pid] = "explorer"
+        procs.append(start(tctune("builder", "-c", str(args.builders)), env,
+                           tmp / "builder.log"))
+        roles[procs[-1].pid] = "builder"
         left = args.workers
         while left > 0:
             n = min(args.slots, left)
             procs.append(start(tctune("worker", "--simulate", "h200", "--slots", str(n)), env,
                                tmp / f"worker{len(procs)}.log"))
+            roles[procs[-1].pid] = "workers"
             left -= n
         api = f"http://127.0.0.1:{api_port}"
         deadline = time.monotonic() + 60
@@ -123,15 +189,23 @@ def main() -> int:
         engine = create_engine(db_url)
         samples: list[tuple[float, int, int]] = []
         t0 = time.monotonic()
+        cpu0: dict[str, float] | None = None
         while time.monotonic() - t0 < args.warmup + args.seconds:
+            if cpu0 is None and time.monotonic() - t0 >= args.warmup:
+                cpu0 = cpu_by_role(roles)
             with engine.connect() as c:
                 count = int(c.execute(text("SELECT count(*) FROM measurement")).scalar() or 0)
             depth = subprocess.run(["redis-cli", "-p", str(redis_port), "llen", "measure.h200"],
                                    capture_output=True, text=True).stdout.strip()
             samples.append((time.monotonic() - t0, count, int(depth or 0)))
             time.sleep(2.0)
+        cpu1 = cpu_by_role(roles)
         window = [s for s in samples if s[0] >= args.warmup]
         rate = (window[-1][1] - window[0][1]) / (window[-1][0] - window[0][0])
+        written = window[-1][1] - window[0][1]
+        assert cpu0 is not None
+        # CPU milliseconds per measurement written in the window, per role of process.
+        cpu_ms = {k: round(1000 * (cpu1[k] - cpu0[k]) / max(1, written), 3) for k in cpu1}
         proposals = [float(m) for i in range(args.explorers) for m in re.findall(
             r"proposal job=\d+ .* seconds=([0-9.]+)",
             (tmp / f"explorer{i}.log").read_text())]
@@ -150,6 +224,9 @@ def main() -> int:
             "queue_depth_max": max(s[2] for s in window), "strategy": args.strategy,
             "measure_s": args.measure_s, "jobs": args.jobs, "explorers": args.explorers,
             "window_s": args.seconds, "machine": f"{os.cpu_count()} cores",
+            "procs": args.procs, "rounds_in_flight": args.rounds_in_flight,
+            "prior_refresh_s": args.prior_refresh_s, "chunk": args.chunk,
+            "cpu_ms_per_measurement": cpu_ms, "load_before": load_before,
         }
         print(json.dumps(result, indent=2))
         if args.out:

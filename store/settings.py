@@ -26,6 +26,12 @@ class Settings(BaseSettings):
     # (a round is split into chunks so that several GPUs share it).
     batch_size: int = 32
     chunk_size: int = 8
+    # Fleet explorer: rounds of one job in flight at once (2: the next round is proposed,
+    # from what is measured so far, while the current one is measured), and how old the
+    # prior (other layers' measurements) handed to a strategy may be, so that its base
+    # model is reused across rounds instead of retrained whenever the fleet writes.
+    rounds_in_flight: int = 2
+    prior_refresh_s: float = 30.0
     # Local processes of the embedded dispatcher.
     build_processes: int = 2
     measure_processes: int = 1

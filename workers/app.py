@@ -15,14 +15,13 @@ import logging
 import os
 import socket
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
 from celery import Celery, signals
 from sqlalchemy.exc import OperationalError
 
-from store import repository as repo
-from store.db import session_scope
 from store.settings import get_settings
 from workers import tasks
 from workers.backends import backend_for, builder_backend
@@ -92,48 +91,50 @@ def chunks(ids: Sequence[int], size: int) -> list[list[int]]:
     return [list(ids[i:i + size]) for i in range(0, len(ids), max(1, size))]
 
 
-def send(task: Any, arg: int | list[int], queue: str) -> None:
-    task.apply_async((arg,), queue=queue)
+def send(task: Any, arg: int | list[int], queue: str, *more: Any) -> None:
+    task.apply_async((arg, *more), queue=queue)
+
+
+# Slot name -> monotonic time of its last measured chunk: what the heartbeat reports as
+# busy (asking the database which worker wrote lately cost a scan per beat).
+last_measured: dict[str, float] = {}
 
 
 @app.task(name="tctune.explore", **RETRY)
 def explore_task(job_id: int) -> int:
     settings = get_settings()
-    ids = tasks.explore(settings.db_url, job_id, settings.batch_size)
-    for chunk in chunks(ids, settings.chunk_size):
-        send(build_task, chunk, BUILD_QUEUE)
-    return len(ids)
+    prop = tasks.explore_round(settings.db_url, job_id, settings.batch_size,
+                               settings.rounds_in_flight, settings.prior_refresh_s)
+    if prop.ids:  # one build message per round: the builder splits it for the GPUs
+        send(build_task, prop.ids, BUILD_QUEUE)
+    if prop.more:  # pipelining: the next round is proposed while this one is measured
+        send(explore_task, job_id, EXPLORE_QUEUE)
+    return len(prop.ids)
 
 
 @app.task(name="tctune.build", **RETRY)
-def build_task(candidate_ids: list[int]) -> int:
+def build_task(candidate_ids: list[int], target: str | None = None) -> int:
     settings = get_settings()
-    target = tasks.target_of(settings.db_url, candidate_ids[0])
+    target = target or tasks.target_of(settings.db_url, candidate_ids[0])
     if target is None:
         return 0
     built = tasks.build_many(settings.db_url, candidate_ids, builder_backend(target, settings),
                              publish=True)
-    send(measure_task, candidate_ids, measure_queue(target))
+    for chunk in chunks(candidate_ids, settings.chunk_size):
+        send(measure_task, chunk, measure_queue(target), target)
     return built
 
 
 @app.task(name="tctune.measure", **RETRY)
-def measure_task(candidate_ids: list[int]) -> int:
+def measure_task(candidate_ids: list[int], target: str | None = None) -> int:
     settings = get_settings()
-    target = tasks.target_of(settings.db_url, candidate_ids[0])
+    target = target or tasks.target_of(settings.db_url, candidate_ids[0])
     if target is None:
         return 0
-    wrote = tasks.measure_many(settings.db_url, candidate_ids, backend_for(target, settings),
-                               worker_identity(), lease_s=settings.lease_s)
-    job_id = _round_finished(candidate_ids[0]) if wrote else None
-    if job_id is not None:  # the result that closes a round starts the next one
+    me = worker_identity()
+    res = tasks.measure_chunk(settings.db_url, candidate_ids, backend_for(target, settings),
+                              me, lease_s=settings.lease_s)
+    last_measured[me] = time.monotonic()
+    for job_id in sorted(res.closed):  # the result that closes a round starts the next one
         send(explore_task, job_id, EXPLORE_QUEUE)
-    return wrote
-
-
-def _round_finished(candidate_id: int) -> int | None:
-    with session_scope(get_settings().db_url) as s:
-        cand = repo.get_candidate(s, candidate_id)
-        if cand is None or repo.open_candidates(s, cand.job_id):
-            return None
-        return cand.job_id
+    return res.written

@@ -17,6 +17,7 @@ from datetime import timedelta
 
 from sqlalchemy import select
 
+from store import hotpath as hp
 from store import repository as repo
 from store.db import session_scope
 from store.models import Measurement, utcnow
@@ -26,19 +27,22 @@ log = logging.getLogger(__name__)
 
 
 def sweep_once(settings: Settings, last_explore: dict[int, float]) -> tuple[int, int]:
-    """Start rounds for jobs without open candidates and re-send stale candidates.
-    Returns (explore messages, re-sent candidates)."""
+    """Start rounds for jobs with fewer rounds in flight than allowed (a new job, or a lost
+    explore message) and re-send stale candidates. Returns (explore messages, re-sent
+    candidates)."""
     from workers import app as celery_app
 
     explores, resent = 0, 0
     now = time.monotonic()
     with session_scope(settings.db_url) as s:
-        for job in repo.active_jobs(s):
-            if repo.open_candidates(s, job.id):
+        for job_id, rounds in hp.open_rounds_per_job(s).items():  # one query for all jobs
+            if rounds >= max(1, settings.rounds_in_flight):
                 continue
-            if now - last_explore.get(job.id, -1e9) >= settings.redispatch_s:
-                celery_app.send(celery_app.explore_task, job.id, celery_app.EXPLORE_QUEUE)
-                last_explore[job.id] = now
+            # A job between rounds is usually on its way (its explore message sent); only
+            # one that stays so this long, or has never started, is started from here.
+            if now - last_explore.get(job_id, -1e9) >= settings.redispatch_s:
+                celery_app.send(celery_app.explore_task, job_id, celery_app.EXPLORE_QUEUE)
+                last_explore[job_id] = now
                 explores += 1
         stale = repo.stale_candidates(s, settings.redispatch_s)
         targets = {t.id: t.target for t in
@@ -56,12 +60,12 @@ def sweep_once(settings: Settings, last_explore: dict[int, float]) -> tuple[int,
             key = (cand.job_id, cand.state, targets[cand.task_id])
             groups.setdefault(key, []).append(cand.id)
         for (_, state, target), ids in groups.items():
+            if state == "pending":  # the builder splits it into measure chunks
+                celery_app.send(celery_app.build_task, ids, celery_app.BUILD_QUEUE, target)
+                continue
             for chunk in celery_app.chunks(ids, settings.chunk_size):
-                if state == "pending":
-                    celery_app.send(celery_app.build_task, chunk, celery_app.BUILD_QUEUE)
-                else:
-                    celery_app.send(celery_app.measure_task, chunk,
-                                    celery_app.measure_queue(target))
+                celery_app.send(celery_app.measure_task, chunk,
+                                celery_app.measure_queue(target), target)
             resent += len(ids)
         repo.mark_dispatched(s, [c.id for c in stale])
     if resent:
@@ -105,11 +109,15 @@ def _celery(args: list[str]) -> None:
                      *args])
 
 
-def run_explorer(settings: Settings) -> None:
-    """The central explorer: all jobs, one round at a time each; restart-safe."""
+def run_explorer(settings: Settings, procs: int = 1) -> None:
+    """The central explorer: all jobs, up to `settings.rounds_in_flight` rounds each;
+    restart-safe. `procs` > 1: that many processes take explore messages (a prefork pool),
+    each proposing for one job at a time; the job's row lock keeps two from proposing for
+    one job. One sweeper (this process) for all of them."""
     last_explore: dict[int, float] = {}
     _loop(settings.sweep_s, lambda: sweep_once(settings, last_explore), "sweeper")
-    _celery(["-Q", "explore", "-P", "solo", "-n", f"explorer@{socket.gethostname()}"])
+    pool = ["-P", "solo"] if procs <= 1 else ["-P", "prefork", "-c", str(procs)]
+    _celery(["-Q", "explore", *pool, "-n", f"explorer-{os.getpid()}@{socket.gethostname()}"])
 
 
 def run_builder(settings: Settings, concurrency: int) -> None:
@@ -141,10 +149,17 @@ def run_worker(settings: Settings, gpu: int | None, simulate: str | None,
     names = [name] if slots <= 1 else [f"{name}#{i}" for i in range(slots)]
 
     def beat() -> None:
-        since = utcnow() - timedelta(seconds=2 * settings.heartbeat_s)
+        from workers.app import last_measured
+
         with session_scope(settings.db_url) as s:
-            busy = {w for (w,) in s.execute(select(Measurement.worker).where(
-                Measurement.worker.in_(names), Measurement.created_at >= since).distinct())}
+            if slots > 1:  # the slots are this process's threads: it knows who measured
+                since = time.monotonic() - 2 * settings.heartbeat_s
+                busy = {n for n, t in list(last_measured.items()) if t >= since}
+            else:  # the task runs in a pool child: ask the database
+                after = utcnow() - timedelta(seconds=2 * settings.heartbeat_s)
+                busy = {w for (w,) in s.execute(select(Measurement.worker).where(
+                    Measurement.worker.in_(names), Measurement.created_at >= after)
+                    .distinct())}
             for n in names:
                 repo.heartbeat(s, n, model, sm, target.name, backend,
                                state="busy" if n in busy else "idle")

@@ -1,12 +1,15 @@
 """What the explorer hands a strategy: the task's history and the target's prior.
 
-The explorer is one long-lived process, so it keeps two caches that only save time, never
-change an answer: the prior of each (target, precision) — up to 50,000 measurements of
-other layers, read incrementally by id — and one strategy instance per job (strategies
-cache features and models; a fresh instance proposes the same from the same history)."""
+The explorer is one long-lived process, so it keeps caches that save time: each task's
+trials (read incrementally by id, checked by count, so never a different answer), the
+prior of each (target, precision) — up to 50,000 measurements of other layers, read
+incrementally by id, at most every `prior_refresh_s` if asked (a prior up to that old) —
+and one strategy instance per job (strategies cache features and models; a fresh
+instance proposes the same from the same history)."""
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,51 +18,108 @@ from kernels.space import ScheduleSpace
 from kernels.spec import ConvShape
 from search.registry import make_strategy
 from search.strategy import History, PriorTrial, Strategy, Trial
+from store import hotpath as hp
 from store import repository as repo
 from store.models import Job, Task
 
 PRIOR_LIMIT = 50_000
 STRATEGY_CACHE = 64
+TRIALS_CACHE = 256
 
 
 @dataclass
 class _Prior:
     last_id: int = 0
     rows: list[tuple[int, PriorTrial]] = field(default_factory=list)  # (task id, trial), by id
+    read_at: float = -1e18  # monotonic time of the last read
+    version: int = 0  # moves whenever rows were added
+
+
+@dataclass
+class _Trials:
+    last_id: int = 0
+    rows: int = 0  # measurements read, whether or not they index into today's space
+    trials: list[Trial] = field(default_factory=list)
 
 
 _priors: dict[tuple[str, str, str], _Prior] = {}
+# (db, target, precision, task) -> (prior version, the prior that task's strategy gets)
+_prior_views: OrderedDict[tuple[str, str, str, int], tuple[int, list[PriorTrial]]] = \
+    OrderedDict()
+_trials: OrderedDict[tuple[str, int], _Trials] = OrderedDict()
 _strategies: OrderedDict[tuple[str, int], Strategy] = OrderedDict()
 
 
 def prior_of(session: Any, db_url: str, target: str, precision: str,
-             exclude_task: int) -> list[PriorTrial]:
-    """Other layers' measurements on this target and precision, newest first."""
+             exclude_task: int, refresh_s: float = 0.0) -> list[PriorTrial]:
+    """Other layers' measurements on this target and precision, newest first.
+
+    `refresh_s` > 0: read new rows at most that often. Between reads every call for a task
+    returns the very same list, so the strategy's base model trained on it (cached by the
+    prior's content) is reused instead of retrained each round: on a busy fleet the prior
+    grows with every write, and retraining on it was most of a proposal's time."""
     cache = _priors.setdefault((db_url, target, precision), _Prior())
-    for mid, task_id, shape, sched, status, us in repo.prior_measurements_since(
-            session, target, precision, cache.last_id):
-        cache.rows.append((task_id, PriorTrial(ConvShape.from_dict(shape), sched, status, us)))
-        cache.last_id = mid
-    if len(cache.rows) > 2 * PRIOR_LIMIT:  # keep memory bounded; the newest matter
-        del cache.rows[:-PRIOR_LIMIT - 1000]
+    now = time.monotonic()
+    if now - cache.read_at >= refresh_s:
+        cache.read_at = now
+        before = cache.last_id
+        for mid, task_id, shape, sched, status, us in repo.prior_measurements_since(
+                session, target, precision, cache.last_id):
+            cache.rows.append((task_id, PriorTrial(ConvShape.from_dict(shape), sched, status,
+                                                   us)))
+            cache.last_id = mid
+        if cache.last_id != before:
+            cache.version += 1
+        if len(cache.rows) > 2 * PRIOR_LIMIT:  # keep memory bounded; the newest matter
+            del cache.rows[:-PRIOR_LIMIT - 1000]
+    key = (db_url, target, precision, exclude_task)
+    view = _prior_views.get(key)
+    if view is not None and view[0] == cache.version:
+        _prior_views.move_to_end(key)
+        return view[1]
     out: list[PriorTrial] = []
     for task_id, trial in reversed(cache.rows):
         if task_id != exclude_task:
             out.append(trial)
             if len(out) >= PRIOR_LIMIT:
                 break
+    _prior_views[key] = (cache.version, out)
+    while len(_prior_views) > TRIALS_CACHE:
+        _prior_views.popitem(last=False)
     return out
 
 
-def history_of(session: Any, db_url: str, task: Task, space: ScheduleSpace) -> History:
-    trials = []
-    for m in repo.task_measurements(session, task.id):
-        try:
-            trials.append(Trial(space.index_of(m.schedule), m.status, m.median_us))
-        except (KeyError, ValueError):  # a schedule from an older space: not ours to replay
-            continue
-    return History(trials=trials,
-                   prior=prior_of(session, db_url, task.target, task.precision, task.id))
+def trials_of(session: Any, db_url: str, task_id: int, space: ScheduleSpace) -> list[Trial]:
+    """The task's measurements as trials, oldest first, read incrementally by id. A row
+    committed after a newer one was read (ids are not commit order) shows up as a count
+    mismatch (rows up to the last id read), and then the task is read again whole: the
+    answer is the full set the database has committed."""
+    key = (db_url, task_id)
+    cache = _trials.get(key) or _Trials()
+    for _ in range(2):
+        for mid, sched, status, us in hp.task_measurements_since(session, task_id,
+                                                                 cache.last_id):
+            cache.rows += 1
+            cache.last_id = mid
+            try:
+                cache.trials.append(Trial(space.index_of(sched), status, us))
+            except (KeyError, ValueError):  # a schedule from an older space: not ours
+                continue
+        if cache.rows == hp.task_measurement_count(session, task_id, cache.last_id):
+            break
+        cache = _Trials()
+    _trials[key] = cache
+    _trials.move_to_end(key)
+    while len(_trials) > TRIALS_CACHE:
+        _trials.popitem(last=False)
+    return list(cache.trials)
+
+
+def history_of(session: Any, db_url: str, task: Task, space: ScheduleSpace,
+               prior_refresh_s: float = 0.0) -> History:
+    return History(trials=trials_of(session, db_url, task.id, space),
+                   prior=prior_of(session, db_url, task.target, task.precision, task.id,
+                                  prior_refresh_s))
 
 
 def strategy_for(db_url: str, job: Job, space: ScheduleSpace) -> Strategy:

@@ -17,6 +17,7 @@ from typing import Any
 
 from kernels.space import ScheduleSpace
 from kernels.spec import ConvShape, Precision, get_target
+from store import hotpath as hp
 from store import repository as repo
 from store.db import session_scope
 from store.models import ACTIVE_JOB_STATES, Job, Task
@@ -38,12 +39,31 @@ def task_spec(task: Task) -> TaskSpec:
                     get_target(task.target))
 
 
+# Task rows never change what a backend needs (shape, precision, target), so each process
+# reads one once; the baseline is the one column that moves (None until first timed).
+_specs: dict[tuple[str, int], TaskSpec] = {}
+_baselined: set[tuple[str, int]] = set()
+
+
+def spec_of(session: Any, db_url: str, task_id: int) -> TaskSpec | None:
+    key = (db_url, task_id)
+    spec = _specs.get(key)
+    if spec is None:
+        task = repo.get_task(session, task_id)
+        if task is None:
+            return None
+        spec = _specs[key] = task_spec(task)
+        if task.baseline_us is not None:
+            _baselined.add(key)
+    return spec
+
+
 def target_of(db_url: str, candidate_id: int) -> str | None:
     """The target of a candidate's task: which backend (and queue) it needs."""
     with session_scope(db_url) as s:
-        cand = repo.get_candidate(s, candidate_id)
-        task = cand and repo.get_task(s, cand.task_id)
-        return task.target if task else None
+        task_id = hp.task_of_candidate(s, candidate_id)
+        spec = None if task_id is None else spec_of(s, db_url, task_id)
+        return spec.target.name if spec else None
 
 
 def space_of(task: Task) -> ScheduleSpace:
@@ -55,46 +75,72 @@ def finish_if_done(session: Any, job: Job) -> bool:
     """Mark the job done once its budget is measured; True if it is finished."""
     if job.status not in ACTIVE_JOB_STATES:
         return True
-    if repo.job_progress(session, job.id).measured >= job.trials:
+    if hp.measured_count(session, job.id) >= job.trials:
         repo.set_job_status(session, job, "done")
         artifacts.prune(session, job.id, job.task_id)
         return True
     return False
 
 
-def explore(db_url: str, job_id: int, batch_size: int = 32) -> list[int]:
-    """Propose the job's next batch; returns the candidate ids to dispatch (build, measure).
+@dataclass(frozen=True)
+class Proposal:
+    """What one explore call hands on: candidate ids to dispatch (re-issued ones first),
+    and whether the job may take another round right away (fewer in flight than allowed)."""
 
-    While the job has open candidates nothing new is proposed: those not yet dispatched are
-    returned (the rest are on their way, or the sweeper re-sends them once stale).
+    ids: list[int]
+    more: bool = False
+
+
+def explore(db_url: str, job_id: int, batch_size: int = 32) -> list[int]:
+    """Propose the job's next batch, one round in flight at a time (the embedded
+    dispatcher's way); returns the candidate ids to dispatch."""
+    return explore_round(db_url, job_id, batch_size).ids
+
+
+def explore_round(db_url: str, job_id: int, batch_size: int = 32, rounds_in_flight: int = 1,
+                  prior_refresh_s: float = 0.0) -> Proposal:
+    """Propose the job's next round unless `rounds_in_flight` rounds are open already.
+
+    Open candidates never sent (or forgotten) are returned to be dispatched again. With
+    more than one round in flight (pipelining), the new round is proposed from what is
+    measured so far, with the open candidates as pending so that none is proposed twice,
+    and never beyond the budget: proposals stop at trials - measured - open.
     """
     with session_scope(db_url) as s:
-        job = repo.get_job(s, job_id, lock=True)
+        job = repo.get_job(s, job_id, lock=True)  # one explorer per job at a time
         if job is None or job.status not in ACTIVE_JOB_STATES:
-            return []
-        open_cands = repo.open_candidates(s, job_id)
-        if open_cands:
-            ids = [c.id for c in open_cands if c.dispatched_at is None]
-            repo.mark_dispatched(s, ids)
-            return ids
-        if finish_if_done(s, job):
-            return []
+            return Proposal([])
+        open_rows = hp.open_of_job(s, job_id)
+        resend = [r.id for r in open_rows if not r.dispatched]
+        repo.mark_dispatched(s, resend)
+        in_flight = len({r.round for r in open_rows})
+        if in_flight >= max(1, rounds_in_flight):
+            return Proposal(resend)
+        measured = hp.measured_count(s, job_id)
+        if not open_rows and measured >= job.trials:
+            finish_if_done(s, job)
+            return Proposal([])
+        remaining = job.trials - measured - len(open_rows)
+        if remaining <= 0:
+            return Proposal(resend)
         task = repo.get_task(s, job.task_id)
         assert task is not None
         space = space_of(task)
         started = time.perf_counter()
-        history = history_of(s, db_url, task, space)
-        remaining = job.trials - repo.job_progress(s, job.id).measured
+        history = history_of(s, db_url, task, space, prior_refresh_s)
+        history.pending = pending_indices(space, [r.schedule for r in open_rows])
         strategy = strategy_for(db_url, job, space)
         picks = strategy.propose(history, min(batch_size, remaining))
         # One line per proposal: the fleet benchmark reads the explorer's latency from it.
-        log.info("proposal job=%d strategy=%s n=%d history=%d prior=%d seconds=%.4f", job.id,
-                 job.strategy, len(picks), len(history.trials), len(history.prior),
-                 time.perf_counter() - started)
+        log.info("proposal job=%d strategy=%s n=%d history=%d pending=%d prior=%d "
+                 "seconds=%.4f", job.id, job.strategy, len(picks), len(history.trials),
+                 len(history.pending), len(history.prior), time.perf_counter() - started)
         if not picks:
+            if open_rows:  # what is left unseen is on its way: wait for it
+                return Proposal(resend)
             repo.set_job_status(s, job, "done",
                                 error="search space exhausted before the trial budget")
-            return []
+            return Proposal([])
         # Written only now: on SQLite the first write takes the database's write lock, which
         # must not be held while the strategy thinks.
         repo.set_job_status(s, job, "running")
@@ -106,7 +152,18 @@ def explore(db_url: str, job_id: int, batch_size: int = 32) -> list[int]:
         ids = repo.add_candidates(s, job, space.schedules(picks), repo.next_round(s, job.id),
                                   [predictions.get(i) for i in picks])
         repo.mark_dispatched(s, ids)
-        return ids
+        more = in_flight + 1 < rounds_in_flight and remaining > len(ids)
+        return Proposal(resend + ids, more)
+
+
+def pending_indices(space: ScheduleSpace, schedules: Sequence[dict[str, Any]]) -> set[int]:
+    out = set()
+    for sched in schedules:
+        try:
+            out.add(space.index_of(sched))
+        except (KeyError, ValueError):  # a schedule from an older space
+            continue
+    return out
 
 
 def build_many(db_url: str, candidate_ids: Sequence[int], backend: Backend,
@@ -114,9 +171,8 @@ def build_many(db_url: str, candidate_ids: Sequence[int], backend: Backend,
     """Build the still-pending candidates among `candidate_ids`; returns how many it built.
     `publish`: store each cubin in the database for GPU workers on other hosts."""
     with session_scope(db_url) as s:
-        todo = [(c.id, task_spec(t), dict(c.schedule))
-                for c, _, t in repo.open_candidates_with_context(s, candidate_ids)
-                if c.state == "pending"]
+        todo = [(row.id, spec, dict(row.schedule)) for row in hp.pending_among(s, candidate_ids)
+                if (spec := spec_of(s, db_url, row.task_id)) is not None]
     cache_dir = getattr(backend, "cache_dir", None)
     done = []
     for cid, spec, schedule in todo:
@@ -141,40 +197,50 @@ class _Leased:
     built: BuildOutcome
 
 
+@dataclass(frozen=True)
+class ChunkResult:
+    written: int
+    closed: set[int]  # jobs one of whose rounds this chunk closed: each needs a new round
+
+
 def measure_many(db_url: str, candidate_ids: Sequence[int], backend: Backend, worker: str,
                  lease_s: float = LEASE_S, flush_s: float = 1.0) -> int:
-    """Measure a chunk of candidates and store each result once; returns rows written.
+    """Measure a chunk of candidates and store each result once; returns rows written."""
+    return measure_chunk(db_url, candidate_ids, backend, worker, lease_s, flush_s).written
+
+
+def measure_chunk(db_url: str, candidate_ids: Sequence[int], backend: Backend, worker: str,
+                  lease_s: float = LEASE_S, flush_s: float = 1.0) -> ChunkResult:
+    """Measure a chunk of candidates and store each result once.
 
     The chunk is leased in one transaction; results are written in groups (at most
     `flush_s` apart) so that a worker killed mid-chunk loses at most that much work, and
     the rest of the chunk is re-issued to another worker once its lease expires. Every
-    step is a handful of set-wise statements, whatever the chunk's size.
+    step is a handful of set-wise statements, whatever the chunk's size. Which rounds the
+    chunk closed is asked after its last commit, so that of two workers finishing one
+    round's last candidates at once, the later one sees the round closed.
     """
     leased: list[_Leased] = []
     gave_up: list[tuple[_Leased, MeasureOutcome]] = []
+    baselines_needed: dict[int, TaskSpec] = {}
     with session_scope(db_url) as s:
-        rows = repo.open_candidates_with_context(s, candidate_ids)
-        measured = repo.measured_among(s, [(c.task_id, c.schedule_hash) for c, _, _ in rows])
-        retire = {c.id for c, j, _ in rows
-                  if j.status not in ACTIVE_JOB_STATES or (c.task_id, c.schedule_hash) in measured}
-        repo.retire_candidates(s, sorted(retire))  # nothing to measure (again)
-        live = [(c, t) for c, _, t in rows if c.id not in retire]
-        mine = repo.lease_candidates(s, [c.id for c, _ in live], worker, lease_s)
-        baselines_needed: dict[int, TaskSpec] = {}
-        for cand, task in live:
-            if cand.id not in mine:
-                continue  # another worker holds it
-            item = _Leased(cand.id, task.id, task_spec(task), dict(cand.schedule),
-                           cand.schedule_hash, cand.job_id, cand.predicted_us,
-                           BuildOutcome(cand.build_status or "", cand.artifact,
-                                        cand.build_log or ""))
-            if cand.attempts >= MAX_ATTEMPTS:  # its workers died each time it was taken
+        rows, rounds = hp.lease_chunk(s, candidate_ids, worker, lease_s)
+        unknown = {r.task_id for r in rows if (db_url, r.task_id) not in _baselined}
+        _baselined.update((db_url, t) for t in hp.tasks_with_baseline(s, unknown))
+        for row in rows:
+            spec = spec_of(s, db_url, row.task_id)
+            assert spec is not None  # a candidate's task is deleted with it
+            item = _Leased(row.id, row.task_id, spec, dict(row.schedule), row.schedule_hash,
+                           row.job_id, row.predicted_us,
+                           BuildOutcome(row.build_status or "", row.artifact,
+                                        row.build_log or ""))
+            if row.attempts >= MAX_ATTEMPTS:  # its workers died each time it was taken
                 gave_up.append((item, MeasureOutcome(
-                    "runtime_error", error=f"gave up after {cand.attempts} attempts "
+                    "runtime_error", error=f"gave up after {row.attempts} attempts "
                                            "without a result")))
                 continue
-            if task.baseline_us is None:
-                baselines_needed[task.id] = item.spec
+            if (db_url, row.task_id) not in _baselined:
+                baselines_needed[row.task_id] = spec
             leased.append(item)
     baselines = {tid: b for tid, spec in baselines_needed.items()
                  if (b := _baseline(spec, backend)) is not None}
@@ -193,7 +259,11 @@ def measure_many(db_url: str, candidate_ids: Sequence[int], backend: Backend, wo
             written += _flush(db_url, pending, backend.name, worker, baselines)
             pending, baselines, last_flush = [], {}, time.monotonic()
     written += _flush(db_url, pending, backend.name, worker, baselines)
-    return written
+    if not rounds:
+        return ChunkResult(written, set())
+    with session_scope(db_url) as s:
+        closed = hp.closed_rounds(s, rounds)
+    return ChunkResult(written, closed)
 
 
 def _flush(db_url: str, results: list[tuple[_Leased, MeasureOutcome]], backend: str,
@@ -204,19 +274,20 @@ def _flush(db_url: str, results: list[tuple[_Leased, MeasureOutcome]], backend: 
     with session_scope(db_url) as s:
         for task_id, us in baselines.items():
             repo.set_baseline(s, task_id, us, backend)
-        wrote = repo.record_measurements(s, [{
+        wrote = hp.record_results(s, [{
             "task_id": item.task_id, "job_id": item.job_id, "schedule": item.schedule,
             "schedule_hash": item.schedule_hash, "status": out.status,
             "median_us": out.median_us, "iqr_us": out.iqr_us, "backend": backend,
             "worker": worker, "error": (out.error or None) and out.error[-20000:],
             "predicted_us": item.predicted_us} for item, out in results])
-        repo.retire_candidates(s, [item.cand_id for item, _ in results])
-        for task_id in {t for t, _ in wrote} & {i.task_id for i, o in results if o.status == "ok"}:
-            repo.refresh_best(s, task_id)
-        for job_id in {item.job_id for item, _ in results}:
+        hp.retire_candidates(s, [item.cand_id for item, _ in results])
+        hp.refresh_best_many(s, {t for t, _ in wrote}
+                             & {i.task_id for i, o in results if o.status == "ok"})
+        for job_id in hp.jobs_reaching_budget(s, {item.job_id for item, _ in results}):
             job = repo.get_job(s, job_id)
             if job is not None:
                 finish_if_done(s, job)
+    _baselined.update((db_url, t) for t in baselines)
     return len(wrote)
 
 

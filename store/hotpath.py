@@ -1,0 +1,231 @@
+"""The fleet's hot path in set-wise Core statements: lease a chunk, write its results,
+refresh best schedules, close rounds, pick jobs for the explorer.
+
+Every measurement passes through here, so each step is a few statements whatever the
+chunk's size, with no ORM objects (profiled: ORM loads, per-call compilation of
+multi-row INSERTs and one round trip per job were most of a measurement's CPU). The
+statements are built once and cached by SQLAlchemy; lists travel as expanding IN
+parameters and rows as executemany (insertmanyvalues: one INSERT per batch).
+Exactly-once is kept by the same keys as before: unique (task, schedule hash) with
+insert-or-ignore, and a lease that only a free or own candidate can take.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import bindparam, distinct, exists, func, select, tuple_, update
+from sqlalchemy.orm import Session
+
+from store.models import (
+    ACTIVE_JOB_STATES,
+    BestSchedule,
+    Candidate,
+    Job,
+    Measurement,
+    Task,
+    utcnow,
+)
+from store.repository import insert_for
+
+C = Candidate.__table__.c
+M = Measurement.__table__.c
+J = Job.__table__.c
+
+
+@dataclass(frozen=True)
+class ChunkRow:
+    """What a measuring worker needs of one open candidate of its chunk."""
+
+    id: int
+    task_id: int
+    job_id: int
+    round: int
+    schedule: dict[str, Any]
+    schedule_hash: str
+    predicted_us: float | None
+    build_status: str | None
+    artifact: str | None
+    build_log: str | None
+    attempts: int  # before this lease
+
+
+_CHUNK = (
+    select(C.id, C.task_id, C.job_id, C.round, C.schedule, C.schedule_hash, C.predicted_us,
+           C.build_status, C.artifact, C.build_log, C.attempts, J.status,
+           exists().where(M.task_id == C.task_id, M.schedule_hash == C.schedule_hash)
+           .label("measured"))
+    .join(Job.__table__, J.id == C.job_id)
+    .where(C.id.in_(bindparam("ids", expanding=True)), C.state != "done")
+    .order_by(C.id)
+)
+
+
+def lease_chunk(session: Session, ids: Sequence[int], owner: str, seconds: float
+                ) -> tuple[list[ChunkRow], set[tuple[int, int]]]:
+    """Lease the open candidates of `ids` that nobody else holds; retire those with nothing
+    left to measure (job over, or the schedule measured for the task already). Three
+    statements: read, retire, lease. Returns the leased rows and the (job, round) of every
+    open candidate read (what may close once the chunk is done)."""
+    if not ids:
+        return [], set()
+    rows = session.execute(_CHUNK, {"ids": list(ids)}).all()
+    rounds = {(r.job_id, r.round) for r in rows}
+    retire = [r.id for r in rows if r.status not in ACTIVE_JOB_STATES or r.measured]
+    retire_candidates(session, retire)
+    gone = set(retire)
+    live = {r.id: r for r in rows if r.id not in gone}
+    if not live:
+        return [], rounds
+    now = utcnow()
+    mine = session.execute(
+        update(Candidate.__table__)
+        .where(C.id.in_(list(live)), C.state != "done",
+               C.lease_expires_at.is_(None) | (C.lease_expires_at < now)
+               | (C.lease_owner == owner))
+        .values(lease_owner=owner, lease_expires_at=now + timedelta(seconds=seconds),
+                attempts=C.attempts + 1)
+        .returning(C.id)).scalars().all()
+    out = []
+    for i in sorted(mine):
+        r = live[i]
+        out.append(ChunkRow(r.id, r.task_id, r.job_id, r.round, r.schedule, r.schedule_hash,
+                            r.predicted_us, r.build_status, r.artifact, r.build_log,
+                            r.attempts))
+    return out, rounds
+
+
+def retire_candidates(session: Session, ids: Sequence[int]) -> None:
+    if ids:
+        session.execute(update(Candidate.__table__).where(C.id.in_(list(ids)))
+                        .values(state="done", lease_owner=None, lease_expires_at=None))
+
+
+def record_results(session: Session, rows: Sequence[dict[str, Any]]) -> set[tuple[int, str]]:
+    """Insert results once (executemany, one cached statement); returns the (task id,
+    schedule hash) pairs written by this call — a pair measured before stays as it was."""
+    if not rows:
+        return set()
+    now = utcnow()
+    stmt = (insert_for(session, Measurement).on_conflict_do_nothing(
+        index_elements=["task_id", "schedule_hash"])
+        .returning(Measurement.task_id, Measurement.schedule_hash))
+    params = [{"created_at": now, "error": None, "median_us": None, "iqr_us": None,
+               "predicted_us": None, **r} for r in rows]
+    res = session.connection().execute(stmt, params)
+    return {(t, h) for t, h in res}
+
+
+def refresh_best_many(session: Session, task_ids: Iterable[int]) -> None:
+    """Point each task's best schedule at its fastest verified measurement, in one statement
+    per task; the row is only touched when the best moved (what GET /schedule's cache
+    watches)."""
+    now = utcnow()
+    for task_id in sorted(set(task_ids)):
+        best = (select(M.task_id, M.id, bindparam("now", now))
+                .where(M.task_id == task_id, M.status == "ok", M.median_us.is_not(None))
+                .order_by(M.median_us, M.id).limit(1))
+        stmt = insert_for(session, BestSchedule).from_select(
+            ["task_id", "measurement_id", "updated_at"], best)
+        stmt = stmt.on_conflict_do_update(
+            index_elements=["task_id"],
+            set_={"measurement_id": stmt.excluded.measurement_id,
+                  "updated_at": stmt.excluded.updated_at},
+            where=BestSchedule.__table__.c.measurement_id != stmt.excluded.measurement_id)
+        session.execute(stmt)
+
+
+def jobs_reaching_budget(session: Session, job_ids: Iterable[int]) -> list[int]:
+    """Active jobs among `job_ids` whose measurements reached their trial budget."""
+    ids = sorted(set(job_ids))
+    if not ids:
+        return []
+    counted = (select(func.count()).where(M.job_id == J.id).scalar_subquery())
+    rows = session.execute(select(J.id).where(
+        J.id.in_(ids), J.status.in_(ACTIVE_JOB_STATES), counted >= J.trials))
+    return [i for (i,) in rows]
+
+
+def closed_rounds(session: Session, rounds: Iterable[tuple[int, int]]) -> set[int]:
+    """Jobs among the (job, round) pairs one of whose rounds has no open candidate left."""
+    pairs = sorted(set(rounds))
+    if not pairs:
+        return set()
+    still_open = {(j, r) for j, r in session.execute(
+        select(C.job_id, C.round).where(tuple_(C.job_id, C.round).in_(pairs),
+                                        C.state != "done").distinct())}
+    return {j for j, r in pairs if (j, r) not in still_open}
+
+
+@dataclass(frozen=True)
+class OpenRow:
+    id: int
+    round: int
+    schedule: dict[str, Any]
+    dispatched: bool
+
+
+def open_of_job(session: Session, job_id: int) -> list[OpenRow]:
+    """The job's open candidates (few: at most its rounds in flight)."""
+    return [OpenRow(i, r, s, d is not None) for i, r, s, d in session.execute(
+        select(C.id, C.round, C.schedule, C.dispatched_at)
+        .where(C.job_id == job_id, C.state != "done").order_by(C.id))]
+
+
+def measured_count(session: Session, job_id: int) -> int:
+    return int(session.scalar(select(func.count()).where(M.job_id == job_id)) or 0)
+
+
+def open_rounds_per_job(session: Session) -> dict[int, int]:
+    """Active job id -> how many of its rounds have open candidates (0 included)."""
+    rows = session.execute(
+        select(J.id, func.count(distinct(C.round)))
+        .select_from(Job.__table__)
+        .outerjoin(Candidate.__table__, (C.job_id == J.id) & (C.state != "done"))
+        .where(J.status.in_(ACTIVE_JOB_STATES)).group_by(J.id).order_by(J.id))
+    return {j: int(n) for j, n in rows}
+
+
+@dataclass(frozen=True)
+class PendingRow:
+    id: int
+    task_id: int
+    schedule: dict[str, Any]
+
+
+def pending_among(session: Session, ids: Sequence[int]) -> list[PendingRow]:
+    """The still-unbuilt candidates among `ids`."""
+    if not ids:
+        return []
+    return [PendingRow(*r) for r in session.execute(
+        select(C.id, C.task_id, C.schedule)
+        .where(C.id.in_(list(ids)), C.state == "pending").order_by(C.id))]
+
+
+def tasks_with_baseline(session: Session, task_ids: Iterable[int]) -> set[int]:
+    ids = sorted(set(task_ids))
+    if not ids:
+        return set()
+    t = Task.__table__.c
+    return {i for (i,) in session.execute(
+        select(t.id).where(t.id.in_(ids), t.baseline_us.is_not(None)))}
+
+
+def task_of_candidate(session: Session, candidate_id: int) -> int | None:
+    return session.scalar(select(C.task_id).where(C.id == candidate_id))
+
+
+def task_measurements_since(session: Session, task_id: int, after_id: int
+                            ) -> list[tuple[int, dict[str, Any], str, float | None]]:
+    """(id, schedule, status, median_us) of a task's measurements with id > after_id."""
+    return [tuple(r) for r in session.execute(  # type: ignore[misc]
+        select(M.id, M.schedule, M.status, M.median_us)
+        .where(M.task_id == task_id, M.id > after_id).order_by(M.id))]
+
+
+def task_measurement_count(session: Session, task_id: int, upto_id: int) -> int:
+    return int(session.scalar(select(func.count()).where(M.task_id == task_id,
+                                                         M.id <= upto_id)) or 0)

@@ -1,0 +1,176 @@
+"""The fleet's hot path and pipelined explorer, in-process against real databases.
+
+What must hold however the work is split: a redelivered chunk writes nothing twice, a
+lease keeps a chunk to one worker until it expires, pipelined rounds never exceed the
+budget nor propose a schedule twice, and two explorers racing for one job (the row lock)
+never put more than the allowed rounds in flight.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import func, select
+
+from kernels.space import ScheduleSpace, schedule_hash
+from kernels.spec import RESNET50_3X3, TARGETS, Precision
+from store import hotpath as hp
+from store import migrate
+from store import repository as repo
+from store.db import session_scope
+from store.models import BestSchedule, Candidate, Job, Measurement
+from workers import history, tasks
+from workers.backends.simulated import SimulatedBackend
+
+H200 = TARGETS["h200"]
+SHAPE = RESNET50_3X3["stage3"]
+
+
+@pytest.fixture(params=["postgresql", "sqlite"])
+def db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'hot.db'}"
+    else:
+        url = request.getfixturevalue("pg_url")
+    migrate.upgrade(url)
+    yield url
+
+
+def _job(url: str, trials: int, strategy: str = "random", seed: int = 0) -> int:
+    with session_scope(url) as s:
+        task = repo.get_or_create_task(s, SHAPE, Precision.INT8, H200)
+        return repo.create_job(s, task, trials, strategy, seed).id
+
+
+def _measured(url: str, job_id: int) -> list[Measurement]:
+    with session_scope(url) as s:
+        return list(s.scalars(select(Measurement).where(Measurement.job_id == job_id)))
+
+
+def _run_round(url: str, ids: list[int], backend: SimulatedBackend, chunk: int = 8) -> set[int]:
+    tasks.build_many(url, ids, backend)
+    closed: set[int] = set()
+    for i in range(0, len(ids), chunk):
+        closed |= tasks.measure_chunk(url, ids[i:i + chunk], backend, "w#0", 60).closed
+    return closed
+
+
+def test_a_redelivered_chunk_writes_nothing_twice(db: str) -> None:
+    backend = SimulatedBackend(H200)
+    job_id = _job(db, 16)
+    ids = tasks.explore_round(db, job_id, 16).ids
+    tasks.build_many(db, ids, backend)
+    assert tasks.measure_chunk(db, ids[:8], backend, "w#0", 60).written == 8
+    # The same message again (a redelivery), and the chunk with the rest of the round:
+    # only the rest is written.
+    assert tasks.measure_chunk(db, ids[:8], backend, "w#0", 60).written == 0
+    res = tasks.measure_chunk(db, ids, backend, "w#1", 60)
+    assert res.written == 8 and res.closed == {job_id}
+    rows = _measured(db, job_id)
+    assert len(rows) == 16 == len({m.schedule_hash for m in rows})
+    with session_scope(db) as s:
+        best = s.get(BestSchedule, rows[0].task_id)
+        assert best is not None
+        fastest = min((m for m in rows if m.status == "ok"), key=lambda m: (m.median_us, m.id))
+        assert best.measurement_id == fastest.id
+        job = s.get(Job, job_id)
+        assert job is not None and job.status == "done"
+
+
+def test_a_lease_keeps_a_chunk_to_its_worker_until_it_expires(db: str) -> None:
+    job_id = _job(db, 8)
+    ids = tasks.explore_round(db, job_id, 8).ids
+    with session_scope(db) as s:
+        mine, rounds = hp.lease_chunk(s, ids, "a", 60)
+        assert [r.id for r in mine] == ids and rounds == {(job_id, 1)}
+    with session_scope(db) as s:
+        assert hp.lease_chunk(s, ids, "b", 60)[0] == []  # held by a
+        assert len(hp.lease_chunk(s, ids, "a", 60)[0]) == 8  # a may take it again
+    with session_scope(db) as s:
+        hp.lease_chunk(s, ids[:4], "a", -1)  # a's lease on four of them has expired
+    with session_scope(db) as s:
+        taken, _ = hp.lease_chunk(s, ids, "b", 60)
+        assert [r.id for r in taken] == ids[:4]
+        assert all(r.attempts == 3 for r in taken)  # a took them three times
+
+
+def test_pipelined_rounds_keep_the_budget_and_never_repeat(db: str) -> None:
+    backend = SimulatedBackend(H200)
+    job_id = _job(db, 100)
+    first = tasks.explore_round(db, job_id, 16, rounds_in_flight=2)
+    assert len(first.ids) == 16 and first.more
+    second = tasks.explore_round(db, job_id, 16, rounds_in_flight=2)
+    assert len(second.ids) == 16 and not second.more
+    # Two rounds open: a third explore proposes nothing.
+    assert tasks.explore_round(db, job_id, 16, rounds_in_flight=2).ids == []
+    queue = [first.ids, second.ids]
+    rounds = 2
+    while queue:
+        ids = queue.pop(0)
+        closed = _run_round(db, ids, backend)
+        assert closed == {job_id} or not closed
+        prop = tasks.explore_round(db, job_id, 16, rounds_in_flight=2)
+        if prop.ids:
+            rounds += 1
+            queue.append(prop.ids)
+    rows = _measured(db, job_id)
+    assert len(rows) == 100 == len({m.schedule_hash for m in rows})
+    with session_scope(db) as s:
+        cands = list(s.scalars(select(Candidate).where(Candidate.job_id == job_id)))
+        job = s.get(Job, job_id)
+    assert len(cands) == 100 and rounds == 7  # 6 x 16 + 4: never proposed past the budget
+    assert job is not None and job.status == "done"
+
+
+def test_racing_explorers_never_exceed_the_rounds_in_flight(pg_url: str) -> None:
+    """Many explore calls at once for one job (messages from round closes, the sweeper and
+    several explorer processes): the row lock serializes them."""
+    migrate.upgrade(pg_url)
+    job_id = _job(pg_url, 1000)
+    results: list[list[int]] = []
+
+    def call() -> None:
+        results.append(tasks.explore_round(pg_url, job_id, 32, rounds_in_flight=2).ids)
+
+    threads = [threading.Thread(target=call) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    with session_scope(pg_url) as s:
+        per_round = Counter(s.scalars(select(Candidate.round)
+                                      .where(Candidate.job_id == job_id)))
+        hashes = list(s.scalars(select(Candidate.schedule_hash)
+                                .where(Candidate.job_id == job_id)))
+    assert per_round == {1: 32, 2: 32}
+    assert len(set(hashes)) == 64
+    handed = [i for ids in results for i in ids]
+    assert len(handed) == len(set(handed)) == 64  # each candidate dispatched once
+
+
+def test_trials_cache_sees_a_row_committed_late(db: str) -> None:
+    """Ids are not commit order: a row with a lower id than one already read must still
+    reach the strategy's history."""
+    space = ScheduleSpace(SHAPE, Precision.INT8, H200)
+    job_id = _job(db, 10)
+    with session_scope(db) as s:
+        task_id = s.scalar(select(Job.task_id).where(Job.id == job_id))
+        scheds = space.schedules(space.valid_indices[:3])
+        row = {"task_id": task_id, "job_id": job_id, "status": "ok", "backend": "simulated"}
+        hp.record_results(s, [{**row, "schedule": scheds[1],
+                               "schedule_hash": schedule_hash(scheds[1]),
+                               "median_us": 2.0, "id": 20}])
+    with session_scope(db) as s:
+        assert len(history.trials_of(s, db, task_id, space)) == 1
+    with session_scope(db) as s:  # committed now, with an id below the one already read
+        hp.record_results(s, [{**row, "schedule": scheds[0],
+                               "schedule_hash": schedule_hash(scheds[0]),
+                               "median_us": 1.0, "id": 10}])
+    with session_scope(db) as s:
+        trials = history.trials_of(s, db, task_id, space)
+        assert [t.index for t in trials] == [int(i) for i in space.valid_indices[:2]]
+        assert s.scalar(select(func.count(Measurement.id))) == 2
