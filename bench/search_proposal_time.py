@@ -10,11 +10,16 @@ being tuned (ResNet-50 stage3). Timed per strategy:
   retrained on 32 more trials), which is what every batch but the first pays.
 
     python bench/search_proposal_time.py [--measurements 50000] [--repeat 5]
+        [--strategies diversity,sa] [--out bench/data/proposal_time.json]
+
+Every repeat's numbers and the load average before and after go to --out (JSON).
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime as dt
+import json
 import os
 import platform
 import statistics
@@ -30,6 +35,7 @@ from kernels.space import ScheduleSpace  # noqa: E402
 from kernels.spec import RESNET50_3X3, TARGETS, ConvShape, Precision  # noqa: E402
 from search import model_based  # noqa: E402
 from search.registry import make_strategy  # noqa: E402
+from search.replay import parse_strategy  # noqa: E402
 from search.strategy import History, PriorTrial, Trial  # noqa: E402
 from workers.backends.simulated import simulate_latency_us  # noqa: E402
 
@@ -80,8 +86,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--measurements", type=int, default=50_000)
     ap.add_argument("--repeat", type=int, default=5)
-    ap.add_argument("--strategies", default="diversity,sa")
+    ap.add_argument("--strategies", default="diversity,sa",
+                    help="comma-separated NAME[:key=value...] (options as in the replay)")
+    ap.add_argument("--out", default=None, help="write every repeat's numbers here (JSON)")
     args = ap.parse_args(argv)
+    load_before = os.getloadavg()
     rng = np.random.default_rng(0)
     space, history, more = make_history(args.measurements, Precision.INT8, rng)
     n_train = len(history.trials) + len(history.prior)
@@ -89,11 +98,13 @@ def main(argv: list[str] | None = None) -> int:
           f"training set {n_train} measurements ({len(history.prior)} prior over "
           f"{len({t.shape for t in history.prior})} layers + {len(history.trials)} trials); "
           f"space {len(space.valid_indices)} valid schedules")
-    for name in args.strategies.split(","):
+    results = []
+    for spec in args.strategies.split(","):
+        name, options, _ = parse_strategy(spec)
         cold, warm, cold_cpu, warm_cpu = [], [], [], []
         for r in range(args.repeat):
             model_based._PRIOR_CACHE.clear()
-            strat = make_strategy(name, space, seed=r)
+            strat = make_strategy(name, space, seed=r, **options)
             h = History(trials=list(history.trials), prior=history.prior)
             t0, c0 = time.perf_counter(), time.process_time()
             batch = strat.propose(h, 32)
@@ -112,11 +123,23 @@ def main(argv: list[str] | None = None) -> int:
             assert len(batch) == 32
         # CPU seconds (both threads) next to wall time: on a shared machine the wall time
         # includes waiting for the cores; CPU / 2 is what an idle 2-core machine would take.
-        print(f"{name:10s} cold: wall median {statistics.median(cold):.3f} s, "
+        results.append({"strategy": spec, "cold_wall_s": cold, "cold_cpu_s": cold_cpu,
+                        "warm_wall_s": warm, "warm_cpu_s": warm_cpu})
+        print(f"{spec:10s} cold: wall median {statistics.median(cold):.3f} s, "
               f"cpu median {statistics.median(cold_cpu):.3f} s | "
               f"warm: wall median {statistics.median(warm):.3f} s, "
               f"cpu median {statistics.median(warm_cpu):.3f} s")
-    print(f"load average during the run: {os.getloadavg()[0]:.1f}")
+    load_after = os.getloadavg()
+    print(f"load average (1, 5, 15 min) before: {load_before}, after: {load_after}")
+    if args.out:
+        meta = {"date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+                "machine": platform.processor() or platform.machine(),
+                "cores": os.cpu_count(), "measurements": n_train,
+                "prior": len(history.prior), "trials": len(history.trials),
+                "valid_schedules": int(len(space.valid_indices)), "repeat": args.repeat,
+                "loadavg_before": load_before, "loadavg_after": load_after}
+        Path(args.out).write_text(json.dumps({"meta": meta, "rows": results}, indent=1) + "\n")
+        print(f"wrote {args.out}")
     return 0
 
 

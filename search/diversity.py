@@ -90,6 +90,37 @@ def coverage_pick(moves: Moves, candidates: np.ndarray, n: int) -> np.ndarray:
     return candidates[np.array(out)]
 
 
+def coverage_design(moves: Moves, valid: np.ndarray, n: int, rng: np.random.Generator,
+                    pool: int = 4096) -> np.ndarray:
+    """A space-filling first batch (no model yet): n valid schedules whose knob values are
+    as evenly represented as possible, ties broken by the largest Hamming distance (in
+    knob values) to what is already picked, then by a seeded random order.
+
+    Why: the first batch is all the model learns from before it steers. Uniform draws over
+    the valid schedules under-represent values that are often invalid (large tiles) and
+    repeat others; a balanced batch shows the model every value of every knob."""
+    cand = rng.permutation(valid)[:pool]
+    if len(cand) <= n:
+        return cand
+    d = moves.digits(cand)[:, moves.movable]
+    rad = moves.radices[moves.movable]
+    flat = d + np.concatenate([[0], np.cumsum(rad)[:-1]])
+    counts = np.zeros(int(rad.sum()))
+    min_dist = np.full(len(cand), float(len(rad) + 1))
+    free = np.ones(len(cand), dtype=bool)
+    out = []
+    for _ in range(n):
+        balance = (1.0 / (1.0 + counts[flat])).sum(axis=1)
+        # Balance first (it is at most the number of knobs; distances add < 1 of it).
+        score = np.where(free, balance + min_dist / (len(rad) + 2), -np.inf)
+        j = int(np.argmax(score))  # first maximum: the seeded random order breaks ties
+        out.append(j)
+        free[j] = False
+        counts[flat[j]] += 1
+        min_dist = np.minimum(min_dist, (d != d[j]).sum(axis=1))
+    return cand[np.array(out)]
+
+
 class DiversityAware(ModelBasedStrategy):
     name = "diversity"
 
@@ -99,6 +130,10 @@ class DiversityAware(ModelBasedStrategy):
         # > 1: take this many times the batch from the annealer's best and keep the batch
         # that covers the most knob values (AutoTVM's diversity filter on the final pick).
         self.final_ratio = float(options.get("final_ratio", 1))
+        # The batch before anything is known (no trial, no prior): random or coverage.
+        self.first = str(options.get("first", "random"))
+        if self.first not in ("random", "coverage"):
+            raise ValueError(f"unknown first-batch design {self.first!r}: random or coverage")
 
     def propose(self, history: History, n: int) -> list[int]:
         rng = self.rng(history)
@@ -117,4 +152,7 @@ class DiversityAware(ModelBasedStrategy):
                          max(want, int(round(want * self.final_ratio))), rng,
                          self.anneal_cfg, selector=selector)
             picks = [int(i) for i in coverage_pick(moves, top, want)]
+        elif self.first == "coverage" and not history.trials:
+            picks = [int(i) for i in coverage_design(self.moves, self.unseen_valid(history),
+                                                     n, rng)]
         return self.fill_random(picks, history, n, rng)
