@@ -97,6 +97,9 @@ def main() -> int:
                     help="no GPU: the simulated backend of TARGET (e.g. h200), no cuDNN")
     ap.add_argument("--builders", type=int, default=None,
                     help="build processes (default: CPU cores - 2)")
+    ap.add_argument("--explorer-procs", type=int, default=4,
+                    help="distributed: explorer processes sharing the jobs (tctune explorer "
+                         "--procs)")
     ap.add_argument("--layers", default="stage2,stage3,stage4,stage5")
     ap.add_argument("--precisions", default="int8,fp16")
     ap.add_argument("--trials", type=int, default=500)
@@ -168,7 +171,7 @@ def main() -> int:
                           "--save", "", "--appendonly", "no"])
             if db == "sqlite":
                 subprocess.run([*cli, "db", "upgrade"], cwd=REPO, env=env, check=True)
-            run("explorer", [*cli, "explorer"])
+            run("explorer", [*cli, "explorer", "--procs", str(args.explorer_procs)])
             run("builder", [*cli, "builder", "-c", str(builders)])
             for g in range(args.gpus):
                 run(f"worker{g}", [*cli, "worker",
@@ -204,6 +207,7 @@ def main() -> int:
                   "simulated": bool(args.simulate),
                   "service": "distributed" if distributed else "embedded", "db": db,
                   "builders": builders,
+                  "explorer_procs": args.explorer_procs if distributed else None,
                   "strategy": args.strategy, "concurrent": args.concurrent,
                   "total_wall_s": round(total_s, 1),
                   "measure_per_s": round(total / total_s, 3),
