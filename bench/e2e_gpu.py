@@ -97,6 +97,8 @@ def main() -> int:
                     help="no GPU: the simulated backend of TARGET (e.g. h200), no cuDNN")
     ap.add_argument("--builders", type=int, default=None,
                     help="build processes (default: CPU cores - 2)")
+    ap.add_argument("--builder-nice", type=int, default=10,
+                    help="distributed: niceness of the builder processes (0: as the workers)")
     ap.add_argument("--explorer-procs", type=int, default=4,
                     help="distributed: explorer processes sharing the jobs (tctune explorer "
                          "--procs)")
@@ -172,7 +174,10 @@ def main() -> int:
             if db == "sqlite":
                 subprocess.run([*cli, "db", "upgrade"], cwd=REPO, env=env, check=True)
             run("explorer", [*cli, "explorer", "--procs", str(args.explorer_procs)])
-            run("builder", [*cli, "builder", "-c", str(builders)])
+            # Builders compile at a lower CPU priority than the GPU workers' host side (the
+            # launches, checks and writes that keep a GPU busy): the GPUs are what is scarce.
+            run("builder", ["nice", "-n", str(args.builder_nice), *cli, "builder",
+                            "-c", str(builders)])
             for g in range(args.gpus):
                 run(f"worker{g}", [*cli, "worker",
                                    *(["--simulate", target.name] if args.simulate
@@ -208,6 +213,7 @@ def main() -> int:
                   "service": "distributed" if distributed else "embedded", "db": db,
                   "builders": builders,
                   "explorer_procs": args.explorer_procs if distributed else None,
+                  "builder_nice": args.builder_nice if distributed else None,
                   "strategy": args.strategy, "concurrent": args.concurrent,
                   "total_wall_s": round(total_s, 1),
                   "measure_per_s": round(total / total_s, 3),
