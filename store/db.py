@@ -3,6 +3,7 @@ dispatcher and its worker processes can share one file."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import lru_cache
@@ -27,7 +28,11 @@ def get_engine(url: str) -> Engine:
             cur.close()
 
         return engine
-    return create_engine(url, pool_pre_ping=True, pool_size=20, max_overflow=40)
+    # A ping per checkout saves a request from a connection that died with its server;
+    # fleet processes turn it off (TCTUNE_DB_PRE_PING=0): their tasks retry on such an
+    # error, which also drops the dead pool, and the ping was a round trip per transaction.
+    ping = os.environ.get("TCTUNE_DB_PRE_PING", "1") != "0"
+    return create_engine(url, pool_pre_ping=ping, pool_size=20, max_overflow=40)
 
 
 @lru_cache(maxsize=8)

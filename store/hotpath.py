@@ -18,8 +18,10 @@ from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import bindparam, distinct, exists, func, select, tuple_, update
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
+from kernels.space import schedule_hash
 from store.models import (
     ACTIVE_JOB_STATES,
     BestSchedule,
@@ -29,7 +31,6 @@ from store.models import (
     Task,
     utcnow,
 )
-from store.repository import insert_for
 
 C = Candidate.__table__.c
 M = Measurement.__table__.c
@@ -104,19 +105,76 @@ def retire_candidates(session: Session, ids: Sequence[int]) -> None:
                         .values(state="done", lease_owner=None, lease_expires_at=None))
 
 
+# Statements built once per dialect: building one costs more CPU than running it.
+_statements: dict[tuple[str, str], Any] = {}
+
+
+def _statement(session: Session, name: str) -> Any:
+    dialect = session.get_bind().dialect.name
+    stmt = _statements.get((dialect, name))
+    if stmt is None:
+        stmt = _statements[(dialect, name)] = _BUILDERS[name](dialect)
+    return stmt
+
+
+def _insert(dialect: str, table: Any) -> Any:
+    return (postgresql.insert(table) if dialect == "postgresql" else sqlite.insert(table))
+
+
+def _record_stmt(dialect: str) -> Any:
+    return (_insert(dialect, Measurement.__table__)
+            .on_conflict_do_nothing(index_elements=["task_id", "schedule_hash"])
+            .returning(M.task_id, M.schedule_hash))
+
+
+def _best_stmt(dialect: str) -> Any:
+    best = (select(M.task_id, M.id, bindparam("now"))
+            .where(M.task_id == bindparam("task_id"), M.status == "ok",
+                   M.median_us.is_not(None))
+            .order_by(M.median_us, M.id).limit(1))
+    stmt = _insert(dialect, BestSchedule.__table__).from_select(
+        ["task_id", "measurement_id", "updated_at"], best)
+    return stmt.on_conflict_do_update(
+        index_elements=["task_id"],
+        set_={"measurement_id": stmt.excluded.measurement_id,
+              "updated_at": stmt.excluded.updated_at},
+        where=BestSchedule.__table__.c.measurement_id != stmt.excluded.measurement_id)
+
+
+def _candidates_stmt(dialect: str) -> Any:
+    return (_insert(dialect, Candidate.__table__)
+            .on_conflict_do_nothing(index_elements=["job_id", "schedule_hash"])
+            .returning(C.id))
+
+
+_BUILDERS = {"record": _record_stmt, "best": _best_stmt, "candidates": _candidates_stmt}
+
+
 def record_results(session: Session, rows: Sequence[dict[str, Any]]) -> set[tuple[int, str]]:
     """Insert results once (executemany, one cached statement); returns the (task id,
     schedule hash) pairs written by this call — a pair measured before stays as it was."""
     if not rows:
         return set()
     now = utcnow()
-    stmt = (insert_for(session, Measurement).on_conflict_do_nothing(
-        index_elements=["task_id", "schedule_hash"])
-        .returning(Measurement.task_id, Measurement.schedule_hash))
     params = [{"created_at": now, "error": None, "median_us": None, "iqr_us": None,
-               "predicted_us": None, **r} for r in rows]
-    res = session.connection().execute(stmt, params)
+               "predicted_us": None, "worker": None, **r} for r in rows]
+    res = session.connection().execute(_statement(session, "record"), params)
     return {(t, h) for t, h in res}
+
+
+def add_candidates(session: Session, job_id: int, task_id: int,
+                   schedules: Sequence[dict[str, Any]], round_no: int,
+                   predicted_us: Sequence[float | None]) -> list[int]:
+    """Insert a round's proposals (ignoring any the job already has); the new ids."""
+    if not schedules:
+        return []
+    now = utcnow()
+    params = [{"job_id": job_id, "task_id": task_id, "round": round_no, "schedule": sched,
+               "schedule_hash": schedule_hash(sched), "state": "pending", "attempts": 0,
+               "created_at": now, "predicted_us": pred}
+              for sched, pred in zip(schedules, predicted_us, strict=True)]
+    res = session.connection().execute(_statement(session, "candidates"), params)
+    return sorted(i for (i,) in res)
 
 
 def refresh_best_many(session: Session, task_ids: Iterable[int]) -> None:
@@ -125,17 +183,7 @@ def refresh_best_many(session: Session, task_ids: Iterable[int]) -> None:
     watches)."""
     now = utcnow()
     for task_id in sorted(set(task_ids)):
-        best = (select(M.task_id, M.id, bindparam("now", now))
-                .where(M.task_id == task_id, M.status == "ok", M.median_us.is_not(None))
-                .order_by(M.median_us, M.id).limit(1))
-        stmt = insert_for(session, BestSchedule).from_select(
-            ["task_id", "measurement_id", "updated_at"], best)
-        stmt = stmt.on_conflict_do_update(
-            index_elements=["task_id"],
-            set_={"measurement_id": stmt.excluded.measurement_id,
-                  "updated_at": stmt.excluded.updated_at},
-            where=BestSchedule.__table__.c.measurement_id != stmt.excluded.measurement_id)
-        session.execute(stmt)
+        session.execute(_statement(session, "best"), {"task_id": task_id, "now": now})
 
 
 def jobs_reaching_budget(session: Session, job_ids: Iterable[int]) -> list[int]:

@@ -105,11 +105,28 @@ def explore_task(job_id: int) -> int:
     settings = get_settings()
     prop = tasks.explore_round(settings.db_url, job_id, settings.batch_size,
                                settings.rounds_in_flight, settings.prior_refresh_s)
-    if prop.ids:  # one build message per round: the builder splits it for the GPUs
-        send(build_task, prop.ids, BUILD_QUEUE)
+    if prop.ids:
+        dispatch(prop.ids, None)
     if prop.more:  # pipelining: the next round is proposed while this one is measured
         send(explore_task, job_id, EXPLORE_QUEUE)
     return len(prop.ids)
+
+
+def dispatch(candidate_ids: list[int], target: str | None) -> None:
+    """Send unbuilt candidates on: one build message per round (the builder splits it into
+    measure chunks), or, where the fleet measures with the analytical model, straight to
+    the measure queue: the simulated "build" is only a validity check, which the measuring
+    worker makes itself for a candidate nobody built (as for a cubin it lacks), so the hop
+    would cost a message, a transaction and a process switch per round for nothing."""
+    settings = get_settings()
+    if settings.backend != "simulated":
+        send(build_task, candidate_ids, BUILD_QUEUE, target)
+        return
+    target = target or tasks.target_of(settings.db_url, candidate_ids[0])
+    if target is None:
+        return
+    for chunk in chunks(candidate_ids, settings.chunk_size):
+        send(measure_task, chunk, measure_queue(target), target)
 
 
 @app.task(name="tctune.build", **RETRY)

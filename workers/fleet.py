@@ -51,8 +51,9 @@ def sweep_once(settings: Settings, last_explore: dict[int, float]) -> tuple[int,
         # has drained (after a broker restart every queue is empty).
         depth = queue_depths([celery_app.BUILD_QUEUE] + [celery_app.measure_queue(t)
                                                          for t in set(targets.values())])
+        direct = settings.backend == "simulated"  # pending ones go straight to measure
         stale = [c for c in stale if depth.get(
-            celery_app.BUILD_QUEUE if c.state == "pending"
+            celery_app.BUILD_QUEUE if c.state == "pending" and not direct
             else celery_app.measure_queue(targets[c.task_id]), 0) == 0]
         # One message per chunk of a job's candidates in the same step, as first sent.
         groups: dict[tuple[int, str, str], list[int]] = {}
@@ -60,8 +61,8 @@ def sweep_once(settings: Settings, last_explore: dict[int, float]) -> tuple[int,
             key = (cand.job_id, cand.state, targets[cand.task_id])
             groups.setdefault(key, []).append(cand.id)
         for (_, state, target), ids in groups.items():
-            if state == "pending":  # the builder splits it into measure chunks
-                celery_app.send(celery_app.build_task, ids, celery_app.BUILD_QUEUE, target)
+            if state == "pending":
+                celery_app.dispatch(ids, target)
                 continue
             for chunk in celery_app.chunks(ids, settings.chunk_size):
                 celery_app.send(celery_app.measure_task, chunk,
@@ -103,6 +104,8 @@ def _loop(interval: float, body: object, name: str) -> threading.Thread:
 
 
 def _celery(args: list[str]) -> None:
+    # Before any engine exists: Celery's retries handle a connection lost with PostgreSQL.
+    os.environ.setdefault("TCTUNE_DB_PRE_PING", "0")
     from workers.app import app
 
     app.worker_main(["worker", "--loglevel", "INFO", "--without-gossip", "--without-mingle",

@@ -149,8 +149,8 @@ def explore_round(db_url: str, job_id: int, batch_size: int = 32, rounds_in_flig
         predictions, insight = describe(history, picks) if describe else ({}, None)
         if insight:
             job.insight = insight
-        ids = repo.add_candidates(s, job, space.schedules(picks), repo.next_round(s, job.id),
-                                  [predictions.get(i) for i in picks])
+        ids = hp.add_candidates(s, job.id, job.task_id, space.schedules(picks),
+                                repo.next_round(s, job.id), [predictions.get(i) for i in picks])
         repo.mark_dispatched(s, ids)
         more = in_flight + 1 < rounds_in_flight and remaining > len(ids)
         return Proposal(resend + ids, more)
@@ -258,36 +258,48 @@ def measure_chunk(db_url: str, candidate_ids: Sequence[int], backend: Backend, w
         if time.monotonic() - last_flush >= flush_s:
             written += _flush(db_url, pending, backend.name, worker, baselines)
             pending, baselines, last_flush = [], {}, time.monotonic()
-    written += _flush(db_url, pending, backend.name, worker, baselines)
-    if not rounds:
-        return ChunkResult(written, set())
-    with session_scope(db_url) as s:
-        closed = hp.closed_rounds(s, rounds)
+    closed: set[int] = set()
+    written += _flush(db_url, pending, backend.name, worker, baselines, rounds, closed)
     return ChunkResult(written, closed)
 
 
 def _flush(db_url: str, results: list[tuple[_Leased, MeasureOutcome]], backend: str,
-           worker: str, baselines: dict[int, float]) -> int:
-    """Write a group of results in one transaction; best schedules and job states follow."""
-    if not results and not baselines:
+           worker: str, baselines: dict[int, float],
+           rounds: set[tuple[int, int]] | None = None, closed: set[int] | None = None) -> int:
+    """Write a group of results in one transaction; best schedules and job states follow.
+    With `rounds`: then, in a transaction of its own on the same connection, put into
+    `closed` the jobs one of these rounds has no open candidate left of."""
+    if not results and not baselines and not rounds:
         return 0
     with session_scope(db_url) as s:
-        for task_id, us in baselines.items():
-            repo.set_baseline(s, task_id, us, backend)
-        wrote = hp.record_results(s, [{
-            "task_id": item.task_id, "job_id": item.job_id, "schedule": item.schedule,
-            "schedule_hash": item.schedule_hash, "status": out.status,
-            "median_us": out.median_us, "iqr_us": out.iqr_us, "backend": backend,
-            "worker": worker, "error": (out.error or None) and out.error[-20000:],
-            "predicted_us": item.predicted_us} for item, out in results])
-        hp.retire_candidates(s, [item.cand_id for item, _ in results])
-        hp.refresh_best_many(s, {t for t, _ in wrote}
-                             & {i.task_id for i, o in results if o.status == "ok"})
-        for job_id in hp.jobs_reaching_budget(s, {item.job_id for item, _ in results}):
-            job = repo.get_job(s, job_id)
-            if job is not None:
-                finish_if_done(s, job)
+        wrote = _write(s, results, backend, worker, baselines)
+        if rounds and closed is not None:
+            s.commit()  # asked after the commit: see the sibling chunks' results
+            closed |= hp.closed_rounds(s, rounds)
     _baselined.update((db_url, t) for t in baselines)
+    return wrote
+
+
+def _write(s: Any, results: list[tuple[_Leased, MeasureOutcome]], backend: str,
+           worker: str, baselines: dict[int, float]) -> int:
+    """A group of results in the session's transaction; returns the rows written."""
+    if not results and not baselines:
+        return 0
+    for task_id, us in baselines.items():
+        repo.set_baseline(s, task_id, us, backend)
+    wrote = hp.record_results(s, [{
+        "task_id": item.task_id, "job_id": item.job_id, "schedule": item.schedule,
+        "schedule_hash": item.schedule_hash, "status": out.status,
+        "median_us": out.median_us, "iqr_us": out.iqr_us, "backend": backend,
+        "worker": worker, "error": (out.error or None) and out.error[-20000:],
+        "predicted_us": item.predicted_us} for item, out in results])
+    hp.retire_candidates(s, [item.cand_id for item, _ in results])
+    hp.refresh_best_many(s, {t for t, _ in wrote}
+                         & {i.task_id for i, o in results if o.status == "ok"})
+    for job_id in hp.jobs_reaching_budget(s, {item.job_id for item, _ in results}):
+        job = repo.get_job(s, job_id)
+        if job is not None:
+            finish_if_done(s, job)
     return len(wrote)
 
 
