@@ -32,6 +32,10 @@ class Settings(BaseSettings):
     # model is reused across rounds instead of retrained whenever the fleet writes.
     rounds_in_flight: int = 2
     prior_refresh_s: float = 30.0
+    # A measuring worker writes its results at most this many seconds apart: what a worker
+    # killed mid-chunk loses (its lease then re-issues the rest); each write is a
+    # transaction, so writing less often costs the database less per measurement.
+    flush_s: float = 2.0
     # Local processes of the embedded dispatcher.
     build_processes: int = 2
     measure_processes: int = 1

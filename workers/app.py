@@ -150,7 +150,7 @@ def measure_task(candidate_ids: list[int], target: str | None = None) -> int:
         return 0
     me = worker_identity()
     res = tasks.measure_chunk(settings.db_url, candidate_ids, backend_for(target, settings),
-                              me, lease_s=settings.lease_s)
+                              me, lease_s=settings.lease_s, flush_s=settings.flush_s)
     last_measured[me] = time.monotonic()
     for job_id in sorted(res.closed):  # the result that closes a round starts the next one
         send(explore_task, job_id, EXPLORE_QUEUE)
