@@ -117,6 +117,13 @@ def run_explorer(settings: Settings, procs: int = 1) -> None:
     restart-safe. `procs` > 1: that many processes take explore messages (a prefork pool),
     each proposing for one job at a time; the job's row lock keeps two from proposing for
     one job. One sweeper (this process) for all of them."""
+    # XGBoost's OpenMP threads spin between parallel regions by default; on a machine whose
+    # cores are all busy (the fleet's own processes) that spinning took more CPU than the
+    # model's work. Several explorer processes share the cores between them.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    from search import cost_model
+
+    cost_model.NTHREAD = max(1, (os.cpu_count() or 1) // max(1, procs))
     last_explore: dict[int, float] = {}
     _loop(settings.sweep_s, lambda: sweep_once(settings, last_explore), "sweeper")
     pool = ["-P", "solo"] if procs <= 1 else ["-P", "prefork", "-c", str(procs)]

@@ -54,10 +54,11 @@ def prior_of(session: Any, db_url: str, target: str, precision: str,
              exclude_task: int, refresh_s: float = 0.0) -> list[PriorTrial]:
     """Other layers' measurements on this target and precision, newest first.
 
-    `refresh_s` > 0: read new rows at most that often. Between reads every call for a task
-    returns the very same list, so the strategy's base model trained on it (cached by the
-    prior's content) is reused instead of retrained each round: on a busy fleet the prior
-    grows with every write, and retraining on it was most of a proposal's time."""
+    `refresh_s` > 0: read new rows at most that often, and hand every task the same list
+    (the target's measurements, the task's own among them): the base model trained on it
+    (cached by the prior's content) is reused by every job instead of retrained each
+    round. On a busy fleet the prior grows with every write, and retraining on it (per
+    task, as the prior excluded the task) was most of the explorer's time."""
     cache = _priors.setdefault((db_url, target, precision), _Prior())
     now = time.monotonic()
     if now - cache.read_at >= refresh_s:
@@ -72,6 +73,12 @@ def prior_of(session: Any, db_url: str, target: str, precision: str,
             cache.version += 1
         if len(cache.rows) > 2 * PRIOR_LIMIT:  # keep memory bounded; the newest matter
             del cache.rows[:-PRIOR_LIMIT - 1000]
+    # With a window, one prior for every task of the target and precision (its own rows
+    # included, up to the last read): the base model trained on it is then shared by all
+    # their jobs (search caches it by the prior's content) — one training per window and
+    # target instead of one per task, which on a fleet of many layers was the explorer.
+    if refresh_s > 0:
+        exclude_task = -1
     key = (db_url, target, precision, exclude_task)
     view = _prior_views.get(key)
     if view is not None and view[0] == cache.version:
