@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import multiprocessing as mp
 
+import pytest
+
 from kernels.runner import Runner
 
 
@@ -25,3 +27,16 @@ def test_runner_starts_inside_a_daemonic_process() -> None:
     with mp.get_context("fork").Pool(1) as pool:  # pool processes are daemonic
         ok, err = pool.apply(_start_runner, (0,))
     assert ok is False and err and "daemonic" not in err
+
+
+def test_the_measuring_child_runs_one_thread_per_pool(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two measuring children with a BLAS pool each as wide as the host made measurements
+    1.5x slower on a 2-GPU node: the child's pools are one thread unless the caller chose."""
+    from kernels.runner import SINGLE_THREAD_ENV, child_env
+
+    for name in SINGLE_THREAD_ENV:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    env = child_env()
+    assert env["OMP_NUM_THREADS"] == "3"
+    assert env["OPENBLAS_NUM_THREADS"] == "1" and env["MKL_NUM_THREADS"] == "1"

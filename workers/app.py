@@ -113,14 +113,18 @@ def explore_task(job_id: int) -> int:
 
 
 def dispatch(candidate_ids: list[int], target: str | None) -> None:
-    """Send unbuilt candidates on: one build message per round (the builder splits it into
-    measure chunks), or, where the fleet measures with the analytical model, straight to
-    the measure queue: the simulated "build" is only a validity check, which the measuring
-    worker makes itself for a candidate nobody built (as for a cubin it lacks), so the hop
-    would cost a message, a transaction and a process switch per round for nothing."""
+    """Send unbuilt candidates on: one build message per chunk (each builder then sends its
+    chunk to the measure queue), so that a round's NVRTC builds run on as many builders at
+    once as it has chunks (one message of a whole 32-candidate round took 7-9 s of one
+    builder before its GPU saw any of it); or, where the fleet measures with the analytical
+    model, straight to the measure queue: the simulated "build" is only a validity check,
+    which the measuring worker makes itself for a candidate nobody built (as for a cubin it
+    lacks), so the hop would cost a message, a transaction and a process switch for
+    nothing."""
     settings = get_settings()
     if settings.backend != "simulated":
-        send(build_task, candidate_ids, BUILD_QUEUE, target)
+        for chunk in chunks(candidate_ids, settings.chunk_size):
+            send(build_task, chunk, BUILD_QUEUE, target)
         return
     target = target or tasks.target_of(settings.db_url, candidate_ids[0])
     if target is None:
