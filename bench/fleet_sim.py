@@ -9,6 +9,9 @@ after warm-up: measurements written per second (database), the explorer's propos
 latency (its log), and the measure queue's depth (Redis).
 
     python3 bench/fleet_sim.py --workers 256 --seconds 90 --out bench/data/fleet_sim.json
+
+It also reports CPU milliseconds per measurement written, per role of process (workers,
+explorer, builder, PostgreSQL, ...), from /proc over the same window.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """The Celery app of the distributed fleet.
 
-Queues: `explore` (one central explorer), `build` (CPU builders), and one measure queue per
-target (`measure.h200`, `measure.t4`, ...) consumed by one worker process per GPU. The task
+Queues: `explore` (the explorer: one or several processes, up to `rounds_in_flight` rounds
+per job), `build` (CPU builders), and one measure queue per target (`measure.h200`,
+`measure.t4`, ...) consumed by one worker process per GPU. The task
 bodies are the functions of `workers.tasks`, the same the embedded dispatcher runs. The
 broker only carries messages: every task re-reads its input from the database and writes
 its result once, so a redelivered or re-sent message does nothing twice, and a lost one is
