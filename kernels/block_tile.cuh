@@ -28,6 +28,14 @@ constexpr int PF = PF_A + PF_B;
 // fp32_tc: the loads past the prefetch go in batches of RB (RB loads in flight, then their
 // splits and stores) instead of one load -> split -> store at a time.
 constexpr int RB = 4;
+// Incremental im2col addressing (cp.async im2col loads): a thread's jobs are THREADS vectors,
+// i.e. RPP shared rows, apart in the same 16-byte column, so each job's destination and
+// weight row are a compile-time stride from the first; per im2col job a pixel pointer and a
+// mask of the filter taps that fall inside the image are set up once. A stage then costs one
+// tap offset and, per job, a mask test and an address add (it was ~25 instructions per job).
+constexpr bool INCR = !DUP && !REGPATH && !F32TC && A_PRE && B_IT <= 8 && R * S <= 32 &&
+                      THREADS % (8 * VPR) == 0;
+constexpr int RPP = THREADS / VPR;
 }  // namespace cfg
 
 __device__ __forceinline__ int swz(int row) {
@@ -69,6 +77,12 @@ struct BlockLoader {
   int a_ih[cfg::A_PRE ? cfg::A_IT : 1];
   int a_iw[cfg::A_PRE ? cfg::A_IT : 1];
   V4 pf[cfg::PF > 0 ? cfg::PF : 1];
+  // INCR: in-image filter taps of each im2col job (bit r*S + s), the first jobs' shared
+  // offsets, the weight pointer and output channel of the first B job, the channel vectors.
+  u32 a_taps[cfg::INCR ? cfg::A_IT : 1];
+  u32 a_dst, b_dst;
+  const u8* b_src;
+  int b_n, a_ch, b_ch;
   // fp32_tc: x * 2^ex and w * 2^ew as two power-of-two factors each (|e| may exceed 126).
   float xm1, xm2, wm1, wm2;
 
@@ -104,7 +118,24 @@ struct BlockLoader {
       for (int i = 0; i < A_IT; ++i) {
         int row, ch;
         a_decode(i, row, ch, a_ptr[i], a_ih[i], a_iw[i]);
+        if (i == 0) { a_dst = soff(row, ch); a_ch = ch; }
       }
+    }
+    if constexpr (INCR) {
+#pragma unroll
+      for (int i = 0; i < A_IT; ++i) {
+        u32 cols = 0, m = 0;  // in-image filter columns, then rows x columns
+        for (int s = 0; s < S; ++s)
+          cols |= (u32)((unsigned)(a_iw[i] + s * DW) < (unsigned)W) << s;
+        for (int r = 0; r < R; ++r)
+          if ((unsigned)(a_ih[i] + r * DH) < (unsigned)H) m |= cols << (r * S);
+        a_taps[i] = m;
+      }
+      b_ch = tid % VPR;
+      const int row = tid / VPR;
+      b_n = n0 + row;
+      b_dst = soff(row, b_ch);
+      b_src = w + (long long)b_n * R * S * CB + b_ch * 16;
     }
   }
 
@@ -227,6 +258,27 @@ struct BlockLoader {
   __device__ __forceinline__ void load_stage(int it, u32 abuf, u32 bbuf) {
     using namespace cfg;
     const StageIdx st = stage_idx(it);
+    if constexpr (INCR) {
+      // Jobs whose address lands outside the tensors (padding, tails) copy 0 bytes: cp.async
+      // zero-fills and reads nothing.
+      const int tap = st.r * S + st.s;
+      const long long xoff = (long long)(st.r * DH * W + st.s * DW) * PIXSTRIDE +
+                             st.cb * VPR * CVSTRIDE;
+      const int woff = tap * CB + st.cb * GB;
+      const bool a_c = C % BKC == 0 || st.cb * BKC + a_ch * CV16 < C;
+      const bool b_c = C % BKC == 0 || st.cb * BKC + b_ch * CV16 < C;
+#pragma unroll
+      for (int i = 0; i < A_IT; ++i)
+        if (A_VECS % THREADS == 0 || tid + i * THREADS < A_VECS)
+          cp_async16(abuf + a_dst + (u32)(i * RPP * SB), a_ptr[i] + xoff,
+                     a_c && ((a_taps[i] >> tap) & 1u));
+#pragma unroll
+      for (int i = 0; i < B_IT; ++i)
+        if (B_VECS % THREADS == 0 || tid + i * THREADS < B_VECS)
+          cp_async16(bbuf + b_dst + (u32)(i * RPP * SB),
+                     b_src + woff + (long long)i * RPP * R * S * CB, b_c && b_n + i * RPP < K);
+      return;
+    }
     const u8* src; int row, ch;
     if constexpr (DUP) {
 #pragma unroll 2

@@ -27,6 +27,9 @@
 #ifndef TC_SPLIT
 #define TC_SPLIT 0  // defined by the build for fp32_tc only (other builds keep their keys)
 #endif
+#ifndef TC_MMA
+#define TC_MMA 0  // 1: the wgmma instruction tile (sm_90a), see warpgroup_tile.cuh
+#endif
 
 #include "instruction_tile.cuh"
 
@@ -55,6 +58,9 @@ constexpr int INST_K = KB * 8 / SMEM_BITS;
 constexpr int AM = (IM / 8) * (KB / 16);  // 8x8 matrices in an A fragment
 constexpr int BMAT = KB / 16;             // 8x8 matrices in a B fragment
 constexpr int ACC_T = IM * 8 / 32;        // accumulators per thread per instruction tile
+// wgmma (MMA=wgmma): warpgroup-wide m64 x WN x KB tiles; the knobs' "warps" are warpgroups.
+constexpr bool WG = TC_MMA != 0;
+constexpr int WGM = 64;                   // rows of one wgmma tile
 
 // ---- shape (C is the padded channel count; C_REAL the layer's)
 constexpr int N = TC_N, H = TC_H, W = TC_W, C = TC_C, C_REAL = TC_C_REAL, K = TC_K;
@@ -72,7 +78,13 @@ constexpr int CHUNK = TC_CHUNK, REORDER = TC_REORDER_INNER, DUP = TC_DUP_AWARE;
 constexpr int PACK = TC_PACK_OUT, LAYOUT = TC_LAYOUT, STAGES = TC_STAGES, SPLITK = TC_SPLIT_K;
 
 // ---- block tile
-constexpr int BM = BRW * WRT * IM, BN = BCW * WCT * 8, WARPS = BRW * BCW, THREADS = WARPS * 32;
+constexpr int WN = WG ? 32 * WCT : 0;  // columns of one wgmma tile (kernels/space.py: WGMMA_*)
+constexpr int BM = BRW * WRT * (WG ? WGM : IM), BN = BCW * (WG ? WN : WCT * 8);
+constexpr int WARPS = BRW * BCW * (WG ? 4 : 1), THREADS = WARPS * 32;
+// What the epilogue sees of a warp's accumulators: WRT row tiles ROWSTEP rows apart, each
+// EWCT m16n8-shaped column tiles wide (wgmma's fragment is that of n8 tiles side by side).
+constexpr int EWCT = WG ? WN / 8 : WCT;
+constexpr int ROWSTEP = WG ? WGM : IM;
 constexpr int SB = CHUNK * KB;       // shared bytes of one row (pixel or channel) per tap
 constexpr int NCH = SB / 16;         // 16-byte chunks per shared row
 constexpr int BKC = CHUNK * INST_K;  // channels per stage
@@ -116,14 +128,16 @@ constexpr int TB = BN * OUT_BITS / 8;                // output tile row bytes
 constexpr int E_ROW = BN * STAGE_BITS / 8 + 16;      // staging row (+16 B against conflicts)
 constexpr int EPI_SMEM = DIRECT_OUT ? 0 : BM * E_ROW;
 // F32_ASYNC: two hi/lo plane buffers, then STAGES fp32 staging slots of the same size.
-constexpr int PIPE_SMEM = (F32_ASYNC ? 2 + STAGES : STAGES) * (A_STAGE + B_STAGE);
+// wgmma: room to round the base up to the 1024-byte alignment of its swizzled tiles.
+constexpr int SMEM_ALIGN = WG ? 1024 : 0;
+constexpr int PIPE_SMEM = (F32_ASYNC ? 2 + STAGES : STAGES) * (A_STAGE + B_STAGE) + SMEM_ALIGN;
 constexpr int SMEM = cmax(PIPE_SMEM, EPI_SMEM);
 constexpr int CVO = 128 / OUT_BITS;  // output channels per 16-byte vector (NHWCnc out)
 constexpr int gcd(int a, int b) { return b == 0 ? a : gcd(b, a % b); }
 constexpr int pow2_le16(int v) { return (v % 16 == 0) ? 16 : (v % 8 == 0) ? 8 : (v % 4 == 0) ? 4
                                         : (v % 2 == 0) ? 2 : 1; }
 constexpr int VW = pow2_le16(gcd(K * OUT_BITS / 8, TB));  // bytes per output store
-constexpr int ACC_N = WRT * WCT * ACC_T;
+constexpr int ACC_N = WRT * EWCT * ACC_T;
 
 // ---- what cannot be built, each with its reason (kernels/space.py:validity mirrors these)
 static_assert(!F32TC || (SPLIT >= 0 && SPLIT <= 2), "fp32_tc SPLIT is 0, 1 or 2");
@@ -135,18 +149,37 @@ static_assert(!REGPATH || STAGES <= 2,
               "the register-staged pipeline (sm_75, int4 via s8) is double-buffered at most");
 static_assert(SMEM == TC_SMEM_BYTES, "kernels/space.py:geometry must equal what the kernel allocates");
 static_assert(PREC != 2 || K % 2 == 0, "int4 output packs two channels per byte");
+static_assert(!WG || (!DUP && (PREC == 0 || PREC == 1)),
+              "the wgmma path reads whole swizzled tiles of fp16 or int8 operands");
+static_assert(!WG || THREADS <= 1024, "a block holds at most 8 warpgroups");
 }  // namespace cfg
 
 #include "block_tile.cuh"
 #include "warp_tile.cuh"
+#include "warpgroup_tile.cuh"
 #include "epilogue.cuh"
 
-extern "C" __global__ void __launch_bounds__(cfg::THREADS, 1)
-tc_conv(const u8* __restrict__ x, const u8* __restrict__ w, const float* __restrict__ scale,
-        const float* __restrict__ bias, u8* __restrict__ y, u32* __restrict__ ws,
-        u32* __restrict__ counters) {
+template <bool C, class A, class B> struct Pick { typedef A T; };
+template <class A, class B> struct Pick<false, A, B> { typedef B T; };
+
+// The barrier before the math on a stage: with wgmma, the Tensor Cores read shared memory
+// through the async proxy, so every thread's own writes (cp.async, st.shared) are fenced first.
+__device__ __forceinline__ void stage_barrier() {
+#if TC_MMA
+  fence_proxy_async();
+#endif
+  __syncthreads();
+}
+
+// One block's work; a template over the tile below the block so that each path's calls
+// (if constexpr) are only instantiated for the tile that has them.
+template <class Tile>
+__device__ __forceinline__ void conv_block(const u8* __restrict__ x, const u8* __restrict__ w,
+                                           const float* __restrict__ scale,
+                                           const float* __restrict__ bias, u8* __restrict__ y,
+                                           u32* __restrict__ ws, u32* __restrict__ counters,
+                                           u8* smem) {
   using namespace cfg;
-  extern __shared__ __align__(128) u8 smem[];
   const int tid = threadIdx.x;
   const int tile = blockIdx.x;
   const int split = blockIdx.z;
@@ -159,13 +192,18 @@ tc_conv(const u8* __restrict__ x, const u8* __restrict__ w, const float* __restr
   BlockLoader ld;
   ld.init(x, w, m0, n0, tid);
   if constexpr (F32TC) ld.init_split(scale);
-  WarpTile wt;
+  Tile wt;
   wt.init(m0, tid, ld);
 
-  const u32 sbase = smem_addr(smem);
+  // wgmma's swizzled tiles are addressed by absolute bits: align the pipeline to 1024 bytes.
+  const u32 sbase = WG ? (smem_addr(smem) + SMEM_ALIGN - 1) & ~(u32)(SMEM_ALIGN - 1)
+                       : smem_addr(smem);
   auto a_buf = [&](int st) { return sbase + (u32)(st * (A_STAGE + B_STAGE)); };
   auto b_buf = [&](int st) { return sbase + (u32)(st * (A_STAGE + B_STAGE) + A_STAGE); };
-  const int nit = it1 - it0;
+  int nit = it1 - it0;
+  // NVVM unrolls a wgmma main loop whose trip count it knows completely (past #pragma
+  // unroll 1: 144 stages of stage5 took 12 s to compile and spilled): hide the count.
+  if constexpr (WG) asm volatile("" : "+r"(nit));
 
   if constexpr (F32_ASYNC) {
     auto stg = [&](int s) { return sbase + (u32)((2 + s) * (A_STAGE + B_STAGE)); };
@@ -202,15 +240,19 @@ tc_conv(const u8* __restrict__ x, const u8* __restrict__ w, const float* __restr
         ld.load_stage(it0 + i, a_buf(0), b_buf(0));
         cp_async_commit();
         cp_async_wait<0>();
-        __syncthreads();
+        stage_barrier();
       } else {
         cp_async_wait<STAGES - 2>();
-        __syncthreads();
+        stage_barrier();
+        // wgmma runs asynchronously: start it before this thread's loads of a later stage
+        // (into the buffer every warpgroup finished reading before the barrier).
+        if constexpr (WG) wt.issue(a_buf(st), b_buf(st));
         const int nx = i + STAGES - 1;
         if (nx < nit) ld.load_stage(it0 + nx, a_buf(nx % STAGES), b_buf(nx % STAGES));
         cp_async_commit();
       }
-      wt.compute_stage(a_buf(st), b_buf(st), it0 + i);
+      if constexpr (WG && STAGES > 1) wt.retire();
+      else wt.compute_stage(a_buf(st), b_buf(st), it0 + i);
       if constexpr (STAGES == 1) __syncthreads();
     }
     cp_async_wait<0>();
@@ -221,13 +263,13 @@ tc_conv(const u8* __restrict__ x, const u8* __restrict__ w, const float* __restr
 #pragma unroll 1
       for (int i = 0; i < nit; ++i) {
         ld.load_stage_sync(it0 + i, a_buf(0), b_buf(0));
-        __syncthreads();
+        stage_barrier();
         wt.compute_stage(a_buf(0), b_buf(0), it0 + i);
         __syncthreads();
       }
     } else {
       if (nit > 0) ld.load_stage_sync(it0, a_buf(0), b_buf(0));
-      __syncthreads();
+      stage_barrier();
 #pragma unroll 1
       for (int i = 0; i < nit; ++i) {
         const int st = i & 1;
@@ -235,11 +277,19 @@ tc_conv(const u8* __restrict__ x, const u8* __restrict__ w, const float* __restr
         if (more) ld.prefetch_regs(it0 + i + 1);
         wt.compute_stage(a_buf(st), b_buf(st), it0 + i);
         if (more) ld.finish_regs(it0 + i + 1, a_buf(st ^ 1), b_buf(st ^ 1));
-        __syncthreads();
+        stage_barrier();
       }
     }
   }
   __syncthreads();  // shared memory is reused by the epilogue
   if constexpr (F32TC) wt.finalize(scale);  // the accumulator sets -> one fp32 value each
   epilogue(wt, smem, m0, n0, tid, tile, split, scale, bias, y, ws, counters);
+}
+
+extern "C" __global__ void __launch_bounds__(cfg::THREADS, 1)
+tc_conv(const u8* __restrict__ x, const u8* __restrict__ w, const float* __restrict__ scale,
+        const float* __restrict__ bias, u8* __restrict__ y, u32* __restrict__ ws,
+        u32* __restrict__ counters) {
+  extern __shared__ __align__(128) u8 smem[];
+  conv_block<Pick<cfg::WG, GroupTile, WarpTile>::T>(x, w, scale, bias, y, ws, counters, smem);
 }

@@ -12,7 +12,7 @@
 
 namespace cfg {
 constexpr int ROWS_H = IM / 8;              // row halves (g, g+8) per instruction tile
-constexpr int HALVES = WCT * ROWS_H;         // (tile column, row half) pairs per warp row tile
+constexpr int HALVES = EWCT * ROWS_H;        // (tile column, row half) pairs per warp row tile
 }  // namespace cfg
 
 // Byte offset of output element (m, n) in y (n must start a vector for int4).
@@ -61,7 +61,7 @@ __device__ __forceinline__ void epilogue(WT& wt, u8* smem, int m0, int n0, int t
 #pragma unroll
     for (int i = 0; i < WRT; ++i)
 #pragma unroll
-      for (int j = 0; j < WCT; ++j)
+      for (int j = 0; j < EWCT; ++j)
 #pragma unroll
         for (int c = 0; c < ACC_T; ++c, ++k)
           mine[k * THREADS + tid] = *reinterpret_cast<u32*>(&wt.acc[i][j][c]);
@@ -80,7 +80,7 @@ __device__ __forceinline__ void epilogue(WT& wt, u8* smem, int m0, int n0, int t
 #pragma unroll
     for (int i = 0; i < WRT; ++i)
 #pragma unroll
-      for (int j = 0; j < WCT; ++j)
+      for (int j = 0; j < EWCT; ++j)
 #pragma unroll
         for (int c = 0; c < ACC_T; ++c, ++k) {
           const u32* base = ws + (long long)tile * SPLITK * (ACC_N * THREADS) + k * THREADS + tid;
@@ -102,10 +102,10 @@ __device__ __forceinline__ void epilogue(WT& wt, u8* smem, int m0, int n0, int t
 #pragma unroll
     for (int i = 0; i < WRT; ++i)
 #pragma unroll
-      for (int j = 0; j < WCT; ++j)
+      for (int j = 0; j < EWCT; ++j)
 #pragma unroll
         for (int rh = 0; rh < ROWS_H; ++rh) {
-          const int m = m0 + wt.wm0 + i * IM + rh * 8 + g;
+          const int m = m0 + wt.wm0 + i * ROWSTEP + rh * 8 + g;
           const int n = n0 + wt.wn0 + j * 8 + 2 * t;
           if (m >= M || n >= K) continue;
           int* dst = reinterpret_cast<int*>(y + out_off(m, n));
@@ -132,10 +132,10 @@ __device__ __forceinline__ void epilogue(WT& wt, u8* smem, int m0, int n0, int t
 #pragma unroll
     for (int i = 0; i < WRT; ++i)
 #pragma unroll
-      for (int j = 0; j < WCT; ++j)
+      for (int j = 0; j < EWCT; ++j)
 #pragma unroll
         for (int rh = 0; rh < ROWS_H; ++rh) {
-          const int row = wt.wm0 + i * IM + rh * 8 + g, col = wt.wn0 + j * 8 + 2 * t;
+          const int row = wt.wm0 + i * ROWSTEP + rh * 8 + g, col = wt.wn0 + j * 8 + 2 * t;
           u32* dst = reinterpret_cast<u32*>(smem + row * E_ROW + col * 4);
           dst[0] = *reinterpret_cast<u32*>(&wt.acc[i][j][2 * rh]);
           dst[1] = *reinterpret_cast<u32*>(&wt.acc[i][j][2 * rh + 1]);
@@ -143,14 +143,14 @@ __device__ __forceinline__ void epilogue(WT& wt, u8* smem, int m0, int n0, int t
   } else if constexpr (PREC == 0) {
     // fp16: bias + ReLU + convert in registers, one f16x2 word per row half.
 #pragma unroll
-    for (int j = 0; j < WCT; ++j) {
+    for (int j = 0; j < EWCT; ++j) {
       const int col = wt.wn0 + j * 8 + 2 * t, n = n0 + col;
       const float b0 = (EPI && n < K) ? bias[n] : 0.f, b1 = (EPI && n + 1 < K) ? bias[n + 1] : 0.f;
 #pragma unroll
       for (int i = 0; i < WRT; ++i)
 #pragma unroll
         for (int rh = 0; rh < ROWS_H; ++rh) {
-          const int row = wt.wm0 + i * IM + rh * 8 + g;
+          const int row = wt.wm0 + i * ROWSTEP + rh * 8 + g;
           *reinterpret_cast<u32*>(smem + row * E_ROW + col * 2) =
               pack_f16x2(fp_epi(wt.acc[i][j][2 * rh], b0), fp_epi(wt.acc[i][j][2 * rh + 1], b1));
         }
@@ -158,10 +158,12 @@ __device__ __forceinline__ void epilogue(WT& wt, u8* smem, int m0, int n0, int t
   } else {
     // int8 / int4: requantize in registers, then pack across the quad.
     constexpr int GROUP = ELEM_BITS == 8 ? 2 : 4;  // halves that share one 32-bit word set
+    // Columns outer, row tiles inner: a group's scale and bias values are live for one group
+    // only (with the row tiles outer the compiler keeps every column's in registers).
 #pragma unroll
-    for (int i = 0; i < WRT; ++i) {
+    for (int h0 = 0; h0 < HALVES; h0 += GROUP) {
 #pragma unroll
-      for (int h0 = 0; h0 < HALVES; h0 += GROUP) {
+      for (int i = 0; i < WRT; ++i) {
         // Each thread's two values of every half in the group, as 8 (int4) or 16 (int8) bits.
         u32 bits[GROUP];
 #pragma unroll
@@ -188,7 +190,7 @@ __device__ __forceinline__ void epilogue(WT& wt, u8* smem, int m0, int n0, int t
           if (h < HALVES) {
             int j, rh;
             half_pos(h, j, rh);
-            const int row = wt.wm0 + i * IM + rh * 8 + g;
+            const int row = wt.wm0 + i * ROWSTEP + rh * 8 + g;
             const int colb = wt.wn0 + j * 8 + 4 * (t >> 1);  // bytes == channels for int8
             *reinterpret_cast<u32*>(smem + row * E_ROW + colb) = word;
           }
@@ -205,7 +207,7 @@ __device__ __forceinline__ void epilogue(WT& wt, u8* smem, int m0, int n0, int t
           if (h < HALVES) {
             int j, rh;
             half_pos(h, j, rh);
-            const int row = wt.wm0 + i * IM + rh * 8 + g;
+            const int row = wt.wm0 + i * ROWSTEP + rh * 8 + g;
             const int colb = (wt.wn0 + j * 8) / 2;
             *reinterpret_cast<u32*>(smem + row * E_ROW + colb) = word;
           }

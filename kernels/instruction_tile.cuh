@@ -217,3 +217,23 @@ __device__ __forceinline__ void split_f32x2(float a, float b, u32& hi, u32& lo) 
   lo = pack_f16x2((a - ah) * 2048.f, (b - bh) * 2048.f);
 }
 #endif
+
+// ---- wgmma path (sm_90a) synchronisation; the instruction wrappers are in wgmma.cuh.
+// (Defined in every build, emitted only where the wgmma path calls them.)
+__device__ __forceinline__ void wgmma_fence() {  // accumulators written before -> MMA after
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(N) : "memory");
+}
+// Shared memory written through the generic proxy (cp.async, st.shared) and read next by
+// wgmma (the async proxy): each writing thread fences before the barrier.
+__device__ __forceinline__ void fence_proxy_async() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+__device__ __forceinline__ void reg_fence(float& r) { asm volatile("" : "+f"(r) :: "memory"); }
+__device__ __forceinline__ void reg_fence(int& r) { asm volatile("" : "+r"(r) :: "memory"); }

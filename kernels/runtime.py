@@ -87,9 +87,10 @@ def _sched(*values: Any) -> Schedule:
     return dict(zip(_KNOB_ORDER, values, strict=True))
 
 
-# The exhaustively tuned bests of ResNet-50's 3x3 layers at batch 8, measured on an NVIDIA
-# H200 (sm_90; bench/data/conv_vs_cudnn.json, 'tuned' rows). They are the starting points of
-# every default: the one of the nearest GEMM shape is taken, adapted to the target's rules.
+# The exhaustively tuned mma.sync bests of ResNet-50's 3x3 layers at batch 8, measured on an
+# NVIDIA H200 (sm_90; bench/data/conv_vs_cudnn_h200_sync.json, 'tuned' rows). They are the
+# starting points of every default (mma.sync runs on every target): the one of the nearest
+# GEMM shape is taken, adapted to the target's rules.
 RECORDED_BESTS: dict[str, list[tuple[str, ConvShape, Schedule]]] = {
     "int8": [
         ("stage2", RESNET50_3X3["stage2"], _sched(4, 1, 2, 4, 2, 0, 0, 0, "nhwc", 3, 1)),

@@ -70,7 +70,7 @@ def summarize(cubin: bytes | str | os.PathLike[str]) -> SassSummary:
                               env=env, check=True).stdout
         res = subprocess.run([tool, "-res-usage", str(path)], capture_output=True, text=True,
                              env=env, check=True).stdout
-    mma = sorted(set(re.findall(r"\b([HI]MMA\.[\w.]+)", sass)))
+    mma = sorted(set(re.findall(r"\b([HI]MMA\.[\w.]+|[HIQ]GMMA\.[\w.]+)", sass)))
     reg = re.search(r"REG:(\d+)", res)
     stack = re.search(r"STACK:(\d+)", res)
     return SassSummary(

@@ -43,9 +43,16 @@ EXTRA_KNOBS: dict[str, tuple[Any, ...]] = {
     "DUP_AWARE": (0, 1),  # load the block's receptive field once (paper 3.1)
     "PACK_OUT": (0, 1),  # epilogue and packing in registers before the smem store (3.2)
     "LAYOUT": ("nhwc", "nhwcnc"),  # activations in the blocked layout (3.3)
-    "STAGES": (1, 2, 3),  # shared-memory pipeline depth
+    "STAGES": (1, 2, 3, 4, 6, 8),  # shared-memory pipeline depth (4-8: wgmma only)
     "SPLIT_K": (1, 2, 4),  # blocks that share one output tile's reduction
+    # Tensor Core instruction: warp-wide mma.sync, or warpgroup-wide wgmma (sm_90a) reading
+    # both operands from shared memory (see WGMMA_* below for what the other knobs mean then).
+    "MMA": ("sync", "wgmma"),
 }
+# Knobs added after schedules were first stored, with the value that builds the kernel as it
+# was: a schedule that does not name such a knob means that value, and hashes as if the knob
+# were absent, so stored schedules, measurements and their hashes keep their meaning.
+KNOB_DEFAULTS: dict[str, Any] = {"MMA": "sync"}
 FP32_TC_KNOBS: dict[str, tuple[Any, ...]] = {
     "SPLIT": ("scaled3", "binomial4", "karatsuba"),
 }
@@ -74,6 +81,25 @@ REG_F32TC_PER_CHUNK = 20
 REG_F32TC_DUP = 48
 # Bytes added to each row of the epilogue's staging tile against bank conflicts.
 EPILOGUE_ROW_PAD = 16
+# wgmma (MMA=wgmma, sm_90a): rows of one warpgroup instruction tile, and columns per
+# WARP_COL_TILES step (the instruction is m64 x n(32 * WARP_COL_TILES) x 32 bytes of k).
+WGMMA_M = 64
+WGMMA_N_PER_TILE = 32
+WGMMA_SMEM_ALIGN = 1024
+# Shared-memory row of a stage (CHUNK x 32 bytes) must be one of wgmma's swizzle widths.
+WGMMA_MAX_CHUNK = 4
+SYNC_MAX_STAGES = 3
+# Register model of the wgmma path, calibrated on ~480 sm_90a builds: no fragments; the
+# loader keeps 4 registers of address state per unrolled 16-byte job (block_tile.cuh unrolls a
+# job loop of <= 8 per thread and rolls longer ones), plus a fixed part.
+REG_WGMMA_BASE = 16
+REG_WGMMA_PER_JOB = 6
+# 4 warpgroups (512 threads, 128 registers each): 64 accumulators spilled in 8 of 33 builds
+# (the raw int32 epilogue writes them all from registers), so they need this much more.
+REG_WGMMA_512 = 40
+# 128 accumulators split over several 64-row tiles (WARP_ROW_TILES >= 2) spilled a few bytes
+# in 2 of ~40 builds (an epilogue or split-K sum holding every tile at once): left out.
+WGMMA_MAX_MULTI_TILE_ACC = 96
 
 
 def knobs_for(precision: Precision) -> dict[str, tuple[Any, ...]]:
@@ -84,7 +110,19 @@ def knobs_for(precision: Precision) -> dict[str, tuple[Any, ...]]:
 
 
 def schedule_hash(schedule: Mapping[str, Any]) -> str:
-    return hashlib.sha256(canonical_json(dict(schedule)).encode()).hexdigest()[:16]
+    """Stable id of a schedule; a later knob at its default value does not enter it."""
+    core = {k: v for k, v in schedule.items()
+            if not (k in KNOB_DEFAULTS and v == KNOB_DEFAULTS[k])}
+    return hashlib.sha256(canonical_json(core).encode()).hexdigest()[:16]
+
+
+def with_defaults(precision: Precision, schedule: Mapping[str, Any]) -> Schedule:
+    """The schedule with every later knob it does not name set to its default."""
+    out = dict(schedule)
+    for name, value in KNOB_DEFAULTS.items():
+        if name in knobs_for(precision):
+            out.setdefault(name, value)
+    return out
 
 
 def channel_vector(precision: Precision) -> int:
@@ -106,6 +144,13 @@ def int4_via_s8(precision: Precision, sm: int) -> bool:
     return Precision(precision) is Precision.INT4 and inst.m == 16 and inst.k == 32
 
 
+def mma_is_wgmma(cols: Mapping[str, np.ndarray], shape: tuple[int, ...]) -> np.ndarray:
+    """Boolean column: which schedules use wgmma (columns without MMA are mma.sync)."""
+    if "MMA" not in cols:
+        return np.zeros(shape, dtype=bool)
+    return np.asarray(cols["MMA"], dtype=object) == "wgmma"
+
+
 def schedule_problems(precision: Precision, schedule: Mapping[str, Any]) -> list[tuple[str, str]]:
     """Structural errors of a schedule (unknown knob, missing knob, value not allowed)."""
     knobs = knobs_for(precision)
@@ -115,7 +160,8 @@ def schedule_problems(precision: Precision, schedule: Mapping[str, Any]) -> list
             out.append((name, f"unknown knob for {Precision(precision).value}"))
     for name, values in knobs.items():
         if name not in schedule:
-            out.append((name, "missing"))
+            if name not in KNOB_DEFAULTS:
+                out.append((name, "missing"))
         elif schedule[name] not in values or isinstance(schedule[name], bool):
             out.append((name, f"must be one of {list(values)}, got {schedule[name]!r}"))
     return out
@@ -170,15 +216,20 @@ def geometry(shape: ConvShape, precision: Precision, target: Target,
     smem_bits = 8 if s8 else 16 if f32tc else elem_bits
     planes = 2 if f32tc else 1
     kb = inst.k * smem_bits // 8  # bytes of k per instruction (16 or 32)
-    bm = brw * wrt * inst.m
-    bn = bcw * wct * inst.n
+    wg = mma_is_wgmma(cols, np.shape(brw))
+    # mma.sync: a warp holds WRT x WCT instruction tiles (inst.m x inst.n).
+    # wgmma: a warpgroup (4 warps) holds WRT tiles of 64 rows x WGMMA_N_PER_TILE * WCT
+    # columns; BLK_ROW_WARPS / BLK_COL_WARPS count warpgroups (conv.cu: WG).
+    bm = np.where(wg, brw * wrt * WGMMA_M, brw * wrt * inst.m)
+    bn = np.where(wg, bcw * wct * WGMMA_N_PER_TILE, bcw * wct * inst.n)
     bk = chunk * inst.k
-    warps = brw * bcw
-    acc = wrt * wct * (inst.m * inst.n // 32)
-    # ldmatrix fragments of one k-step: A (m x kb bytes) and B (8 x kb bytes) per tile.
+    warps = np.where(wg, brw * bcw * 4, brw * bcw)
+    acc = np.where(wg, wrt * wct * WGMMA_N_PER_TILE // 2, wrt * wct * (inst.m * inst.n // 32))
+    # ldmatrix fragments of one k-step: A (m x kb bytes) and B (8 x kb bytes) per tile;
+    # wgmma reads both operands from shared memory (no fragments in registers).
     frag_a = wrt * (inst.m // 8) * (kb // 16)
     frag_b = wct * (kb // 16)
-    frag = frag_a + frag_b
+    frag = np.where(wg, 0, frag_a + frag_b)
     if f32tc:
         split = np.asarray(cols["SPLIT"], dtype=object) if "SPLIT" in cols else \
             np.full(np.shape(brw), "scaled3", dtype=object)
@@ -217,6 +268,9 @@ def geometry(shape: ConvShape, precision: Precision, target: Target,
     # 3-deep ring of fp32 staging slots, each as large as one stage's planes.
     f32_async = f32tc and target.sm >= 80
     pipeline = np.where(f32_async & (stages == 3), 2 + stages, stages) * (a_stage + b_stage)
+    # wgmma's swizzled operand tiles must start on 1024-byte boundaries: the kernel rounds
+    # the dynamic shared-memory base up at run time.
+    pipeline = pipeline + np.where(wg, WGMMA_SMEM_ALIGN, 0)
     ob = p.output_bits if out_bits is None else out_bits
     stage_bits = np.where(pack, ob, 32)
     epilogue = np.where(pack & (ob == 32), 0, bm * (bn * stage_bits // 8 + EPILOGUE_ROW_PAD))
@@ -254,7 +308,27 @@ def validity(shape: ConvShape, precision: Precision, target: Target,
             np.where(np.asarray(cols["DUP_AWARE"]) == 1, REG_F32TC_DUP, 0)
     else:
         fixed = REG_OVERHEAD + np.where(chunk >= 4, REG_DEEP_CHUNK, 0)
+    wg = mma_is_wgmma(cols, np.shape(g.block_m))
+    gvec = g.block_k * p.input_bits // 8 // 16  # 16-byte vectors per row of a stage
+    a_jobs = -(-g.block_m * gvec // g.threads)
+    b_jobs = -(-g.block_n * gvec // g.threads)
+    unrolled = np.where(a_jobs <= 8, a_jobs, 1) + np.where(b_jobs <= 8, b_jobs, 1)
+    fixed = np.where(wg, REG_WGMMA_BASE + REG_WGMMA_PER_JOB * unrolled +
+                     np.where(g.threads == 512, REG_WGMMA_512, 0), fixed)
     ok &= g.acc_regs + 2 * g.frag_regs + fixed <= cap
+    # wgmma exists on sm_90a only; the path is built for fp16 and int8 (int4 on sm_90 goes
+    # through the register-staged s4 -> s8 loader, which stays on mma.sync). Its operands are
+    # whole swizzled tiles (no duplicate-aware row indexing), a stage's row is one swizzle
+    # width (32-128 bytes), and a block holds at most 1024 threads (8 warpgroups).
+    if not (target.sm == 90 and p in (Precision.FP16, Precision.INT8)):
+        ok &= ~wg
+    ok &= ~wg | ((np.asarray(cols["DUP_AWARE"]) == 0) & (chunk <= WGMMA_MAX_CHUNK)
+                 & (g.threads <= 1024))
+    ok &= ~wg | (np.asarray(cols["WARP_ROW_TILES"]) == 1) | (g.acc_regs <= WGMMA_MAX_MULTI_TILE_ACC)
+    # Pipelines deeper than 3 stages pay with wgmma (its loads and math overlap); on the
+    # mma.sync path they gained 2-4% on int8 and lost beyond 4 (bench/RESULTS.md, H100 probe),
+    # not worth a space twice the size.
+    ok &= wg | (np.asarray(cols["STAGES"]) <= SYNC_MAX_STAGES)
     # Shared memory: a block cannot launch with more than the opt-in maximum.
     ok &= g.smem_bytes <= target.smem_per_block_kib * 1024
     # The register-staged pipeline (no cp.async on sm_75; int4 unpacked to s8 on the way
@@ -302,7 +376,8 @@ class ScheduleSpace:
         return (idx // self._place) % self.radices
 
     def index_of(self, schedule: Mapping[str, Any]) -> int:
-        pos = [self.knobs[n].index(schedule[n]) for n in self.names]
+        pos = [self.knobs[n].index(schedule[n] if n in schedule else KNOB_DEFAULTS[n])
+               for n in self.names]
         return int(np.dot(pos, self._place))
 
     def schedule_at(self, index: int) -> Schedule:

@@ -113,13 +113,13 @@ def test_mutation_changes_exactly_one_knob() -> None:
 
 def test_restricted_space_holds_only_the_subspace() -> None:
     fixed = {"DUP_AWARE": [1], "PACK_OUT": [1], "LAYOUT": ["nhwc"], "STAGES": [2],
-             "SPLIT_K": [1]}
+             "SPLIT_K": [1], "MMA": ["sync"]}
     space = ScheduleSpace(STAGE2, Precision.INT8, TARGETS["h100"], restrict=fixed)
     assert space.size == 3 * 3 * 4 * 4 * 4 * 2
     for sched in space.schedules(space.valid_indices[:50]):
         assert all(sched[k] == v[0] for k, v in fixed.items())
     with pytest.raises(ValueError):
-        ScheduleSpace(STAGE2, Precision.INT8, TARGETS["h100"], restrict={"STAGES": [7]})
+        ScheduleSpace(STAGE2, Precision.INT8, TARGETS["h100"], restrict={"STAGES": [5]})
 
 
 def test_schedule_problems_catch_free_text() -> None:
@@ -132,3 +132,20 @@ def test_schedule_problems_catch_free_text() -> None:
     assert schedule_problems(Precision.INT8, missing) == [("CHUNK", "missing")]
     assert schedule_hash(sched) == schedule_hash(dict(reversed(list(sched.items()))))
     assert set(knobs_for(Precision.FP32_TC)) - set(knobs_for(Precision.INT8)) == {"SPLIT"}
+
+
+def test_a_later_knob_at_its_default_keeps_old_schedules_and_hashes() -> None:
+    """Schedules stored before MMA existed mean mma.sync: same hash, valid, same build."""
+    from kernels.build import BuildJob, cache_key, defines
+    from kernels.space import KNOB_DEFAULTS, schedule_hash, schedule_problems
+
+    space = ScheduleSpace(STAGE2, Precision.INT8, TARGETS["h100"])
+    new = space.schedule_at(int(space.valid_indices[0]))
+    assert new["MMA"] == KNOB_DEFAULTS["MMA"] == "sync"
+    old = {k: v for k, v in new.items() if k != "MMA"}
+    assert schedule_hash(old) == schedule_hash(new)
+    assert schedule_hash({**new, "MMA": "wgmma"}) != schedule_hash(new)
+    assert schedule_problems(Precision.INT8, old) == []
+    assert space.index_of(old) == space.index_of(new) and space.is_valid(old)
+    d_old, d_new = (defines(BuildJob(STAGE2, Precision.INT8, 90, s)) for s in (old, new))
+    assert d_old == d_new and cache_key(d_old, 90) == cache_key(d_new, 90)

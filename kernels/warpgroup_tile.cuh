@@ -1,0 +1,86 @@
+// Warpgroup tile (MMA=wgmma, sm_90a): WARP_ROW_TILES x one wgmma tile of 64 rows x WN
+// columns per warpgroup (4 consecutive warps). The instruction reads A and B straight from
+// the stage's shared rows through matrix descriptors: the block tile's XOR swizzle (soff)
+// is wgmma's 32/64/128-byte swizzle for rows of that many bytes, so the loader is shared
+// with the mma.sync path. No ldmatrix, no fragments in registers: per k-step a warpgroup
+// issues WRT instructions instead of each warp issuing WRT x WCT x (k-steps of 16-32 B).
+#pragma once
+
+#include "wgmma.cuh"
+
+namespace cfg {
+constexpr u32 WG_SBO = 8 * SB;  // bytes between 8-row groups of a K-major operand tile
+// Descriptor swizzle field: 1 = 128 B, 2 = 64 B, 3 = 32 B rows (the row is one swizzle span).
+constexpr u64 WG_SWIZZLE = SB == 128 ? 1 : SB == 64 ? 2 : 3;
+static_assert(!WG || (SB == 32 || SB == 64 || SB == 128), "a wgmma stage row is 32, 64 or 128 bytes");
+static_assert(!WG || SM == 90, "wgmma is an sm_90a instruction");
+}  // namespace cfg
+
+// Shared-memory matrix descriptor of a K-major tile starting at `addr` (see PTX ISA,
+// "Matrix Descriptor Format"): start >> 4, leading offset (unused for swizzled K-major),
+// stride offset = one 8-row group, swizzle mode.
+__device__ __forceinline__ u64 wg_desc(u32 addr) {
+  using namespace cfg;
+  return (u64)((addr & 0x3FFFF) >> 4) | ((u64)1 << 16) | ((u64)(WG_SBO >> 4) << 32) |
+         (WG_SWIZZLE << 62);
+}
+
+struct GroupTile {
+  acc_t acc[cfg::WRT][cfg::EWCT][cfg::ACC_T];
+  int wm0, wn0;
+  u32 a_off, b_off;  // this warpgroup's first A row and B row in a stage, in bytes
+
+  __device__ __forceinline__ void init(int /*m0*/, int tid, const BlockLoader& /*ld*/) {
+    using namespace cfg;
+    const int wgi = tid >> 7, wq = (tid >> 5) & 3;
+    const int wg_m = wgi / BCW, wg_n = wgi % BCW;
+    // The epilogue sees each warp's 16 rows of every 64-row tile (ROWSTEP apart).
+    wm0 = wg_m * WRT * WGM + wq * IM;
+    wn0 = wg_n * WN;
+    a_off = (u32)(wg_m * WRT * WGM * SB);
+    b_off = (u32)(wn0 * SB);
+#pragma unroll
+    for (int i = 0; i < WRT; ++i)
+#pragma unroll
+      for (int j = 0; j < EWCT; ++j)
+#pragma unroll
+        for (int c = 0; c < ACC_T; ++c) acc[i][j][c] = 0;
+  }
+
+  // The compiler must not move accumulator reads or writes across the asynchronous MMA:
+  // each register is tied to an empty volatile asm after the wait.
+  __device__ __forceinline__ void pin() {
+    using namespace cfg;
+#pragma unroll
+    for (int i = 0; i < WRT; ++i)
+#pragma unroll
+      for (int j = 0; j < EWCT; ++j)
+#pragma unroll
+        for (int c = 0; c < ACC_T; ++c) reg_fence(acc[i][j][c]);
+  }
+
+  // Issue the stage's MMAs (asynchronous: the caller loads the next stage meanwhile).
+  __device__ __forceinline__ void issue(u32 abuf, u32 bbuf) {
+    using namespace cfg;
+    // One descriptor per operand and stage; the k-steps and row tiles are offsets in its
+    // start-address field (16-byte units; shared addresses stay below 2^18, so no carry).
+    const u64 da = wg_desc(abuf + a_off), db = wg_desc(bbuf + b_off);
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < CHUNK; ++ks)
+#pragma unroll
+      for (int i = 0; i < WRT; ++i)
+        wgmma_tile<WN>(&acc[i][0][0], da + (u64)((i * WGM * SB + ks * KB) >> 4),
+                       db + (u64)((ks * KB) >> 4));
+    wgmma_commit();
+  }
+  // Wait for them: the stage's buffer is reloaded after the next barrier.
+  __device__ __forceinline__ void retire() {
+    wgmma_wait<0>();
+    pin();
+  }
+  __device__ __forceinline__ void compute_stage(u32 abuf, u32 bbuf, int /*it*/) {
+    issue(abuf, bbuf);
+    retire();
+  }
+};
