@@ -121,10 +121,16 @@ class CostModel:
 
     def predict(self, X: np.ndarray, base_margin: np.ndarray | None = None) -> np.ndarray:
         """Higher is faster. Margins (the raw score), so a base model's margin adds up."""
+        return self.predict_each(X, base_margin).mean(axis=0)
+
+    def predict_each(self, X: np.ndarray, base_margin: np.ndarray | None = None
+                     ) -> np.ndarray:
+        """(boosters, rows) margins: each bag's own opinion (their spread is the model's
+        uncertainty, which the explorer can spend on exploration)."""
         if not self.boosters:
             raise RuntimeError("the cost model is not trained")
-        out = np.mean([np.asarray(b.inplace_predict(X, predict_type="margin"), np.float64)
-                       for b in self.boosters], axis=0)
+        out = np.vstack([np.asarray(b.inplace_predict(X, predict_type="margin"), np.float64)
+                         for b in self.boosters])
         return out if base_margin is None else out + base_margin
 
 

@@ -5,6 +5,11 @@ target, gpu, simulated, fixed (knob -> value held fixed) and date; then one line
 schedule `{"schedule": {...}, "status": ..., "median_us": ..., "iqr_us": ...}`.
 The replay space is the kernel's space restricted to the fixed knobs; a schedule absent from
 the file counts as invalid there, so strategies never propose what was not measured.
+
+A knob of today's kernel that the file does not mention at all (neither in `fixed` nor in
+its rows: the knob was added after the recording) is held at its first value, which is by
+convention the kernel as it was before the knob existed; the dataset says which knobs it
+defaulted so (`ReplayDataset.defaulted`).
 """
 
 from __future__ import annotations
@@ -12,13 +17,13 @@ from __future__ import annotations
 import gzip
 import json
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from kernels.space import ScheduleSpace
+from kernels.space import ScheduleSpace, knobs_for
 from kernels.spec import ConvShape, Precision, Target, get_target
 from search.strategy import Trial
 
@@ -45,6 +50,8 @@ class ReplayDataset:
     space: ReplaySpace
     status: np.ndarray  # per space index; "" where absent
     median_us: np.ndarray  # per space index; inf where absent or failed
+    # Knobs the file does not mention, held at their first value (see the module doc).
+    defaulted: dict[str, Any] = field(default_factory=dict)
 
     @property
     def simulated(self) -> bool:
@@ -74,10 +81,12 @@ def load_dataset(path: str | Path) -> ReplayDataset:
     shape = ConvShape.from_dict(meta["shape"])
     precision = Precision(meta["precision"])
     target = get_target(meta["target"])
-    fixed = meta.get("fixed") or {}
-    restrict = {k: [v] for k, v in fixed.items()}
+    fixed = dict(meta.get("fixed") or {})
+    defaulted = unmentioned_knobs(precision, fixed, (r["schedule"] for r in rows))
+    restrict = {k: [v] for k, v in {**fixed, **defaulted}.items()}
     probe = ScheduleSpace(shape, precision, target, restrict)
-    idx = np.array([probe.index_of(r["schedule"]) for r in rows], dtype=np.int64)
+    idx = np.array([probe.index_of({**defaulted, **r["schedule"]}) for r in rows],
+                   dtype=np.int64)
     ok = np.array([r["status"] == "ok" for r in rows], dtype=bool)
     # Proposable: what the kernel's space accepts (the explorer never proposes the rest, so
     # a recorded compile_error of a schedule it rejects is no trial), plus every schedule
@@ -93,7 +102,17 @@ def load_dataset(path: str | Path) -> ReplayDataset:
             median[i] = float(r["median_us"])
     name = meta.get("dataset") or path.name.split(".")[0]
     return ReplayDataset(name=name, path=path, meta=meta, space=space, status=status,
-                         median_us=median)
+                         median_us=median, defaulted=defaulted)
+
+
+def unmentioned_knobs(precision: Precision, fixed: Mapping[str, Any],
+                      schedules: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """Knob -> its first value, for every knob of the precision's space that neither `fixed`
+    nor any of the schedules names (a knob added to the kernel after the recording)."""
+    named = set(fixed)
+    for sched in schedules:
+        named.update(sched)
+    return {k: values[0] for k, values in knobs_for(precision).items() if k not in named}
 
 
 def write_dataset(path: str | Path, meta: Mapping[str, Any],

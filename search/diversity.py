@@ -1,15 +1,22 @@
-"""The paper's diversity-aware explorer (section 3.4) around the XGBoost cost model.
+"""The diversity-aware explorer around the XGBoost cost model (the paper's section 3.4,
+with the changes that the replay showed to help; `pick=top:first=random:loss=rank:bags=1`
+is the paper's configuration).
 
-Each batch: retrain the model on every trial (and the prior), then anneal on its score as
-AutoTVM does, except that each walker makes two mutants per iteration, the half of all
-mutants that is most diverse is kept, and only those compete with the walkers (and become
-candidates). The batch is the top (n - n/32) unmeasured candidates plus n/32 random ones
-(31 + 1 for a batch of 32). With no trial measured and no prior, the batch is random.
+No trial and no prior: the first batch is a space-filling design (`coverage_design`): the
+model learns from that batch alone before it steers, so it should show every value of every
+knob. Each later batch: retrain the model on every trial (and the prior) as five bagged
+regression boosters, then pick the batch from their opinions in turn (`bag_pick`): the
+mean's best unseen schedule, each bag's best not yet taken, and round again; n/32 random
+ones (1 of 32) complete it.
 
-Diversity of a mutant: how rare its knob values are in the pool (walkers and all mutants),
-averaged over knobs, so the kept half spreads over values the pool has few of; exact
-duplicates (of a walker or an earlier mutant) are kept last. One-shot and vectorized,
-because it runs 500 times per proposal.
+The paper's explorer stays as `pick=top` (and as the pool with `pool=K`): anneal on the
+mean score as AutoTVM does, except that each walker makes two mutants per iteration, the
+half of all mutants that is most diverse is kept, and only those compete with the walkers
+(and become candidates); the batch is the top unmeasured candidates. Diversity of a mutant:
+how rare its knob values are in the pool (walkers and all mutants), averaged over knobs, so
+the kept half spreads over values the pool has few of; exact duplicates (of a walker or an
+earlier mutant) are kept last. One-shot and vectorized, because it runs 500 times per
+proposal.
 """
 
 from __future__ import annotations
@@ -121,38 +128,106 @@ def coverage_design(moves: Moves, valid: np.ndarray, n: int, rng: np.random.Gene
     return cand[np.array(out)]
 
 
+def voice_pick(voices: np.ndarray, free: np.ndarray, n: int) -> np.ndarray:
+    """n distinct rows where `free`, taken round-robin from several opinions (`voices`,
+    (V, rows) scores): pick k is voice k % V's best row not picked yet."""
+    cand = np.flatnonzero(free)
+    n = min(n, len(cand))
+    if n == 0:
+        return cand
+    v = voices[:, cand]
+    # Each voice needs at most its n best (the others take fewer than n before it).
+    top = np.argpartition(-v, n - 1, axis=1)[:, :n]
+    order = np.take_along_axis(top, np.argsort(-np.take_along_axis(v, top, axis=1),
+                                               axis=1, kind="stable"), axis=1)
+    # A voice stops where its scores do (-inf: rows it has no opinion on).
+    depth = np.isfinite(np.take_along_axis(v, order, axis=1)).sum(axis=1)
+    taken = np.zeros(len(cand), dtype=bool)
+    ptr = np.zeros(len(voices), dtype=np.int64)
+    out: list[int] = []
+    k = 0
+    while len(out) < n and (ptr < depth).any():
+        j = k % len(voices)
+        while ptr[j] < depth[j] and taken[order[j, ptr[j]]]:
+            ptr[j] += 1
+        if ptr[j] < depth[j]:
+            taken[order[j, ptr[j]]] = True
+            out.append(int(order[j, ptr[j]]))
+        k += 1
+    return cand[np.array(out, dtype=np.int64)]
+
+
 class DiversityAware(ModelBasedStrategy):
     name = "diversity"
 
     def __init__(self, space: ScheduleSpace, seed: int = 0, **options: Any) -> None:
+        # Defaults chosen on the development set (bench/data/replay_dev, see RESULTS): a
+        # space-filling first batch, regression loss, five bagged boosters, the batch taken
+        # from the bags' opinions. first=random:loss=rank:bags=1:pick=top is the paper's.
         options.setdefault("mutants", 2)
+        options.setdefault("loss", "reg")
+        options.setdefault("bags", 5)
         super().__init__(space, seed=seed, **options)
         # > 1: take this many times the batch from the annealer's best and keep the batch
         # that covers the most knob values (AutoTVM's diversity filter on the final pick).
         self.final_ratio = float(options.get("final_ratio", 1))
         # The batch before anything is known (no trial, no prior): random or coverage.
-        self.first = str(options.get("first", "random"))
+        self.first = str(options.get("first", "coverage"))
         if self.first not in ("random", "coverage"):
             raise ValueError(f"unknown first-batch design {self.first!r}: random or coverage")
+        # How a model-guided batch is picked: "bags" (the mean's and each bag's best, in
+        # turn) or "top" (the annealer's top candidates by the mean score, the paper's).
+        self.pick = str(options.get("pick", "bags"))
+        if self.pick not in ("bags", "top"):
+            raise ValueError(f"unknown pick {self.pick!r}: bags or top")
+        # pick=bags: 0 = choose among every unseen valid schedule (the space is scored
+        # whole anyway); K > 0 = among the annealer's top K * batch only.
+        self.pool = int(options.get("pool", 0))
 
     def propose(self, history: History, n: int) -> list[int]:
         rng = self.rng(history)
         n_random = n // 32
         table = self.score_table(history.trials, history.prior)
         picks: list[int] = []
-        if table is not None:
-            moves = self.moves
-
-            def selector(points: np.ndarray, scores: np.ndarray, mutants: np.ndarray,
-                         mutant_scores: np.ndarray, _rng: np.random.Generator) -> np.ndarray:
-                return select_diverse(moves, points, scores, mutants, mutant_scores)
-
-            want = n - n_random
-            top = anneal(table, moves, self.seen_mask(history),
-                         max(want, int(round(want * self.final_ratio))), rng,
-                         self.anneal_cfg, selector=selector)
-            picks = [int(i) for i in coverage_pick(moves, top, want)]
+        want = n - n_random
+        if table is not None and self.pick == "bags" and self.bag_scores is not None:
+            picks = self.bag_pick(table, history, want, rng)
+        elif table is not None:
+            top = self.anneal(table, history, max(want, int(round(want * self.final_ratio))),
+                              rng)
+            picks = [int(i) for i in coverage_pick(self.moves, top, want)]
         elif self.first == "coverage" and not history.trials:
             picks = [int(i) for i in coverage_design(self.moves, self.unseen_valid(history),
                                                      n, rng)]
         return self.fill_random(picks, history, n, rng)
+
+    def anneal(self, table: np.ndarray, history: History, num: int,
+               rng: np.random.Generator) -> np.ndarray:
+        """The paper's explorer: annealing on the score with the diversity-aware step."""
+        moves = self.moves
+
+        def selector(points: np.ndarray, scores: np.ndarray, mutants: np.ndarray,
+                     mutant_scores: np.ndarray, _rng: np.random.Generator) -> np.ndarray:
+            return select_diverse(moves, points, scores, mutants, mutant_scores)
+
+        return anneal(table, moves, self.seen_mask(history), num, rng, self.anneal_cfg,
+                      selector=selector)
+
+    def bag_pick(self, table: np.ndarray, history: History, want: int,
+                 rng: np.random.Generator) -> list[int]:
+        """The batch from several opinions in turn: the bags' mean first, then each bag's
+        best schedule not yet taken, and round again.
+
+        Why: with a few dozen trials the top of the mean score is one region, and when the
+        model is wrong there the whole batch is (a trap the first batches fell into). The
+        bags, trained on different subsets of the trials and feature columns, order the
+        candidates differently where the trials do not settle the order, so their bests
+        spread the batch over regions the data cannot yet tell apart, while the mean's
+        best still comes first."""
+        valid = self.space.valid_indices
+        free = ~self.seen_mask(history)[valid]
+        if self.pool > 0:
+            free &= np.isin(valid, self.anneal(table, history, want * self.pool, rng))
+        assert self.bag_scores is not None
+        voices = np.vstack([table[valid][None, :], self.bag_scores])
+        return [int(i) for i in valid[voice_pick(voices, free, want)]]

@@ -110,9 +110,12 @@ def space_features(space: ScheduleSpace, indices: np.ndarray) -> np.ndarray:
 
 def columns_from_schedules(precision: Precision,
                            schedules: Sequence[Mapping[str, Any]]) -> dict[str, np.ndarray]:
-    """Knob columns from schedule dicts (measurements stored as dicts, e.g. of other layers)."""
+    """Knob columns from schedule dicts (measurements stored as dicts, e.g. of other layers).
+
+    A knob a stored schedule does not name was added to the kernel after it was measured:
+    it ran as the knob's first value (by convention the kernel before the knob existed)."""
     cols: dict[str, np.ndarray] = {}
     for knob, values in knobs_for(precision).items():
-        raw = [s[knob] for s in schedules]
+        raw = [s.get(knob, values[0]) for s in schedules]
         cols[knob] = np.asarray(raw, dtype=object if _categorical(values) else np.int64)
     return cols

@@ -55,6 +55,7 @@ class ModelBasedStrategy(Strategy):
         self._moves: Moves | None = None
         self._features: np.ndarray | None = None
         self._prior_table: tuple[int, np.ndarray, CostModel] | None = None
+        self.bag_scores: np.ndarray | None = None
 
     # --- cached views of the space ------------------------------------------------------
     @property
@@ -113,6 +114,7 @@ class ModelBasedStrategy(Strategy):
         """Model score of every index of the space (-inf where invalid), trained on these
         trials and the prior; None when there is nothing to learn from yet."""
         base = self.prior_scores(prior, prior_fp)
+        bag_scores = None
         ok = np.array([t.status == "ok" and t.median_us is not None for t in trials], bool)
         own = None
         if len(trials) and ok.any():
@@ -133,14 +135,19 @@ class ModelBasedStrategy(Strategy):
                 model = self._new_model(self.bags)
                 margin = None if base is None else base[0][self.rows_of(idx)]
                 model.fit(Rows(X, y, np.zeros(len(y), dtype=np.int64)), base_margin=margin)
-                own = model.predict(self.features,
-                                    base_margin=None if base is None else base[0])
+                each = model.predict_each(self.features,
+                                          base_margin=None if base is None else base[0])
+                own = each.mean(axis=0)
+                bag_scores = each if len(each) > 1 else None
         scores = own if own is not None else (None if base is None else base[0])
         if scores is None:
             return None
         table = np.full(self.space.size, -np.inf)
         table[self.space.valid_indices] = scores
         self._last_table = table
+        # Each bag's scores over the valid schedules (rows in valid_indices order), for
+        # strategies that explore where the bags disagree; None with a single booster.
+        self.bag_scores = bag_scores
         return table
 
     # --- what the model thinks, for people ------------------------------------------------

@@ -17,6 +17,7 @@ import argparse
 import datetime as dt
 import json
 import math
+import os
 import time
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -28,9 +29,16 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 from rich.table import Table
 
-from search.datasets import ReplayDataset, load_dataset
-from search.registry import make_strategy
-from search.strategy import History, PriorTrial
+# XGBoost's OpenMP threads spin between parallel regions unless told otherwise; with
+# several replay workers on a shared 2-core machine the spinning cost 30x the CPU of the
+# model's work (identical results). Read when the OpenMP runtime loads, so set before
+# xgboost is imported.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+from search import cost_model  # noqa: E402
+from search.datasets import ReplayDataset, load_dataset  # noqa: E402
+from search.registry import make_strategy  # noqa: E402
+from search.strategy import History, PriorTrial  # noqa: E402
 
 DEFAULT_GLOB = "bench/data/replay/*.jsonl.gz"
 BATCH = 32
@@ -138,8 +146,12 @@ _DATASETS: list[ReplayDataset] = []
 _PRIORS: dict[tuple[int, str], list[PriorTrial]] = {}
 
 
-def _init_worker(paths: Sequence[str], loaded: Sequence[ReplayDataset] | None = None) -> None:
+def _init_worker(paths: Sequence[str], loaded: Sequence[ReplayDataset] | None = None,
+                 nthread: int | None = None) -> None:
     _DATASETS[:] = list(loaded) if loaded is not None else [load_dataset(p) for p in paths]
+    if nthread is not None:
+        # Worker processes share the cores: one XGBoost thread each (results are the same).
+        cost_model.NTHREAD = nthread
     _PRIORS.clear()
 
 
@@ -195,8 +207,9 @@ def main(argv: list[str] | None = None) -> int:
         job = progress.add_task("replay", total=len(units))
         if args.jobs > 1:
             # Runs are independent; worker processes load the datasets themselves.
+            nthread = max(1, (os.cpu_count() or 1) // args.jobs)
             with ProcessPoolExecutor(args.jobs, initializer=_init_worker,
-                                     initargs=(paths,)) as pool:
+                                     initargs=(paths, None, nthread)) as pool:
                 futures = {pool.submit(_run_unit, d, s, seed, args.trials): (d, s, seed)
                            for d, s, seed in units}
                 for fut in as_completed(futures):

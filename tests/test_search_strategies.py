@@ -11,6 +11,7 @@ import pytest
 from kernels.space import ScheduleSpace
 from kernels.spec import RESNET50_3X3, TARGETS, Precision
 from search.datasets import ReplayDataset, load_dataset
+from search.diversity import voice_pick
 from search.registry import DEFAULT_STRATEGY, STRATEGIES, make_strategy
 from search.replay import transfer_prior
 from search.strategy import History, Trial
@@ -155,7 +156,8 @@ def test_coverage_first_batch_is_balanced_valid_and_seeded(ds: ReplayDataset) ->
         for name, values in space.knobs.items():
             assert set(np.unique(cols[name]).tolist()) == set(values), name
         spreads_cov.append(_spread(space, np.asarray(batch)))
-        rand = make_strategy("diversity", space, seed=seed).propose(History(), 32)
+        rand = make_strategy("diversity", space, seed=seed, first="random").propose(
+            History(), 32)
         spreads_rand.append(_spread(space, np.asarray(rand)))
     assert np.median(spreads_cov) < 0.6 * np.median(spreads_rand), (spreads_cov, spreads_rand)
     a = make_strategy("diversity", space, seed=0, first="coverage").propose(History(), 32)
@@ -163,3 +165,43 @@ def test_coverage_first_batch_is_balanced_valid_and_seeded(ds: ReplayDataset) ->
     assert a != b
     with pytest.raises(ValueError, match="first-batch design"):
         make_strategy("diversity", space, first="nope")
+    # The default is the coverage design.
+    assert make_strategy("diversity", space, seed=0).propose(History(), 32) == \
+        make_strategy("diversity", space, seed=0, first="coverage").propose(History(), 32)
+
+
+def test_voice_pick_takes_each_voice_best_in_turn() -> None:
+    voices = np.array([[5.0, 4, 3, 2, 1, 0],      # the mean: prefers row 0, then 1
+                       [0.0, 9, 8, 1, 1, 1],      # a bag: prefers 1, then 2
+                       [-np.inf, 0, 0, 0, 0, 9]])  # only an opinion on rows 1-5: prefers 5
+    free = np.array([True, True, True, True, False, True])
+    # Turn 1: mean -> 0, bag -> 1, third -> 5; turn 2: mean -> 2 (0, 1 taken), bag -> 3.
+    assert voice_pick(voices, free, 5).tolist() == [0, 1, 5, 2, 3]
+    # Never a row that is not free, never twice; fewer free rows than asked: all of them.
+    assert sorted(voice_pick(voices, free, 9).tolist()) == [0, 1, 2, 3, 5]
+    # A voice with no opinion left (-inf) yields its turn to the others.
+    only = np.array([[-np.inf, -np.inf, 1.0, 2.0], [1.0, 2.0, 3.0, 4.0]])
+    assert voice_pick(only, np.ones(4, bool), 3).tolist() == [3, 2, 1]
+
+
+def test_diversity_batch_starts_with_the_mean_best_then_each_bag_best(
+        ds: ReplayDataset) -> None:
+    """The default batch after trials: the bags' mean's best unseen schedule first, and
+    every bag's own best unseen schedule within the first round of picks."""
+    history = _history(ds, 64, pending=5, seed=2)
+    strat = make_strategy("diversity", ds.space, seed=4, **FAST)
+    batch = strat.propose(history, 32)
+    assert strat.bag_scores is not None and strat.bag_scores.shape == (
+        5, len(ds.space.valid_indices))
+    valid = ds.space.valid_indices
+    unseen = ~np.isin(valid, np.fromiter(history.seen, np.int64))
+    mean = strat.bag_scores.mean(axis=0)
+    assert batch[0] == int(valid[np.flatnonzero(unseen)[np.argmax(mean[unseen])]])
+    first_round = set(batch[:6])
+    for bag in strat.bag_scores:
+        assert int(valid[np.flatnonzero(unseen)[np.argmax(bag[unseen])]]) in first_round
+    # The paper's pick (annealer top by the mean) is a different batch from the same model.
+    top = make_strategy("diversity", ds.space, seed=4, pick="top", **FAST).propose(history, 32)
+    assert top[0] != batch[0] or set(top) != set(batch)
+    with pytest.raises(ValueError, match="unknown pick"):
+        make_strategy("diversity", ds.space, pick="nope")
