@@ -32,7 +32,22 @@ def get_engine(url: str) -> Engine:
     # fleet processes turn it off (TCTUNE_DB_PRE_PING=0): their tasks retry on such an
     # error, which also drops the dead pool, and the ping was a round trip per transaction.
     ping = os.environ.get("TCTUNE_DB_PRE_PING", "1") != "0"
-    return create_engine(url, pool_pre_ping=ping, pool_size=20, max_overflow=40)
+    engine = create_engine(url, pool_pre_ping=ping, pool_size=20, max_overflow=40)
+    if engine.dialect.name == "postgresql":
+
+        @event.listens_for(engine, "connect")
+        def _custom_plans(dbapi_conn, _record) -> None:  # type: ignore[no-untyped-def]
+            # psycopg prepares a statement run 5 times on a connection, and PostgreSQL may
+            # then keep one generic plan for it for the connection's life. The fleet's
+            # tables start empty: a plan cached then (sequential scans) stayed after the
+            # tables grew, until an ANALYZE that nothing guarantees (autovacuum off here)
+            # — the lease read the whole candidate table. A custom plan sees the table's
+            # size at every run, for a planning cost of a fraction of a millisecond.
+            with dbapi_conn.cursor() as cur:
+                cur.execute("SET plan_cache_mode = force_custom_plan")
+            dbapi_conn.commit()
+
+    return engine
 
 
 @lru_cache(maxsize=8)

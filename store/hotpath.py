@@ -18,7 +18,17 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import bindparam, distinct, exists, func, select, text, tuple_, update
+from sqlalchemy import (
+    bindparam,
+    distinct,
+    exists,
+    func,
+    literal,
+    select,
+    text,
+    tuple_,
+    update,
+)
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -66,14 +76,55 @@ _CHUNK = (
 )
 
 
+# PostgreSQL: read, retire and lease in one statement (one round trip instead of three).
+# `cand` is what the generic path reads; the two updates touch disjoint rows; the lease's
+# conditions are re-checked on the row's latest version as in the generic UPDATE.
+_LEASE_PG = text(
+    "WITH cand AS ("
+    " SELECT c.id, c.job_id, c.round, (j.status = ANY(:active) AND NOT EXISTS ("
+    "  SELECT 1 FROM measurement m WHERE m.task_id = c.task_id"
+    "  AND m.schedule_hash = c.schedule_hash)) AS live"
+    " FROM candidate c JOIN job j ON j.id = c.job_id"
+    " WHERE c.id = ANY(:ids) AND c.state != 'done'),"
+    " retired AS ("
+    " UPDATE candidate SET state = 'done', lease_owner = NULL, lease_expires_at = NULL"
+    " WHERE id IN (SELECT id FROM cand WHERE NOT live) RETURNING id),"
+    " leased AS ("
+    " UPDATE candidate SET lease_owner = :owner, lease_expires_at = :expires,"
+    " attempts = attempts + 1"
+    " WHERE id IN (SELECT id FROM cand WHERE live) AND state != 'done'"
+    " AND (lease_expires_at IS NULL OR lease_expires_at < :now OR lease_owner = :owner)"
+    " RETURNING id, task_id, job_id, round, schedule, schedule_hash, predicted_us,"
+    " build_status, artifact, build_log, attempts - 1 AS attempts)"
+    " SELECT true AS mine, l.id, l.task_id, l.job_id, l.round, l.schedule, l.schedule_hash,"
+    " l.predicted_us, l.build_status, l.artifact, l.build_log, l.attempts FROM leased l"
+    " UNION ALL SELECT false, c.id, NULL, c.job_id, c.round, NULL, NULL, NULL, NULL, NULL,"
+    " NULL, NULL FROM cand c")
+
+
 def lease_chunk(session: Session, ids: Sequence[int], owner: str, seconds: float
                 ) -> tuple[list[ChunkRow], set[tuple[int, int]]]:
     """Lease the open candidates of `ids` that nobody else holds; retire those with nothing
-    left to measure (job over, or the schedule measured for the task already). Three
-    statements: read, retire, lease. Returns the leased rows and the (job, round) of every
-    open candidate read (what may close once the chunk is done)."""
+    left to measure (job over, or the schedule measured for the task already). One
+    statement on PostgreSQL, three elsewhere (read, retire, lease). Returns the leased rows
+    and the (job, round) of every open candidate read (what may close once the chunk is
+    done)."""
     if not ids:
         return [], set()
+    if session.get_bind().dialect.name == "postgresql":
+        now = utcnow()
+        got = session.execute(_LEASE_PG, {
+            "ids": list(ids), "owner": owner, "now": now,
+            "expires": now + timedelta(seconds=seconds), "active": list(ACTIVE_JOB_STATES)})
+        out, rounds = [], set()
+        for r in got:
+            if r.mine:
+                out.append(ChunkRow(r.id, r.task_id, r.job_id, r.round, r.schedule,
+                                    r.schedule_hash, r.predicted_us, r.build_status,
+                                    r.artifact, r.build_log, r.attempts))
+            else:
+                rounds.add((r.job_id, r.round))
+        return sorted(out, key=lambda r: r.id), rounds
     rows = session.execute(_CHUNK, {"ids": list(ids)}).all()
     rounds = {(r.job_id, r.round) for r in rows}
     retire = [r.id for r in rows if r.status not in ACTIVE_JOB_STATES or r.measured]
@@ -100,10 +151,18 @@ def lease_chunk(session: Session, ids: Sequence[int], owner: str, seconds: float
     return out, rounds
 
 
+_RETIRE_PG = text("UPDATE candidate SET state = 'done', lease_owner = NULL,"
+                  " lease_expires_at = NULL WHERE id = ANY(:ids)")
+
+
 def retire_candidates(session: Session, ids: Sequence[int]) -> None:
-    if ids:
-        session.execute(update(Candidate.__table__).where(C.id.in_(list(ids)))
-                        .values(state="done", lease_owner=None, lease_expires_at=None))
+    if not ids:
+        return
+    if session.get_bind().dialect.name == "postgresql":  # no IN list to render per call
+        session.execute(_RETIRE_PG, {"ids": list(ids)})
+        return
+    session.execute(update(Candidate.__table__).where(C.id.in_(list(ids)))
+                    .values(state="done", lease_owner=None, lease_expires_at=None))
 
 
 # Statements built once per dialect: building one costs more CPU than running it.
@@ -162,12 +221,20 @@ _RECORD_PG = text(
     " :iqr_us ::float8[], :backend ::varchar[], :worker ::varchar[], :error ::text[],"
     " :predicted_us ::float8[], :created_at ::timestamptz[])"
     " ON CONFLICT (task_id, schedule_hash) DO NOTHING RETURNING task_id, schedule_hash")
+# The round: the given one, or (NULL) the job's next, in the same statement.
 _CANDIDATES_PG = text(
     "INSERT INTO candidate (job_id, task_id, round, schedule, schedule_hash, state, attempts,"
-    " created_at, predicted_us)"
-    " SELECT * FROM unnest(:job_id ::integer[], :task_id ::integer[], :round ::integer[],"
+    " created_at, predicted_us, dispatched_at)"
+    " SELECT u.job_id, u.task_id, coalesce(:round ::integer,"
+    " (SELECT coalesce(max(c.round), 0) + 1 FROM candidate c WHERE c.job_id = :job)),"
+    " u.schedule, u.schedule_hash, u.state, u.attempts, u.created_at, u.predicted_us,"
+    " u.dispatched_at"
+    " FROM unnest(:job_id ::integer[], :task_id ::integer[],"
     " :schedule ::json[], :schedule_hash ::varchar[], :state ::varchar[],"
-    " :attempts ::integer[], :created_at ::timestamptz[], :predicted_us ::float8[])"
+    " :attempts ::integer[], :created_at ::timestamptz[], :predicted_us ::float8[],"
+    " :dispatched_at ::timestamptz[])"
+    " AS u(job_id, task_id, schedule, schedule_hash, state, attempts, created_at,"
+    " predicted_us, dispatched_at)"
     " ON CONFLICT (job_id, schedule_hash) DO NOTHING RETURNING id")
 
 
@@ -196,17 +263,36 @@ def record_results(session: Session, rows: Sequence[dict[str, Any]]) -> set[tupl
 
 
 def add_candidates(session: Session, job_id: int, task_id: int,
-                   schedules: Sequence[dict[str, Any]], round_no: int,
-                   predicted_us: Sequence[float | None]) -> list[int]:
-    """Insert a round's proposals (ignoring any the job already has); the new ids."""
+                   schedules: Sequence[dict[str, Any]], round_no: int | None,
+                   predicted_us: Sequence[float | None], dispatched: bool = False
+                   ) -> list[int]:
+    """Insert a round's proposals (ignoring any the job already has); the new ids.
+    `round_no` None: the job's next round (its highest + 1), worked out by the insert
+    itself on PostgreSQL (the caller holds the job's row lock). `dispatched`: stamp them
+    as sent (the caller sends them right after its commit)."""
     if not schedules:
         return []
     now = utcnow()
+    pg = session.get_bind().dialect.name == "postgresql"
+    if round_no is None and not pg:
+        round_no = next_round(session, job_id)
     params = [{"job_id": job_id, "task_id": task_id, "round": round_no, "schedule": sched,
                "schedule_hash": schedule_hash(sched), "state": "pending", "attempts": 0,
-               "created_at": now, "predicted_us": pred}
+               "created_at": now, "predicted_us": pred,
+               "dispatched_at": now if dispatched else None}
               for sched, pred in zip(schedules, predicted_us, strict=True)]
+    if pg:
+        params[0]["round"] = round_no  # one value (None: the next round), not an array
+        arrays = {k: [r[k] for r in params] for k in params[0] if k != "round"}
+        arrays["schedule"] = [json.dumps(v) for v in arrays["schedule"]]
+        return sorted(i for (i,) in session.execute(
+            _CANDIDATES_PG, {**arrays, "round": round_no, "job": job_id}))
     return sorted(i for (i,) in _insert_rows(session, "candidates", _CANDIDATES_PG, params))
+
+
+def next_round(session: Session, job_id: int) -> int:
+    return int(session.scalar(
+        select(func.coalesce(func.max(C.round), 0)).where(C.job_id == job_id)) or 0) + 1
 
 
 def refresh_best_many(session: Session, task_ids: Iterable[int]) -> None:
@@ -218,15 +304,91 @@ def refresh_best_many(session: Session, task_ids: Iterable[int]) -> None:
         session.execute(_statement(session, "best"), {"task_id": task_id, "now": now})
 
 
+# PostgreSQL: the best of each task against the rows just written only (a best never gets
+# worse: measurements are not deleted but with their task), for every task in one
+# statement. Before it, the writer takes a per-task transaction lock (in task order: no
+# deadlock), so that its statement's snapshot sees the rows of every writer of the task
+# before it (committed when their lock was released): of two writers of one task, the later
+# compares against the earlier one's best, whichever is faster.
+_BEST_LOCK_PG = text(
+    "SELECT pg_advisory_xact_lock(1952805748, t)"
+    " FROM (SELECT t FROM unnest(:tasks ::integer[]) AS t ORDER BY t) AS sorted")
+_BEST_NEW_PG = text(
+    "INSERT INTO best_schedule (task_id, measurement_id, updated_at)"
+    " SELECT DISTINCT ON (m.task_id) m.task_id, m.id, :now FROM measurement m"
+    " JOIN unnest(:task_id ::integer[], :schedule_hash ::varchar[]) AS w(task_id, h)"
+    " ON m.task_id = w.task_id AND m.schedule_hash = w.h"
+    " WHERE m.status = 'ok' AND m.median_us IS NOT NULL"
+    " ORDER BY m.task_id, m.median_us, m.id"
+    " ON CONFLICT (task_id) DO UPDATE SET measurement_id = excluded.measurement_id,"
+    " updated_at = excluded.updated_at"
+    " WHERE best_schedule.measurement_id != excluded.measurement_id AND ("
+    "  SELECT (b.median_us, b.id) > (n.median_us, n.id) FROM measurement b, measurement n"
+    "  WHERE b.id = best_schedule.measurement_id AND n.id = excluded.measurement_id)"
+    " IS NOT FALSE")
+
+
+_BEST_NOW_PG = text(
+    "SELECT b.task_id, m.median_us FROM best_schedule b"
+    " JOIN measurement m ON m.id = b.measurement_id WHERE b.task_id = ANY(:tasks)")
+
+
+def refresh_best_after_write(session: Session,
+                             written: Iterable[tuple[int, str, float]]) -> None:
+    """Move each task's best to the fastest of the rows just written (task, schedule hash,
+    median of the verified ones) where it beats the current best. PostgreSQL: a task whose
+    new rows are all slower than its best as this transaction sees it is left alone (a
+    best only gets faster, so it stays so) without taking its lock, which most writes do
+    once a search has found its good schedules; the others take the lock and move in one
+    statement. Elsewhere each touched task's best is recomputed."""
+    rows = sorted(set(written))
+    if not rows:
+        return
+    if session.get_bind().dialect.name != "postgresql":
+        refresh_best_many(session, {t for t, _, _ in rows})
+        return
+    fastest: dict[int, float] = {}
+    for t, _, us in rows:
+        fastest[t] = min(us, fastest.get(t, us))
+    now_best = {t: us for t, us in session.execute(_BEST_NOW_PG, {"tasks": sorted(fastest)})}
+    maybe = {t for t, us in fastest.items() if t not in now_best or us <= now_best[t]}
+    if not maybe:
+        return
+    pairs = [(t, h) for t, h, _ in rows if t in maybe]
+    session.execute(_BEST_LOCK_PG, {"tasks": sorted(maybe)})
+    session.execute(_BEST_NEW_PG, {"task_id": [t for t, _ in pairs],
+                                   "schedule_hash": [h for _, h in pairs], "now": utcnow()})
+
+
+# A job can only have reached its budget with nothing open (the explorer never has more
+# than trials - measured open): its measurements are counted only then, not at every write.
+_BUDGET_PG = text(
+    "SELECT j.id FROM job j WHERE j.id = ANY(:ids) AND j.status = ANY(:active)"
+    " AND CASE WHEN EXISTS (SELECT 1 FROM candidate c WHERE c.job_id = j.id"
+    " AND c.state != 'done') THEN false"  # CASE: the count only where nothing is open
+    " ELSE (SELECT count(*) FROM measurement m WHERE m.job_id = j.id) >= j.trials END")
+
+
 def jobs_reaching_budget(session: Session, job_ids: Iterable[int]) -> list[int]:
     """Active jobs among `job_ids` whose measurements reached their trial budget."""
     ids = sorted(set(job_ids))
     if not ids:
         return []
+    if session.get_bind().dialect.name == "postgresql":
+        return [i for (i,) in session.execute(_BUDGET_PG, {
+            "ids": ids, "active": list(ACTIVE_JOB_STATES)})]
     counted = (select(func.count()).where(M.job_id == J.id).scalar_subquery())
     rows = session.execute(select(J.id).where(
         J.id.in_(ids), J.status.in_(ACTIVE_JOB_STATES), counted >= J.trials))
     return [i for (i,) in rows]
+
+
+# One probe of the open candidates' partial index per (job, round): a join let the planner
+# scan the whole candidate table.
+_STILL_OPEN_PG = text(
+    "SELECT p.job_id, p.round FROM unnest(:jobs ::integer[], :rounds ::integer[])"
+    " AS p(job_id, round) WHERE EXISTS (SELECT 1 FROM candidate c"
+    " WHERE c.job_id = p.job_id AND c.round = p.round AND c.state != 'done')")
 
 
 def closed_rounds(session: Session, rounds: Iterable[tuple[int, int]]) -> set[int]:
@@ -234,6 +396,10 @@ def closed_rounds(session: Session, rounds: Iterable[tuple[int, int]]) -> set[in
     pairs = sorted(set(rounds))
     if not pairs:
         return set()
+    if session.get_bind().dialect.name == "postgresql":
+        still = {(j, r) for j, r in session.execute(_STILL_OPEN_PG, {
+            "jobs": [j for j, _ in pairs], "rounds": [r for _, r in pairs]})}
+        return {j for j, r in pairs if (j, r) not in still}
     still_open = {(j, r) for j, r in session.execute(
         select(C.job_id, C.round).where(tuple_(C.job_id, C.round).in_(pairs),
                                         C.state != "done").distinct())}
@@ -250,9 +416,25 @@ class OpenRow:
 
 def open_of_job(session: Session, job_id: int) -> list[OpenRow]:
     """The job's open candidates (few: at most its rounds in flight)."""
-    return [OpenRow(i, r, s, d is not None) for i, r, s, d in session.execute(
-        select(C.id, C.round, C.schedule, C.dispatched_at)
-        .where(C.job_id == job_id, C.state != "done").order_by(C.id))]
+    return open_and_measured(session, job_id)[0]
+
+
+_ONE = select(literal(1).label("one")).subquery()
+_OPEN_AND_MEASURED = (
+    select(select(func.count()).where(M.job_id == bindparam("job_id")).scalar_subquery(),
+           C.id, C.round, C.schedule, C.dispatched_at)
+    .select_from(_ONE.outerjoin(Candidate.__table__,
+                                (C.job_id == bindparam("job_id")) & (C.state != "done")))
+    .order_by(C.id))
+
+
+def open_and_measured(session: Session, job_id: int) -> tuple[list[OpenRow], int]:
+    """The job's open candidates and how many measurements it has, in one round trip (the
+    explorer asks both for every round)."""
+    rows = session.execute(_OPEN_AND_MEASURED, {"job_id": job_id}).all()
+    measured = int(rows[0][0]) if rows else 0
+    return [OpenRow(i, r, s, d is not None) for _, i, r, s, d in rows if i is not None], \
+        measured
 
 
 def measured_count(session: Session, job_id: int) -> int:

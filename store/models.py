@@ -18,6 +18,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -95,7 +96,12 @@ class Candidate(Base):
 
     __tablename__ = "candidate"
     __table_args__ = (UniqueConstraint("job_id", "schedule_hash"),
-                      Index("ix_candidate_job_state", "job_id", "state"))
+                      Index("ix_candidate_job_state", "job_id", "state"),
+                      # The open ones only (a few per job, however long the history): what
+                      # the fleet asks after every write (is the round closed?) and sweep.
+                      Index("ix_candidate_open", "job_id", "round",
+                            postgresql_where=text("state != 'done'"),
+                            sqlite_where=text("state != 'done'")))
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     job_id: Mapped[int] = mapped_column(ForeignKey("job.id", ondelete="CASCADE"))
     task_id: Mapped[int] = mapped_column(ForeignKey("task.id", ondelete="CASCADE"))

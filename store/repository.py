@@ -419,17 +419,27 @@ def best_schedules(session: Session, target: str | None = None, precision: str |
 
 def heartbeat(session: Session, name: str, gpu_model: str, sm: int, target: str, backend: str,
               state: str = "idle") -> None:
+    heartbeat_many(session, {name: state}, gpu_model, sm, target, backend)
+
+
+def heartbeat_many(session: Session, states: dict[str, str], gpu_model: str, sm: int,
+                   target: str, backend: str) -> None:
+    """Heartbeat of several workers of one node (name -> state) in one statement: a
+    simulated node hosts dozens, and one upsert each was a statement per slot per beat."""
+    if not states:
+        return
     now = utcnow()
-    stmt = insert_for(session, Worker).values(
-        name=name, gpu_model=gpu_model, sm=sm, target=target, backend=backend, state=state,
-        started_at=now, last_heartbeat=now,
-    )
+    stmt = insert_for(session, Worker)
     stmt = stmt.on_conflict_do_update(
         index_elements=["name"],
-        set_={"gpu_model": gpu_model, "sm": sm, "target": target, "backend": backend,
-              "state": state, "last_heartbeat": now},
+        set_={"gpu_model": stmt.excluded.gpu_model, "sm": stmt.excluded.sm,
+              "target": stmt.excluded.target, "backend": stmt.excluded.backend,
+              "state": stmt.excluded.state, "last_heartbeat": stmt.excluded.last_heartbeat},
     )
-    session.execute(stmt)
+    session.execute(stmt, [
+        {"name": n, "gpu_model": gpu_model, "sm": sm, "target": target, "backend": backend,
+         "state": st, "started_at": now, "last_heartbeat": now}
+        for n, st in sorted(states.items())])
 
 
 def all_workers(session: Session) -> Sequence[Worker]:

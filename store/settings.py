@@ -32,6 +32,9 @@ class Settings(BaseSettings):
     # model is reused across rounds instead of retrained whenever the fleet writes.
     rounds_in_flight: int = 2
     prior_refresh_s: float = 30.0
+    # XGBoost threads of each explorer process: a job's model trains on hundreds of rows,
+    # where more threads cost more CPU than they save; more cores go to `--procs`.
+    xgb_threads: int = 1
     # A measuring worker writes its results at most this many seconds apart: what a worker
     # killed mid-chunk loses (its lease then re-issues the rest); each write is a
     # transaction, so writing less often costs the database less per measurement.

@@ -99,3 +99,17 @@ def pg_url() -> Iterator[str]:
         with admin.connect() as conn:
             conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
         admin.dispose()
+
+
+@pytest.fixture(params=["postgresql", "sqlite"])
+def db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A migrated database of each kind the service runs on: a fresh PostgreSQL database and
+    a SQLite file."""
+    from store import migrate
+
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'test.db'}"
+    else:
+        url = request.getfixturevalue("pg_url")
+    migrate.upgrade(url)
+    yield url

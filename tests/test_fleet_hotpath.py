@@ -10,10 +10,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Iterator
-from pathlib import Path
 
-import pytest
 from sqlalchemy import func, select
 
 from kernels.space import ScheduleSpace, schedule_hash
@@ -28,16 +25,6 @@ from workers.backends.simulated import SimulatedBackend
 
 H200 = TARGETS["h200"]
 SHAPE = RESNET50_3X3["stage3"]
-
-
-@pytest.fixture(params=["postgresql", "sqlite"])
-def db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'hot.db'}"
-    else:
-        url = request.getfixturevalue("pg_url")
-    migrate.upgrade(url)
-    yield url
 
 
 def _job(url: str, trials: int, strategy: str = "random", seed: int = 0) -> int:

@@ -24,7 +24,7 @@ from celery import Celery, signals
 from sqlalchemy.exc import OperationalError
 
 from store.settings import get_settings
-from workers import tasks
+from workers import batcher, tasks
 from workers.backends import backend_for, builder_backend
 
 log = logging.getLogger(__name__)
@@ -107,7 +107,7 @@ def explore_task(job_id: int) -> int:
     prop = tasks.explore_round(settings.db_url, job_id, settings.batch_size,
                                settings.rounds_in_flight, settings.prior_refresh_s)
     if prop.ids:
-        dispatch(prop.ids, None)
+        dispatch(prop.ids, prop.target)
     if prop.more:  # pipelining: the next round is proposed while this one is measured
         send(explore_task, job_id, EXPLORE_QUEUE)
     return len(prop.ids)
@@ -154,8 +154,13 @@ def measure_task(candidate_ids: list[int], target: str | None = None) -> int:
     if target is None:
         return 0
     me = worker_identity()
+    # Several GPU slots in this process: their writes go through one group-committing
+    # batcher (a transaction for what they finish together instead of one each).
+    writer = (batcher.batcher_for(settings.db_url)
+              if int(os.environ.get("TCTUNE_WORKER_SLOTS", "1")) > 1 else None)
     res = tasks.measure_chunk(settings.db_url, candidate_ids, backend_for(target, settings),
-                              me, lease_s=settings.lease_s, flush_s=settings.flush_s)
+                              me, lease_s=settings.lease_s, flush_s=settings.flush_s,
+                              writer=writer)
     last_measured[me] = time.monotonic()
     for job_id in sorted(res.closed):  # the result that closes a round starts the next one
         send(explore_task, job_id, EXPLORE_QUEUE)

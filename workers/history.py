@@ -20,7 +20,7 @@ from search.registry import make_strategy
 from search.strategy import History, PriorTrial, Strategy, Trial
 from store import hotpath as hp
 from store import repository as repo
-from store.models import Job, Task
+from store.models import Job
 
 PRIOR_LIMIT = 50_000
 STRATEGY_CACHE = 64
@@ -122,10 +122,10 @@ def trials_of(session: Any, db_url: str, task_id: int, space: ScheduleSpace) -> 
     return list(cache.trials)
 
 
-def history_of(session: Any, db_url: str, task: Task, space: ScheduleSpace,
-               prior_refresh_s: float = 0.0) -> History:
-    return History(trials=trials_of(session, db_url, task.id, space),
-                   prior=prior_of(session, db_url, task.target, task.precision, task.id,
+def history_of(session: Any, db_url: str, task_id: int, target: str, precision: str,
+               space: ScheduleSpace, prior_refresh_s: float = 0.0) -> History:
+    return History(trials=trials_of(session, db_url, task_id, space),
+                   prior=prior_of(session, db_url, target, precision, task_id,
                                   prior_refresh_s))
 
 

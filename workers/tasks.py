@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
+
+import numpy as np
 
 from kernels.space import ScheduleSpace
 from kernels.spec import ConvShape, Precision, get_target
@@ -71,6 +74,23 @@ def space_of(task: Task) -> ScheduleSpace:
     return ScheduleSpace(spec.shape, spec.precision, spec.target)
 
 
+# Schedule spaces of the tasks the explorer proposes for: a space is a pure function of
+# the task's spec, and its valid-schedule mask costs milliseconds to rebuild each round.
+_spaces: OrderedDict[tuple[str, int], ScheduleSpace] = OrderedDict()
+SPACE_CACHE = 256
+
+
+def cached_space(db_url: str, task_id: int, spec: TaskSpec) -> ScheduleSpace:
+    key = (db_url, task_id)
+    space = _spaces.get(key)
+    if space is None:
+        space = _spaces[key] = ScheduleSpace(spec.shape, spec.precision, spec.target)
+        while len(_spaces) > SPACE_CACHE:
+            _spaces.popitem(last=False)
+    _spaces.move_to_end(key)
+    return space
+
+
 def finish_if_done(session: Any, job: Job) -> bool:
     """Mark the job done once its budget is measured; True if it is finished."""
     if job.status not in ACTIVE_JOB_STATES:
@@ -89,6 +109,7 @@ class Proposal:
 
     ids: list[int]
     more: bool = False
+    target: str | None = None  # where they are measured (saves the dispatcher a lookup)
 
 
 def explore(db_url: str, job_id: int, batch_size: int = 32) -> list[int]:
@@ -110,24 +131,25 @@ def explore_round(db_url: str, job_id: int, batch_size: int = 32, rounds_in_flig
         job = repo.get_job(s, job_id, lock=True)  # one explorer per job at a time
         if job is None or job.status not in ACTIVE_JOB_STATES:
             return Proposal([])
-        open_rows = hp.open_of_job(s, job_id)
+        spec = spec_of(s, db_url, job.task_id)
+        assert spec is not None  # a job's task lives as long as the job
+        target = spec.target.name
+        open_rows, measured = hp.open_and_measured(s, job_id)
         resend = [r.id for r in open_rows if not r.dispatched]
         repo.mark_dispatched(s, resend)
         in_flight = len({r.round for r in open_rows})
         if in_flight >= max(1, rounds_in_flight):
-            return Proposal(resend)
-        measured = hp.measured_count(s, job_id)
+            return Proposal(resend, target=target)
         if not open_rows and measured >= job.trials:
             finish_if_done(s, job)
             return Proposal([])
         remaining = job.trials - measured - len(open_rows)
         if remaining <= 0:
-            return Proposal(resend)
-        task = repo.get_task(s, job.task_id)
-        assert task is not None
-        space = space_of(task)
+            return Proposal(resend, target=target)
+        space = cached_space(db_url, job.task_id, spec)
         started = time.perf_counter()
-        history = history_of(s, db_url, task, space, prior_refresh_s)
+        history = history_of(s, db_url, job.task_id, target, spec.precision.value, space,
+                             prior_refresh_s)
         history.pending = pending_indices(space, [r.schedule for r in open_rows])
         strategy = strategy_for(db_url, job, space)
         picks = strategy.propose(history, min(batch_size, remaining))
@@ -137,7 +159,7 @@ def explore_round(db_url: str, job_id: int, batch_size: int = 32, rounds_in_flig
                  len(history.pending), len(history.prior), time.perf_counter() - started)
         if not picks:
             if open_rows:  # what is left unseen is on its way: wait for it
-                return Proposal(resend)
+                return Proposal(resend, target=target)
             repo.set_job_status(s, job, "done",
                                 error="search space exhausted before the trial budget")
             return Proposal([])
@@ -145,15 +167,58 @@ def explore_round(db_url: str, job_id: int, batch_size: int = 32, rounds_in_flig
         # must not be held while the strategy thinks.
         repo.set_job_status(s, job, "running")
         # Model-based strategies say what they predicted; the dashboard plots it.
-        describe = getattr(strategy, "describe", None)
-        predictions, insight = describe(history, picks) if describe else ({}, None)
+        predictions, insight = describe_round(strategy, job.id, history, picks)
         if insight:
             job.insight = insight
-        ids = hp.add_candidates(s, job.id, job.task_id, space.schedules(picks),
-                                repo.next_round(s, job.id), [predictions.get(i) for i in picks])
-        repo.mark_dispatched(s, ids)
+        # The next round's number and the dispatch stamp go in with the rows (the job's
+        # row lock keeps the round number ours).
+        ids = hp.add_candidates(s, job.id, job.task_id, space.schedules(picks), None,
+                                [predictions.get(i) for i in picks], dispatched=True)
         more = in_flight + 1 < rounds_in_flight and remaining > len(ids)
-        return Proposal(resend + ids, more)
+        return Proposal(resend + ids, more, target)
+
+
+# The knob importance (a job's insight, for the dashboard) at most this often per job: it
+# averages the model's score over the whole space per knob value, which cost a seventh of
+# a diversity proposal. The predicted latency of each pick is worked out every round.
+INSIGHT_EVERY_S = 10.0
+_insight_at: OrderedDict[int, float] = OrderedDict()
+
+
+def describe_round(strategy: Any, job_id: int, history: Any, picks: Sequence[int],
+                   now: float | None = None) -> tuple[dict[int, float], dict[str, Any] | None]:
+    """(predicted latency per pick, insight or None) after a proposal: the strategy's own
+    `describe` when the job's insight is due, else only the predictions."""
+    describe = getattr(strategy, "describe", None)
+    if describe is None:
+        return {}, None
+    now = time.monotonic() if now is None else now
+    if now - _insight_at.get(job_id, -1e18) >= INSIGHT_EVERY_S:
+        _insight_at[job_id] = now
+        _insight_at.move_to_end(job_id)
+        while len(_insight_at) > 4096:
+            _insight_at.popitem(last=False)
+        return describe(history, picks)  # type: ignore[no-any-return]
+    return predicted_latency(getattr(strategy, "_last_table", None), history, picks), None
+
+
+def predicted_latency(table: Any, history: Any, picks: Sequence[int]) -> dict[int, float]:
+    """The model's score of each pick mapped to microseconds by a log-linear fit on the
+    task's measured schedules: what ModelBasedStrategy.describe computes, without the
+    knob importance (it must stay the same numbers: tested against describe)."""
+    if table is None:
+        return {}
+    ok = [(t.index, t.median_us) for t in history.trials
+          if t.status == "ok" and t.median_us and np.isfinite(table[t.index])]
+    if len(ok) < 3:
+        return {}
+    x = np.array([table[i] for i, _ in ok])
+    y = np.log(np.array([us for _, us in ok]))
+    if np.ptp(x) == 0:
+        return {}
+    a, b = np.polyfit(x, y, 1)
+    return {int(i): round(float(np.exp(a * table[i] + b)), 3) for i in picks
+            if np.isfinite(table[i])}
 
 
 def pending_indices(space: ScheduleSpace, schedules: Sequence[dict[str, Any]]) -> set[int]:
@@ -203,6 +268,27 @@ class ChunkResult:
     closed: set[int]  # jobs one of whose rounds this chunk closed: each needs a new round
 
 
+@dataclass
+class WriteGroup:
+    """Results of one chunk (or part of one) to write in one transaction, with what the
+    writer owes back: the rows written, and which of `rounds` closed (asked after the
+    commit)."""
+
+    results: list[tuple[_Leased, MeasureOutcome]]
+    backend: str
+    worker: str
+    baselines: dict[int, float]
+    rounds: set[tuple[int, int]] | None = None
+
+
+class Writer(Protocol):
+    """Writes groups of results; returns (rows written, jobs one of whose rounds closed).
+    It returns only once the group is committed: the caller's message is acknowledged
+    after that, so an acknowledged result is never lost."""
+
+    def write(self, group: WriteGroup) -> tuple[int, set[int]]: ...
+
+
 def measure_many(db_url: str, candidate_ids: Sequence[int], backend: Backend, worker: str,
                  lease_s: float = LEASE_S, flush_s: float = 1.0) -> int:
     """Measure a chunk of candidates and store each result once; returns rows written."""
@@ -210,7 +296,8 @@ def measure_many(db_url: str, candidate_ids: Sequence[int], backend: Backend, wo
 
 
 def measure_chunk(db_url: str, candidate_ids: Sequence[int], backend: Backend, worker: str,
-                  lease_s: float = LEASE_S, flush_s: float = 1.0) -> ChunkResult:
+                  lease_s: float = LEASE_S, flush_s: float = 1.0,
+                  writer: Writer | None = None) -> ChunkResult:
     """Measure a chunk of candidates and store each result once.
 
     The chunk is leased in one transaction; results are written in groups (at most
@@ -218,8 +305,15 @@ def measure_chunk(db_url: str, candidate_ids: Sequence[int], backend: Backend, w
     the rest of the chunk is re-issued to another worker once its lease expires. Every
     step is a handful of set-wise statements, whatever the chunk's size. Which rounds the
     chunk closed is asked after its last commit, so that of two workers finishing one
-    round's last candidates at once, the later one sees the round closed.
+    round's last candidates at once, the later one sees the round closed. `writer`: where
+    the groups go (a process's shared batcher, `workers.batcher`); by default each is a
+    transaction of this call's own.
     """
+    def flush(group: WriteGroup) -> tuple[int, set[int]]:
+        if writer is not None:
+            return writer.write(group)
+        return write_groups(db_url, [group])[0]
+
     leased: list[_Leased] = []
     gave_up: list[tuple[_Leased, MeasureOutcome]] = []
     baselines_needed: dict[int, TaskSpec] = {}
@@ -245,62 +339,74 @@ def measure_chunk(db_url: str, candidate_ids: Sequence[int], backend: Backend, w
     baselines = {tid: b for tid, spec in baselines_needed.items()
                  if (b := _baseline(spec, backend)) is not None}
 
-    written = _flush(db_url, gave_up, backend.name, worker, {})
+    written = flush(WriteGroup(gave_up, backend.name, worker, {}))[0] if gave_up else 0
     pending: list[tuple[_Leased, MeasureOutcome]] = []
     last_flush = time.monotonic()
     cache_dir = getattr(backend, "cache_dir", None)
-    for item in leased:
+    for k, item in enumerate(leased):
         built = item.built
         if not built.status or (cache_dir and built.status == "ok" and built.artifact
                                 and not artifacts.fetch(db_url, cache_dir, built.artifact)):
             built = backend.build(item.spec, item.schedule)  # nobody built it for this host
         pending.append((item, backend.measure(item.spec, item.schedule, built)))
-        if time.monotonic() - last_flush >= flush_s:
-            written += _flush(db_url, pending, backend.name, worker, baselines)
+        # Not after the last one: the final write follows at once (one transaction, not two).
+        if k + 1 < len(leased) and time.monotonic() - last_flush >= flush_s:
+            written += flush(WriteGroup(pending, backend.name, worker, baselines))[0]
             pending, baselines, last_flush = [], {}, time.monotonic()
-    closed: set[int] = set()
-    written += _flush(db_url, pending, backend.name, worker, baselines, rounds, closed)
-    return ChunkResult(written, closed)
+    if not pending and not baselines and not rounds:
+        return ChunkResult(written, set())
+    wrote, closed = flush(WriteGroup(pending, backend.name, worker, baselines, rounds))
+    return ChunkResult(written + wrote, closed)
 
 
-def _flush(db_url: str, results: list[tuple[_Leased, MeasureOutcome]], backend: str,
-           worker: str, baselines: dict[int, float],
-           rounds: set[tuple[int, int]] | None = None, closed: set[int] | None = None) -> int:
-    """Write a group of results in one transaction; best schedules and job states follow.
-    With `rounds`: then, in a transaction of its own on the same connection, put into
-    `closed` the jobs one of these rounds has no open candidate left of."""
-    if not results and not baselines and not rounds:
-        return 0
+def write_groups(db_url: str, groups: Sequence[WriteGroup]) -> list[tuple[int, set[int]]]:
+    """Write groups of results in one transaction (best schedules and job states follow);
+    then, in a transaction of its own on the same connection, ask which of their rounds
+    have no open candidate left. Per group: (rows it wrote, jobs one of whose rounds
+    closed). A schedule in two groups (two jobs of one task) counts for the first."""
+    rounds = set().union(*(g.rounds or set() for g in groups))
     with session_scope(db_url) as s:
-        wrote = _write(s, results, backend, worker, baselines)
-        if rounds and closed is not None:
+        wrote = _write(s, groups)
+        closed: set[int] = set()
+        if rounds:
             s.commit()  # asked after the commit: see the sibling chunks' results
-            closed |= hp.closed_rounds(s, rounds)
-    _baselined.update((db_url, t) for t in baselines)
-    return wrote
+            closed = hp.closed_rounds(s, rounds)
+    out = []
+    for g in groups:
+        _baselined.update((db_url, t) for t in g.baselines)
+        mine = {(i.task_id, i.schedule_hash) for i, _ in g.results} & wrote
+        wrote -= mine
+        out.append((len(mine), {j for j, _ in g.rounds or set()} & closed))
+    return out
 
 
-def _write(s: Any, results: list[tuple[_Leased, MeasureOutcome]], backend: str,
-           worker: str, baselines: dict[int, float]) -> int:
-    """A group of results in the session's transaction; returns the rows written."""
-    if not results and not baselines:
-        return 0
-    for task_id, us in baselines.items():
-        repo.set_baseline(s, task_id, us, backend)
+def _write(s: Any, groups: Sequence[WriteGroup]) -> set[tuple[int, str]]:
+    """Groups of results in the session's transaction; the (task, schedule hash) pairs
+    written. Rows go in (task, hash) order so that two writers' transactions take the
+    unique index's locks in the same order (no deadlock between batches)."""
+    results = sorted(((i, o, g) for g in groups for i, o in g.results),
+                     key=lambda r: (r[0].task_id, r[0].schedule_hash, r[0].cand_id))
+    for g in groups:
+        for task_id, us in g.baselines.items():
+            repo.set_baseline(s, task_id, us, g.backend)
+    if not results:
+        return set()
     wrote = hp.record_results(s, [{
         "task_id": item.task_id, "job_id": item.job_id, "schedule": item.schedule,
         "schedule_hash": item.schedule_hash, "status": out.status,
-        "median_us": out.median_us, "iqr_us": out.iqr_us, "backend": backend,
-        "worker": worker, "error": (out.error or None) and out.error[-20000:],
-        "predicted_us": item.predicted_us} for item, out in results])
-    hp.retire_candidates(s, [item.cand_id for item, _ in results])
-    hp.refresh_best_many(s, {t for t, _ in wrote}
-                         & {i.task_id for i, o in results if o.status == "ok"})
-    for job_id in hp.jobs_reaching_budget(s, {item.job_id for item, _ in results}):
+        "median_us": out.median_us, "iqr_us": out.iqr_us, "backend": g.backend,
+        "worker": g.worker, "error": (out.error or None) and out.error[-20000:],
+        "predicted_us": item.predicted_us} for item, out, g in results])
+    hp.retire_candidates(s, sorted(item.cand_id for item, _, _ in results))
+    hp.refresh_best_after_write(s, [
+        (i.task_id, i.schedule_hash, o.median_us) for i, o, _ in results
+        if o.status == "ok" and o.median_us is not None
+        and (i.task_id, i.schedule_hash) in wrote])
+    for job_id in hp.jobs_reaching_budget(s, {item.job_id for item, _, _ in results}):
         job = repo.get_job(s, job_id)
         if job is not None:
             finish_if_done(s, job)
-    return len(wrote)
+    return wrote
 
 
 def _baseline(spec: TaskSpec, backend: Backend) -> float | None:

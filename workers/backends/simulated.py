@@ -22,7 +22,15 @@ from typing import Any
 
 import numpy as np
 
-from kernels.space import ScheduleSpace, geometry, schedule_hash, schedule_problems
+from kernels.space import (
+    WGMMA_M,
+    WGMMA_N_PER_TILE,
+    ScheduleSpace,
+    geometry,
+    mma_is_wgmma,
+    schedule_hash,
+    schedule_problems,
+)
 from kernels.spec import ConvShape, Precision, Target, instruction_shape
 from workers.backends.base import BuildOutcome, MeasureOutcome, TaskSpec
 
@@ -48,9 +56,10 @@ def simulate_latency_us(shape: ConvShape, precision: Precision, target: Target,
     nhwcnc = cols["LAYOUT"] == "nhwcnc"
     bits = p.operand_bits
     in_bytes = p.input_bits / 8
+    wg = mma_is_wgmma(cols, np.shape(wrt))  # warpgroup tiles, operands read from smem
 
     # Occupancy from threads, registers and shared memory.
-    frag = (wrt * inst.m * inst.k + wct * inst.n * inst.k) * bits / 32 / 32
+    frag = np.where(wg, 0.0, (wrt * inst.m * inst.k + wct * inst.n * inst.k) * bits / 32 / 32)
     regs = np.minimum(target.max_regs_per_thread, g.acc_regs + frag + 40)
     threads = g.threads.astype(f64)
     by_threads = target.max_threads_per_sm // threads
@@ -78,13 +87,15 @@ def simulate_latency_us(shape: ConvShape, precision: Precision, target: Target,
     if p is Precision.FP32_TC:
         peak = peak / np.vectorize(FP32_TC_PRODUCTS.get)(cols["SPLIT"]).astype(f64)
     # mma.sync reaches about 70% of the datasheet peak on Hopper (wgmma owns the rest).
-    sync_eff = 0.68 if target.sm >= 90 else 0.9
+    sync_eff = np.where(wg, 0.85, 0.68 if target.sm >= 90 else 0.9)
     t_mma = work / (peak * sync_eff * issue_eff * wave_eff)
 
     # Shared memory: each warp reads its A and B fragments for every k-step.
     blocks = g.grid_blocks.astype(f64)
     k_iters = g.k_iters.astype(f64)
-    smem_read = blocks * k_iters * g.warps * (wrt * inst.m + wct * inst.n) * g.block_k * bits / 8
+    smem_read = np.where(
+        wg, blocks * k_iters * (g.warps / 4) * (wrt * WGMMA_M + wct * WGMMA_N_PER_TILE),
+        blocks * k_iters * g.warps * (wrt * inst.m + wct * inst.n)) * g.block_k * bits / 8
     epi_bits = np.where(pack, p.output_bits, 32)
     smem_epi = 2.0 * pad_m * pad_n * epi_bits / 8
     t_smem = (smem_read + smem_epi) / (target.sms * SMEM_BYTES_PER_CLK * clock_hz * wave_eff)
@@ -113,7 +124,8 @@ def simulate_latency_us(shape: ConvShape, precision: Precision, target: Target,
     overlap = np.where(stages >= 2, 1.0 - 0.35 / stages, 0.0)
     t_main = np.maximum(t_mma, t_mem) + (1.0 - overlap) * np.minimum(t_mma, t_mem) + t_smem * 0.5
     # Per-iteration barrier and address arithmetic, paid on every wave.
-    sync_cycles = np.where(stages >= 2, 120.0, 200.0) * np.where(dup, 1.25, 1.0)
+    sync_cycles = np.where(stages >= 2, 120.0, 200.0) * np.where(dup, 1.25, 1.0) * \
+        np.where(wg, 0.7, 1.0)  # one instruction per warpgroup tile and k-step
     t_sync = np.ceil(waves) * k_iters * sync_cycles / clock_hz
     # Split-K: partial sums through global memory and a reduction pass.
     t_split = np.where(split_k > 1,
