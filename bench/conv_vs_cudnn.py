@@ -1,6 +1,15 @@
 """Tuned kernels vs cuDNN on ResNet-50's 3x3 layers, the paper's ablation, replay datasets.
 
 Runs on the GPU machine (builds there too, on all cores):
+  python -m bench.conv_vs_cudnn search --out-dir DIR [--seeds probe.json ...]
+      per (layer, batch, precision): a random sample of each instruction path (mma.sync,
+      and wgmma where the GPU has it), seeded with the fastest schedules of earlier probes,
+      then rounds of one-knob local search around the fastest; at batch 8 also the
+      optimizations of the paper switched off one at a time on the best (the ablation)
+      -> DIR/search.json (every measurement) and DIR/selections_search.json; then
+  python -m bench.conv_vs_cudnn table --selections DIR/selections_search.json --out-dir DIR
+      every selection re-timed beside the baselines in one run.
+The earlier two-phase procedure (H200 tables, replay datasets):
   python -m bench.conv_vs_cudnn phase1 --out P1.json
       measured ceilings; a random sample of the full space per (layer, batch, precision)
   python -m bench.conv_vs_cudnn phase2 --phase1 P1.json --out-dir DIR
@@ -28,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from kernels.build import BuildJob, build_many
-from kernels.space import EXTRA_KNOBS, PAPER_KNOBS, ScheduleSpace
+from kernels.space import EXTRA_KNOBS, PAPER_KNOBS, ScheduleSpace, with_defaults
 from kernels.spec import RESNET50_3X3, ConvShape, Precision, get_target, target_for_gpu_model
 
 BATCHES = (1, 8, 32)
@@ -39,6 +48,13 @@ SIX = list(PAPER_KNOBS)
 def layer_shape(layer: str, n: int) -> ConvShape:
     s = RESNET50_3X3[layer]
     return ConvShape(n, s.h, s.w, s.c, s.k, s.r, s.s, stride=s.stride, pad=s.pad)
+
+
+def read_json(path: str | Path) -> Any:
+    """A recorded result, plain or gzip-compressed (large raw files are kept as .json.gz)."""
+    p = Path(path)
+    with (gzip.open(p, "rt") if p.suffix == ".gz" else p.open()) as f:
+        return json.load(f)
 
 
 def log(*a: Any) -> None:
@@ -169,6 +185,124 @@ def cmd_phase1(a: argparse.Namespace) -> int:
     return 0
 
 
+# ---- search: sample + seeds + one-knob local search -----------------------------------------
+def neighbours(space: ScheduleSpace, sched: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every valid schedule that differs from `sched` in one knob."""
+    out = []
+    for knob, values in space.knobs.items():
+        for v in values:
+            if v != sched[knob]:
+                cand = {**sched, knob: v}
+                if space.is_valid(cand):
+                    out.append(cand)
+    return out
+
+
+def ablation_of(space: ScheduleSpace, sched: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """The best schedule with each of the paper's section-3 optimizations switched off (and
+    the blocked layout switched on), where the result is a valid schedule."""
+    out = []
+    for variant, change in (("-pack_out", {"PACK_OUT": 0}), ("-dup_aware", {"DUP_AWARE": 0}),
+                            ("+dup_aware", {"DUP_AWARE": 1}), ("+layout", {"LAYOUT": "nhwcnc"}),
+                            ("-layout", {"LAYOUT": "nhwc"})):
+        cand = {**sched, **change}
+        if cand != sched and space.is_valid(cand):
+            out.append((variant, cand))
+    return out
+
+
+class GroupSearch:
+    """The measurements of one (layer, batch, precision): each schedule measured once."""
+
+    def __init__(self, runner: Any, cache: str, sm: int, space: ScheduleSpace, layer: str,
+                 n: int) -> None:
+        self.runner, self.cache, self.sm, self.space = runner, cache, sm, space
+        self.layer, self.n = layer, n
+        self.seen: dict[str, dict[str, Any]] = {}
+
+    def run(self, scheds: list[dict[str, Any]]) -> None:
+        from kernels.space import schedule_hash
+
+        todo = {schedule_hash(s): s for s in scheds if self.space.is_valid(s)}
+        jobs = [BuildJob(self.space.shape, self.space.precision, self.sm, s)
+                for h, s in todo.items() if h not in self.seen]
+        for r in measure_jobs(self.runner, self.cache, jobs):
+            r.update(layer=self.layer, n=self.n)
+            self.seen[schedule_hash(r["schedule"])] = r
+
+    def top(self, k: int) -> list[dict[str, Any]]:
+        return sorted((r for r in self.seen.values() if r["status"] == "ok"),
+                      key=lambda r: r["median_us"])[:k]
+
+
+def cmd_search(a: argparse.Namespace) -> int:
+    from kernels.runner import Runner
+
+    runner = Runner(timeout_s=60)
+    runner.ensure_started()
+    target = target_for_gpu_model(runner.gpu_name or "")
+    tname, sm = (target.name, target.sm) if target else ("h100", 90)
+    tgt = get_target(tname)
+    log(f"GPU {runner.gpu_name} -> target {tname}")
+    seeds: list[dict[str, Any]] = []
+    for f in a.seeds:
+        seeds += [r for r in read_json(f)["rows"] if r["status"] == "ok"]
+    rng = np.random.default_rng(a.seed)
+    rows: list[dict[str, Any]] = []
+    final: list[dict[str, Any]] = []
+    groups = [(layer, n, prec) for layer in RESNET50_3X3 for n in BATCHES
+              for prec in (Precision.INT8, Precision.FP16)]
+    groups += [(layer, 8, Precision.INT4) for layer in RESNET50_3X3]
+    outdir = Path(a.out_dir)
+    outdir.mkdir(parents=True, exist_ok=True)
+
+    def save() -> None:  # after every group: a run stopped at its time limit keeps its work
+        (outdir / "search.json").write_text(json.dumps(
+            {"gpu": runner.gpu_name, "target": tname, "date": dt.date.today().isoformat(),
+             "rows": rows}))
+        (outdir / "selections_search.json").write_text(json.dumps(final))
+
+    for layer, n, prec in groups:
+        shape = layer_shape(layer, n)
+        g = GroupSearch(runner, a.cache, sm, ScheduleSpace(shape, prec, tgt), layer, n)
+        batch8 = n == 8 and prec is not Precision.INT4
+        start: list[dict[str, Any]] = []
+        if batch8:  # the fastest distinct schedules of the earlier probes of this layer
+            ok = sorted((r for r in seeds if r["layer"] == layer and r["precision"] == prec.value),
+                        key=lambda r: r["median_us"])
+            for r in ok:
+                if len(start) >= a.seeds_per_group:
+                    break
+                sched = with_defaults(prec, r["schedule"])
+                if sched not in start:
+                    start.append(sched)
+        for mma, count in (("sync", a.sample_sync), ("wgmma", a.sample_wgmma)):
+            sub = ScheduleSpace(shape, prec, tgt, {"MMA": [mma]})
+            idx = sub.valid_indices
+            if len(idx):
+                k = count if batch8 or prec is Precision.INT4 else count // 2
+                start += sub.schedules(rng.choice(idx, size=min(k, len(idx)), replace=False))
+        g.run(start)
+        for _ in range(a.rounds if batch8 else 1):  # one-knob local search around the fastest
+            g.run([nb for r in g.top(a.top) for nb in neighbours(g.space, r["schedule"])])
+        rows += g.seen.values()
+        b = best(list(g.seen.values()))
+        if b is None:
+            log(f"{layer} n={n} {prec.value}: nothing ran")
+            continue
+        log(f"best {layer} n={n} {prec.value}: {b['median_us']:.2f} us {b['schedule']} "
+            f"({len(g.seen)} measured)")
+        final.append({"layer": layer, "n": n, "precision": prec.value, "variant": "tuned",
+                      "schedule": b["schedule"], "int4_s8": None})
+        if batch8:
+            for variant, sched in ablation_of(g.space, b["schedule"]):
+                final.append({"layer": layer, "n": n, "precision": prec.value,
+                              "variant": variant, "schedule": sched, "int4_s8": None})
+        save()
+    runner.close()
+    return 0
+
+
 # ---- phase 2 -----------------------------------------------------------------------------
 def six_knob_space(shape: ConvShape, prec: Precision, target_name: str,
                    fixed: dict[str, Any]) -> ScheduleSpace:
@@ -270,10 +404,11 @@ def cmd_table(a: argparse.Namespace) -> int:
     """Every selected best re-timed beside the baselines, in one run."""
     from kernels.runner import Runner
 
-    p1 = json.loads(Path(a.phase1).read_text())
+    p1 = json.loads(Path(a.phase1).read_text()) if a.phase1 else {"rows": []}
     final: list[dict[str, Any]] = []
     for f in a.selections:
         final += json.loads(Path(f).read_text())
+    have = {(f["layer"], f["n"], f["precision"]) for f in final}
     runner = Runner(timeout_s=60)
     runner.ensure_started()
     target = target_for_gpu_model(runner.gpu_name or "")
@@ -283,7 +418,7 @@ def cmd_table(a: argparse.Namespace) -> int:
     for layer in RESNET50_3X3:
         for n in BATCHES:
             for prec in ("fp16", "int8", "int4"):
-                if n == 8 and prec != "int4":
+                if (n == 8 and prec != "int4") or (layer, n, prec) in have:
                     continue
                 b = best([r for r in p1["rows"] if r["layer"] == layer and r["n"] == n
                           and r["precision"] == prec])
@@ -343,13 +478,24 @@ def main(argv: list[str] | None = None) -> int:
     a2.add_argument("--samples", type=int, default=5)
     a2.add_argument("--seed", type=int, default=2)
     a2.add_argument("--layers", default="")
+    a4 = sub.add_parser("search")
+    a4.add_argument("--out-dir", required=True)
+    a4.add_argument("--cache", default="/tmp/tctune-cache")
+    a4.add_argument("--seeds", nargs="*", default=[], help="earlier probe outputs (rows)")
+    a4.add_argument("--seeds-per-group", type=int, default=20)
+    a4.add_argument("--sample-sync", type=int, default=40)
+    a4.add_argument("--sample-wgmma", type=int, default=60)
+    a4.add_argument("--rounds", type=int, default=2)
+    a4.add_argument("--top", type=int, default=3)
+    a4.add_argument("--seed", type=int, default=4)
     a3 = sub.add_parser("table")
-    a3.add_argument("--phase1", required=True)
+    a3.add_argument("--phase1", default="")
     a3.add_argument("--selections", nargs="+", required=True)
     a3.add_argument("--out-dir", required=True)
     a3.add_argument("--cache", default="/tmp/tctune-cache")
     a = ap.parse_args(argv)
-    return {"phase1": cmd_phase1, "phase2": cmd_phase2, "table": cmd_table}[a.cmd](a)
+    return {"phase1": cmd_phase1, "phase2": cmd_phase2, "search": cmd_search,
+            "table": cmd_table}[a.cmd](a)
 
 
 if __name__ == "__main__":

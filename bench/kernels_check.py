@@ -63,19 +63,23 @@ def random_shape(rng: np.random.Generator, precision: Precision) -> ConvShape:
             return shape
 
 
-def plan(count: int, seed: int, target_name: str) -> list[dict[str, Any]]:
+def plan(count: int, seed: int, target_name: str, mma: str | None = None
+         ) -> list[dict[str, Any]]:
+    """`mma` restricts the MMA knob (e.g. "wgmma": only the warpgroup path, fp16 and int8)."""
     rng = np.random.default_rng(seed)
+    restrict = {"MMA": [mma]} if mma else None
+    precisions = PRECISIONS if mma != "wgmma" else (Precision.FP16, Precision.INT8)
     target = get_target(target_name)
     items: list[dict[str, Any]] = []
     shapes = fixed_shapes()
     i = 0
     while len(items) < count:
-        prec = PRECISIONS[i % 3]
+        prec = precisions[i % len(precisions)]
         shape = shapes[(i // 3) % len(shapes)] if i < 3 * len(shapes) else random_shape(rng, prec)
         i += 1
         if shape.problems(prec):
             continue
-        space = ScheduleSpace(shape, prec, target)
+        space = ScheduleSpace(shape, prec, target, restrict)
         valid = space.valid_indices
         if len(valid) == 0:
             continue
@@ -96,7 +100,7 @@ def jobs_of(items: list[dict[str, Any]]) -> list[BuildJob]:
 
 
 def cmd_prebuild(a: argparse.Namespace) -> int:
-    items = plan(a.count, a.seed, a.target)
+    items = plan(a.count, a.seed, a.target, a.mma)
     res = build_many(jobs_of(items), a.cache, a.workers)
     for it, r in zip(items, res, strict=True):
         it["key"], it["build"] = r.key, r.status
@@ -150,6 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--seed", type=int, default=3)
     b.add_argument("--target", default="h100")
     b.add_argument("--workers", type=int, default=None)
+    b.add_argument("--mma", choices=("sync", "wgmma"), default=None,
+                   help="only schedules of this instruction path")
     r = sub.add_parser("run")
     r.add_argument("--cache", required=True)
     r.add_argument("--out", default="bench/data/kernels_check.json")

@@ -3,7 +3,7 @@
 torchvision's ResNet-50 at batch 8 has 53 convolutions of 23 distinct shapes. Each shape
 runs through `kernels.runtime.Conv2d` on PyTorch CUDA tensors (DLPack, the caller's stream):
   - the four 3x3 stride-1 layers with their recorded exhaustive bests
-    (bench/data/conv_vs_cudnn.json; replay datasets bench/data/replay/resnet50_*);
+    (bench/data/conv_vs_cudnn_h200_sync.json; replay datasets bench/data/replay/resnet50_*);
   - the other 19 (7x7 stem, 1x1, strided 3x3, strided 1x1 downsample) with the best of a
     short on-GPU search: the runtime's default, the recorded bests where valid for the shape,
     then random valid schedules, each checked against the reference then timed
@@ -629,7 +629,7 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--target", default="h200")
     b.add_argument("--random", type=int, default=10, help="random candidates per layer")
     b.add_argument("--seed", type=int, default=50)
-    b.add_argument("--recorded", default="bench/data/conv_vs_cudnn.json")
+    b.add_argument("--recorded", default="bench/data/conv_vs_cudnn_h200_sync.json")
     b.add_argument("--workers", type=int, default=None)
     r = sub.add_parser("run")
     r.add_argument("--cache", default=os.environ.get("TCTUNE_KERNEL_CACHE", ".rtcache"))

@@ -1,9 +1,14 @@
-"""Probe: do deeper pipelines (STAGES > 3) and wider split-K (8) pay on the batch-8 layers?
-
-Every best schedule of bench/data/conv_vs_cudnn.json (batch 8, int8 and fp16) is varied
-over STAGES x SPLIT_K x CHUNK, values outside today's space included (the space's knob
-tables are widened in this process only), then checked and timed with the kernels' harness
-next to cuDNN fp16 and an empty kernel (the harness's per-launch floor) in the same run.
+"""Probes of the batch-8 layers, each beside the best schedules of
+bench/data/conv_vs_cudnn.json, checked and timed with the kernels' harness next to cuDNN
+fp16 and an empty kernel (the harness's per-launch floor) in the same run:
+  --mode pipeline  do deeper pipelines (STAGES > 3) and wider split-K (8) pay? Each best
+                   schedule varied over STAGES x SPLIT_K x CHUNK, values outside today's
+                   space included (the knob tables are widened in this process only).
+  --mode dup       a sample of the duplicate-aware subspace.
+  --mode wgmma     a sample of the wgmma subspace (MMA=wgmma, sm_90a).
+  --mode variants  the fastest wgmma schedules of an earlier run (--from, --top) and a sample
+                   of the wgmma subspace with pipelines up to 8 stages deep, each built once per
+                   value of an experiment's define (--define NAME=0,1), outside the space.
 
     python -m bench.gpu.pipeline_probe prebuild --cache .cache/probe       # CPU
     python -m bench.gpu.pipeline_probe run --cache .cache/probe --out P.json  # GPU
@@ -24,24 +29,44 @@ from kernels.space import ScheduleSpace
 from kernels.spec import Precision, get_target
 
 STAGES = (2, 3, 4, 5, 6)
+WG_STAGES = (2, 3, 4, 6, 8)
 SPLIT_K = (1, 2, 4, 8)
 CHUNK = (2, 4, 8)
 
 
 def widen() -> None:
-    space.EXTRA_KNOBS["STAGES"] = tuple(sorted(set(space.EXTRA_KNOBS["STAGES"]) | set(STAGES)))
+    space.EXTRA_KNOBS["STAGES"] = tuple(sorted(set(space.EXTRA_KNOBS["STAGES"]) | set(STAGES)
+                                               | set(WG_STAGES)))
     space.EXTRA_KNOBS["SPLIT_K"] = tuple(sorted(set(space.EXTRA_KNOBS["SPLIT_K"]) | set(SPLIT_K)))
 
 
-def plan(mode: str = "pipeline", per_group: int = 60, seed: int = 0) -> list[dict[str, Any]]:
+def top_of(earlier: list[dict[str, Any]], layer: str, prec: str, k: int) -> list[dict[str, Any]]:
+    """The k fastest distinct wgmma schedules of (layer, precision) in an earlier run's rows."""
+    ok = sorted((r for r in earlier if r["layer"] == layer and r["precision"] == prec
+                 and r["status"] == "ok" and r["schedule"].get("MMA") == "wgmma"),
+                key=lambda r: r["median_us"])
+    out: list[dict[str, Any]] = []
+    for r in ok:
+        if r["schedule"] not in out:
+            out.append(r["schedule"])
+        if len(out) == k:
+            break
+    return out
+
+
+def plan(mode: str = "pipeline", per_group: int = 60, seed: int = 0,
+         values: tuple[int, ...] = (0,), earlier: list[dict[str, Any]] | None = None,
+         top: int = 0) -> list[dict[str, Any]]:
     """pipeline: the best schedules x STAGES x SPLIT_K x CHUNK. dup: a random sample of the
     duplicate-aware subspace (NHWC, STAGES 3-4, SPLIT_K 1-2) with >= 4 main-loop iterations
-    (fewer leave nothing to pipeline), plus each best schedule for reference."""
+    (fewer leave nothing to pipeline), plus each best schedule for reference. wgmma: a
+    random sample of the MMA=wgmma subspace, plus each best schedule."""
     import numpy as np
 
     from bench.conv_vs_cudnn import layer_shape
 
     widen()
+    earlier = earlier or []
     rng = np.random.default_rng(seed)
     rows = json.loads(Path("bench/data/conv_vs_cudnn.json").read_text())["rows"]
     target = get_target("h200")
@@ -51,13 +76,31 @@ def plan(mode: str = "pipeline", per_group: int = 60, seed: int = 0) -> list[dic
             continue
         shape = layer_shape(r["layer"], 8)
         prec = Precision(r["precision"])
-        if mode == "dup":
+        if mode == "variants":
+            for value in values:
+                items.append({"layer": r["layer"], "precision": prec.value, "base": True,
+                              "schedule": r["schedule"], "shape": shape.to_dict(),
+                              "variant": value})
+            sp = ScheduleSpace(shape, prec, target, {"MMA": ["wgmma"], "STAGES": WG_STAGES})
+            picks = [sp.schedule_at(int(i)) for i in rng.choice(
+                sp.valid_indices, size=min(per_group, len(sp.valid_indices)), replace=False)]
+            for sched in top_of(earlier, r["layer"], prec.value, top) + picks:
+                for value in values:
+                    items.append({"layer": r["layer"], "precision": prec.value, "base": False,
+                                  "schedule": sched, "shape": shape.to_dict(),
+                                  "variant": value})
+            continue
+        if mode in ("dup", "wgmma"):
             items.append({"layer": r["layer"], "precision": prec.value, "base": True,
                           "schedule": r["schedule"], "shape": shape.to_dict()})
-            sp = ScheduleSpace(shape, prec, target, {"DUP_AWARE": [1], "LAYOUT": ["nhwc"],
-                                                     "STAGES": [3, 4], "SPLIT_K": [1, 2]})
-            idx = sp.valid_indices
-            idx = idx[sp.geometry(idx).k_iters >= 4]
+            if mode == "dup":
+                sp = ScheduleSpace(shape, prec, target, {"DUP_AWARE": [1], "LAYOUT": ["nhwc"],
+                                                         "STAGES": [3, 4], "SPLIT_K": [1, 2]})
+                idx = sp.valid_indices
+                idx = idx[sp.geometry(idx).k_iters >= 4]
+            else:
+                sp = ScheduleSpace(shape, prec, target, {"MMA": ["wgmma"]})
+                idx = sp.valid_indices
             for i in rng.choice(idx, size=min(per_group, len(idx)), replace=False):
                 items.append({"layer": r["layer"], "precision": prec.value, "base": False,
                               "schedule": sp.schedule_at(int(i)), "shape": shape.to_dict()})
@@ -81,10 +124,24 @@ def job_of(it: dict[str, Any]) -> BuildJob:
 
 
 def cmd_prebuild(a: argparse.Namespace) -> int:
-    items = plan(a.mode, a.per_group)
-    res = build_many([job_of(it) for it in items], a.cache, a.workers)
-    for it, b in zip(items, res, strict=True):
-        it["key"], it["build"] = b.key, b.status
+    from bench.conv_vs_cudnn import read_json
+    from kernels import build
+
+    name, _, vals = (a.define or "X=0").partition("=")
+    values = tuple(int(v) for v in vals.split(","))
+    earlier = read_json(a.from_)["rows"] if a.from_ else []
+    items = plan(a.mode, a.per_group, values=values, earlier=earlier, top=a.top)
+    plain = build.nvrtc_options
+    for value in values:
+        # An experiment's define, outside the schedule space: added to the options (and so to
+        # the cache key) of this process's builds only.
+        build.nvrtc_options = (lambda d, sm, v=value: plain(d, sm) + [f"-D{name}={v}"]
+                               ) if a.define else plain
+        part = [it for it in items if it.get("variant", 0) == value]
+        res = build_many([job_of(it) for it in part], a.cache, a.workers)
+        for it, b in zip(part, res, strict=True):
+            it["key"], it["build"] = b.key, b.status
+    build.nvrtc_options = plain
     Path(a.cache).mkdir(parents=True, exist_ok=True)
     (Path(a.cache) / "probe_manifest.json").write_text(json.dumps(items))
     bad = [it for it in items if it["build"] != "ok"]
@@ -136,29 +193,41 @@ def cmd_run(a: argparse.Namespace) -> int:
               sum(r["status"] == "wrong" for r in rs), "cudnn_fp16",
               out["cudnn"][layer]["cudnn_fp16_us"])
         for r in top:
-            s = r["schedule"]
-            print(f"   {r['median_us']:.3f} us  STAGES={s['STAGES']} SPLIT_K={s['SPLIT_K']} "
-                  f"CHUNK={s['CHUNK']}")
+            short = " ".join(f"{k}={v}" for k, v in r["schedule"].items())
+            print(f"   {r['median_us']:.3f} us  {short} variant={r.get('variant', 0)}")
+        # Paired: the same schedule built with define values 0 and 1 (variants mode).
+        pairs: dict[str, dict[int, float]] = {}
+        for r in ok:
+            pairs.setdefault(json.dumps(r["schedule"], sort_keys=True), {})[
+                r.get("variant", 0)] = r["median_us"]
+        ratios = sorted(p[1] / p[0] for p in pairs.values() if 0 in p and 1 in p)
+        if ratios:
+            print(f"   variant 1 / 0, {len(ratios)} pairs: median "
+                  f"{ratios[len(ratios) // 2]:.3f}, best {ratios[0]:.3f}, worst {ratios[-1]:.3f}")
     return 0
 
 
 def cmd_profile(a: argparse.Namespace) -> int:
     """An ncu target: one checked launch of the fastest probed schedule of each precision of a
-    layer (from a finished run's --out), then cuDNN fp16 on the same layer."""
+    layer (from a finished run's --out; built here if the cache lacks it) and of the run's
+    base schedule, then cuDNN fp16 on the same layer."""
     import torch
     import torch.nn.functional as F
 
-    from bench.conv_vs_cudnn import layer_shape
+    from bench.conv_vs_cudnn import layer_shape, read_json
+    from kernels.build import build
     from kernels.runner import DeviceSession
 
-    rows = json.loads(Path(a.results).read_text())["rows"]
+    widen()  # the probed schedules may use knob values outside today's space
+    rows = read_json(a.results)["rows"]
     sess = DeviceSession()
     for prec in ("int8", "fp16"):
         ok = [r for r in rows if r["layer"] == a.layer and r["precision"] == prec
-              and r["status"] == "ok"]
-        r = min(ok, key=lambda r: r["median_us"])
-        print(prec, r["median_us"], r["schedule"],
-              sess.measure(a.cache, r["key"], time_it=False)["status"], flush=True)
+              and r["status"] == "ok" and not r.get("variant")]
+        for r in (min(ok, key=lambda r: r["median_us"]), next(r for r in ok if r["base"])):
+            key = build(job_of(r), a.cache).key
+            print(prec, r["median_us"], r["schedule"],
+                  sess.measure(a.cache, key, time_it=False)["status"], flush=True)
     shape = layer_shape(a.layer, 8)
     x = torch.randn(8, shape.c, shape.h, shape.w, device="cuda", dtype=torch.float16)
     w = torch.randn(shape.k, shape.c, 3, 3, device="cuda", dtype=torch.float16)
@@ -176,7 +245,11 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("prebuild")
     p.add_argument("--cache", required=True)
     p.add_argument("--workers", type=int, default=os.cpu_count())
-    p.add_argument("--mode", choices=("pipeline", "dup"), default="pipeline")
+    p.add_argument("--mode", choices=("pipeline", "dup", "wgmma", "variants"),
+                   default="pipeline")
+    p.add_argument("--define", default="", help="variants: NAME=0,1 (an experiment's define)")
+    p.add_argument("--from", dest="from_", default="", help="variants: an earlier --out JSON")
+    p.add_argument("--top", type=int, default=0, help="variants: its fastest K per group")
     p.add_argument("--per-group", type=int, default=60)
     p.set_defaults(fn=cmd_prebuild)
     p = sub.add_parser("run")
