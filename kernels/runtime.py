@@ -107,6 +107,40 @@ RECORDED_BESTS: dict[str, list[tuple[str, ConvShape, Schedule]]] = {
 }
 
 
+# The same layers' bests on the warpgroup path (MMA=wgmma, sm_90a: H100/H200, int8 and fp16),
+# measured on an NVIDIA H100 (bench/data/conv_vs_cudnn.json, 'tuned' rows at batch 8: a
+# sample of the wgmma and mma.sync subspaces plus local search, every winner wgmma). On sm_90
+# they come before the mma.sync bests.
+WGMMA_BESTS: dict[str, list[tuple[str, ConvShape, Schedule]]] = {
+    p: [(name, shape, {**sched, "MMA": "wgmma"}) for name, shape, sched in rows]
+    for p, rows in {
+        "int8": [
+            ("stage2", RESNET50_3X3["stage2"], _sched(1, 1, 2, 2, 2, 1, 0, 1, "nhwc", 4, 1)),
+            ("stage3", RESNET50_3X3["stage3"], _sched(1, 1, 1, 2, 4, 1, 0, 1, "nhwc", 4, 1)),
+            ("stage4", RESNET50_3X3["stage4"], _sched(1, 1, 1, 2, 4, 1, 0, 1, "nhwc", 6, 1)),
+            ("stage5", RESNET50_3X3["stage5"], _sched(1, 1, 1, 2, 4, 1, 0, 1, "nhwc", 8, 2)),
+        ],
+        "fp16": [
+            ("stage2", RESNET50_3X3["stage2"], _sched(2, 1, 1, 2, 4, 1, 0, 1, "nhwc", 4, 1)),
+            ("stage3", RESNET50_3X3["stage3"], _sched(1, 1, 1, 2, 4, 1, 0, 1, "nhwc", 4, 1)),
+            ("stage4", RESNET50_3X3["stage4"], _sched(1, 1, 1, 2, 4, 1, 0, 1, "nhwc", 8, 1)),
+            ("stage5", RESNET50_3X3["stage5"], _sched(2, 1, 1, 2, 4, 1, 0, 1, "nhwc", 8, 4)),
+        ],
+    }.items()
+}
+
+
+def recorded_bests(precision: Precision, target: Target, wgmma: bool = True
+                   ) -> list[tuple[str, str, ConvShape, Schedule]]:
+    """(instruction path, layer, shape, schedule) of the recorded bests a default may start
+    from on this target: the wgmma ones first where the target runs wgmma (and `wgmma`)."""
+    key = "int8" if precision.is_integer else "fp16"
+    rows = [("mma.sync", *row) for row in RECORDED_BESTS[key]]
+    if wgmma and target.sm == 90 and precision in (Precision.INT8, Precision.FP16):
+        rows = [("wgmma", *row) for row in WGMMA_BESTS[key]] + rows
+    return rows
+
+
 # The default for a layer that is none of the four: stage3's best. Over the other 19 conv
 # shapes of ResNet-50 (batch 8, H200, bench/data/resnet50_e2e.json) it ran at a geometric
 # mean of 1.09x (int8) / 1.20x (fp16) of each layer's searched best; the recorded best of
@@ -161,24 +195,30 @@ def schedule_fits(shape: ConvShape, precision: Precision, target: Target,
 
 
 def default_schedule(shape: ConvShape, precision: Precision | str, target: Target | str,
-                     epilogue: Epilogue = DEFAULT_EPILOGUE) -> tuple[Schedule, str]:
+                     epilogue: Epilogue = DEFAULT_EPILOGUE, wgmma: bool = True
+                     ) -> tuple[Schedule, str]:
     """A sound schedule for a layer nobody tuned, and where it came from.
 
-    The recorded best (H200, ResNet-50 3x3, batch 8) of the same layer, else stage3's (see
-    PREFERRED_DEFAULT), else that of the nearest GEMM shape, the first of them valid here;
-    if none is, the valid schedule that differs from the first in the fewest knobs.
+    On each instruction path in turn (wgmma first on sm_90 unless `wgmma` is False, then
+    mma.sync): the recorded best (ResNet-50 3x3, batch 8) of the same layer, else stage3's
+    (see PREFERRED_DEFAULT), else that of the nearest GEMM shape, the first of them valid
+    here; if none is, the valid schedule that differs from the first in the fewest knobs.
     """
     p = Precision(precision)
     t = get_target(target) if isinstance(target, str) else target
     epi = epilogue.resolved(p)
-    table = RECORDED_BESTS["int8" if p.is_integer else "fp16"]
-    ranked = sorted(table, key=lambda row: (row[1] != shape, row[0] != PREFERRED_DEFAULT,
-                                            _gemm_distance(row[1], shape)))
-    for name, _, sched in ranked:
+    rows = recorded_bests(p, t, wgmma)
+    paths = list(dict.fromkeys(path for path, *_ in rows))
+    ranked = sorted(rows, key=lambda row: (paths.index(row[0]), row[2] != shape,
+                                           row[1] != PREFERRED_DEFAULT,
+                                           _gemm_distance(row[2], shape)))
+    for path, name, _, sched in ranked:
         s = _adapt(sched, p, t)
         if schedule_fits(shape, p, t, s, epi) is None:
-            return s, f"recorded best of ResNet-50 {name} (H200, batch 8)"
-    name, _, sched = ranked[0]
+            gpu = "H100" if path == "wgmma" else "H200"
+            return s, f"recorded best of ResNet-50 {name} ({path}, {gpu}, batch 8)"
+    ranked = [row for row in ranked if row[0] == "mma.sync"]  # runs on every target
+    _, name, _, sched = ranked[0]
     pref = _adapt(sched, p, t)
     space = ScheduleSpace(shape, p, t)
     idx = space.valid_indices

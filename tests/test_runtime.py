@@ -27,6 +27,7 @@ from kernels import reference as ref
 from kernels.build import Epilogue
 from kernels.runtime import (
     RECORDED_BESTS,
+    WGMMA_BESTS,
     Conv2d,
     DefaultScheduleWarning,
     _sched,
@@ -95,12 +96,31 @@ def test_fallback_takes_the_nearest_valid_schedule(monkeypatch: pytest.MonkeyPat
     # 8x8 instruction tiles per warp need 256 accumulator registers: invalid everywhere.
     bad = _sched(4, 1, 8, 8, 2, 0, 0, 0, "nhwc", 3, 1)
     monkeypatch.setitem(RECORDED_BESTS, "int8", [("stage3", STAGE3, bad)])
+    monkeypatch.setitem(WGMMA_BESTS, "int8", [("stage3", STAGE3, {**bad, "MMA": "wgmma"})])
     target = get_target("h100")
     space = ScheduleSpace(STAGE3, Precision.INT8, target)
     assert not space.is_valid(bad)
     sched, src = default_schedule(STAGE3, "int8", target)
     assert space.is_valid(sched) and src.startswith("nearest valid")
     assert sum(sched[k] != bad[k] for k in bad) == int(src.split("(")[1].split()[0])
+
+
+@pytest.mark.parametrize("precision", ["int8", "fp16"])
+def test_sm90_defaults_start_from_the_wgmma_bests(precision: str) -> None:
+    h100, a100 = get_target("h100"), get_target("a100")
+    for name, shape in RESNET50_3X3.items():
+        sched, src = default_schedule(shape, precision, h100)
+        assert sched["MMA"] == "wgmma" and f"{name} (wgmma, H100" in src
+        assert sched == dict(next(s for n, _, s in WGMMA_BESTS[precision] if n == name))
+        sync, src = default_schedule(shape, precision, h100, wgmma=False)
+        assert sync.get("MMA", "sync") == "sync" and "mma.sync" in src
+        assert default_schedule(shape, precision, a100)[0].get("MMA", "sync") == "sync"
+    # A layer none of the four: stage3's wgmma best where it fits.
+    one_by_one = ConvShape(8, 28, 28, 512, 128, 1, 1)
+    sched, src = default_schedule(one_by_one, precision, h100)
+    assert sched["MMA"] == "wgmma" and "stage3 (wgmma" in src
+    # int4 has no wgmma path: its default stays on mma.sync.
+    assert default_schedule(STAGE3, "int4", h100)[0].get("MMA", "sync") == "sync"
 
 
 def test_default_respects_the_raw_accumulator_epilogue() -> None:

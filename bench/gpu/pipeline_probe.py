@@ -239,6 +239,25 @@ def cmd_profile(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_profile_table(a: argparse.Namespace) -> int:
+    """An ncu target: one checked launch of each batch-8 'tuned' schedule of a conv_vs_cudnn
+    table for the given layers and precision (built here if the cache lacks it)."""
+    from bench.conv_vs_cudnn import layer_shape, read_json
+    from kernels.build import build
+    from kernels.runner import DeviceSession
+
+    sess = DeviceSession()
+    for r in read_json(a.table)["rows"]:
+        if (r["layer"] in a.layers.split(",") and r["precision"] == a.precision
+                and r["n"] == 8 and r["variant"] == "tuned"):
+            job = BuildJob(layer_shape(r["layer"], 8), Precision(a.precision), 90,
+                           r["schedule"])
+            key = build(job, a.cache).key
+            print(r["layer"], r["tuned_us"], r["schedule"],
+                  sess.measure(a.cache, key, time_it=False)["status"], flush=True)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -261,6 +280,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--results", required=True)
     p.add_argument("--layer", default="stage3")
     p.set_defaults(fn=cmd_profile)
+    p = sub.add_parser("profile-table")
+    p.add_argument("--cache", required=True)
+    p.add_argument("--table", default="bench/data/conv_vs_cudnn.json")
+    p.add_argument("--layers", default="stage2,stage5")
+    p.add_argument("--precision", default="int8")
+    p.set_defaults(fn=cmd_profile_table)
     a = ap.parse_args(argv)
     return int(a.fn(a))
 
