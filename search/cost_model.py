@@ -13,6 +13,8 @@ margin, so transfer costs nothing per batch and the task's data corrects the pri
 
 from __future__ import annotations
 
+import copy
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -104,34 +106,74 @@ class CostModel:
             self.params["objective"] = "reg:squarederror"
         self.boosters: list[xgb.Booster] = []
 
-    def fit(self, rows: Rows, base_margin: np.ndarray | None = None) -> CostModel:
+    def _dmatrix(self, rows: Rows, base_margin: np.ndarray | None) -> xgb.DMatrix:
         order = np.argsort(rows.group, kind="stable")  # ranking needs rows sorted by group
         dm = xgb.DMatrix(rows.X[order], label=rows.y[order], nthread=NTHREAD,
                          base_margin=None if base_margin is None else base_margin[order])
         if self.loss == "rank":
             dm.set_group(np.bincount(rows.group[order])[np.unique(rows.group[order])])
+        return dm
+
+    def _bag_params(self, j: int) -> dict[str, object]:
         if self.bags == 1:
-            self.boosters = [xgb.train(self.params, dm, num_boost_round=self.rounds)]
-        else:
-            self.boosters = [
-                xgb.train({**self.params, "seed": self.seed * 1000 + j, "subsample": 0.8,
-                           "colsample_bytree": 0.8}, dm, num_boost_round=self.rounds)
-                for j in range(self.bags)]
+            return self.params
+        return {**self.params, "seed": self.seed * 1000 + j, "subsample": 0.8,
+                "colsample_bytree": 0.8}
+
+    def fit(self, rows: Rows, base_margin: np.ndarray | None = None) -> CostModel:
+        dm = self._dmatrix(rows, base_margin)
+        self.boosters = [xgb.train(self._bag_params(j), dm, num_boost_round=self.rounds)
+                         for j in range(self.bags)]
         return self
+
+    def extended(self, rows: Rows, base_margin: np.ndarray | None = None,
+                 rounds: int = 10) -> CostModel:
+        """A copy with every booster boosted by `rounds` more trees on these rows (the rows
+        it was trained on and more): the new trees fit what the model gets wrong now. This
+        model is left as it is."""
+        if not self.boosters:
+            raise RuntimeError("the cost model is not trained")
+        dm = self._dmatrix(rows, base_margin)
+        out = copy.copy(self)
+        # A seed of its own per booster and step: XGBoost reseeds its sampler only when the
+        # seed changes, so continuing with the stored one would sample from wherever the
+        # process's generator happens to be (not reproducible).
+        out.boosters = [xgb.train({**self._bag_params(j),
+                                   "seed": (int(self._bag_params(j)["seed"]) + 1) * 100_003
+                                   + b.num_boosted_rounds()},
+                                  dm, num_boost_round=rounds, xgb_model=b)
+                        for j, b in enumerate(self.boosters)]
+        return out
+
+    @property
+    def trees(self) -> int:
+        """Boosting rounds of each booster so far."""
+        return self.boosters[0].num_boosted_rounds() if self.boosters else 0
 
     def predict(self, X: np.ndarray, base_margin: np.ndarray | None = None) -> np.ndarray:
         """Higher is faster. Margins (the raw score), so a base model's margin adds up."""
         return self.predict_each(X, base_margin).mean(axis=0)
 
-    def predict_each(self, X: np.ndarray, base_margin: np.ndarray | None = None
-                     ) -> np.ndarray:
+    def predict_each(self, X: np.ndarray, base_margin: np.ndarray | None = None,
+                     since: int = 0) -> np.ndarray:
         """(boosters, rows) margins: each bag's own opinion (their spread is the model's
-        uncertainty, which the explorer can spend on exploration)."""
+        uncertainty, which the explorer can spend on exploration). since > 0: what the
+        trees from round `since` on add (no intercept), to update margins kept from then."""
         if not self.boosters:
             raise RuntimeError("the cost model is not trained")
-        out = np.vstack([np.asarray(b.inplace_predict(X, predict_type="margin"), np.float64)
-                         for b in self.boosters])
+        out = np.vstack([self._margin(b, X, since) for b in self.boosters])
         return out if base_margin is None else out + base_margin
+
+    @staticmethod
+    def _margin(b: xgb.Booster, X: np.ndarray, since: int) -> np.ndarray:
+        if since == 0:
+            return np.asarray(b.inplace_predict(X, predict_type="margin"), np.float64)
+        part = np.asarray(b.inplace_predict(X, predict_type="margin",
+                                            iteration_range=(since, b.num_boosted_rounds())),
+                          np.float64)
+        # A partial range's margin still carries the model's intercept once.
+        config = json.loads(b.save_config())["learner"]["learner_model_param"]
+        return part - float(str(config["base_score"]).strip("[]"))
 
 
 def pairwise_accuracy(pred: np.ndarray, truth: np.ndarray, max_pairs: int = 200_000,

@@ -24,6 +24,25 @@ from search.strategy import History, PriorTrial, Strategy, Trial
 # near it in practice, but the explorer's time budget must hold whatever the history is.
 MAX_TASK_ROWS = 20000
 
+# The task model's schedule with `refit` > 1 (diversity's default): trained from scratch at
+# trial counts that grow by that factor (32, 64, 96, 160, 256, ...: multiples of REFIT_STEP,
+# each at least `refit` x the one before), and in between boosted by `extend` more trees per
+# bag at every multiple of REFIT_STEP and at the count itself. Most proposals of a long job
+# then train and predict a tenth of the trees. Still a function of (trials, prior): the steps
+# at multiples of REFIT_STEP are cached, and a fresh instance redoes them.
+REFIT_STEP = 32
+
+
+def refit_point(n: int, growth: float) -> int:
+    """The last trial count <= n at which the task model is trained from scratch."""
+    f = REFIT_STEP
+    while True:
+        nxt = max(f + REFIT_STEP, -(-int(np.ceil(f * growth)) // REFIT_STEP) * REFIT_STEP)
+        if nxt > n:
+            return f
+        f = nxt
+
+
 # Base models trained on a prior, shared by every strategy instance in the process:
 # (target, precision, loss, fingerprint) -> model. Small: one entry per live target.
 _PRIOR_CACHE: dict[tuple[Any, ...], CostModel] = {}
@@ -47,6 +66,10 @@ class ModelBasedStrategy(Strategy):
         self.rounds = int(options.get("rounds", 100))
         self.max_depth = int(options.get("max_depth", 4))
         self.bags = int(options.get("bags", 1))
+        # <= 1: retrain the task model from scratch for every proposal (AutoTVM's way).
+        self.refit = float(options.get("refit", 1))
+        self.extend_rounds = int(options.get("extend", 10))
+        self._chain: dict[str, Any] | None = None
         self.anneal_cfg = AnnealConfig(
             walkers=int(options.get("walkers", 128)), iters=int(options.get("iters", 500)),
             early_stop=int(options.get("early_stop", 50)),
@@ -115,30 +138,13 @@ class ModelBasedStrategy(Strategy):
         trials and the prior; None when there is nothing to learn from yet."""
         base = self.prior_scores(prior, prior_fp)
         bag_scores = None
-        ok = np.array([t.status == "ok" and t.median_us is not None for t in trials], bool)
         own = None
-        if len(trials) and ok.any():
-            idx = np.array([t.index for t in trials], dtype=np.int64)
-            lat = np.array([t.median_us if t.median_us is not None else np.inf
-                            for t in trials])
-            if len(idx) > MAX_TASK_ROWS:
-                keep = np.sort(np.random.default_rng(self.seed).choice(
-                    len(idx), MAX_TASK_ROWS, replace=False))
-                idx, lat, ok = idx[keep], lat[keep], ok[keep]
-            # Trials outside today's valid space (the space changed since) cannot be rows.
-            inside = np.isin(idx, self.space.valid_indices)
-            idx, lat, ok = idx[inside], lat[inside], ok[inside]
-            if ok.any():
-                X = self.features[self.rows_of(idx)]
-                y = normalized_throughput(lat, ok)
-                # The task's own model is bagged (its data are few); the prior's is not.
-                model = self._new_model(self.bags)
-                margin = None if base is None else base[0][self.rows_of(idx)]
-                model.fit(Rows(X, y, np.zeros(len(y), dtype=np.int64)), base_margin=margin)
-                each = model.predict_each(self.features,
-                                          base_margin=None if base is None else base[0])
-                own = each.mean(axis=0)
-                bag_scores = each if len(each) > 1 else None
+        each = self.task_margins(trials, base)
+        if each is not None:
+            if base is not None:
+                each = each + base[0]
+            own = each.mean(axis=0)
+            bag_scores = each if len(each) > 1 else None
         scores = own if own is not None else (None if base is None else base[0])
         if scores is None:
             return None
@@ -149,6 +155,70 @@ class ModelBasedStrategy(Strategy):
         # strategies that explore where the bags disagree; None with a single booster.
         self.bag_scores = bag_scores
         return table
+
+    def task_rows(self, trials: Sequence[Trial], base: tuple[np.ndarray, CostModel] | None
+                  ) -> tuple[Rows, np.ndarray | None] | None:
+        """The task model's training rows (and their base margins) from these trials; None
+        when none of them is a measured schedule of today's space."""
+        ok = np.array([t.status == "ok" and t.median_us is not None for t in trials], bool)
+        if not len(trials) or not ok.any():
+            return None
+        idx = np.array([t.index for t in trials], dtype=np.int64)
+        lat = np.array([t.median_us if t.median_us is not None else np.inf for t in trials])
+        if len(idx) > MAX_TASK_ROWS:
+            keep = np.sort(np.random.default_rng(self.seed).choice(
+                len(idx), MAX_TASK_ROWS, replace=False))
+            idx, lat, ok = idx[keep], lat[keep], ok[keep]
+        # Trials outside today's valid space (the space changed since) cannot be rows.
+        inside = np.isin(idx, self.space.valid_indices)
+        idx, lat, ok = idx[inside], lat[inside], ok[inside]
+        if not ok.any():
+            return None
+        rows = self.rows_of(idx)
+        y = normalized_throughput(lat, ok)
+        return (Rows(self.features[rows], y, np.zeros(len(y), dtype=np.int64)),
+                None if base is None else base[0][rows])
+
+    def task_margins(self, trials: Sequence[Trial],
+                     base: tuple[np.ndarray, CostModel] | None) -> np.ndarray | None:
+        """(bags, valid schedules) margins of the task's own model, trained on these trials
+        on top of the base (not included); None with nothing to learn from."""
+        n = len(trials)
+        if self.refit <= 1 or n < REFIT_STEP:
+            data = self.task_rows(trials, base)
+            if data is None:
+                return None
+            # The task's own model is bagged (its data are few); the prior's is not.
+            return self._new_model(self.bags).fit(*data).predict_each(self.features)
+        start = refit_point(n, self.refit)
+        last = start + (n - start) // REFIT_STEP * REFIT_STEP
+        base_id = None if base is None or self._prior_table is None else self._prior_table[0]
+
+        def sig(k: int) -> int:
+            return hash(tuple((t.index, t.status, t.median_us) for t in trials[:k]))
+
+        c = self._chain
+        if not (c and c["base"] == base_id and c["start"] == start
+                and c["upto"] <= last and c["sig"] == sig(c["upto"])):
+            data = self.task_rows(trials[:start], base)
+            if data is None:  # nothing measured at the refit point: no chain yet
+                self._chain = None
+                data = self.task_rows(trials, base)
+                return None if data is None else \
+                    self._new_model(self.bags).fit(*data).predict_each(self.features)
+            model = self._new_model(self.bags).fit(*data)
+            c = {"base": base_id, "start": start, "upto": start, "model": model,
+                 "each": model.predict_each(self.features)}
+        model, each, upto = c["model"], c["each"], c["upto"]
+        for k in [*range(upto + REFIT_STEP, last + 1, REFIT_STEP), *([n] if n > last else [])]:
+            since = model.trees
+            model = model.extended(*self.task_rows(trials[:k], base),  # type: ignore[misc]
+                                   rounds=self.extend_rounds)
+            each = each + model.predict_each(self.features, since=since)
+            if k <= last:
+                c = {**c, "upto": k, "model": model, "each": each}
+        self._chain = {**c, "sig": sig(c["upto"])}
+        return each
 
     # --- what the model thinks, for people ------------------------------------------------
     def describe(self, history: History, picks: Sequence[int]

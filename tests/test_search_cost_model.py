@@ -96,3 +96,26 @@ def test_base_margin_adds_a_prior_models_scores() -> None:
     base = np.linspace(-1, 1, len(v))
     m = CostModel("reg", rounds=5).fit(Rows(X, y, np.zeros(len(v), np.int64)), base_margin=base)
     np.testing.assert_allclose(m.predict(X, base_margin=base) - m.predict(X), base, atol=1e-5)
+
+
+@pytest.mark.parametrize("bags", [1, 5])
+def test_extended_model_margins_are_the_old_ones_plus_the_new_trees(bags: int) -> None:
+    ds = load_dataset(REPLAY / "sim_stage4_fp16_h100_paper6.jsonl.gz")
+    v = ds.space.valid_indices
+    X = space_features(ds.space, v)
+    y = ds.throughput(v)
+    base = np.linspace(-1, 1, len(v))
+
+    def rows(k: int) -> Rows:
+        return Rows(X[:k], y[:k], np.zeros(k, np.int64))
+
+    old = CostModel("reg", rounds=20, bags=bags, seed=3).fit(rows(64), base_margin=base[:64])
+    new = old.extended(rows(200), base_margin=base[:200], rounds=7)
+    assert (old.trees, new.trees) == (20, 27)  # the old model is left as it was
+    np.testing.assert_allclose(
+        old.predict_each(X) + new.predict_each(X, since=old.trees), new.predict_each(X),
+        atol=1e-4)
+    # The new trees learned from the new rows: the error there shrinks.
+    err = [np.abs(m.predict(X[64:200], base_margin=base[64:200]) - y[64:200]).mean()
+           for m in (old, new)]
+    assert err[1] < err[0]

@@ -205,3 +205,26 @@ def test_diversity_batch_starts_with_the_mean_best_then_each_bag_best(
     assert top[0] != batch[0] or set(top) != set(batch)
     with pytest.raises(ValueError, match="unknown pick"):
         make_strategy("diversity", ds.space, pick="nope")
+
+
+def test_diversity_task_model_is_a_function_of_the_trials(ds: ReplayDataset) -> None:
+    """Trained from scratch at 32, 64, 96, 160 trials, boosted in between: a strategy that
+    proposed along the way and a fresh one (the explorer after a restart) agree."""
+    from search.model_based import refit_point
+
+    assert [refit_point(n, 1.5) for n in (32, 63, 64, 95, 96, 159, 160, 255, 256)] == \
+        [32, 32, 64, 64, 96, 96, 160, 160, 256]
+    trials = _history(ds, 200, pending=0, seed=2).trials
+    live = make_strategy("diversity", ds.space, seed=5, **FAST)
+    for n in (32, 64, 100, 128, 150):
+        live.propose(History(trials=trials[:n]), 32)
+    assert live._chain["start"] == 96 and live._chain["upto"] == 128  # type: ignore[attr-defined]
+    assert live._chain["model"].trees == FAST["rounds"] + 10  # type: ignore[attr-defined]
+    h = History(trials=trials[:190])
+    fresh = make_strategy("diversity", ds.space, seed=5, **FAST)
+    assert live.propose(h, 32) == fresh.propose(h, 32)
+    np.testing.assert_array_equal(live.score_table(h.trials), fresh.score_table(h.trials))
+    # refit=1: trained from scratch every time, as sa and the paper's configuration do.
+    every = make_strategy("diversity", ds.space, seed=5, refit=1, **FAST)
+    assert every.score_table(h.trials) is not None and every._chain is None  # type: ignore
+    assert not np.array_equal(every.score_table(h.trials), fresh.score_table(h.trials))
