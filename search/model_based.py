@@ -179,17 +179,20 @@ class ModelBasedStrategy(Strategy):
         return (Rows(self.features[rows], y, np.zeros(len(y), dtype=np.int64)),
                 None if base is None else base[0][rows])
 
+    def _fit_task(self, trials: Sequence[Trial], base: tuple[np.ndarray, CostModel] | None
+                  ) -> CostModel | None:
+        data = self.task_rows(trials, base)
+        # The task's own model is bagged (its data are few); the prior's is not.
+        return None if data is None else self._new_model(self.bags).fit(*data)
+
     def task_margins(self, trials: Sequence[Trial],
                      base: tuple[np.ndarray, CostModel] | None) -> np.ndarray | None:
         """(bags, valid schedules) margins of the task's own model, trained on these trials
         on top of the base (not included); None with nothing to learn from."""
         n = len(trials)
         if self.refit <= 1 or n < REFIT_STEP:
-            data = self.task_rows(trials, base)
-            if data is None:
-                return None
-            # The task's own model is bagged (its data are few); the prior's is not.
-            return self._new_model(self.bags).fit(*data).predict_each(self.features)
+            model = self._fit_task(trials, base)
+            return None if model is None else model.predict_each(self.features)
         start = refit_point(n, self.refit)
         last = start + (n - start) // REFIT_STEP * REFIT_STEP
         base_id = None if base is None or self._prior_table is None else self._prior_table[0]
@@ -200,13 +203,11 @@ class ModelBasedStrategy(Strategy):
         c = self._chain
         if not (c and c["base"] == base_id and c["start"] == start
                 and c["upto"] <= last and c["sig"] == sig(c["upto"])):
-            data = self.task_rows(trials[:start], base)
-            if data is None:  # nothing measured at the refit point: no chain yet
+            model = self._fit_task(trials[:start], base)
+            if model is None:  # nothing measured by the refit point: no chain yet
                 self._chain = None
-                data = self.task_rows(trials, base)
-                return None if data is None else \
-                    self._new_model(self.bags).fit(*data).predict_each(self.features)
-            model = self._new_model(self.bags).fit(*data)
+                model = self._fit_task(trials, base)
+                return None if model is None else model.predict_each(self.features)
             c = {"base": base_id, "start": start, "upto": start, "model": model,
                  "each": model.predict_each(self.features)}
         model, each, upto = c["model"], c["each"], c["upto"]
