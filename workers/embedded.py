@@ -32,9 +32,24 @@ HEARTBEAT_S = 5.0
 _child_settings: Settings | None = None
 
 
-def _init_child(settings_json: str) -> None:
+# How often a pool child checks that the service that started it is still there.
+PARENT_CHECK_S = 1.0
+
+
+def _init_child(settings_json: str, parent_pid: int | None = None) -> None:
     global _child_settings
     _child_settings = Settings.model_validate_json(settings_json)
+    if parent_pid is not None:
+        threading.Thread(target=_exit_with_parent, args=(parent_pid,), daemon=True,
+                         name="parent-watch").start()
+
+
+def _exit_with_parent(parent_pid: int) -> None:
+    """A pool child blocks on its task queue even after the service is gone (SIGKILL, OOM):
+    it would keep its GPU context and database connections forever. Exit once re-parented."""
+    while os.getppid() == parent_pid:
+        time.sleep(PARENT_CHECK_S)
+    os._exit(1)
 
 
 def child_build(candidate_id: int) -> int:
@@ -90,7 +105,8 @@ class EmbeddedDispatcher:
             # spawn, not fork: this process runs threads (uvicorn, this dispatcher).
             self._pools[stage] = ProcessPoolExecutor(
                 max_workers=max(1, n), mp_context=mp.get_context("spawn"),
-                initializer=_init_child, initargs=(self.settings.model_dump_json(),))
+                initializer=_init_child,
+                initargs=(self.settings.model_dump_json(), os.getpid()))
         return self._pools[stage]
 
     def _submit(self, stage: str, candidate_id: int, job_id: int) -> None:
