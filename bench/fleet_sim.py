@@ -17,12 +17,9 @@ explorer, builder, PostgreSQL, ...), from /proc over the same window.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import re
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -36,20 +33,13 @@ import numpy as np
 from sqlalchemy import create_engine, text
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "bench"))
+
+from _procs import free_port, kill, start, stop_all, wait_http  # noqa: E402
+
 PG_ADMIN = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 LAYERS = [  # ResNet-50's 3x3 layers
     (56, 64), (28, 128), (14, 256), (7, 512)]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def start(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(argv, cwd=REPO, env=env, stdout=open(log, "wb"),  # noqa: SIM115
-                            stderr=subprocess.STDOUT, start_new_session=True)
 
 
 TICK = os.sysconf("SC_CLK_TCK")
@@ -172,13 +162,8 @@ def main() -> int:
             roles[procs[-1].pid] = "workers"
             left -= n
         api = f"http://127.0.0.1:{api_port}"
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{api}/healthz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.5)
+        wait_http(f"{api}/healthz", procs[1], timeout=60, log=tmp / "api.log",
+                  what="tctune serve")
         for j in range(args.jobs):
             hw, c = LAYERS[j % len(LAYERS)]
             n = 2 ** (j // len(LAYERS) // 2 % 8)  # batch 1..128
@@ -236,13 +221,9 @@ def main() -> int:
             Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
         return 0
     finally:
-        for p in procs:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(p.pid, signal.SIGTERM)
-        time.sleep(3)
-        for p in procs:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(p.pid, signal.SIGKILL)
+        stop_all(procs, timeout=3)
+        for p in procs:  # what a leader left behind in its group (pool children)
+            kill(p)
         with admin.connect() as c:
             c.execute(text(f'DROP DATABASE IF EXISTS "{db_name}" WITH (FORCE)'))
         print(f"logs in {tmp}", file=sys.stderr)
