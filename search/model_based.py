@@ -222,11 +222,31 @@ class ModelBasedStrategy(Strategy):
         return each
 
     # --- what the model thinks, for people ------------------------------------------------
+    def predicted_latency(self, history: History, picks: Sequence[int]
+                          ) -> tuple[dict[int, float], int]:
+        """The last proposal's score of each pick mapped to microseconds by a log-linear fit
+        on this task's measured schedules, and how many measurements the fit used (0: too
+        few to fit, no predictions)."""
+        table = getattr(self, "_last_table", None)
+        if table is None:
+            return {}, 0
+        ok = [(t.index, t.median_us) for t in history.trials
+              if t.status == "ok" and t.median_us and np.isfinite(table[t.index])]
+        if len(ok) < 3:
+            return {}, 0
+        x = np.array([table[i] for i, _ in ok])
+        y = np.log(np.array([us for _, us in ok]))
+        if np.ptp(x) == 0:
+            return {}, 0
+        a, b = np.polyfit(x, y, 1)
+        return ({int(i): round(float(np.exp(a * table[i] + b)), 3) for i in picks
+                 if np.isfinite(table[i])}, len(ok))
+
     def describe(self, history: History, picks: Sequence[int]
                  ) -> tuple[dict[int, float], dict[str, Any] | None]:
-        """After a proposal: the model's predicted latency of each pick (its score mapped to
-        microseconds by a log-linear fit on this task's measured schedules) and each knob's
-        importance (how far the model's mean score moves across the knob's values)."""
+        """After a proposal: the model's predicted latency of each pick (`predicted_latency`)
+        and each knob's importance (how far the model's mean score moves across the knob's
+        values)."""
         table = getattr(self, "_last_table", None)
         if table is None:
             return {}, None
@@ -242,18 +262,9 @@ class ModelBasedStrategy(Strategy):
             "knob_importance": {k: round(v / total, 4) for k, v in spread.items()},
             "model": f"xgboost {self.loss}", "trained_on": len(history.trials),
             "prior": len(history.prior)}
-        ok = [(t.index, t.median_us) for t in history.trials
-              if t.status == "ok" and t.median_us and np.isfinite(table[t.index])]
-        if len(ok) < 3:
-            return {}, insight
-        x = np.array([table[i] for i, _ in ok])
-        y = np.log(np.array([us for _, us in ok]))
-        if np.ptp(x) == 0:
-            return {}, insight
-        a, b = np.polyfit(x, y, 1)
-        preds = {int(i): round(float(np.exp(a * table[i] + b)), 3) for i in picks
-                 if np.isfinite(table[i])}
-        insight["calibration_points"] = len(ok)
+        preds, points = self.predicted_latency(history, picks)
+        if points:
+            insight["calibration_points"] = points
         return preds, insight
 
     # --- filling a batch -----------------------------------------------------------------

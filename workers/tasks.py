@@ -16,8 +16,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import numpy as np
-
 from kernels.space import ScheduleSpace
 from kernels.spec import ConvShape, Precision, get_target
 from store import hotpath as hp
@@ -188,7 +186,7 @@ _insight_at: OrderedDict[int, float] = OrderedDict()
 def describe_round(strategy: Any, job_id: int, history: Any, picks: Sequence[int],
                    now: float | None = None) -> tuple[dict[int, float], dict[str, Any] | None]:
     """(predicted latency per pick, insight or None) after a proposal: the strategy's own
-    `describe` when the job's insight is due, else only the predictions."""
+    `describe` when the job's insight is due, else only its predictions."""
     describe = getattr(strategy, "describe", None)
     if describe is None:
         return {}, None
@@ -199,26 +197,7 @@ def describe_round(strategy: Any, job_id: int, history: Any, picks: Sequence[int
         while len(_insight_at) > 4096:
             _insight_at.popitem(last=False)
         return describe(history, picks)  # type: ignore[no-any-return]
-    return predicted_latency(getattr(strategy, "_last_table", None), history, picks), None
-
-
-def predicted_latency(table: Any, history: Any, picks: Sequence[int]) -> dict[int, float]:
-    """The model's score of each pick mapped to microseconds by a log-linear fit on the
-    task's measured schedules: what ModelBasedStrategy.describe computes, without the
-    knob importance (it must stay the same numbers: tested against describe)."""
-    if table is None:
-        return {}
-    ok = [(t.index, t.median_us) for t in history.trials
-          if t.status == "ok" and t.median_us and np.isfinite(table[t.index])]
-    if len(ok) < 3:
-        return {}
-    x = np.array([table[i] for i, _ in ok])
-    y = np.log(np.array([us for _, us in ok]))
-    if np.ptp(x) == 0:
-        return {}
-    a, b = np.polyfit(x, y, 1)
-    return {int(i): round(float(np.exp(a * table[i] + b)), 3) for i in picks
-            if np.isfinite(table[i])}
+    return strategy.predicted_latency(history, picks)[0], None
 
 
 def pending_indices(space: ScheduleSpace, schedules: Sequence[dict[str, Any]]) -> set[int]:
