@@ -24,6 +24,7 @@ import numpy as np
 from kernels.space import (
     NHWCNC_BATCH_BLOCK,
     WGMMA_N_PER_TILE,
+    Geometry,
     channel_vector,
     geometry,
     int4_via_s8,
@@ -133,6 +134,16 @@ def _target_for_sm(sm: int) -> Target:
                   base.peak_tops)
 
 
+def _job_geometry(job: BuildJob, int4_s8: bool) -> tuple[dict[str, Any], Geometry]:
+    """The job's schedule (later knobs at their defaults) and its tile geometry."""
+    p = Precision(job.precision)
+    sched = with_defaults(p, job.schedule)
+    cols = {k: np.array([v], dtype=object if isinstance(v, str) else np.int64)
+            for k, v in sched.items()}
+    return sched, geometry(job.shape, p, _target_for_sm(job.sm), cols,
+                           out_bits=job.epilogue.resolved(p).out_bits(p), int4_s8=int4_s8)
+
+
 def defines(job: BuildJob) -> dict[str, int]:
     """Every -D of a build. Values are integers taken from the enumerated space only."""
     p = Precision(job.precision)
@@ -144,11 +155,7 @@ def defines(job: BuildJob) -> dict[str, int]:
     s8 = int4_via_s8(p, job.sm) if job.int4_s8 is None else bool(job.int4_s8)
     if s8 and not (p is Precision.INT4 and job.sm >= 80):
         raise ValueError("int4_s8 applies to int4 on sm_80+ only")
-    target = _target_for_sm(job.sm)
-    sched = with_defaults(p, job.schedule)
-    cols = {k: np.array([v], dtype=object if isinstance(v, str) else np.int64)
-            for k, v in sched.items()}
-    g = geometry(sh, p, target, cols, out_bits=epi.out_bits(p), int4_s8=s8)
+    sched, g = _job_geometry(job, s8)
     d: dict[str, int] = {
         "TC_PREC": PRECISION_CODE[p.value], "TC_SM": int(job.sm), "TC_INT4_S8": int(s8),
         "TC_N": sh.n, "TC_H": sh.h, "TC_W": sh.w, "TC_C": padded_channels(sh, p),
@@ -234,12 +241,8 @@ def launch_meta(job: BuildJob, d: Mapping[str, int]) -> dict[str, Any]:
     """What the runner needs to allocate, lay out and launch this build."""
     p = Precision(job.precision)
     sh = job.shape
-    s = with_defaults(p, job.schedule)
     epi = job.epilogue.resolved(p)
-    cols = {k: np.array([v], dtype=object if isinstance(v, str) else np.int64)
-            for k, v in s.items()}
-    g = geometry(sh, p, _target_for_sm(job.sm), cols, out_bits=epi.out_bits(p),
-                 int4_s8=bool(d["TC_INT4_S8"]))
+    s, g = _job_geometry(job, bool(d["TC_INT4_S8"]))
     threads = int(g.threads[0])
     tiles = (-(-sh.gemm_m // int(g.block_m[0]))) * (-(-sh.gemm_n // int(g.block_n[0])))
     # Split-K partials: one accumulator set per thread (fp32_tc's sets are combined first).
