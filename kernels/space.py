@@ -53,6 +53,8 @@ EXTRA_KNOBS: dict[str, tuple[Any, ...]] = {
 # was: a schedule that does not name such a knob means that value, and hashes as if the knob
 # were absent, so stored schedules, measurements and their hashes keep their meaning.
 KNOB_DEFAULTS: dict[str, Any] = {"MMA": "sync"}
+# Each default is its knob's first value (tested): recorded datasets and stored prior
+# schedules that predate a knob read it as its first value (search/datasets.py, features.py).
 FP32_TC_KNOBS: dict[str, tuple[Any, ...]] = {
     "SPLIT": ("scaled3", "binomial4", "karatsuba"),
 }
