@@ -15,20 +15,17 @@ import glob
 import json
 import sys
 import time
-from multiprocessing import Pool
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from search import cost_model  # noqa: E402
-from search.datasets import load_dataset  # noqa: E402
-from search.replay import run_one, trials_to  # noqa: E402
+from search.replay import init_worker, run_unit, trials_to  # noqa: E402
 
 TRIALS, SEEDS = 500, 10
-SCHEDULES: dict[str, dict[str, Any]] = {"refit=1.5": {"refit": 1.5}, "refit=1": {"refit": 1}}
+SCHEDULES = ("diversity:refit=1.5", "diversity:refit=1")
 
 
 def files() -> list[str]:
@@ -36,25 +33,25 @@ def files() -> list[str]:
         sorted(glob.glob("bench/data/replay_dev/*wide*.jsonl.gz"))
 
 
-def unit(job: tuple[str, str, int]) -> tuple[str, str, np.ndarray, float]:
-    path, schedule, seed = job
-    cost_model.NTHREAD = 1
-    ds = load_dataset(path)
+def unit(d: int, spec: str, seed: int) -> tuple[np.ndarray, float]:
+    """One replay in a worker of search.replay's pool, and its CPU seconds."""
     t = time.process_time()
-    curve = run_one(ds, "diversity", seed, TRIALS, (), options=SCHEDULES[schedule])
-    return path, schedule, curve, time.process_time() - t
+    curve = run_unit(d, spec, seed, TRIALS)
+    return curve, time.process_time() - t
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="bench/data/search_refit_long.json")
     args = ap.parse_args()
-    jobs = [(f, s, seed) for f in files() for s in SCHEDULES for seed in range(SEEDS)]
-    with Pool(2) as pool:
-        res = pool.map(unit, jobs, chunksize=1)
+    paths = files()
+    jobs = [(d, s, seed) for d in range(len(paths)) for s in SCHEDULES for seed in range(SEEDS)]
+    # One XGBoost thread per worker, the datasets loaded once per worker (as the replay does).
+    with ProcessPoolExecutor(2, initializer=init_worker, initargs=(paths, None, 1)) as pool:
+        res = list(pool.map(unit, *zip(*jobs, strict=True)))
     runs: dict[tuple[str, str], list[tuple[np.ndarray, float]]] = {}
-    for path, schedule, curve, cpu in res:
-        runs.setdefault((path, schedule), []).append((curve, cpu))
+    for (d, spec, _), (curve, cpu) in zip(jobs, res, strict=True):
+        runs.setdefault((paths[d], spec.split(":", 1)[1]), []).append((curve, cpu))
     rows = []
     for (path, schedule), v in runs.items():
         curves = np.array([c for c, _ in v])

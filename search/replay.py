@@ -146,8 +146,9 @@ _DATASETS: list[ReplayDataset] = []
 _PRIORS: dict[tuple[int, str], list[PriorTrial]] = {}
 
 
-def _init_worker(paths: Sequence[str], loaded: Sequence[ReplayDataset] | None = None,
-                 nthread: int | None = None) -> None:
+def init_worker(paths: Sequence[str], loaded: Sequence[ReplayDataset] | None = None,
+                nthread: int | None = None) -> None:
+    """A replay process's datasets (loaded here unless given) and XGBoost threads."""
     _DATASETS[:] = list(loaded) if loaded is not None else [load_dataset(p) for p in paths]
     if nthread is not None:
         # Worker processes share the cores: one XGBoost thread each (results are the same).
@@ -155,7 +156,8 @@ def _init_worker(paths: Sequence[str], loaded: Sequence[ReplayDataset] | None = 
     _PRIORS.clear()
 
 
-def _run_unit(d: int, spec: str, seed: int, trials: int) -> np.ndarray:
+def run_unit(d: int, spec: str, seed: int, trials: int) -> np.ndarray:
+    """One replay of `spec` (NAME[+transfer][:key=value...]) on the worker's dataset d."""
     name, options, transfer = parse_strategy(spec)
     prior: list[PriorTrial] = []
     if transfer:
@@ -208,9 +210,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.jobs > 1:
             # Runs are independent; worker processes load the datasets themselves.
             nthread = max(1, (os.cpu_count() or 1) // args.jobs)
-            with ProcessPoolExecutor(args.jobs, initializer=_init_worker,
+            with ProcessPoolExecutor(args.jobs, initializer=init_worker,
                                      initargs=(paths, None, nthread)) as pool:
-                futures = {pool.submit(_run_unit, d, s, seed, args.trials): (d, s, seed)
+                futures = {pool.submit(run_unit, d, s, seed, args.trials): (d, s, seed)
                            for d, s, seed in units}
                 for fut in as_completed(futures):
                     d, s, seed = futures[fut]
@@ -218,10 +220,10 @@ def main(argv: list[str] | None = None) -> int:
                     progress.update(job, advance=1,
                                     description=f"{datasets[d].name} {s} seed {seed}")
         else:
-            _init_worker(paths, datasets)
+            init_worker(paths, datasets)
             for d, s, seed in units:
                 progress.update(job, description=f"{datasets[d].name} {s} seed {seed}")
-                results[(d, s, seed)] = _run_unit(d, s, seed, args.trials)
+                results[(d, s, seed)] = run_unit(d, s, seed, args.trials)
                 progress.advance(job)
 
     for d, ds in enumerate(datasets):
