@@ -291,6 +291,7 @@ def add_candidates(session: Session, job_id: int, task_id: int,
 
 
 def next_round(session: Session, job_id: int) -> int:
+    """The job's next round number: its highest so far + 1."""
     return int(session.scalar(
         select(func.coalesce(func.max(C.round), 0)).where(C.job_id == job_id)) or 0) + 1
 
@@ -412,11 +413,6 @@ class OpenRow:
     round: int
     schedule: dict[str, Any]
     dispatched: bool
-
-
-def open_of_job(session: Session, job_id: int) -> list[OpenRow]:
-    """The job's open candidates (few: at most its rounds in flight)."""
-    return open_and_measured(session, job_id)[0]
 
 
 _ONE = select(literal(1).label("one")).subquery()

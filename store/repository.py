@@ -184,12 +184,6 @@ def open_candidates(session: Session, job_id: int) -> Sequence[Candidate]:
     ).all()
 
 
-def next_round(session: Session, job_id: int) -> int:
-    return int(session.scalar(
-        select(func.coalesce(func.max(Candidate.round), 0)).where(Candidate.job_id == job_id)
-    ) or 0) + 1
-
-
 def add_candidates(session: Session, job: Job, schedules: Iterable[dict[str, Any]],
                    round_no: int, predicted_us: Sequence[float | None] | None = None) -> list[int]:
     """Insert proposals (ignoring any the job already has) and return the new ids."""
