@@ -250,9 +250,11 @@ def cmd_search(a: argparse.Namespace) -> int:
     rng = np.random.default_rng(a.seed)
     rows: list[dict[str, Any]] = []
     final: list[dict[str, Any]] = []
-    groups = [(layer, n, prec) for layer in RESNET50_3X3 for n in BATCHES
+    batches = [int(b) for b in a.batches.split(",")]
+    groups = [(layer, n, prec) for layer in RESNET50_3X3 for n in batches
               for prec in (Precision.INT8, Precision.FP16)]
-    groups += [(layer, 8, Precision.INT4) for layer in RESNET50_3X3]
+    if a.int4:
+        groups += [(layer, 8, Precision.INT4) for layer in RESNET50_3X3]
     outdir = Path(a.out_dir)
     outdir.mkdir(parents=True, exist_ok=True)
 
@@ -488,6 +490,8 @@ def main(argv: list[str] | None = None) -> int:
     a4.add_argument("--rounds", type=int, default=2)
     a4.add_argument("--top", type=int, default=3)
     a4.add_argument("--seed", type=int, default=4)
+    a4.add_argument("--batches", default=",".join(map(str, BATCHES)))
+    a4.add_argument("--no-int4", dest="int4", action="store_false")
     a3 = sub.add_parser("table")
     a3.add_argument("--phase1", default="")
     a3.add_argument("--selections", nargs="+", required=True)

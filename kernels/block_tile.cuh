@@ -36,18 +36,24 @@ constexpr int RB = 4;
 constexpr bool INCR = !DUP && !REGPATH && !F32TC && A_PRE && B_IT <= 8 && R * S <= 32 &&
                       THREADS % (8 * VPR) == 0;
 constexpr int RPP = THREADS / VPR;
+static_assert((NIT + SPLITK - 1) / SPLITK == TC_K_ITERS,
+              "kernels/space.py:geometry's k_iters must equal the kernel's stages per block");
 }  // namespace cfg
 
 __device__ __forceinline__ int swz(int row) {
   using namespace cfg;
-  if constexpr (NCH >= 8) return row & 7;
-  else if constexpr (NCH == 4) return (row >> 1) & 3;
-  else if constexpr (NCH == 2) return (row >> 2) & 1;
+  if constexpr (NCA >= 8) return row & 7;
+  else if constexpr (NCA == 4) return (row >> 1) & 3;
+  else if constexpr (NCA == 2) return (row >> 2) & 1;
   else return 0;
 }
-// Shared byte offset of chunk `chunk` of row `row` in a buffer of SB-byte rows.
+// Shared byte offset of chunk `chunk` of row `row` in a buffer of SB-byte rows. Rows wider
+// than one swizzle atom (wgmma, CHUNK 8) are stored per 8-row group as ATOM-byte atoms side
+// by side; with one atom per row (every other build) this is row * SB + swizzled chunk.
 __device__ __forceinline__ u32 soff(int row, int chunk) {
-  return (u32)(row * cfg::SB + ((chunk ^ swz(row)) << 4));
+  using namespace cfg;
+  return (u32)((row >> 3) * (8 * SB) + (chunk / NCA) * (8 * ATOM) + (row & 7) * ATOM +
+               (((chunk % NCA) ^ swz(row)) << 4));
 }
 
 struct StageIdx { int r, s, cb; };

@@ -86,7 +86,10 @@ constexpr int WARPS = BRW * BCW * (WG ? 4 : 1), THREADS = WARPS * 32;
 constexpr int EWCT = WG ? WN / 8 : WCT;
 constexpr int ROWSTEP = WG ? WGM : IM;
 constexpr int SB = CHUNK * KB;       // shared bytes of one row (pixel or channel) per tap
-constexpr int NCH = SB / 16;         // 16-byte chunks per shared row
+// Swizzle atom: wgmma swizzles rows of at most 128 bytes, so a wider stage row (CHUNK 8) is
+// stored as 128-byte atoms side by side per 8-row group (block_tile.cuh: soff).
+constexpr int ATOM = (WG && SB > 128) ? 128 : SB;
+constexpr int NCA = ATOM / 16;       // 16-byte chunks per atom row
 constexpr int BKC = CHUNK * INST_K;  // channels per stage
 constexpr int GB = BKC * ELEM_BITS / 8, VPR = GB / 16;  // global bytes / vectors per row
 constexpr int CV16 = 128 / ELEM_BITS;                   // channels per 16-byte vector

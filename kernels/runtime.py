@@ -110,21 +110,23 @@ RECORDED_BESTS: dict[str, list[tuple[str, ConvShape, Schedule]]] = {
 # The same layers' bests on the warpgroup path (MMA=wgmma, sm_90a: H100/H200, int8 and fp16),
 # measured on an NVIDIA H100 (bench/data/conv_vs_cudnn.json, 'tuned' rows at batch 8: a
 # sample of the wgmma and mma.sync subspaces plus local search, every winner wgmma). On sm_90
-# they come before the mma.sync bests.
+# they come before the mma.sync bests. A later search replaces an entry only where it is
+# faster by more than the run-to-run spread (~1%): fp16 stage2/3 keep the schedules first
+# recorded (the later picks tied them), which had been validated as defaults for other shapes.
 WGMMA_BESTS: dict[str, list[tuple[str, ConvShape, Schedule]]] = {
     p: [(name, shape, {**sched, "MMA": "wgmma"}) for name, shape, sched in rows]
     for p, rows in {
         "int8": [
             ("stage2", RESNET50_3X3["stage2"], _sched(1, 1, 2, 2, 2, 1, 0, 1, "nhwc", 4, 1)),
             ("stage3", RESNET50_3X3["stage3"], _sched(1, 1, 1, 2, 4, 1, 0, 1, "nhwc", 4, 1)),
-            ("stage4", RESNET50_3X3["stage4"], _sched(1, 1, 1, 2, 4, 1, 0, 1, "nhwc", 6, 1)),
-            ("stage5", RESNET50_3X3["stage5"], _sched(1, 1, 1, 2, 4, 1, 0, 1, "nhwc", 8, 2)),
+            ("stage4", RESNET50_3X3["stage4"], _sched(1, 1, 1, 2, 8, 1, 0, 1, "nhwc", 6, 1)),
+            ("stage5", RESNET50_3X3["stage5"], _sched(1, 1, 1, 1, 8, 1, 0, 1, "nhwc", 6, 1)),
         ],
         "fp16": [
             ("stage2", RESNET50_3X3["stage2"], _sched(2, 1, 1, 2, 4, 1, 0, 1, "nhwc", 4, 1)),
             ("stage3", RESNET50_3X3["stage3"], _sched(1, 1, 1, 2, 4, 1, 0, 1, "nhwc", 4, 1)),
-            ("stage4", RESNET50_3X3["stage4"], _sched(1, 1, 1, 2, 4, 1, 0, 1, "nhwc", 8, 1)),
-            ("stage5", RESNET50_3X3["stage5"], _sched(2, 1, 1, 2, 4, 1, 0, 1, "nhwc", 8, 4)),
+            ("stage4", RESNET50_3X3["stage4"], _sched(1, 1, 1, 2, 8, 1, 0, 1, "nhwc", 6, 1)),
+            ("stage5", RESNET50_3X3["stage5"], _sched(1, 2, 1, 2, 4, 1, 0, 1, "nhwc", 8, 4)),
         ],
     }.items()
 }

@@ -88,8 +88,6 @@ EPILOGUE_ROW_PAD = 16
 WGMMA_M = 64
 WGMMA_N_PER_TILE = 32
 WGMMA_SMEM_ALIGN = 1024
-# Shared-memory row of a stage (CHUNK x 32 bytes) must be one of wgmma's swizzle widths.
-WGMMA_MAX_CHUNK = 4
 SYNC_MAX_STAGES = 3
 # Register model of the wgmma path, calibrated on ~480 sm_90a builds: no fragments; the
 # loader keeps 4 registers of address state per unrolled 16-byte job (block_tile.cuh unrolls a
@@ -320,12 +318,12 @@ def validity(shape: ConvShape, precision: Precision, target: Target,
     ok &= g.acc_regs + 2 * g.frag_regs + fixed <= cap
     # wgmma exists on sm_90a only; the path is built for fp16 and int8 (int4 on sm_90 goes
     # through the register-staged s4 -> s8 loader, which stays on mma.sync). Its operands are
-    # whole swizzled tiles (no duplicate-aware row indexing), a stage's row is one swizzle
-    # width (32-128 bytes), and a block holds at most 1024 threads (8 warpgroups).
+    # whole swizzled tiles (no duplicate-aware row indexing; a stage row of CHUNK 8, 256
+    # bytes, is two 128-byte swizzle atoms), and a block holds at most 1024 threads (8
+    # warpgroups).
     if not (target.sm == 90 and p in (Precision.FP16, Precision.INT8)):
         ok &= ~wg
-    ok &= ~wg | ((np.asarray(cols["DUP_AWARE"]) == 0) & (chunk <= WGMMA_MAX_CHUNK)
-                 & (g.threads <= 1024))
+    ok &= ~wg | ((np.asarray(cols["DUP_AWARE"]) == 0) & (g.threads <= 1024))
     ok &= ~wg | (np.asarray(cols["WARP_ROW_TILES"]) == 1) | (g.acc_regs <= WGMMA_MAX_MULTI_TILE_ACC)
     # Pipelines deeper than 3 stages pay with wgmma (its loads and math overlap); on the
     # mma.sync path they gained 2-4% on int8 and lost beyond 4 (bench/RESULTS.md, H100 probe),
