@@ -187,11 +187,18 @@ class DiversityAware(ModelBasedStrategy):
         # pick=bags: 0 = choose among every unseen valid schedule (the space is scored
         # whole anyway); K > 0 = among the annealer's top K * batch only.
         self.pool = int(options.get("pool", 0))
+        # How many schedules the first design proposes (no trial, no prior); 0 = the whole
+        # batch. Fewer lets the model steer sooner, from fewer trials.
+        self.first_n = int(options.get("first_n", 0))
+        if self.first_n < 0:
+            raise ValueError(f"first_n must be >= 0, got {self.first_n}")
 
     def propose(self, history: History, n: int) -> list[int]:
         rng = self.rng(history)
-        n_random = n // 32
         table = self.score_table(history.trials, history.prior)
+        if table is None and not history.trials and self.first_n:
+            n = min(n, self.first_n)
+        n_random = n // 32
         picks: list[int] = []
         want = n - n_random
         if table is not None and self.pick == "bags" and self.bag_scores is not None:

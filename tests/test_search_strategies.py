@@ -170,6 +170,34 @@ def test_coverage_first_batch_is_balanced_valid_and_seeded(ds: ReplayDataset) ->
         make_strategy("diversity", space, seed=0, first="coverage").propose(History(), 32)
 
 
+@pytest.mark.parametrize("first", ["coverage", "random"])
+def test_first_n_shortens_only_the_first_design(ds: ReplayDataset, first: str) -> None:
+    """first_n=N: with no trial and no prior the first design is N schedules (valid,
+    distinct, unmeasured; the coverage design's first N); the next call is a full batch."""
+    space = ds.space
+    strat = make_strategy("diversity", space, seed=2, first=first, first_n=16, **FAST)
+    pending = {int(i) for i in space.valid_indices[:5]}
+    first_batch = strat.propose(History(pending=pending), 32)
+    assert len(first_batch) == 16 and len(set(first_batch)) == 16
+    assert set(first_batch) <= set(space.valid_indices.tolist())
+    assert not set(first_batch) & pending
+    if first == "coverage":
+        full = make_strategy("diversity", space, seed=2, first=first, **FAST).propose(
+            History(pending=pending), 32)
+        assert first_batch == full[:16]
+    history = History(trials=[ds.measure(i) for i in first_batch])
+    second = strat.propose(history, 32)
+    assert len(second) == 32 and len(set(second)) == 32
+    assert not set(second) & set(first_batch)
+    assert set(second) <= set(space.valid_indices.tolist())
+    # A prior makes the first batch model-guided: first_n no longer applies.
+    prior = transfer_prior(ds, [load_dataset(REPLAY / "sim_stage4_int8_h100_paper6.jsonl.gz")])
+    assert prior
+    assert len(strat.propose(History(prior=prior), 32)) == 32
+    with pytest.raises(ValueError, match="first_n"):
+        make_strategy("diversity", space, first_n=-1)
+
+
 def test_voice_pick_takes_each_voice_best_in_turn() -> None:
     voices = np.array([[5.0, 4, 3, 2, 1, 0],      # the mean: prefers row 0, then 1
                        [0.0, 9, 8, 1, 1, 1],      # a bag: prefers 1, then 2
