@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Select, and_, bindparam, func, select, tuple_, update
+from sqlalchemy import Connection, Select, and_, bindparam, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -177,13 +177,6 @@ def prior_measurements_since(session: Session, target: str, precision: str, afte
 
 # --- candidates -------------------------------------------------------------------------
 
-def open_candidates(session: Session, job_id: int) -> Sequence[Candidate]:
-    return session.scalars(
-        select(Candidate).where(Candidate.job_id == job_id, Candidate.state != "done")
-        .order_by(Candidate.id)
-    ).all()
-
-
 def add_candidates(session: Session, job: Job, schedules: Iterable[dict[str, Any]],
                    round_no: int, predicted_us: Sequence[float | None] | None = None) -> list[int]:
     """Insert proposals (ignoring any the job already has) and return the new ids."""
@@ -246,44 +239,6 @@ def record_builds(session: Session, builds: Sequence[tuple[int, str, str | None,
                 build_log=bindparam("lg"), lease_owner=None, lease_expires_at=None),
         [{"cid": cid, "st": st, "art": art, "lg": log[-20000:]}
          for cid, st, art, log in builds])
-
-
-def open_candidates_with_context(session: Session, ids: Sequence[int]
-                                 ) -> list[tuple[Candidate, Job, Task]]:
-    """The open candidates among `ids` with their job and task, in one query."""
-    rows = session.execute(
-        select(Candidate, Job, Task).join(Job, Job.id == Candidate.job_id)
-        .join(Task, Task.id == Candidate.task_id)
-        .where(Candidate.id.in_(list(ids)), Candidate.state != "done").order_by(Candidate.id))
-    return [(c, j, t) for c, j, t in rows]
-
-
-def measured_among(session: Session, keys: Iterable[tuple[int, str]]) -> set[tuple[int, str]]:
-    """Which (task id, schedule hash) pairs are measured already."""
-    keys = list(keys)
-    if not keys:
-        return set()
-    rows = session.execute(select(Measurement.task_id, Measurement.schedule_hash).where(
-        tuple_(Measurement.task_id, Measurement.schedule_hash).in_(keys)))
-    return {(t, h) for t, h in rows}
-
-
-def lease_candidates(session: Session, ids: Sequence[int], owner: str,
-                     seconds: float) -> set[int]:
-    """Lease what nobody else holds among `ids`; returns the ids now leased to `owner`."""
-    if not ids:
-        return set()
-    now = utcnow()
-    res = session.execute(
-        update(Candidate)
-        .where(Candidate.id.in_(list(ids)), Candidate.state != "done",
-               (Candidate.lease_expires_at.is_(None)) | (Candidate.lease_expires_at < now)
-               | (Candidate.lease_owner == owner))
-        .values(lease_owner=owner, lease_expires_at=now + timedelta(seconds=seconds),
-                attempts=Candidate.attempts + 1)
-        .returning(Candidate.id)
-        .execution_options(**NO_SYNC))
-    return {i for (i,) in res}
 
 
 def retire_candidates(session: Session, ids: Sequence[int]) -> None:
