@@ -31,6 +31,7 @@ import sys
 import time
 import warnings
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -245,6 +246,75 @@ def _rel(a: Any, b: Any) -> float:
     return float(torch.linalg.vector_norm(a - b) / torch.linalg.vector_norm(b))
 
 
+@dataclass
+class Operands:
+    """Seeded random operands of one shape (NHWC activations, KRSC weights, the layer's own
+    channels) with their references: int8 accumulators exact and requantized with per-channel
+    scale and bias; fp16 in float64 with the bias."""
+
+    x8: Any
+    w8: Any
+    scale: Any
+    bias: Any
+    acc_ref: Any
+    q_ref: Any
+    x16: Any
+    w16: Any
+    b16: Any
+    f64_ref: Any
+
+
+def random_operands(sh: ConvShape, seed: int) -> Operands:
+    import torch
+
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    dev = "cuda"
+    x8 = torch.randint(-128, 128, (sh.n, sh.h, sh.w, sh.c), generator=g, device=dev,
+                       dtype=torch.int8)
+    w8 = torch.randint(-128, 128, (sh.k, sh.r, sh.s, sh.c), generator=g, device=dev,
+                       dtype=torch.int8)
+    acc = _ref64(x8, w8, sh)
+    std = float(acc.std()) + 1.0
+    scale = (127 * 0.4 / std * (0.8 + 0.45 * torch.rand(sh.k, generator=g, device=dev))).float()
+    bias = (torch.rand(sh.k, generator=g, device=dev) * 76 - 38).float()
+    x16 = (torch.rand((sh.n, sh.h, sh.w, sh.c), generator=g, device=dev) * 2 - 1).half()
+    w16 = (torch.rand((sh.k, sh.r, sh.s, sh.c), generator=g, device=dev) * 2 - 1).half()
+    b16 = (torch.rand(sh.k, generator=g, device=dev) - 0.5).float()
+    return Operands(x8, w8, scale, bias, acc, _requant64(acc, scale, bias), x16, w16, b16,
+                    _ref64(x16, w16, sh) + b16.double())
+
+
+def op_input(op: Conv2d, x: Any) -> Any:
+    """x (NHWC, the layer's channels) zero-padded to the op's channel contract, in its layout."""
+    import torch
+
+    xp = torch.zeros((*x.shape[:3], op.padded_channels), dtype=x.dtype, device=x.device)
+    xp[..., : x.shape[3]] = x
+    return op.to_input_layout(xp)
+
+
+def rotating(t: Any, n: int) -> list[Any]:
+    """n input sets for the timing harness: t and n - 1 copies (together past the L2)."""
+    return [t] + [t.clone() for _ in range(n - 1)]
+
+
+def time_cudnn_fp16(sh: ConvShape, xc: Any, wc: Any, l2: int) -> Any:
+    """cuDNN fp16 through PyTorch on NCHW views in channels_last (an NHWC tensor permuted to
+    NCHW is exactly that), in the same harness as ours: the bare conv."""
+    import torch
+    import torch.nn.functional as F
+
+    from kernels.timing import sets_for_l2, time_launches
+
+    xc = xc.contiguous(memory_format=torch.channels_last)
+    wc = wc.contiguous(memory_format=torch.channels_last)
+    n = sets_for_l2(2 * (xc.numel() + wc.numel() + sh.n * sh.k * sh.p * sh.q), l2)
+    xs = [xc] + [xc.clone(memory_format=torch.channels_last) for _ in range(n - 1)]
+    ws = [wc] + [wc.clone(memory_format=torch.channels_last) for _ in range(n - 1)]
+    return time_launches(lambda i: F.conv2d(xs[i], ws[i], stride=sh.stride, padding=sh.pad,
+                                            dilation=sh.dilation), n, api="torch")
+
+
 class Layer:
     """One distinct shape: tensors, ops and checks for int8, fp16 and cuDNN fp16."""
 
@@ -255,7 +325,6 @@ class Layer:
 
         self.u = u
         self.shape = sh = ConvShape.from_dict(u["shape"])
-        g = torch.Generator(device="cuda").manual_seed(seed)
         dev = "cuda"
         self.ops: dict[str, Conv2d] = {}
         self.res: dict[str, Any] = {}
@@ -269,36 +338,18 @@ class Layer:
                                               epilogue="acc")
             except ValueError as e:
                 self.res["int8_acc_skipped"] = str(e)
+        v = random_operands(sh, seed)
         # int8: quantized inputs, channels zero-padded to the op's contract (zero copy)
-        o8 = self.ops["int8"]
-        x8 = torch.randint(-128, 128, (sh.n, sh.h, sh.w, sh.c), generator=g, device=dev,
-                           dtype=torch.int8)
-        w8 = torch.randint(-128, 128, (sh.k, sh.r, sh.s, sh.c), generator=g, device=dev,
-                           dtype=torch.int8)
-        xp = torch.zeros((sh.n, sh.h, sh.w, o8.padded_channels), dtype=torch.int8, device=dev)
-        xp[..., : sh.c] = x8
-        self.x8 = o8.to_input_layout(xp)  # NHWCnc where the schedule asks for it
-        self.w8 = o8.prepare_weight(w8)
-        acc = _ref64(x8, w8, sh)
-        std = float(acc.std()) + 1.0
-        self.scale = (127 * 0.4 / std * (0.8 + 0.45 * torch.rand(sh.k, generator=g,
-                                                                  device=dev))).float()
-        self.bias = (torch.rand(sh.k, generator=g, device=dev) * 76 - 38).float()
-        self.acc_ref, self.q_ref = acc, _requant64(acc, self.scale, self.bias)
+        o8, o16 = self.ops["int8"], self.ops["fp16"]
+        self.x8, self.w8 = op_input(o8, v.x8), o8.prepare_weight(v.w8)  # NHWCnc if asked
+        self.scale, self.bias = v.scale, v.bias
+        self.acc_ref, self.q_ref = v.acc_ref, v.q_ref
         # fp16
-        o16 = self.ops["fp16"]
-        x16 = (torch.rand((sh.n, sh.h, sh.w, sh.c), generator=g, device=dev) * 2 - 1).half()
-        w16 = (torch.rand((sh.k, sh.r, sh.s, sh.c), generator=g, device=dev) * 2 - 1).half()
-        self.b16 = (torch.rand(sh.k, generator=g, device=dev) - 0.5).float()
-        xp = torch.zeros((sh.n, sh.h, sh.w, o16.padded_channels), dtype=torch.float16,
-                         device=dev)
-        xp[..., : sh.c] = x16
-        self.x16 = o16.to_input_layout(xp)
-        self.w16 = o16.prepare_weight(w16)
-        self.f64_ref = _ref64(x16, w16, sh) + self.b16.double()
+        self.b16 = v.b16
+        self.x16, self.w16 = op_input(o16, v.x16), o16.prepare_weight(v.w16)
+        self.f64_ref = v.f64_ref
         # cuDNN fp16 channels_last: an NHWC tensor permuted to NCHW is exactly that
-        self.xc = x16.permute(0, 3, 1, 2)
-        self.wc = w16.permute(0, 3, 1, 2)
+        self.xc, self.wc = v.x16.permute(0, 3, 1, 2), v.w16.permute(0, 3, 1, 2)
         assert self.xc.is_contiguous(memory_format=torch.channels_last)
         self.cudnn_out = F.conv2d(self.xc, self.wc, self.b16.half(), stride=sh.stride,
                                   padding=sh.pad, dilation=sh.dilation).permute(0, 2, 3, 1)
@@ -353,27 +404,15 @@ class Layer:
         (bias,) = self._params(x, self.b16)
         self.ops["fp16"](x, w, bias=bias, out=y)
 
-    def launch_cudnn(self, x: Any, w: Any) -> None:
-        import torch.nn.functional as F
-
-        sh = self.shape
-        F.conv2d(x, w, stride=sh.stride, padding=sh.pad, dilation=sh.dilation)
-
     def time_all(self, l2: int) -> None:
         import torch
 
         from kernels.timing import sets_for_l2, time_launches
 
-        def rotating(t: Any, n: int) -> list[Any]:
-            return [t] + [t.clone() for _ in range(n - 1)]
-
-        def per_set(*ts: Any) -> int:
-            return sum(int(t.numel() * t.element_size()) for t in ts)
-
         out: dict[str, Any] = {}
         for name, x, w, y, fn in (("int8", self.x8, self.w8, self.y8, self.launch_int8),
                                   ("fp16", self.x16, self.w16, self.y16, self.launch_fp16)):
-            n = sets_for_l2(per_set(x, w, y), l2)
+            n = sets_for_l2(sum(int(t.numel() * t.element_size()) for t in (x, w, y)), l2)
             xs, ws, ys = rotating(x, n), rotating(w, n), [torch.empty_like(y) for _ in range(n)]
             try:  # torch tensors through DLPack, captured in the harness's CUDA graph
                 t = time_launches(lambda i, xs=xs, ws=ws, ys=ys, fn=fn: fn(xs[i], ws[i], ys[i]),
@@ -390,12 +429,7 @@ class Layer:
                 out[f"{name}_path"] = "cupy"
             out[f"{name}_us"], out[f"{name}_iqr_us"] = round(t.median_us, 3), round(t.iqr_us, 3)
             del xs, ws, ys
-        xc = self.xc.contiguous(memory_format=torch.channels_last)
-        wc = self.wc.contiguous(memory_format=torch.channels_last)
-        n = sets_for_l2(per_set(xc, wc, self.cudnn_out), l2)
-        xs = [xc] + [xc.clone(memory_format=torch.channels_last) for _ in range(n - 1)]
-        ws = [wc] + [wc.clone(memory_format=torch.channels_last) for _ in range(n - 1)]
-        t = time_launches(lambda i: self.launch_cudnn(xs[i], ws[i]), n, api="torch")
+        t = time_cudnn_fp16(self.shape, self.xc, self.wc, l2)
         out["cudnn_fp16_us"], out["cudnn_fp16_iqr_us"] = round(t.median_us, 3), round(t.iqr_us, 3)
         self.res["timing"] = out
 

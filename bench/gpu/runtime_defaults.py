@@ -27,11 +27,13 @@ from typing import Any
 
 from bench.resnet50_e2e import (
     BATCH,
-    _ref64,
     _rel,
-    _requant64,
     log,
+    op_input,
+    random_operands,
     resnet50_convs,
+    rotating,
+    time_cudnn_fp16,
     unique_layers,
 )
 from kernels.build import BuildJob, Epilogue, build_many
@@ -82,60 +84,39 @@ def run_shape(shape: ConvShape, cands: list[dict[str, Any]], target: str, cache:
               l2: int) -> tuple[list[dict[str, Any]], float]:
     """Check and time each candidate op of one shape; cuDNN fp16 on the same inputs."""
     import torch
-    import torch.nn.functional as F
 
     from kernels.runtime import Conv2d, DefaultScheduleWarning
     from kernels.timing import sets_for_l2, time_launches
 
-    sh, dev = shape, "cuda"
-    g = torch.Generator(device=dev).manual_seed(0)
-    x8 = torch.randint(-128, 128, (sh.n, sh.h, sh.w, sh.c), generator=g, device=dev,
-                       dtype=torch.int8)
-    w8 = torch.randint(-128, 128, (sh.k, sh.r, sh.s, sh.c), generator=g, device=dev,
-                       dtype=torch.int8)
-    acc = _ref64(x8, w8, sh)
-    scale = (127 * 0.4 / (float(acc.std()) + 1.0)
-             * (0.8 + 0.45 * torch.rand(sh.k, generator=g, device=dev))).float()
-    bias8 = (torch.rand(sh.k, generator=g, device=dev) * 76 - 38).float()
-    q_ref = _requant64(acc, scale, bias8)
-    del acc
-    x16 = (torch.rand((sh.n, sh.h, sh.w, sh.c), generator=g, device=dev) * 2 - 1).half()
-    w16 = (torch.rand((sh.k, sh.r, sh.s, sh.c), generator=g, device=dev) * 2 - 1).half()
-    b16 = (torch.rand(sh.k, generator=g, device=dev) - 0.5).float()
-    f64_ref = _ref64(x16, w16, sh) + b16.double()
-
-    def rotating(t: Any, n: int) -> list[Any]:
-        return [t] + [t.clone() for _ in range(n - 1)]
-
+    sh = shape
+    v = random_operands(sh, 0)
     rows = []
     for c in cands:
         p = c["precision"]
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DefaultScheduleWarning)
             op = Conv2d(sh, p, c["schedule"], target, cache_dir=cache)
-        x, w = (x8, w8) if p == "int8" else (x16, w16)
-        xp = torch.zeros((sh.n, sh.h, sh.w, op.padded_channels), dtype=x.dtype, device=dev)
-        xp[..., : sh.c] = x
-        xp, wp = op.to_input_layout(xp), op.prepare_weight(w)
+        x, w = (v.x8, v.w8) if p == "int8" else (v.x16, v.w16)
+        xp, wp = op_input(op, x), op.prepare_weight(w)
         y = torch.empty(op.output_shape, dtype=torch.int8 if p == "int8" else torch.float16,
-                        device=dev)
+                        device="cuda")
         if p == "int8":
             def call(x: Any, w: Any, y: Any, op: Any = op) -> None:
-                op(x, w, scale, bias8, out=y)
+                op(x, w, v.scale, v.bias, out=y)
         else:
             def call(x: Any, w: Any, y: Any, op: Any = op) -> None:
-                op(x, w, bias=b16, out=y)
+                op(x, w, bias=v.b16, out=y)
         y.fill_(-91 if p == "int8" else float("nan"))
         call(xp, wp, y)
         torch.cuda.synchronize()
         out = op.from_output_layout(y)
         if p == "int8":
-            check = {"mismatches": int((out.to(torch.int64) != q_ref).sum())}
+            check = {"mismatches": int((out.to(torch.int64) != v.q_ref).sum())}
             check["ok"] = check["mismatches"] == 0
         else:
-            err = _rel(out.double(), f64_ref)
+            err = _rel(out.double(), v.f64_ref)
             check = {"rel_err_vs_fp64": err, "ok": bool(torch.isfinite(out).all()) and err < 1e-3}
-        n = sets_for_l2(sum(int(v.numel() * v.element_size()) for v in (xp, wp, y)), l2)
+        n = sets_for_l2(sum(int(t.numel() * t.element_size()) for t in (xp, wp, y)), l2)
         xs, ws, ys = rotating(xp, n), rotating(wp, n), [torch.empty_like(y) for _ in range(n)]
         tm = time_launches(lambda i, xs=xs, ws=ws, ys=ys, call=call: call(xs[i], ws[i], ys[i]),
                            n, api="torch")
@@ -143,13 +124,7 @@ def run_shape(shape: ConvShape, cands: list[dict[str, Any]], target: str, cache:
                      "iqr_us": round(tm.iqr_us, 3)})
         log(c["key"], p, c["variant"], rows[-1]["us"], "ok" if check["ok"] else check)
         del xs, ws, ys
-    xc = x16.permute(0, 3, 1, 2).contiguous(memory_format=torch.channels_last)
-    wc = w16.permute(0, 3, 1, 2).contiguous(memory_format=torch.channels_last)
-    n = sets_for_l2(2 * int(xc.numel() + wc.numel() + f64_ref.numel()), l2)
-    xs = [xc] + [xc.clone(memory_format=torch.channels_last) for _ in range(n - 1)]
-    ws = [wc] + [wc.clone(memory_format=torch.channels_last) for _ in range(n - 1)]
-    tm = time_launches(lambda i: F.conv2d(xs[i], ws[i], stride=sh.stride, padding=sh.pad),
-                       n, api="torch")
+    tm = time_cudnn_fp16(sh, v.x16.permute(0, 3, 1, 2), v.w16.permute(0, 3, 1, 2), l2)
     return rows, round(tm.median_us, 3)
 
 
