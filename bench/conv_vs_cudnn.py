@@ -251,8 +251,8 @@ def cmd_search(a: argparse.Namespace) -> int:
     rows: list[dict[str, Any]] = []
     final: list[dict[str, Any]] = []
     batches = [int(b) for b in a.batches.split(",")]
-    groups = [(layer, n, prec) for layer in RESNET50_3X3 for n in batches
-              for prec in (Precision.INT8, Precision.FP16)]
+    precs = [Precision(x) for x in a.precisions.split(",")]
+    groups = [(layer, n, prec) for layer in RESNET50_3X3 for n in batches for prec in precs]
     if a.int4:
         groups += [(layer, 8, Precision.INT4) for layer in RESNET50_3X3]
     outdir = Path(a.out_dir)
@@ -492,6 +492,7 @@ def main(argv: list[str] | None = None) -> int:
     a4.add_argument("--seed", type=int, default=4)
     a4.add_argument("--batches", default=",".join(map(str, BATCHES)))
     a4.add_argument("--no-int4", dest="int4", action="store_false")
+    a4.add_argument("--precisions", default="int8,fp16")
     a3 = sub.add_parser("table")
     a3.add_argument("--phase1", default="")
     a3.add_argument("--selections", nargs="+", required=True)
