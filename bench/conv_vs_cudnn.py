@@ -404,6 +404,10 @@ def cmd_phase2(a: argparse.Namespace) -> int:
 
 def cmd_table(a: argparse.Namespace) -> int:
     """Every selected best re-timed beside the baselines, in one run."""
+    # torch first, before the runner's child process starts: imported later, on a fresh GPU
+    # machine, torch's import failed three times in its own schema parser (bench/RESULTS.md).
+    import torch  # noqa: F401
+
     from kernels.runner import Runner
 
     p1 = json.loads(Path(a.phase1).read_text()) if a.phase1 else {"rows": []}

@@ -97,6 +97,9 @@ REG_WGMMA_PER_JOB = 6
 # 4 warpgroups (512 threads, 128 registers each): 64 accumulators spilled in 8 of 33 builds
 # (the raw int32 epilogue writes them all from registers), so they need this much more.
 REG_WGMMA_512 = 40
+# 8 warpgroups (1024 threads, 64 registers each): one at the rule's limit (32 accumulators,
+# split-K 4) spilled 4 bytes in the GPU check of 200 random wgmma schedules.
+REG_WGMMA_1024 = 8
 # 128 accumulators split over several 64-row tiles (WARP_ROW_TILES >= 2) spilled a few bytes
 # in 2 of ~40 builds (an epilogue or split-K sum holding every tile at once): left out.
 WGMMA_MAX_MULTI_TILE_ACC = 96
@@ -314,7 +317,8 @@ def validity(shape: ConvShape, precision: Precision, target: Target,
     b_jobs = -(-g.block_n * gvec // g.threads)
     unrolled = np.where(a_jobs <= 8, a_jobs, 1) + np.where(b_jobs <= 8, b_jobs, 1)
     fixed = np.where(wg, REG_WGMMA_BASE + REG_WGMMA_PER_JOB * unrolled +
-                     np.where(g.threads == 512, REG_WGMMA_512, 0), fixed)
+                     np.where(g.threads == 512, REG_WGMMA_512, 0) +
+                     np.where(g.threads == 1024, REG_WGMMA_1024, 0), fixed)
     ok &= g.acc_regs + 2 * g.frag_regs + fixed <= cap
     # wgmma exists on sm_90a only; the path is built for fp16 and int8 (int4 on sm_90 goes
     # through the register-staged s4 -> s8 loader, which stays on mma.sync). Its operands are
