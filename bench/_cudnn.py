@@ -1,6 +1,7 @@
 """cuDNN convolutions timed with the kernels' harness (kernels.timing.time_launches): one loop
-for the benchmarks that compare against cuDNN (bench/fp32_tc.py, and
-bench/conv_vs_cudnn.py's `baselines`, which e2e_gpu and pipeline_probe use).
+for the benchmarks that compare against cuDNN (bench/fp32_tc.py, bench/conv_vs_cudnn.py's
+`baselines`, which e2e_gpu and pipeline_probe use, and bench/resnet50_e2e.py and
+bench/gpu/runtime_defaults.py on their layers' own tensors).
 
 Per variant, in the order given: random inputs in [-1, 1) from one CPU generator seeded 1234
 (so the order decides each variant's data), NCHW tensors in channels_last, as many input
@@ -18,14 +19,33 @@ Variant = tuple[str, str, bool]
 Extra = Callable[[str, list[Any], int], dict[str, float]]
 
 
+def time_cudnn_conv(shape: Any, x0: Any, w0: Any, l2_bytes: int) -> tuple[Any, list[Any], int]:
+    """cuDNN's conv of `shape` on NCHW tensors x0, w0 (made channels_last here), over as many
+    input sets as it takes to exceed L2. Returns the harness's timing, the input sets and
+    their count."""
+    import torch
+    import torch.nn.functional as F
+
+    from kernels.timing import sets_for_l2, time_launches
+
+    x0 = x0.contiguous(memory_format=torch.channels_last)
+    w0 = w0.contiguous(memory_format=torch.channels_last)
+    per = (x0.numel() + w0.numel() + shape.gemm_m * shape.k) * x0.element_size()
+    n_sets = sets_for_l2(per, l2_bytes)
+    xl = [x0] + [x0.clone() for _ in range(n_sets - 1)]
+    wl = [w0] + [w0.clone() for _ in range(n_sets - 1)]
+
+    def conv(i: int) -> None:
+        F.conv2d(xl[i], wl[i], stride=shape.stride, padding=shape.pad, dilation=shape.dilation)
+
+    return time_launches(conv, n_sets, api="torch"), xl, n_sets
+
+
 def cudnn_conv_times(shape: Any, l2_bytes: int, variants: Sequence[Variant], *,
                      extra: Extra | None = None, device: str = "cuda") -> dict[str, float]:
     """Median latency (us) of cuDNN's conv of `shape` (a kernels.spec.ConvShape) for each
     variant; cudnn.benchmark on, TF32 left off afterwards."""
     import torch
-    import torch.nn.functional as F
-
-    from kernels.timing import sets_for_l2, time_launches
 
     torch.backends.cudnn.benchmark = True
     g = torch.Generator(device="cpu").manual_seed(1234)
@@ -34,22 +54,12 @@ def cudnn_conv_times(shape: Any, l2_bytes: int, variants: Sequence[Variant], *,
     for name, dtype_name, tf32 in variants:
         dtype = getattr(torch, dtype_name)
         torch.backends.cudnn.allow_tf32 = tf32
-        x0 = (torch.rand(xs, generator=g) * 2 - 1).to(device, dtype).contiguous(
-            memory_format=torch.channels_last)
-        w0 = (torch.rand(ws, generator=g) * 2 - 1).to(device, dtype).contiguous(
-            memory_format=torch.channels_last)
-        per = (x0.numel() + w0.numel() + shape.gemm_m * shape.k) * x0.element_size()
-        n_sets = sets_for_l2(per, l2_bytes)
-        xl = [x0] + [x0.clone() for _ in range(n_sets - 1)]
-        wl = [w0] + [w0.clone() for _ in range(n_sets - 1)]
-
-        def conv(i: int, xl: list[Any] = xl, wl: list[Any] = wl) -> None:
-            F.conv2d(xl[i], wl[i], stride=shape.stride, padding=shape.pad,
-                     dilation=shape.dilation)
-
-        out[name] = time_launches(conv, n_sets, api="torch").median_us
+        x0 = (torch.rand(xs, generator=g) * 2 - 1).to(device, dtype)
+        w0 = (torch.rand(ws, generator=g) * 2 - 1).to(device, dtype)
+        t, xl, n_sets = time_cudnn_conv(shape, x0, w0, l2_bytes)
+        out[name] = t.median_us
         if extra is not None:
             out.update(extra(name, xl, n_sets))
-        del xl, wl
+        del xl
     torch.backends.cudnn.allow_tf32 = False
     return out

@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from bench._cudnn import time_cudnn_conv
 from kernels.build import BuildJob, Epilogue, build_many
 from kernels.runtime import RECORDED_BESTS, Conv2d, DefaultScheduleWarning, default_schedule
 from kernels.space import ScheduleSpace
@@ -298,23 +299,6 @@ def rotating(t: Any, n: int) -> list[Any]:
     return [t] + [t.clone() for _ in range(n - 1)]
 
 
-def time_cudnn_fp16(sh: ConvShape, xc: Any, wc: Any, l2: int) -> Any:
-    """cuDNN fp16 through PyTorch on NCHW views in channels_last (an NHWC tensor permuted to
-    NCHW is exactly that), in the same harness as ours: the bare conv."""
-    import torch
-    import torch.nn.functional as F
-
-    from kernels.timing import sets_for_l2, time_launches
-
-    xc = xc.contiguous(memory_format=torch.channels_last)
-    wc = wc.contiguous(memory_format=torch.channels_last)
-    n = sets_for_l2(2 * (xc.numel() + wc.numel() + sh.n * sh.k * sh.p * sh.q), l2)
-    xs = [xc] + [xc.clone(memory_format=torch.channels_last) for _ in range(n - 1)]
-    ws = [wc] + [wc.clone(memory_format=torch.channels_last) for _ in range(n - 1)]
-    return time_launches(lambda i: F.conv2d(xs[i], ws[i], stride=sh.stride, padding=sh.pad,
-                                            dilation=sh.dilation), n, api="torch")
-
-
 class Layer:
     """One distinct shape: tensors, ops and checks for int8, fp16 and cuDNN fp16."""
 
@@ -429,7 +413,7 @@ class Layer:
                 out[f"{name}_path"] = "cupy"
             out[f"{name}_us"], out[f"{name}_iqr_us"] = round(t.median_us, 3), round(t.iqr_us, 3)
             del xs, ws, ys
-        t = time_cudnn_fp16(self.shape, self.xc, self.wc, l2)
+        t = time_cudnn_conv(self.shape, self.xc, self.wc, l2)[0]
         out["cudnn_fp16_us"], out["cudnn_fp16_iqr_us"] = round(t.median_us, 3), round(t.iqr_us, 3)
         self.res["timing"] = out
 

@@ -25,6 +25,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from bench._cudnn import time_cudnn_conv
 from bench.resnet50_e2e import (
     BATCH,
     _rel,
@@ -33,7 +34,6 @@ from bench.resnet50_e2e import (
     random_operands,
     resnet50_convs,
     rotating,
-    time_cudnn_fp16,
     unique_layers,
 )
 from kernels.build import BuildJob, Epilogue, build_many
@@ -124,7 +124,7 @@ def run_shape(shape: ConvShape, cands: list[dict[str, Any]], target: str, cache:
                      "iqr_us": round(tm.iqr_us, 3)})
         log(c["key"], p, c["variant"], rows[-1]["us"], "ok" if check["ok"] else check)
         del xs, ws, ys
-    tm = time_cudnn_fp16(sh, v.x16.permute(0, 3, 1, 2), v.w16.permute(0, 3, 1, 2), l2)
+    tm = time_cudnn_conv(sh, v.x16.permute(0, 3, 1, 2), v.w16.permute(0, 3, 1, 2), l2)[0]
     return rows, round(tm.median_us, 3)
 
 
