@@ -252,8 +252,9 @@ def cmd_search(a: argparse.Namespace) -> int:
     final: list[dict[str, Any]] = []
     batches = [int(b) for b in a.batches.split(",")]
     precs = [Precision(x) for x in a.precisions.split(",")]
-    groups = [(layer, n, prec) for layer in RESNET50_3X3 for n in batches for prec in precs]
-    if a.int4:
+    groups = [(layer, n, prec) for layer in RESNET50_3X3 for n in batches for prec in precs
+              if prec is not Precision.INT4]
+    if Precision.INT4 in precs:  # int4 at batch 8 only
         groups += [(layer, 8, Precision.INT4) for layer in RESNET50_3X3]
     outdir = Path(a.out_dir)
     outdir.mkdir(parents=True, exist_ok=True)
@@ -495,8 +496,7 @@ def main(argv: list[str] | None = None) -> int:
     a4.add_argument("--top", type=int, default=3)
     a4.add_argument("--seed", type=int, default=4)
     a4.add_argument("--batches", default=",".join(map(str, BATCHES)))
-    a4.add_argument("--no-int4", dest="int4", action="store_false")
-    a4.add_argument("--precisions", default="int8,fp16")
+    a4.add_argument("--precisions", default="int8,fp16,int4", help="int4 runs at batch 8 only")
     a3 = sub.add_parser("table")
     a3.add_argument("--phase1", default="")
     a3.add_argument("--selections", nargs="+", required=True)
