@@ -161,7 +161,8 @@ def test_wgmma_wide_stage_rows_are_two_swizzle_atoms(precision: str, cache: Path
         assert any("GMMA" in m for m in summarize(cubin_path(cache, res.key)).mma)
 
 
-def test_wgmma_1024_thread_margin_guards_a_spill(cache: Path) -> None:
+def test_wgmma_1024_thread_margin_guards_a_spill(cache: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """REG_WGMMA_1024: without it this 8-warpgroup schedule is valid, and it spills."""
     shape = ConvShape(n=8, h=7, w=6, c=64, k=40, r=3, s=3, stride=(1, 1), pad=(0, 0),
                       dilation=(1, 1))
@@ -169,14 +170,9 @@ def test_wgmma_1024_thread_margin_guards_a_spill(cache: Path) -> None:
          "WARP_COL_TILES": 1, "CHUNK": 2, "REORDER_INNER": 0, "STAGES": 2, "SPLIT_K": 4}
     res = build(BuildJob(shape, Precision.INT8, 90, s), cache)
     assert res.status == "compile_error" and "spill" in res.log, res.log[-300:]
-    space = ScheduleSpace(shape, Precision.INT8, get_target("h100"))
-    assert not space.is_valid(s)
-    import kernels.space as ks
-    old, ks.REG_WGMMA_1024 = ks.REG_WGMMA_1024, 0
-    try:
-        assert ScheduleSpace(shape, Precision.INT8, get_target("h100")).is_valid(s)
-    finally:
-        ks.REG_WGMMA_1024 = old
+    assert not ScheduleSpace(shape, Precision.INT8, get_target("h100")).is_valid(s)
+    monkeypatch.setattr("kernels.space.REG_WGMMA_1024", 0)
+    assert ScheduleSpace(shape, Precision.INT8, get_target("h100")).is_valid(s)
 
 
 def test_wgmma_register_rule_guards_spills(cache: Path) -> None:
