@@ -308,9 +308,22 @@ def cmd_search(a: argparse.Namespace) -> int:
 
 # ---- phase 2 -----------------------------------------------------------------------------
 def six_knob_space(shape: ConvShape, prec: Precision, target_name: str,
-                   fixed: dict[str, Any]) -> ScheduleSpace:
+                   fixed: dict[str, Any], vary: dict[str, list[Any]] | None = None
+                   ) -> ScheduleSpace:
+    """The paper's six knobs (and the knobs in `vary`, over those values) with the other knobs
+    held as in `fixed`."""
+    restrict: dict[str, list[Any]] = {k: [v] for k, v in fixed.items()}
     return ScheduleSpace(shape, prec, get_target(target_name),
-                         restrict={k: [v] for k, v in fixed.items()})
+                         restrict={**restrict, **(vary or {})})
+
+
+def parse_vary(specs: list[str]) -> dict[str, list[Any]]:
+    """--vary NAME=v1,v2 (values as the knob spells them: integers or names)."""
+    out: dict[str, list[Any]] = {}
+    for spec in specs:
+        name, _, vals = spec.partition("=")
+        out[name] = [int(v) if v.lstrip("-").isdigit() else v for v in vals.split(",")]
+    return out
 
 
 def write_replay(path: Path, name: str, shape: ConvShape, prec: Precision, target: str,
@@ -340,7 +353,13 @@ def cmd_phase2(a: argparse.Namespace) -> int:
     from kernels.runner import Runner
     from kernels.space import schedule_hash
 
-    p1 = json.loads(Path(a.phase1).read_text())
+    if a.fixed_from:  # the extra knobs of a selections file's batch-8 "tuned" schedules
+        p1 = {"rows": [{**r, "status": "ok", "median_us": 0.0}
+                       for r in json.loads(Path(a.fixed_from).read_text())
+                       if r["variant"] == "tuned"]}
+    else:
+        p1 = json.loads(Path(a.phase1).read_text())
+    vary = parse_vary(a.vary)
     runner = Runner(timeout_s=60)
     runner.ensure_started()
     target = target_for_gpu_model(runner.gpu_name or "")
@@ -358,15 +377,16 @@ def cmd_phase2(a: argparse.Namespace) -> int:
             if b1 is None:
                 log(f"{layer} {prec.value}: nothing ran in phase 1")
                 continue
-            fixed = {k: b1["schedule"][k] for k in EXTRA}
-            space = six_knob_space(shape, prec, tname, fixed)
+            sched = with_defaults(prec, b1["schedule"])
+            fixed = {k: sched[k] for k in EXTRA if k not in vary}
+            space = six_knob_space(shape, prec, tname, fixed, vary)
             valid = space.valid_indices
             log(f"{layer} {prec.value}: exhaustive six knobs, fixed {fixed}: {len(valid)} valid "
                 f"of {space.size}")
             jobs = [BuildJob(shape, prec, sm, space.schedule_at(int(i))) for i in valid]
             res = measure_jobs(runner, a.cache, jobs, samples=a.samples)
             measured = {schedule_hash(r["schedule"]): r for r in res}
-            name = f"resnet50_{layer}_n8_{prec.value}_{tname}"
+            name = f"resnet50_{layer}_n8_{prec.value}_{tname}{a.suffix}"
             write_replay(outdir / "replay" / f"{name}.jsonl.gz", name, shape, prec, tname,
                          runner.gpu_name or "", fixed, space, measured)
             b2 = best(res)
@@ -374,6 +394,8 @@ def cmd_phase2(a: argparse.Namespace) -> int:
                 final.append({"layer": layer, "n": 8, "precision": prec.value,
                               "variant": "tuned", "schedule": b2["schedule"], "int4_s8": None})
             # Ablation: one six-knob sample, four settings of the paper's optimizations.
+            if a.ablation == 0:
+                continue
             base = {**fixed, "DUP_AWARE": 0, "PACK_OUT": 0, "LAYOUT": "nhwc"}
             steps = [("six_knobs", base), ("+dup_aware", {**base, "DUP_AWARE": 1}),
                      ("+pack_out", {**base, "DUP_AWARE": 1, "PACK_OUT": 1}),
@@ -463,6 +485,7 @@ def cmd_table(a: argparse.Namespace) -> int:
     runner.close()
     out = {"gpu": runner.gpu_name, "target": tname, "date": dt.date.today().isoformat(),
            "peaks": p1.get("peaks"), "rows": table}
+    outdir.mkdir(parents=True, exist_ok=True)
     (outdir / "conv_vs_cudnn.json").write_text(json.dumps(out, indent=1))
     return 0
 
@@ -478,7 +501,13 @@ def main(argv: list[str] | None = None) -> int:
     a1.add_argument("--other", type=int, default=50)
     a1.add_argument("--seed", type=int, default=1)
     a2 = sub.add_parser("phase2")
-    a2.add_argument("--phase1", required=True)
+    a2.add_argument("--phase1", default="")
+    a2.add_argument("--fixed-from", default="",
+                    help="instead of --phase1: a selections file; its batch-8 tuned schedules "
+                         "fix the knobs outside the six")
+    a2.add_argument("--vary", action="append", default=[],
+                    help="NAME=v1,v2: a knob enumerated with the six (repeatable)")
+    a2.add_argument("--suffix", default="", help="appended to the replay datasets' names")
     a2.add_argument("--out-dir", required=True)
     a2.add_argument("--cache", default="/tmp/tctune-cache")
     a2.add_argument("--ablation", type=int, default=60)

@@ -37,7 +37,7 @@ from kernels.spec import ConvShape, Precision, Target
 
 KERNEL_DIR = Path(__file__).resolve().parent
 SOURCES = ("conv.cu", "instruction_tile.cuh", "block_tile.cuh", "warp_tile.cuh",
-           "warpgroup_tile.cuh", "wgmma.cuh", "epilogue.cuh")
+           "warpgroup_tile.cuh", "wgmma.cuh", "tma.cuh", "epilogue.cuh")
 KERNEL_NAME = "tc_conv"
 PRECISION_CODE = {"fp16": 0, "int8": 1, "int4": 2, "fp32_tc": 3}
 LAYOUT_CODE = {"nhwc": 0, "nhwcnc": 1}
@@ -260,6 +260,35 @@ def launch_meta(job: BuildJob, d: Mapping[str, int]) -> dict[str, Any]:
         "c_padded": int(d["TC_C"]), "layout": s["LAYOUT"],
         "channel_vector": channel_vector(p), "batch_block": NHWCNC_BATCH_BLOCK,
         "int4_s8": bool(d["TC_INT4_S8"]), "defines": dict(d),
+        "tma": tma_maps(sh, p, int(d["TC_C"]), int(g.block_m[0]), int(g.block_n[0]),
+                        int(g.block_k[0])) if s.get("TMA") else None,
+    }
+
+
+# Widest swizzle atom of a TMA box row (conv.cu: ATOM); a wider stage row takes two boxes.
+TMA_ATOM_BYTES = 128
+
+
+def tma_maps(sh: ConvShape, p: Precision, c_padded: int, bm: int, bn: int,
+             bk: int) -> dict[str, Any]:
+    """What kernels/launch.py needs to encode a TMA build's two tensor maps (cuTensorMapEncode*)
+    for any x and w of this shape: dimensions innermost first, byte strides, boxes, swizzle.
+    x: NHWC as (C, W, H, N) walked im2col-wise, BM pixels per box from the block's first output
+    pixel, corners such that the walk covers exactly the P x Q output positions (as CUTLASS
+    does: lower = -pad, upper = pad - (filter - 1) * dilation). w: KRSC as (C, R*S, K)."""
+    es = p.input_bits // 8
+    atom = min(bk * es, TMA_ATOM_BYTES)
+    (sh_, sw_), (ph, pw), (dh, dw) = sh.stride, sh.pad, sh.dilation
+    return {
+        "dtype": "float16" if p is Precision.FP16 else "uint8",
+        "swizzle_bytes": atom,
+        "x": {"dims": [c_padded, sh.w, sh.h, sh.n],
+              "strides": [c_padded * es, sh.w * c_padded * es, sh.h * sh.w * c_padded * es],
+              "lower": [-pw, -ph], "upper": [pw - (sh.s - 1) * dw, ph - (sh.r - 1) * dh],
+              "channels": atom // es, "pixels": bm, "element_strides": [1, sw_, sh_, 1]},
+        "w": {"dims": [c_padded, sh.r * sh.s, sh.k],
+              "strides": [c_padded * es, sh.r * sh.s * c_padded * es],
+              "box": [atom // es, 1, bn], "element_strides": [1, 1, 1]},
     }
 
 

@@ -17,6 +17,8 @@
 //      16-byte channel vector c (zero channels added by the harness: any C works).
 //   w: KRSC [K][R][S][Cp].  int4 is packed two per byte, element 2i in the low nibble.
 //   y: NHWC [N][P][Q][K] or NHWCnc [N/8][P][Q][K/co][8][co] of the epilogue's output type.
+//   maps (TMA=1 builds only, an eighth argument by value): the tensor maps of x (im2col) and
+//      w, 128 bytes each (kernels/launch.py encodes them per input pointer).
 //   fp32_tc (PREC 3): x, w and y are float32; `scale` points to two floats {amax_x, amax_w}
 //      (max |x|, max |w|, or any bounds of them) from which every thread derives the same
 //      per-tensor power-of-two exponents (tc_exp_for, below); 0 means "do not scale".
@@ -29,6 +31,9 @@
 #endif
 #ifndef TC_MMA
 #define TC_MMA 0  // 1: the wgmma instruction tile (sm_90a), see warpgroup_tile.cuh
+#endif
+#ifndef TC_TMA
+#define TC_TMA 0  // 1: stages loaded by the Tensor Memory Accelerator (wgmma only), see tma.cuh
 #endif
 
 #include "instruction_tile.cuh"
@@ -61,6 +66,7 @@ constexpr int ACC_T = IM * 8 / 32;        // accumulators per thread per instruc
 // wgmma (MMA=wgmma): warpgroup-wide m64 x WN x KB tiles; the knobs' "warps" are warpgroups.
 constexpr bool WG = TC_MMA != 0;
 constexpr int WGM = 64;                   // rows of one wgmma tile
+constexpr bool TMA = TC_TMA != 0;         // TMA loads paced by mbarriers (tma.cuh)
 
 // ---- shape (C is the padded channel count; C_REAL the layer's)
 constexpr int N = TC_N, H = TC_H, W = TC_W, C = TC_C, C_REAL = TC_C_REAL, K = TC_K;
@@ -132,8 +138,12 @@ constexpr int E_ROW = BN * STAGE_BITS / 8 + 16;      // staging row (+16 B again
 constexpr int EPI_SMEM = DIRECT_OUT ? 0 : BM * E_ROW;
 // F32_ASYNC: two hi/lo plane buffers, then STAGES fp32 staging slots of the same size.
 // wgmma: room to round the base up to the 1024-byte alignment of its swizzled tiles.
+// TMA: a full and an empty mbarrier per stage after the stages.
 constexpr int SMEM_ALIGN = WG ? 1024 : 0;
-constexpr int PIPE_SMEM = (F32_ASYNC ? 2 + STAGES : STAGES) * (A_STAGE + B_STAGE) + SMEM_ALIGN;
+constexpr int MBAR_SMEM = TMA ? 16 * STAGES : 0;
+constexpr int PIPE_SMEM = (F32_ASYNC ? 2 + STAGES : STAGES) * (A_STAGE + B_STAGE) + SMEM_ALIGN +
+                          MBAR_SMEM;
+constexpr int NATOM = SB / ATOM;  // swizzle atoms per stage row (TMA: one box each)
 constexpr int SMEM = cmax(PIPE_SMEM, EPI_SMEM);
 constexpr int CVO = 128 / OUT_BITS;  // output channels per 16-byte vector (NHWCnc out)
 constexpr int gcd(int a, int b) { return b == 0 ? a : gcd(b, a % b); }
@@ -155,9 +165,17 @@ static_assert(PREC != 2 || K % 2 == 0, "int4 output packs two channels per byte"
 static_assert(!WG || (!DUP && (PREC == 0 || PREC == 1)),
               "the wgmma path reads whole swizzled tiles of fp16 or int8 operands");
 static_assert(!WG || THREADS <= 1024, "a block holds at most 8 warpgroups");
+static_assert(!TMA || (WG && !LAYOUT && !DUP), "TMA loads whole NHWC im2col and weight tiles for wgmma");
+static_assert(!TMA || BN <= 256, "a TMA weight box spans at most 256 rows");
+// Implied by the register rule and kernels/spec.py's shape limits (tests/test_kernels_build.py):
+static_assert(!TMA || (BM <= 1024 && SH <= 8 && SW <= 8 && PH <= 127 && PW <= 127 &&
+                       (R - 1) * DH - PH <= 128 && (S - 1) * DW - PW <= 128),
+              "the im2col walk spans at most 1024 pixels with a stride of at most 8, and its "
+              "bounding-box corners lie within [-128, 127]");
 }  // namespace cfg
 
 #include "block_tile.cuh"
+#include "tma.cuh"
 #include "warp_tile.cuh"
 #include "warpgroup_tile.cuh"
 #include "epilogue.cuh"
@@ -181,7 +199,7 @@ __device__ __forceinline__ void conv_block(const u8* __restrict__ x, const u8* _
                                            const float* __restrict__ scale,
                                            const float* __restrict__ bias, u8* __restrict__ y,
                                            u32* __restrict__ ws, u32* __restrict__ counters,
-                                           u8* smem) {
+                                           const TensorMaps* maps, u8* smem) {
   using namespace cfg;
   const int tid = threadIdx.x;
   const int tile = blockIdx.x;
@@ -193,7 +211,7 @@ __device__ __forceinline__ void conv_block(const u8* __restrict__ x, const u8* _
   const int it1 = (split + 1) * NIT / SPLITK;
 
   BlockLoader ld;
-  ld.init(x, w, m0, n0, tid);
+  if constexpr (!TMA) ld.init(x, w, m0, n0, tid);
   if constexpr (F32TC) ld.init_split(scale);
   Tile wt;
   wt.init(m0, tid, ld);
@@ -208,7 +226,78 @@ __device__ __forceinline__ void conv_block(const u8* __restrict__ x, const u8* _
   // unroll 1: 144 stages of stage5 took 12 s to compile and spilled): hide the count.
   if constexpr (WG) asm volatile("" : "+r"(nit));
 
-  if constexpr (F32_ASYNC) {
+  if constexpr (TMA) {
+    // Thread 0 issues each stage's copies STAGES ahead; every warp waits on the stage's full
+    // barrier, runs its MMAs, and releases the slot on its empty barrier (one arrival per
+    // warp); thread 0 refills a slot once all warps have released it.
+    const u32 bars = sbase + (u32)(STAGES * (A_STAGE + B_STAGE));
+    auto full = [&](int st) { return bars + 8u * (u32)st; };
+    auto empty = [&](int st) { return bars + 8u * (u32)(STAGES + st); };
+    const void* xmap = maps->x;
+    const void* wmap = maps->w;
+    // The block's first output pixel, as the input coordinate the im2col walk starts from.
+    const int img = m0 / (P * Q), pq = m0 - img * (P * Q);
+    const int h0 = (pq / Q) * SH - PH, w0 = (pq % Q) * SW - PW;
+    auto produce = [&](int it, int st) {
+      const StageIdx sx = stage_idx(it);
+      mbar_arrive_expect_tx(full(st), (u32)(A_STAGE + B_STAGE));
+#pragma unroll
+      for (int a = 0; a < NATOM; ++a) {
+        const int c = sx.cb * BKC + a * (ATOM * 8 / ELEM_BITS);
+        tma_im2col(a_buf(st) + (u32)(a * BM * ATOM), xmap, full(st), c, w0, h0, img,
+                   (unsigned short)(sx.s * DW), (unsigned short)(sx.r * DH));
+        tma_tile3(b_buf(st) + (u32)(a * BN * ATOM), wmap, full(st), c, sx.r * S + sx.s, n0);
+      }
+    };
+    if (tid == 0) {
+      for (int st = 0; st < STAGES; ++st) {
+        mbar_init(full(st), 1);
+        mbar_init(empty(st), WARPS);
+      }
+      mbar_init_fence();
+      tmap_prefetch(xmap);
+      tmap_prefetch(wmap);
+    }
+    __syncthreads();
+    if (tid == 0)
+      for (int s = 0; s < STAGES && s < nit; ++s) produce(it0 + s, s);
+    // A stage's slot is released once its MMAs are done; thread 0 then refills it with the
+    // stage STAGES later. With two or more stages the MMAs of a stage stay in flight while the
+    // next stage's are issued: the slot of stage i-1 is released after stage i is issued
+    // (against waiting for each stage's MMAs: median 0.88-1.00 per batch-8 layer and precision).
+    auto release = [&](int s, u32 p, int j) {
+      __syncwarp();
+      if ((tid & 31) == 0) mbar_arrive(empty(s));
+      if (tid == 0 && j + STAGES < nit) {
+        mbar_wait(empty(s), p);
+        produce(it0 + j + STAGES, s);
+      }
+    };
+    constexpr bool INFLIGHT = STAGES >= 2;
+    int st = 0, pst = 0;
+    u32 ph = 0, pph = 0;
+#pragma unroll 1
+    for (int i = 0; i < nit; ++i) {
+      mbar_wait(full(st), ph);
+      if constexpr (INFLIGHT) {
+        wt.issue(a_buf(st), b_buf(st));
+        if (i > 0) {
+          wgmma_wait<1>();
+          release(pst, pph, i - 1);
+        }
+      } else {
+        wt.compute_stage(a_buf(st), b_buf(st), it0 + i);  // issue, then wait for the MMAs
+        release(st, ph, i);
+      }
+      pst = st;
+      pph = ph;
+      if (++st == STAGES) { st = 0; ph ^= 1; }
+    }
+    if constexpr (INFLIGHT) wt.retire();
+    __syncthreads();  // every wait is done: the barriers' memory returns to the epilogue
+    if (tid == 0)
+      for (int s = 0; s < STAGES; ++s) { mbar_inval(full(s)); mbar_inval(empty(s)); }
+  } else if constexpr (F32_ASYNC) {
     auto stg = [&](int s) { return sbase + (u32)((2 + s) * (A_STAGE + B_STAGE)); };
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
@@ -289,10 +378,21 @@ __device__ __forceinline__ void conv_block(const u8* __restrict__ x, const u8* _
   epilogue(wt, smem, m0, n0, tid, tile, split, scale, bias, y, ws, counters);
 }
 
+// TMA builds take the tensor maps as a by-value kernel parameter (param space, read by the TMA
+// unit without a trip to global memory).
 extern "C" __global__ void __launch_bounds__(cfg::THREADS, 1)
 tc_conv(const u8* __restrict__ x, const u8* __restrict__ w, const float* __restrict__ scale,
         const float* __restrict__ bias, u8* __restrict__ y, u32* __restrict__ ws,
-        u32* __restrict__ counters) {
+        u32* __restrict__ counters
+#if TC_TMA
+        , const __grid_constant__ TensorMaps maps
+#endif
+) {
   extern __shared__ __align__(128) u8 smem[];
-  conv_block<Pick<cfg::WG, GroupTile, WarpTile>::T>(x, w, scale, bias, y, ws, counters, smem);
+#if TC_TMA
+  const TensorMaps* m = &maps;
+#else
+  const TensorMaps* m = nullptr;
+#endif
+  conv_block<Pick<cfg::WG, GroupTile, WarpTile>::T>(x, w, scale, bias, y, ws, counters, m, smem);
 }

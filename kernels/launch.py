@@ -1,14 +1,18 @@
 """How a built conv kernel is loaded and launched: one place for the runner and the runtime.
 
 The build's launch metadata (`kernels.build.launch_meta`) says everything: kernel name,
-grid, block, dynamic shared memory, split-K workspace and counters. The kernel's arguments
-are always `(x, w, scale, bias, y, workspace, counters)` (kernels/conv.cu). CuPy is imported
-only inside functions, so `kernels` imports without a GPU.
+grid, block, dynamic shared memory, split-K workspace and counters, and for TMA builds the
+tensor maps' parameters. The kernel's arguments are `(x, w, scale, bias, y, workspace,
+counters)`, and for TMA builds the two tensor maps by value after them (kernels/conv.cu).
+CuPy and the driver bindings are imported only inside functions, so `kernels` imports
+without a GPU.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
+from collections import OrderedDict
 from typing import Any
 
 # Above this much dynamic shared memory a kernel must opt in (cudaFuncSetAttribute).
@@ -48,8 +52,85 @@ def alloc_scratch(meta: dict[str, Any]) -> tuple[Any, Any]:
     return cupy.zeros(ws_words, dtype=cupy.uint32), cupy.zeros(counter_words, dtype=cupy.uint32)
 
 
+def encode_tensor_maps(tma: dict[str, Any], x_ptr: int, w_ptr: int) -> bytes:
+    """The 256 bytes a TMA build reads: x's im2col map, then w's tiled map (kernels/tma.cuh),
+    encoded by the driver from `launch_meta`'s "tma" parameters and the two device pointers."""
+    from cuda.bindings import driver as drv
+
+    dtype = (drv.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT16 if tma["dtype"] == "float16"
+             else drv.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_UINT8)
+    swizzle = {32: drv.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_32B,
+               64: drv.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_64B,
+               128: drv.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B}[int(tma["swizzle_bytes"])]
+    common = (drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
+              drv.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+              drv.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)  # zeros
+    xs, ws = tma["x"], tma["w"]
+
+    def u64(v: list[int]) -> list[Any]:
+        return [drv.cuuint64_t(int(i)) for i in v]
+
+    def u32(v: list[int]) -> list[Any]:
+        return [drv.cuuint32_t(int(i)) for i in v]
+
+    err, xmap = drv.cuTensorMapEncodeIm2col(
+        dtype, 4, x_ptr, u64(xs["dims"]), u64(xs["strides"]), xs["lower"], xs["upper"],
+        *u32([xs["channels"], xs["pixels"]]), u32(xs["element_strides"]), *common)
+    if err != drv.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"cuTensorMapEncodeIm2col: {err} ({tma})")
+    err, wmap = drv.cuTensorMapEncodeTiled(
+        dtype, 3, w_ptr, u64(ws["dims"]), u64(ws["strides"]), u32(ws["box"]),
+        u32(ws["element_strides"]), *common)
+    if err != drv.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"cuTensorMapEncodeTiled: {err} ({tma})")
+    import numpy as np
+
+    return b"".join(np.array(m.opaque, dtype=np.uint64).tobytes() for m in (xmap, wmap))
+
+
+# Encoded maps per (build, x pointer, w pointer): a map holds its tensor's address, so each
+# input buffer pair has its own; encoding is a host call, and the launch copies the maps into
+# the kernel's parameters (graph capture records them as they were).
+_MAPS: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
+MAX_CACHED_MAPS = 4096
+
+
+def tensor_maps(meta: dict[str, Any], x_ptr: int, w_ptr: int) -> Any:
+    """The by-value kernel argument of a TMA build (ctypes, 256 bytes) for these pointers."""
+    key = (repr(meta["tma"]), x_ptr, w_ptr)
+    arg = _MAPS.get(key)
+    if arg is None:
+        arg = (ctypes.c_uint64 * 32).from_buffer_copy(
+            encode_tensor_maps(meta["tma"], x_ptr, w_ptr))
+        _MAPS[key] = arg
+        while len(_MAPS) > MAX_CACHED_MAPS:
+            _MAPS.popitem(last=False)
+    else:
+        _MAPS.move_to_end(key)
+    return arg
+
+
+def _launch_with_maps(fn: Any, meta: dict[str, Any], ptrs: list[int]) -> None:
+    """A TMA build's launch through the driver: CuPy passes no 64-byte-aligned structs."""
+    import cupy
+    from cuda.bindings import driver as drv
+
+    grid, block, smem = launch_dims(meta)
+    args = [ctypes.c_void_p(p) for p in ptrs] + [tensor_maps(meta, ptrs[0], ptrs[1])]
+    params = (ctypes.c_void_p * len(args))(*(ctypes.addressof(a) for a in args))
+    stream = cupy.cuda.get_current_stream().ptr
+    func = fn.kernel.ptr  # CuPy's RawKernel -> its cupy.cuda.Function -> CUfunction
+    (err,) = drv.cuLaunchKernel(drv.CUfunction(func), *grid, *block, smem,
+                                drv.CUstream(stream), ctypes.addressof(params), 0)
+    if err != drv.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"cuLaunchKernel: {err}")
+
+
 def launch(fn: Any, meta: dict[str, Any], x: Any, w: Any, scale: Any, bias: Any, y: Any,
            ws: Any, counters: Any) -> None:
     """Enqueue one launch on CuPy's current stream."""
+    if meta.get("tma"):
+        _launch_with_maps(fn, meta, [a.data.ptr for a in (x, w, scale, bias, y, ws, counters)])
+        return
     grid, block, smem = launch_dims(meta)
     fn(grid, block, (x, w, scale, bias, y, ws, counters), shared_mem=smem)

@@ -48,11 +48,14 @@ EXTRA_KNOBS: dict[str, tuple[Any, ...]] = {
     # Tensor Core instruction: warp-wide mma.sync, or warpgroup-wide wgmma (sm_90a) reading
     # both operands from shared memory (see WGMMA_* below for what the other knobs mean then).
     "MMA": ("sync", "wgmma"),
+    # wgmma stages loaded by the Tensor Memory Accelerator (im2col and tiled tensor maps,
+    # mbarrier-paced, one issuing thread) instead of every thread's cp.async (0).
+    "TMA": (0, 1),
 }
 # Knobs added after schedules were first stored, with the value that builds the kernel as it
 # was: a schedule that does not name such a knob means that value, and hashes as if the knob
 # were absent, so stored schedules, measurements and their hashes keep their meaning.
-KNOB_DEFAULTS: dict[str, Any] = {"MMA": "sync"}
+KNOB_DEFAULTS: dict[str, Any] = {"MMA": "sync", "TMA": 0}
 # Each default is its knob's first value (tested): recorded datasets and stored prior
 # schedules that predate a knob read it as its first value (search/datasets.py, features.py).
 FP32_TC_KNOBS: dict[str, tuple[Any, ...]] = {
@@ -88,6 +91,12 @@ EPILOGUE_ROW_PAD = 16
 WGMMA_M = 64
 WGMMA_N_PER_TILE = 32
 WGMMA_SMEM_ALIGN = 1024
+# TMA=1: a full and an empty mbarrier (8 bytes each) per stage; a weight box spans at most
+# this many rows. (The im2col walk's other limits, <= 1024 pixels, stride <= 8, bounding-box
+# corners in [-128, 127], hold for every valid schedule and shape: the register rule keeps
+# block_m <= 1024 and kernels/spec.py bounds strides, pads and dilated filters; tested.)
+TMA_MBAR_BYTES = 16
+TMA_MAX_BOX_ROWS = 256
 SYNC_MAX_STAGES = 3
 # Register model of the wgmma path, calibrated on ~480 sm_90a builds: no fragments; the
 # loader keeps 4 registers of address state per unrolled 16-byte job (block_tile.cuh unrolls a
@@ -274,6 +283,8 @@ def geometry(shape: ConvShape, precision: Precision, target: Target,
     # wgmma's swizzled operand tiles must start on 1024-byte boundaries: the kernel rounds
     # the dynamic shared-memory base up at run time.
     pipeline = pipeline + np.where(wg, WGMMA_SMEM_ALIGN, 0)
+    tma = np.asarray(cols["TMA"], i64) == 1 if "TMA" in cols else np.zeros(np.shape(brw), bool)
+    pipeline = pipeline + np.where(tma, TMA_MBAR_BYTES * stages, 0)
     ob = p.output_bits if out_bits is None else out_bits
     stage_bits = np.where(pack, ob, 32)
     epilogue = np.where(pack & (ob == 32), 0, bm * (bn * stage_bits // 8 + EPILOGUE_ROW_PAD))
@@ -329,6 +340,13 @@ def validity(shape: ConvShape, precision: Precision, target: Target,
         ok &= ~wg
     ok &= ~wg | ((np.asarray(cols["DUP_AWARE"]) == 0) & (g.threads <= 1024))
     ok &= ~wg | (np.asarray(cols["WARP_ROW_TILES"]) == 1) | (g.acc_regs <= WGMMA_MAX_MULTI_TILE_ACC)
+    # TMA feeds the wgmma path with whole NHWC tiles (no duplicate-aware rows, no NHWCnc),
+    # and a weight box has at most 256 rows (the kernel static_asserts both).
+    if "TMA" in cols:
+        tma = np.asarray(cols["TMA"]) == 1
+        ok &= ~tma | (wg & (np.asarray(cols["DUP_AWARE"]) == 0) &
+                      (np.asarray(cols["LAYOUT"], dtype=object) == "nhwc") &
+                      (g.block_n <= TMA_MAX_BOX_ROWS))
     # Pipelines deeper than 3 stages pay with wgmma (its loads and math overlap); on the
     # mma.sync path they gained 2-4% on int8 and lost beyond 4 (bench/RESULTS.md, H100 probe),
     # not worth a space twice the size.

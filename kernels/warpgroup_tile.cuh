@@ -9,13 +9,19 @@
 #include "wgmma.cuh"
 
 namespace cfg {
-constexpr u32 WG_SBO = 8 * SB;  // bytes between 8-row groups of a K-major operand tile
+// Operand tiles are K-major rows of swizzle atoms. cp.async stores a row's atoms side by side
+// per 8-row group (block_tile.cuh: soff); TMA writes one box per atom, i.e. all rows of the
+// first atom, then all rows of the second ("planes"). WG_ROWB: bytes from a row to the next.
+constexpr int WG_ROWB = TMA ? ATOM : SB;
+constexpr u32 WG_SBO = 8 * WG_ROWB;  // bytes between 8-row groups of a K-major operand tile
 // Descriptor swizzle field: 1 = 128 B, 2 = 64 B, 3 = 32 B atoms (an atom row is one span).
 constexpr u64 WG_SWIZZLE = ATOM == 128 ? 1 : ATOM == 64 ? 2 : 3;
 static_assert(!WG || (SB == 32 || SB == 64 || SB == 128 || SB == 256),
               "a wgmma stage row is 32, 64 or 128 bytes, or two 128-byte atoms");
-// Byte offset of k-step ks within a row group: its atom, then its place in the atom row.
-constexpr int wg_koff(int ks) { return (ks * KB / ATOM) * (8 * ATOM) + (ks * KB) % ATOM; }
+// Byte offset of k-step ks in a tile of `rows` rows: its atom, then its place in the atom row.
+constexpr int wg_koff(int ks, int rows) {
+  return (ks * KB / ATOM) * (TMA ? rows * ATOM : 8 * ATOM) + (ks * KB) % ATOM;
+}
 static_assert(!WG || SM == 90, "wgmma is an sm_90a instruction");
 }  // namespace cfg
 
@@ -43,8 +49,8 @@ struct GroupTile {
     // The epilogue sees each warp's 16 rows of every 64-row tile (ROWSTEP apart).
     wm0 = wg_m * WRT * WGM + wq * IM;
     wn0 = wg_n * WN;
-    a_off = (u32)(wg_m * WRT * WGM * SB);
-    b_off = (u32)(wn0 * SB);
+    a_off = (u32)(wg_m * WRT * WGM * WG_ROWB);
+    b_off = (u32)(wn0 * WG_ROWB);
 #pragma unroll
     for (int i = 0; i < WRT; ++i)
 #pragma unroll
@@ -76,8 +82,8 @@ struct GroupTile {
     for (int ks = 0; ks < CHUNK; ++ks)
 #pragma unroll
       for (int i = 0; i < WRT; ++i)
-        wgmma_tile<WN>(&acc[i][0][0], da + (u64)((i * WGM * SB + wg_koff(ks)) >> 4),
-                       db + (u64)(wg_koff(ks) >> 4));
+        wgmma_tile<WN>(&acc[i][0][0], da + (u64)((i * WGM * WG_ROWB + wg_koff(ks, BM)) >> 4),
+                       db + (u64)(wg_koff(ks, BN) >> 4));
     wgmma_commit();
   }
   // Wait for them: the stage's buffer is reloaded after the next barrier.

@@ -207,6 +207,81 @@ def test_deep_pipelines_are_pruned_from_mma_sync_not_impossible(cache: Path) -> 
                          ).is_valid({**WG, "STAGES": 8})
 
 
+# ---- TMA loads (TMA=1, wgmma only) -------------------------------------------------------
+@pytest.mark.parametrize("extra,why", [
+    ({"MMA": "sync", "STAGES": 2}, "whole NHWC im2col"),  # the loads feed wgmma's tiles
+    ({"LAYOUT": "nhwcnc", "STAGES": 2}, "whole NHWC im2col"),
+    # 2 warpgroups x 256 columns: the weight box would have 512 rows
+    ({"BLK_COL_WARPS": 2, "WARP_COL_TILES": 8, "STAGES": 2, "PACK_OUT": 0}, "256 rows"),
+])
+def test_tma_rules(extra: dict, why: str, cache: Path) -> None:
+    shape, s = RESNET50_3X3["stage3"], {**WG, "TMA": 1, **extra}
+    res = build(BuildJob(shape, Precision.FP16, 90, s), cache)
+    assert res.status == "compile_error" and why in res.log, res.log[-500:]
+    space = ScheduleSpace(shape, Precision.FP16, get_target("h100"))
+    assert not space.is_valid(s)
+    assert space.is_valid({**s, "TMA": 0}) or extra.get("MMA") == "sync"
+
+
+def test_tma_walk_limits_hold_for_every_valid_shape() -> None:
+    """The im2col walk's limits that validity does not test, because the shape limits and
+    the register rule imply them (conv.cu static_asserts them)."""
+    from kernels import spec
+
+    span = (spec.MAX_FILTER - 1) * spec.MAX_DILATION
+    assert spec.MAX_STRIDE <= 8 and spec.MAX_FILTER <= 127 and span - 0 <= 128
+    for prec in (Precision.FP16, Precision.INT8):
+        space = ScheduleSpace(RESNET50_3X3["stage2"], prec, get_target("h100"),
+                              restrict={"TMA": [1]})
+        assert space.geometry(space.valid_indices).block_m.max() <= 1024
+
+
+@pytest.mark.parametrize("precision,chunk,boxes", [("int8", 4, 1), ("int8", 8, 2),
+                                                   ("fp16", 2, 1), ("fp16", 8, 2)])
+def test_tma_builds_load_with_tma(precision: str, chunk: int, boxes: int, cache: Path) -> None:
+    """A TMA build's stages are bulk tensor copies (UTMALDG; a 256-byte stage row is two
+    128-byte boxes per operand), no cp.async, and the wgmma instructions read them."""
+    s = {**WG, "CHUNK": chunk, "STAGES": 4, "TMA": 1}
+    shape = RESNET50_3X3["stage4"]
+    assert ScheduleSpace(shape, Precision(precision), get_target("h100")).is_valid(s)
+    res = build(BuildJob(shape, Precision(precision), 90, s), cache)
+    assert res.status == "ok", res.log[-500:]
+    if cuobjdump_path():
+        summary = summarize(cubin_path(cache, res.key))
+        assert any("GMMA" in m for m in summary.mma) and not summary.spills
+        lines = summary.text.splitlines()
+        assert not any("LDGSTS" in line for line in lines)
+        # two copies (A and B) per box, in the prologue and in the refill
+        assert sum("UTMALDG" in line for line in lines) == 4 * boxes
+
+
+def test_tma_maps_describe_the_im2col_walk() -> None:
+    """launch_meta's TMA parameters: NHWC as (C, W, H, N) walked over exactly the P x Q output
+    positions (lower corner -pad, upper corner pad - (filter - 1) * dilation, traversal
+    stride = conv stride), KRSC weights as (C, R*S, K), boxes of one swizzle atom."""
+    from kernels.build import defines, launch_meta
+
+    shape = ConvShape(2, 17, 19, 24, 40, 3, 5, stride=(2, 1), pad=(1, 2), dilation=(1, 2))
+    s = {**WG, "CHUNK": 2, "STAGES": 4, "TMA": 1}
+    job = BuildJob(shape, Precision.FP16, 90, s)
+    tma = launch_meta(job, defines(job))["tma"]
+    cp = 24
+    assert tma["dtype"] == "float16" and tma["swizzle_bytes"] == 64  # 2 k-steps of 32 bytes
+    x = tma["x"]
+    assert x["dims"] == [cp, 19, 17, 2] and x["strides"] == [cp * 2, 19 * cp * 2, 17 * 19 * cp * 2]
+    assert x["lower"] == [-2, -1] and x["upper"] == [2 - 4 * 2, 1 - 2]
+    assert x["element_strides"] == [1, 1, 2, 1]
+    assert x["channels"] == 32 and x["pixels"] == 64
+    # the walk covers exactly Q x P positions per image, as the conv's output has
+    for dim, lo, hi, st, out in ((19, -2, -6, 1, shape.q), (17, -1, -1, 2, shape.p)):
+        assert (dim + hi - lo - 1) // st + 1 == out
+    w = tma["w"]
+    assert w["dims"] == [cp, 15, 40] and w["strides"] == [cp * 2, 15 * cp * 2]
+    assert w["box"] == [32, 1, 64]
+    assert launch_meta(BuildJob(shape, Precision.FP16, 90, {**s, "TMA": 0}),
+                       defines(BuildJob(shape, Precision.FP16, 90, {**s, "TMA": 0})))["tma"] is None
+
+
 def test_wgmma_header_is_generated_from_its_script() -> None:
     from kernels import gen_wgmma
 

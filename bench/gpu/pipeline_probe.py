@@ -8,7 +8,8 @@ fp16 and an empty kernel (the harness's per-launch floor) in the same run:
   --mode wgmma     a sample of the wgmma subspace (MMA=wgmma, sm_90a).
   --mode variants  the fastest wgmma schedules of an earlier run (--from, --top) and a sample
                    of the wgmma subspace with pipelines up to 8 stages deep, each built once per
-                   value of an experiment's define (--define NAME=0,1), outside the space.
+                   value of an experiment's define (--define NAME=0,1), outside the space,
+                   or of a knob of the space (--knob NAME=0,1; pairs where every value is valid).
 
     python -m bench.gpu.pipeline_probe prebuild --cache .cache/probe       # CPU
     python -m bench.gpu.pipeline_probe run --cache .cache/probe --out P.json  # GPU
@@ -56,11 +57,12 @@ def top_of(earlier: list[dict[str, Any]], layer: str, prec: str, k: int) -> list
 
 def plan(mode: str = "pipeline", per_group: int = 60, seed: int = 0,
          values: tuple[int, ...] = (0,), earlier: list[dict[str, Any]] | None = None,
-         top: int = 0) -> list[dict[str, Any]]:
+         top: int = 0, knob: str = "") -> list[dict[str, Any]]:
     """pipeline: the best schedules x STAGES x SPLIT_K x CHUNK. dup: a random sample of the
     duplicate-aware subspace (NHWC, STAGES 3-4, SPLIT_K 1-2) with >= 4 main-loop iterations
     (fewer leave nothing to pipeline), plus each best schedule for reference. wgmma: a
-    random sample of the MMA=wgmma subspace, plus each best schedule."""
+    random sample of the MMA=wgmma subspace, plus each best schedule. variants: each of those
+    once per value (of a define, or of `knob` in the schedule: "pair" names the pair)."""
     import numpy as np
 
     from bench.conv_vs_cudnn import layer_shape
@@ -77,18 +79,24 @@ def plan(mode: str = "pipeline", per_group: int = 60, seed: int = 0,
         shape = layer_shape(r["layer"], 8)
         prec = Precision(r["precision"])
         if mode == "variants":
-            for value in values:
-                items.append({"layer": r["layer"], "precision": prec.value, "base": True,
-                              "schedule": r["schedule"], "shape": shape.to_dict(),
-                              "variant": value})
-            sp = ScheduleSpace(shape, prec, target, {"MMA": ["wgmma"], "STAGES": WG_STAGES})
+            fixed: dict[str, Any] = {"MMA": ["wgmma"], "STAGES": WG_STAGES}
+            if knob:
+                fixed[knob] = [values[0]]
+            sp = ScheduleSpace(shape, prec, target, fixed)
+            full = ScheduleSpace(shape, prec, target)
             picks = [sp.schedule_at(int(i)) for i in rng.choice(
                 sp.valid_indices, size=min(per_group, len(sp.valid_indices)), replace=False)]
-            for sched in top_of(earlier, r["layer"], prec.value, top) + picks:
-                for value in values:
-                    items.append({"layer": r["layer"], "precision": prec.value, "base": False,
-                                  "schedule": sched, "shape": shape.to_dict(),
-                                  "variant": value})
+            scheds = [(True, r["schedule"])] + [
+                (False, s) for s in top_of(earlier, r["layer"], prec.value, top) + picks]
+            for base, sched in scheds:
+                variants = [{**sched, knob: v} if knob else sched for v in values]
+                if knob and not all(full.is_valid(v) for v in variants):
+                    continue
+                pair = json.dumps({k: v for k, v in sched.items() if k != knob}, sort_keys=True)
+                for value, v in zip(values, variants, strict=True):
+                    items.append({"layer": r["layer"], "precision": prec.value, "base": base,
+                                  "schedule": v, "shape": shape.to_dict(), "variant": value,
+                                  "pair": pair})
             continue
         if mode in ("dup", "wgmma"):
             items.append({"layer": r["layer"], "precision": prec.value, "base": True,
@@ -127,10 +135,11 @@ def cmd_prebuild(a: argparse.Namespace) -> int:
     from bench.conv_vs_cudnn import read_json
     from kernels import build
 
-    name, _, vals = (a.define or "X=0").partition("=")
+    name, _, vals = (a.define or a.knob or "X=0").partition("=")
     values = tuple(int(v) for v in vals.split(","))
     earlier = read_json(a.from_)["rows"] if a.from_ else []
-    items = plan(a.mode, a.per_group, values=values, earlier=earlier, top=a.top)
+    items = plan(a.mode, a.per_group, values=values, earlier=earlier, top=a.top,
+                 knob=name if a.knob else "")
     plain = build.nvrtc_options
     for value in values:
         # An experiment's define, outside the schedule space: added to the options (and so to
@@ -195,10 +204,10 @@ def cmd_run(a: argparse.Namespace) -> int:
         for r in top:
             short = " ".join(f"{k}={v}" for k, v in r["schedule"].items())
             print(f"   {r['median_us']:.3f} us  {short} variant={r.get('variant', 0)}")
-        # Paired: the same schedule built with define values 0 and 1 (variants mode).
+        # Paired: the same schedule built with define / knob values 0 and 1 (variants mode).
         pairs: dict[str, dict[int, float]] = {}
         for r in ok:
-            pairs.setdefault(json.dumps(r["schedule"], sort_keys=True), {})[
+            pairs.setdefault(r.get("pair") or json.dumps(r["schedule"], sort_keys=True), {})[
                 r.get("variant", 0)] = r["median_us"]
         ratios = sorted(p[1] / p[0] for p in pairs.values() if 0 in p and 1 in p)
         if ratios:
@@ -267,6 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mode", choices=("pipeline", "dup", "wgmma", "variants"),
                    default="pipeline")
     p.add_argument("--define", default="", help="variants: NAME=0,1 (an experiment's define)")
+    p.add_argument("--knob", default="", help="variants: NAME=0,1 (a knob of the space)")
     p.add_argument("--from", dest="from_", default="", help="variants: an earlier --out JSON")
     p.add_argument("--top", type=int, default=0, help="variants: its fastest K per group")
     p.add_argument("--per-group", type=int, default=60)
