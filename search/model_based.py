@@ -77,6 +77,7 @@ class ModelBasedStrategy(Strategy):
             offer_all=bool(int(options.get("offer_all", 0))))
         self._moves: Moves | None = None
         self._features: np.ndarray | None = None
+        self._task_features: np.ndarray | None = None
         self._prior_table: tuple[int, np.ndarray, CostModel] | None = None
         self.bag_scores: np.ndarray | None = None
 
@@ -93,6 +94,19 @@ class ModelBasedStrategy(Strategy):
         if self._features is None:
             self._features = space_features(self.space, self.space.valid_indices)
         return self._features
+
+    @property
+    def task_features(self) -> np.ndarray:
+        """`features` without the columns that are constant over this space (a knob the
+        space holds fixed, a shape feature): they cannot rank its schedules, and the task
+        model's column subsampling would otherwise spend draws on them, so its picks would
+        change whenever a knob is added to the kernel elsewhere. The prior's model keeps every
+        column (they vary between the layers it learns from)."""
+        if self._task_features is None:
+            f = self.features
+            varies = np.ptp(f, axis=0) > 0 if len(f) else np.zeros(f.shape[1], bool)
+            self._task_features = f[:, varies] if varies.any() else f
+        return self._task_features
 
     def rows_of(self, indices: np.ndarray) -> np.ndarray:
         return np.searchsorted(self.space.valid_indices, np.asarray(indices, dtype=np.int64))
@@ -176,7 +190,7 @@ class ModelBasedStrategy(Strategy):
             return None
         rows = self.rows_of(idx)
         y = normalized_throughput(lat, ok)
-        return (Rows(self.features[rows], y, np.zeros(len(y), dtype=np.int64)),
+        return (Rows(self.task_features[rows], y, np.zeros(len(y), dtype=np.int64)),
                 None if base is None else base[0][rows])
 
     def _fit_task(self, trials: Sequence[Trial], base: tuple[np.ndarray, CostModel] | None
@@ -192,7 +206,7 @@ class ModelBasedStrategy(Strategy):
         n = len(trials)
         if self.refit <= 1 or n < REFIT_STEP:
             model = self._fit_task(trials, base)
-            return None if model is None else model.predict_each(self.features)
+            return None if model is None else model.predict_each(self.task_features)
         start = refit_point(n, self.refit)
         last = start + (n - start) // REFIT_STEP * REFIT_STEP
         base_id = None if base is None or self._prior_table is None else self._prior_table[0]
@@ -207,15 +221,15 @@ class ModelBasedStrategy(Strategy):
             if model is None:  # nothing measured by the refit point: no chain yet
                 self._chain = None
                 model = self._fit_task(trials, base)
-                return None if model is None else model.predict_each(self.features)
+                return None if model is None else model.predict_each(self.task_features)
             c = {"base": base_id, "start": start, "upto": start, "model": model,
-                 "each": model.predict_each(self.features)}
+                 "each": model.predict_each(self.task_features)}
         model, each, upto = c["model"], c["each"], c["upto"]
         for k in [*range(upto + REFIT_STEP, last + 1, REFIT_STEP), *([n] if n > last else [])]:
             since = model.trees
             model = model.extended(*self.task_rows(trials[:k], base),  # type: ignore[misc]
                                    rounds=self.extend_rounds)
-            each = each + model.predict_each(self.features, since=since)
+            each = each + model.predict_each(self.task_features, since=since)
             if k <= last:
                 c = {**c, "upto": k, "model": model, "each": each}
         self._chain = {**c, "sig": sig(c["upto"])}
