@@ -369,9 +369,9 @@ def cmd_phase2(a: argparse.Namespace) -> int:
     final: list[dict[str, Any]] = []  # (layer, n, precision, variant, schedule, int4_s8)
     layers = a.layers.split(",") if a.layers else list(RESNET50_3X3)
     for layer in layers:
-        shape = layer_shape(layer, 8)
+        shape = layer_shape(layer, a.batch)
         for prec in (Precision.FP16, Precision.INT8):
-            rows = [r for r in p1["rows"] if r["layer"] == layer and r["n"] == 8
+            rows = [r for r in p1["rows"] if r["layer"] == layer and r["n"] == a.batch
                     and r["precision"] == prec.value]
             b1 = best(rows)
             if b1 is None:
@@ -386,12 +386,12 @@ def cmd_phase2(a: argparse.Namespace) -> int:
             jobs = [BuildJob(shape, prec, sm, space.schedule_at(int(i))) for i in valid]
             res = measure_jobs(runner, a.cache, jobs, samples=a.samples)
             measured = {schedule_hash(r["schedule"]): r for r in res}
-            name = f"resnet50_{layer}_n8_{prec.value}_{tname}{a.suffix}"
+            name = f"resnet50_{layer}_n{a.batch}_{prec.value}_{tname}{a.suffix}"
             write_replay(outdir / "replay" / f"{name}.jsonl.gz", name, shape, prec, tname,
                          runner.gpu_name or "", fixed, space, measured)
             b2 = best(res)
             if b2:
-                final.append({"layer": layer, "n": 8, "precision": prec.value,
+                final.append({"layer": layer, "n": a.batch, "precision": prec.value,
                               "variant": "tuned", "schedule": b2["schedule"], "int4_s8": None})
             # Ablation: one six-knob sample, four settings of the paper's optimizations.
             if a.ablation == 0:
@@ -508,6 +508,7 @@ def main(argv: list[str] | None = None) -> int:
     a2.add_argument("--vary", action="append", default=[],
                     help="NAME=v1,v2: a knob enumerated with the six (repeatable)")
     a2.add_argument("--suffix", default="", help="appended to the replay datasets' names")
+    a2.add_argument("--batch", type=int, default=8, help="the layers' batch (--fixed-from)")
     a2.add_argument("--out-dir", required=True)
     a2.add_argument("--cache", default="/tmp/tctune-cache")
     a2.add_argument("--ablation", type=int, default=60)

@@ -5,11 +5,12 @@ refit=1` is the paper's configuration).
 No trial and no prior: the first batch is uniform random draws over the valid schedules
 (`first=coverage` makes it a space-filling design instead, `coverage_design`: every value of
 every knob; better on the simulated spaces, worse on the 16 recorded on GPUs, see
-bench/RESULTS.md "Real spaces decide the first batch"). Each later batch: train the model on every trial (and the prior) as five bagged
-regression boosters (from scratch when the trials have grown by half since the last time,
-else by boosting the last model further: `refit`, search/model_based.py), then pick the
-batch from their opinions in turn (`bag_pick`): the mean's best unseen schedule, each bag's
-best not yet taken, and round again; n/32 random ones (1 of 32) complete it.
+bench/RESULTS.md "Real spaces decide the first batch"). Each later batch: train the model on
+every trial (and the prior) as five bagged regression boosters (from scratch when the trials
+have grown by half since the last time, else by boosting the last model further: `refit`,
+search/model_based.py), then pick the batch from their opinions in turn (`bag_pick`): the
+mean's best unseen schedule, each bag's best not yet taken, and round again; n/32 random
+ones (1 of 32) complete it.
 
 The paper's explorer stays as `pick=top` (and as the pool with `pool=K`): anneal on the
 mean score as AutoTVM does, except that each walker makes two mutants per iteration, the

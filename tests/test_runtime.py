@@ -323,6 +323,10 @@ def device_cases() -> dict[str, Conv2d]:
     nhwcnc = {**INT8_BEST, "LAYOUT": "nhwcnc", "SPLIT_K": 1}
     fp16_best = RECORDED_BESTS["fp16"][1][2]
     blocked = ConvShape(8, 14, 14, 64, 32, 3, 3, pad=1)
+    # TMA builds launch through the driver with their tensor maps by value (kernels/launch.py)
+    tma = {"BLK_ROW_WARPS": 1, "BLK_COL_WARPS": 1, "WARP_ROW_TILES": 1, "WARP_COL_TILES": 2,
+           "CHUNK": 4, "REORDER_INNER": 1, "DUP_AWARE": 0, "PACK_OUT": 1, "LAYOUT": "nhwc",
+           "STAGES": 4, "SPLIT_K": 1, "MMA": "wgmma", "TMA": 1}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DefaultScheduleWarning)
         return {
@@ -335,6 +339,8 @@ def device_cases() -> dict[str, Conv2d]:
             "fp16_stem": Conv2d(STEM, "fp16", None, "h100"),
             "int8_nhwcnc": Conv2d(blocked, "int8", nhwcnc, "h100", epilogue="acc"),
             "int4_requant": Conv2d(SMALL, "int4", None, "h100"),
+            "int8_tma_requant": Conv2d(SMALL, "int8", tma, "h100", epilogue="requant"),
+            "fp16_tma_stem": Conv2d(STEM, "fp16", {**tma, "CHUNK": 2, "SPLIT_K": 2}, "h100"),
         }
 
 
@@ -432,7 +438,8 @@ def _run_torch(op: Conv2d, prob: ref.Problem, padded: bool = True) -> np.ndarray
 
 @on_gpu
 @pytest.mark.parametrize("name", ["int8_acc", "int8_requant_relu", "fp16_bias_relu",
-                                  "int8_nhwcnc", "int4_requant"])
+                                  "int8_nhwcnc", "int4_requant", "int8_tma_requant",
+                                  "fp16_tma_stem"])
 def test_on_gpu_cupy_and_torch_equal_the_reference(cases: dict[str, Conv2d], name: str) -> None:
     op = cases[name]
     for seed in (1, 2):  # fresh random inputs each time
