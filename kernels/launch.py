@@ -15,6 +15,8 @@ import os
 from collections import OrderedDict
 from typing import Any
 
+import numpy as np
+
 # Above this much dynamic shared memory a kernel must opt in (cudaFuncSetAttribute).
 DEFAULT_SMEM_LIMIT = 48 * 1024
 
@@ -83,8 +85,6 @@ def encode_tensor_maps(tma: dict[str, Any], x_ptr: int, w_ptr: int) -> bytes:
         u32(ws["element_strides"]), *common)
     if err != drv.CUresult.CUDA_SUCCESS:
         raise RuntimeError(f"cuTensorMapEncodeTiled: {err} ({tma})")
-    import numpy as np
-
     return b"".join(np.array(m.opaque, dtype=np.uint64).tobytes() for m in (xmap, wmap))
 
 

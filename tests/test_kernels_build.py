@@ -84,7 +84,7 @@ def _only_rule_broken(shape: ConvShape, precision: Precision, target_name: str, 
                       limit: int = 40) -> list[dict]:
     """Schedules of the space that break `rule` and no other rule."""
     target = get_target(target_name)
-    space = ScheduleSpace(shape, precision, target, restrict={"MMA": ["sync"]})
+    space = ScheduleSpace(shape, precision, target, restrict={"MMA": ["sync"], "TMA": [0]})
     idx = np.arange(space.size)
     cols = space.columns(idx)
     g = geometry(shape, precision, target, cols)
@@ -178,7 +178,7 @@ def test_wgmma_1024_thread_margin_guards_a_spill(cache: Path,
 def test_wgmma_register_rule_guards_spills(cache: Path) -> None:
     shape, target = RESNET50_3X3["stage2"], get_target("h100")
     space = ScheduleSpace(shape, Precision.INT8, target, restrict={"MMA": ["wgmma"],
-                                                                   "PACK_OUT": [1]})
+                                                                   "PACK_OUT": [1], "TMA": [0]})
     idx = np.arange(space.size)
     cols = space.columns(idx)
     g = geometry(shape, Precision.INT8, target, cols)
