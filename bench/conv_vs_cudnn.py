@@ -353,10 +353,11 @@ def cmd_phase2(a: argparse.Namespace) -> int:
     from kernels.runner import Runner
     from kernels.space import schedule_hash
 
-    if a.fixed_from:  # the extra knobs of a selections file's batch-8 "tuned" schedules
-        p1 = {"rows": [{**r, "status": "ok", "median_us": 0.0}
+    fixed_batch = a.fixed_batch or a.batch
+    if a.fixed_from:  # the extra knobs of a selections file's "tuned" schedules
+        p1 = {"rows": [{**r, "status": "ok", "median_us": 0.0, "n": a.batch}
                        for r in json.loads(Path(a.fixed_from).read_text())
-                       if r["variant"] == "tuned"]}
+                       if r["variant"] == "tuned" and r["n"] == fixed_batch]}
     else:
         p1 = json.loads(Path(a.phase1).read_text())
     vary = parse_vary(a.vary)
@@ -503,12 +504,14 @@ def main(argv: list[str] | None = None) -> int:
     a2 = sub.add_parser("phase2")
     a2.add_argument("--phase1", default="")
     a2.add_argument("--fixed-from", default="",
-                    help="instead of --phase1: a selections file; its batch-8 tuned schedules "
-                         "fix the knobs outside the six")
+                    help="instead of --phase1: a selections file; its tuned schedules (of "
+                         "--fixed-batch) fix the knobs outside the six")
     a2.add_argument("--vary", action="append", default=[],
                     help="NAME=v1,v2: a knob enumerated with the six (repeatable)")
     a2.add_argument("--suffix", default="", help="appended to the replay datasets' names")
     a2.add_argument("--batch", type=int, default=8, help="the layers' batch (--fixed-from)")
+    a2.add_argument("--fixed-batch", type=int, default=0,
+                    help="take --fixed-from's schedules of this batch (default: --batch)")
     a2.add_argument("--out-dir", required=True)
     a2.add_argument("--cache", default="/tmp/tctune-cache")
     a2.add_argument("--ablation", type=int, default=60)
