@@ -57,8 +57,10 @@ def test_proposals_are_valid_unseen_distinct_and_full(ds: ReplayDataset, name: s
     history = _history(ds, n_trials, pending=9)
     batch = make_strategy(name, ds.space, seed=3, **_options(name)).propose(history, 32)
     valid = set(ds.space.valid_indices.tolist())
-    assert len(batch) == 32
-    assert len(set(batch)) == 32
+    # Full, except diversity's first design (nothing measured, no prior): 24 by default.
+    want = 24 if name == "diversity" and n_trials == 0 else 32
+    assert len(batch) == want
+    assert len(set(batch)) == want
     assert all(isinstance(i, int) for i in batch)
     assert not set(batch) & history.seen
     assert set(batch) <= valid
@@ -147,27 +149,29 @@ def test_coverage_first_batch_is_balanced_valid_and_seeded(ds: ReplayDataset) ->
     space = ds.space
     spreads_cov, spreads_rand = [], []
     for seed in range(5):
-        strat = make_strategy("diversity", space, seed=seed, first="coverage")
+        strat = make_strategy("diversity", space, seed=seed, first="coverage", first_n=0)
         batch = strat.propose(History(), 32)
         assert len(set(batch)) == 32 and set(batch) <= set(space.valid_indices.tolist())
         assert batch == make_strategy("diversity", space, seed=seed,
-                                      first="coverage").propose(History(), 32)
+                                      first="coverage", first_n=0).propose(History(), 32)
         cols = space.columns(np.asarray(batch))
         for name, values in space.knobs.items():
             assert set(np.unique(cols[name]).tolist()) == set(values), name
         spreads_cov.append(_spread(space, np.asarray(batch)))
-        rand = make_strategy("diversity", space, seed=seed, first="random").propose(
+        rand = make_strategy("diversity", space, seed=seed, first="random", first_n=0).propose(
             History(), 32)
         spreads_rand.append(_spread(space, np.asarray(rand)))
     assert np.median(spreads_cov) < 0.6 * np.median(spreads_rand), (spreads_cov, spreads_rand)
-    a = make_strategy("diversity", space, seed=0, first="coverage").propose(History(), 32)
-    b = make_strategy("diversity", space, seed=1, first="coverage").propose(History(), 32)
+    a, b = (make_strategy("diversity", space, seed=k, first="coverage", first_n=0).propose(
+        History(), 32) for k in (0, 1))
     assert a != b
     with pytest.raises(ValueError, match="first-batch design"):
         make_strategy("diversity", space, first="nope")
-    # The default is random draws (chosen on the GPU-recorded spaces).
-    assert make_strategy("diversity", space, seed=0).propose(History(), 32) == \
-        make_strategy("diversity", space, seed=0, first="random").propose(History(), 32)
+    # The default is 24 random draws (chosen on the GPU-recorded spaces).
+    default = make_strategy("diversity", space, seed=0).propose(History(), 32)
+    assert len(default) == 24
+    assert default == make_strategy("diversity", space, seed=0, first="random",
+                                    first_n=24).propose(History(), 32)
 
 
 @pytest.mark.parametrize("first", ["coverage", "random"])
@@ -182,8 +186,9 @@ def test_first_n_shortens_only_the_first_design(ds: ReplayDataset, first: str) -
     assert set(first_batch) <= set(space.valid_indices.tolist())
     assert not set(first_batch) & pending
     if first == "coverage":
-        full = make_strategy("diversity", space, seed=2, first=first, **FAST).propose(
-            History(pending=pending), 32)
+        full = make_strategy("diversity", space, seed=2, first=first, first_n=0,
+                             **FAST).propose(History(pending=pending), 32)
+        assert len(full) == 32
         assert first_batch == full[:16]
     history = History(trials=[ds.measure(i) for i in first_batch])
     second = strat.propose(history, 32)
