@@ -245,5 +245,28 @@ class DiversityAware(ModelBasedStrategy):
         if self.pool > 0:
             free &= np.isin(valid, self.anneal(table, history, want * self.pool, rng))
         assert self.bag_scores is not None
+        tiles = int(self.options.get("tiles", 0)) if hasattr(self, "options") else 0
+        first: list[int] = []
+        if tiles:
+            g = self.space.geometry(valid)
+            tile = g.block_m.astype(np.int64) * 100000 + g.block_n.astype(np.int64)
+            seen = ~free
+            _, inv = np.unique(tile, return_inverse=True)
+            tried = np.bincount(inv[seen], minlength=inv.max() + 1)
+            score = table[valid]
+            best_in = np.full(inv.max() + 1, -np.inf)
+            arg_in = np.full(inv.max() + 1, -1)
+            for t in range(inv.max() + 1):
+                m = np.flatnonzero((inv == t) & free)
+                if len(m):
+                    j = m[np.argmax(score[m])]
+                    best_in[t], arg_in[t] = score[j], j
+            order = np.lexsort((-best_in, tried))
+            for t in order:
+                if arg_in[t] >= 0 and len(first) < tiles:
+                    first.append(int(arg_in[t]))
+            free = free.copy()
+            free[first] = False
         voices = np.vstack([table[valid][None, :], self.bag_scores])
-        return [int(i) for i in valid[voice_pick(voices, free, want)]]
+        rest = voice_pick(voices, free, want - len(first))
+        return [int(i) for i in valid[np.concatenate([np.array(first, np.int64), rest])]]

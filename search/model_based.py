@@ -66,6 +66,8 @@ class ModelBasedStrategy(Strategy):
         self.rounds = int(options.get("rounds", 100))
         self.max_depth = int(options.get("max_depth", 4))
         self.bags = int(options.get("bags", 1))
+        self.bag_sample = str(options.get("bag_sample", "sub"))
+        self.options_feat = str(options.get("feat", "all"))
         # <= 1: retrain the task model from scratch for every proposal (AutoTVM's way).
         self.refit = float(options.get("refit", 1))
         self.extend_rounds = int(options.get("extend", 10))
@@ -104,6 +106,10 @@ class ModelBasedStrategy(Strategy):
         column (they vary between the layers it learns from)."""
         if self._task_features is None:
             f = self.features
+            if self.options_feat == "knobs":
+                from search.features import feature_names
+                keep = [not n.startswith(("d:", "s:")) for n in feature_names(self.space.precision)]
+                f = f[:, np.array(keep)]
             varies = np.ptp(f, axis=0) > 0 if len(f) else np.zeros(f.shape[1], bool)
             self._task_features = f[:, varies] if varies.any() else f
         return self._task_features
@@ -121,7 +127,7 @@ class ModelBasedStrategy(Strategy):
     # --- the model ----------------------------------------------------------------------
     def _new_model(self, bags: int = 1) -> CostModel:
         return CostModel(self.loss, rounds=self.rounds, max_depth=self.max_depth,
-                         seed=self.seed, bags=bags)
+                         seed=self.seed, bags=bags, bag_sample=self.bag_sample)
 
     def prior_scores(self, prior: Sequence[PriorTrial], fp: int | None = None
                      ) -> tuple[np.ndarray, CostModel] | None:

@@ -129,11 +129,14 @@ def score_at(curves: np.ndarray, rand: np.ndarray, t: int) -> float | None:
 
 
 def transfer_prior(ds: ReplayDataset, others: Sequence[ReplayDataset]) -> list[PriorTrial]:
-    """Measurements of the other layers on the same target and precision (not this shape)."""
+    """Measurements of the other layers on the same target and precision (not this shape),
+    of the same kind: a GPU-recorded dataset learns from GPU recordings only, a simulated
+    one from simulated ones (the simulator's h100 shares the real one's target)."""
     out: list[PriorTrial] = []
     for o in others:
         if (o.space.shape == ds.space.shape or o.space.target != ds.space.target
-                or o.space.precision != ds.space.precision):
+                or o.space.precision != ds.space.precision
+                or o.simulated != ds.simulated):
             continue
         for i in o.space.valid_indices:
             t = o.measure(int(i))
