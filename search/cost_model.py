@@ -84,17 +84,13 @@ class CostModel:
     """
 
     def __init__(self, loss: str = "rank", rounds: int = 100, max_depth: int = 4,
-                 eta: float = 0.2, seed: int = 0, bags: int = 1,
-                 bag_sample: str = "sub") -> None:
+                 eta: float = 0.2, seed: int = 0, bags: int = 1) -> None:
         if loss not in ("rank", "reg"):
             raise ValueError(f"unknown loss {loss!r}: rank or reg")
         self.loss = loss
         self.rounds = rounds
         self.seed = seed
         self.bags = max(1, int(bags))
-        if bag_sample not in ("sub", "bayes"):
-            raise ValueError(f"unknown bag_sample {bag_sample!r}: sub or bayes")
-        self.bag_sample = bag_sample
         self.params: dict[str, object] = {
             "max_depth": max_depth, "eta": eta, "min_child_weight": 1.0, "lambda": 1.0,
             "subsample": 1.0, "tree_method": "hist", "max_bin": 64, "nthread": NTHREAD,
@@ -121,27 +117,12 @@ class CostModel:
     def _bag_params(self, j: int) -> dict[str, object]:
         if self.bags == 1:
             return self.params
-        return {**self.params, "seed": self.seed * 1000 + j,
-                "subsample": 0.8 if self.bag_sample == "sub" else 1.0,
+        return {**self.params, "seed": self.seed * 1000 + j, "subsample": 0.8,
                 "colsample_bytree": 0.8}
-
-    def _bag_dmatrix(self, dm: xgb.DMatrix, rows: Rows, j: int) -> xgb.DMatrix:
-        """bag_sample=bayes: bag j sees every row with a weight drawn from Exp(1) (the
-        Bayesian bootstrap), the same weight for a row however many rows follow it."""
-        if self.bags == 1 or self.bag_sample != "bayes":
-            return dm
-        w = np.random.default_rng([self.seed, j]).exponential(size=len(rows))
-        order = np.argsort(rows.group, kind="stable")
-        out = xgb.DMatrix(dm.get_data(), label=dm.get_label(), nthread=NTHREAD,
-                          base_margin=dm.get_base_margin() if dm.get_base_margin().size
-                          else None)
-        out.set_weight(w[order])
-        return out
 
     def fit(self, rows: Rows, base_margin: np.ndarray | None = None) -> CostModel:
         dm = self._dmatrix(rows, base_margin)
-        self.boosters = [xgb.train(self._bag_params(j), self._bag_dmatrix(dm, rows, j),
-                                   num_boost_round=self.rounds)
+        self.boosters = [xgb.train(self._bag_params(j), dm, num_boost_round=self.rounds)
                          for j in range(self.bags)]
         return self
 
@@ -160,8 +141,7 @@ class CostModel:
         out.boosters = [xgb.train({**self._bag_params(j),
                                    "seed": (int(self._bag_params(j)["seed"]) + 1) * 100_003
                                    + b.num_boosted_rounds()},
-                                  self._bag_dmatrix(dm, rows, j), num_boost_round=rounds,
-                                  xgb_model=b)
+                                  dm, num_boost_round=rounds, xgb_model=b)
                         for j, b in enumerate(self.boosters)]
         return out
 

@@ -1,6 +1,6 @@
 """The diversity-aware explorer around the XGBoost cost model (the paper's section 3.4,
 with the changes that the replay showed to help; `pick=top:first=random:first_n=0:loss=rank:
-bags=1:refit=1` is the paper's configuration).
+bags=1:refit=1:rank_voices=0:own_voices=0` is the paper's configuration).
 
 No trial and no prior: the first design is 24 uniform random draws over the valid schedules
 (`first_n`; the model steers from trial 25 instead of 33: bench/RESULTS.md "A first design
@@ -11,7 +11,11 @@ on the 16 recorded on GPUs, see "Real spaces decide the first batch"). Each late
 boosters (from scratch when the trials have grown by half since the last time, else by
 boosting the last model further: `refit`, search/model_based.py), then pick the batch from
 their opinions in turn (`bag_pick`): the mean's best unseen schedule, each bag's best not
-yet taken, and round again; n/32 random ones (1 of 32) complete it.
+yet taken, and round again; n/32 random ones (1 of 32) complete it. Opinions with another
+inductive bias join the turns (no prior, `rank_voices`: three pairwise-rank boosters on
+the same trials; with a prior, `own_voices`: two boosters on the task's trials alone),
+so that where the bags agree and are wrong, something else in the batch is not (bench/
+RESULTS.md "Opinions with another bias").
 
 The paper's explorer stays as `pick=top` (and as the pool with `pool=K`): anneal on the
 mean score as AutoTVM does, except that each walker makes two mutants per iteration, the
@@ -132,6 +136,17 @@ def coverage_design(moves: Moves, valid: np.ndarray, n: int, rng: np.random.Gene
     return cand[np.array(out)]
 
 
+def best_first(scores: np.ndarray, n: int) -> np.ndarray:
+    """Positions of the n highest scores, best first, equal scores in position order.
+
+    Why not argpartition: a tree model gives many schedules the same score, and the order
+    argpartition leaves among equals depends on numpy's version (a replay's medians moved by
+    up to 15 trials between two installs); here it is fixed."""
+    kth = np.partition(scores, len(scores) - n)[len(scores) - n]
+    at_least = np.flatnonzero(scores >= kth)
+    return at_least[np.argsort(-scores[at_least], kind="stable")][:n]
+
+
 def voice_pick(voices: np.ndarray, free: np.ndarray, n: int) -> np.ndarray:
     """n distinct rows where `free`, taken round-robin from several opinions (`voices`,
     (V, rows) scores): pick k is voice k % V's best row not picked yet."""
@@ -141,9 +156,7 @@ def voice_pick(voices: np.ndarray, free: np.ndarray, n: int) -> np.ndarray:
         return cand
     v = voices[:, cand]
     # Each voice needs at most its n best (the others take fewer than n before it).
-    top = np.argpartition(-v, n - 1, axis=1)[:, :n]
-    order = np.take_along_axis(top, np.argsort(-np.take_along_axis(v, top, axis=1),
-                                               axis=1, kind="stable"), axis=1)
+    order = np.vstack([best_first(row, n) for row in v])
     # A voice stops where its scores do (-inf: rows it has no opinion on).
     depth = np.isfinite(np.take_along_axis(v, order, axis=1)).sum(axis=1)
     taken = np.zeros(len(cand), dtype=bool)
@@ -169,13 +182,18 @@ class DiversityAware(ModelBasedStrategy):
         # bagged boosters, the batch taken from the bags' opinions (simulated development
         # set); a random first design of 24 (the GPU-recorded spaces, then confirmed on 16
         # recorded afterwards); the task model retrained from scratch only as the trials
-        # grow by half (quality equal in the replay, a proposal in between costs 0.6x).
-        # first_n=0:loss=rank:bags=1:pick=top:refit=1 is the paper's.
+        # grow by half (quality equal in the replay, a proposal in between costs 0.6x); the
+        # rank and own voices (chosen on the table and a development set, the rank voices
+        # under a rule fixed before the full replay, the own voices checked on the
+        # development set). first_n=0:loss=rank:bags=1:pick=top:refit=1:rank_voices=0:
+        # own_voices=0 is the paper's.
         options.setdefault("mutants", 2)
         options.setdefault("loss", "reg")
         options.setdefault("bags", 5)
         options.setdefault("refit", 1.5)
         options.setdefault("first_n", 24)
+        options.setdefault("own_voices", 2)
+        options.setdefault("rank_voices", 3)
         super().__init__(space, seed=seed, **options)
         # > 1: take this many times the batch from the annealer's best and keep the batch
         # that covers the most knob values (AutoTVM's diversity filter on the final pick).
@@ -245,28 +263,6 @@ class DiversityAware(ModelBasedStrategy):
         if self.pool > 0:
             free &= np.isin(valid, self.anneal(table, history, want * self.pool, rng))
         assert self.bag_scores is not None
-        tiles = int(self.options.get("tiles", 0)) if hasattr(self, "options") else 0
-        first: list[int] = []
-        if tiles:
-            g = self.space.geometry(valid)
-            tile = g.block_m.astype(np.int64) * 100000 + g.block_n.astype(np.int64)
-            seen = ~free
-            _, inv = np.unique(tile, return_inverse=True)
-            tried = np.bincount(inv[seen], minlength=inv.max() + 1)
-            score = table[valid]
-            best_in = np.full(inv.max() + 1, -np.inf)
-            arg_in = np.full(inv.max() + 1, -1)
-            for t in range(inv.max() + 1):
-                m = np.flatnonzero((inv == t) & free)
-                if len(m):
-                    j = m[np.argmax(score[m])]
-                    best_in[t], arg_in[t] = score[j], j
-            order = np.lexsort((-best_in, tried))
-            for t in order:
-                if arg_in[t] >= 0 and len(first) < tiles:
-                    first.append(int(arg_in[t]))
-            free = free.copy()
-            free[first] = False
-        voices = np.vstack([table[valid][None, :], self.bag_scores])
-        rest = voice_pick(voices, free, want - len(first))
-        return [int(i) for i in valid[np.concatenate([np.array(first, np.int64), rest])]]
+        voices = np.vstack([table[valid][None, :], self.bag_scores,
+                            *([] if self.own_scores is None else [self.own_scores])])
+        return [int(i) for i in valid[voice_pick(voices, free, want)]]

@@ -66,12 +66,21 @@ class ModelBasedStrategy(Strategy):
         self.rounds = int(options.get("rounds", 100))
         self.max_depth = int(options.get("max_depth", 4))
         self.bags = int(options.get("bags", 1))
-        self.bag_sample = str(options.get("bag_sample", "sub"))
-        self.options_feat = str(options.get("feat", "all"))
+        # More opinions for the batch pick (`own_scores`), from bags trained on the task's
+        # trials alone: with a prior, `own_voices` with the strategy's loss; without one,
+        # `rank_voices` with the pairwise rank loss. One set or the other: each costs a
+        # proposal 0.2-0.25 s, and with a prior there is no room for both in the explorer's
+        # budget (bench/RESULTS.md "Proposal time"). 0: none.
+        self.own_voices = int(options.get("own_voices", 0))
+        self.rank_voices = int(options.get("rank_voices", 0))
+        for name in ("own_voices", "rank_voices"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         # <= 1: retrain the task model from scratch for every proposal (AutoTVM's way).
         self.refit = float(options.get("refit", 1))
         self.extend_rounds = int(options.get("extend", 10))
-        self._chain: dict[str, Any] | None = None
+        # The refit chain of the task's model (key None) and of each set of voices.
+        self._chains: dict[tuple[str, int, int] | None, dict[str, Any]] = {}
         self.anneal_cfg = AnnealConfig(
             walkers=int(options.get("walkers", 128)), iters=int(options.get("iters", 500)),
             early_stop=int(options.get("early_stop", 50)),
@@ -82,6 +91,7 @@ class ModelBasedStrategy(Strategy):
         self._task_features: np.ndarray | None = None
         self._prior_table: tuple[int, np.ndarray, CostModel] | None = None
         self.bag_scores: np.ndarray | None = None
+        self.own_scores: np.ndarray | None = None
 
     # --- cached views of the space ------------------------------------------------------
     @property
@@ -106,10 +116,6 @@ class ModelBasedStrategy(Strategy):
         column (they vary between the layers it learns from)."""
         if self._task_features is None:
             f = self.features
-            if self.options_feat == "knobs":
-                from search.features import feature_names
-                keep = [not n.startswith(("d:", "s:")) for n in feature_names(self.space.precision)]
-                f = f[:, np.array(keep)]
             varies = np.ptp(f, axis=0) > 0 if len(f) else np.zeros(f.shape[1], bool)
             self._task_features = f[:, varies] if varies.any() else f
         return self._task_features
@@ -127,7 +133,7 @@ class ModelBasedStrategy(Strategy):
     # --- the model ----------------------------------------------------------------------
     def _new_model(self, bags: int = 1) -> CostModel:
         return CostModel(self.loss, rounds=self.rounds, max_depth=self.max_depth,
-                         seed=self.seed, bags=bags, bag_sample=self.bag_sample)
+                         seed=self.seed, bags=bags)
 
     def prior_scores(self, prior: Sequence[PriorTrial], fp: int | None = None
                      ) -> tuple[np.ndarray, CostModel] | None:
@@ -174,7 +180,28 @@ class ModelBasedStrategy(Strategy):
         # Each bag's scores over the valid schedules (rows in valid_indices order), for
         # strategies that explore where the bags disagree; None with a single booster.
         self.bag_scores = bag_scores
+        self.own_scores = (
+            self.alone_margins(trials, self.loss, self.own_voices, 7919) if base is not None
+            else self.alone_margins(trials, "rank", self.rank_voices, 104729))
         return table
+
+    def alone_margins(self, trials: Sequence[Trial], loss: str, bags: int, salt: int
+                      ) -> np.ndarray | None:
+        """(bags, valid schedules) margins of boosters trained on the task's trials alone,
+        without the prior; None with nothing to learn from.
+
+        Why: every bag of the task's model learns from the same trials with the same loss,
+        so where those trials have not looked the bags agree, and when they are wrong there
+        the whole batch is. Opinions with another inductive bias disagree there instead:
+        - with a prior (`own_voices`): the task's model learns on top of the prior's margin,
+          and a few dozen trials cannot overturn a prior that is confidently wrong about
+          this layer (a transfer replay sat at 0.85 of the best for 60 trials); these
+          answer to this layer's trials only.
+        - the pairwise rank loss (`rank_voices`): it learns the order of the trials rather
+          than their distance from the best, and so ranks the unseen schedules differently.
+        On the task model's refit schedule (`task_margins`); they see a job's trials, never
+        the prior."""
+        return self.task_margins(trials, None, (loss, bags, salt)) if bags else None
 
     def task_rows(self, trials: Sequence[Trial], base: tuple[np.ndarray, CostModel] | None
                   ) -> tuple[Rows, np.ndarray | None] | None:
@@ -199,19 +226,30 @@ class ModelBasedStrategy(Strategy):
         return (Rows(self.task_features[rows], y, np.zeros(len(y), dtype=np.int64)),
                 None if base is None else base[0][rows])
 
-    def _fit_task(self, trials: Sequence[Trial], base: tuple[np.ndarray, CostModel] | None
-                  ) -> CostModel | None:
+    @property
+    def _chain(self) -> dict[str, Any] | None:
+        """The task model's refit chain (None before the first refit point)."""
+        return self._chains.get(None)
+
+    def _fit_task(self, trials: Sequence[Trial], base: tuple[np.ndarray, CostModel] | None,
+                  voice: tuple[str, int, int] | None = None) -> CostModel | None:
         data = self.task_rows(trials, base)
+        if data is None:
+            return None
         # The task's own model is bagged (its data are few); the prior's is not.
-        return None if data is None else self._new_model(self.bags).fit(*data)
+        loss, bags, salt = voice or (self.loss, self.bags, 0)
+        return CostModel(loss, rounds=self.rounds, max_depth=self.max_depth,
+                         seed=self.seed + salt, bags=bags).fit(*data)
 
     def task_margins(self, trials: Sequence[Trial],
-                     base: tuple[np.ndarray, CostModel] | None) -> np.ndarray | None:
+                     base: tuple[np.ndarray, CostModel] | None,
+                     voice: tuple[str, int, int] | None = None) -> np.ndarray | None:
         """(bags, valid schedules) margins of the task's own model, trained on these trials
-        on top of the base (not included); None with nothing to learn from."""
+        on top of the base (not included); None with nothing to learn from. `voice`
+        (loss, bags, seed salt): a set of voices instead, on the same refit schedule."""
         n = len(trials)
         if self.refit <= 1 or n < REFIT_STEP:
-            model = self._fit_task(trials, base)
+            model = self._fit_task(trials, base, voice)
             return None if model is None else model.predict_each(self.task_features)
         start = refit_point(n, self.refit)
         last = start + (n - start) // REFIT_STEP * REFIT_STEP
@@ -220,13 +258,13 @@ class ModelBasedStrategy(Strategy):
         def sig(k: int) -> int:
             return hash(tuple((t.index, t.status, t.median_us) for t in trials[:k]))
 
-        c = self._chain
+        c = self._chains.get(voice)
         if not (c and c["base"] == base_id and c["start"] == start
                 and c["upto"] <= last and c["sig"] == sig(c["upto"])):
-            model = self._fit_task(trials[:start], base)
+            model = self._fit_task(trials[:start], base, voice)
             if model is None:  # nothing measured by the refit point: no chain yet
-                self._chain = None
-                model = self._fit_task(trials, base)
+                self._chains.pop(voice, None)
+                model = self._fit_task(trials, base, voice)
                 return None if model is None else model.predict_each(self.task_features)
             c = {"base": base_id, "start": start, "upto": start, "model": model,
                  "each": model.predict_each(self.task_features)}
@@ -238,7 +276,7 @@ class ModelBasedStrategy(Strategy):
             each = each + model.predict_each(self.task_features, since=since)
             if k <= last:
                 c = {**c, "upto": k, "model": model, "each": each}
-        self._chain = {**c, "sig": sig(c["upto"])}
+        self._chains[voice] = {**c, "sig": sig(c["upto"])}
         return each
 
     # --- what the model thinks, for people ------------------------------------------------

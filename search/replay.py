@@ -250,7 +250,10 @@ def main(argv: list[str] | None = None) -> int:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
         meta = {"date": dt.date.today().isoformat(), "trials": args.trials,
-                "seeds": args.seeds, "batch": BATCH, "datasets": [str(p) for p in paths]}
+                "seeds": args.seeds, "batch": BATCH, "datasets": [str(p) for p in paths],
+                # The trees (hence a seed's path) change with XGBoost's version: on the
+                # largest spaces a median moved by 15 trials between two installs.
+                "versions": {"xgboost": cost_model.xgb.__version__, "numpy": np.__version__}}
         out.write_text(json.dumps({"rows": rows, "meta": meta}, indent=1) + "\n")
         console.print(f"wrote {out}")
     if args.png:

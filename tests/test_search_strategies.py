@@ -11,7 +11,7 @@ import pytest
 from kernels.space import ScheduleSpace
 from kernels.spec import RESNET50_3X3, TARGETS, Precision
 from search.datasets import ReplayDataset, load_dataset
-from search.diversity import voice_pick
+from search.diversity import best_first, voice_pick
 from search.registry import DEFAULT_STRATEGY, STRATEGIES, make_strategy
 from search.replay import transfer_prior
 from search.strategy import History, Trial
@@ -130,6 +130,21 @@ def test_transfer_the_prior_steers_the_first_batch(name: str) -> None:
     assert np.median(got) > np.median(rand) + 0.2
 
 
+def test_transfer_prior_learns_from_the_same_kind_of_data_only() -> None:
+    """The simulator's h100 shares the real H100's target: a GPU-recorded dataset's prior
+    must not hold simulated measurements, nor a simulated one's GPU recordings."""
+    sim = load_dataset(REPLAY / "sim_stage4_int8_h100_paper6.jsonl.gz")
+    sim_other = load_dataset(REPLAY / "sim_stage2_int8_h100_paper6.jsonl.gz")
+    gpu = load_dataset(REPLAY / "resnet50_stage3_n8_int8_h100_wgmma.jsonl.gz")
+    gpu_other = load_dataset(REPLAY / "resnet50_stage2_n8_int8_h100_wgmma.jsonl.gz")
+    assert sim.space.target == gpu.space.target
+    pool = [sim, sim_other, gpu, gpu_other]
+    for ds, other in ((sim, sim_other), (gpu, gpu_other)):
+        prior = transfer_prior(ds, pool)
+        assert {p.shape for p in prior} == {other.space.shape}
+        assert len(prior) == len(other.space.valid_indices)
+
+
 def _spread(space: ScheduleSpace, batch: np.ndarray) -> int:
     """Sum over knobs of (most - least frequent value count) in a batch: 0 = balanced."""
     total = 0
@@ -203,6 +218,17 @@ def test_first_n_shortens_only_the_first_design(ds: ReplayDataset, first: str) -
         make_strategy("diversity", space, first_n=-1)
 
 
+def test_best_first_orders_equal_scores_by_position() -> None:
+    """Tree models give many schedules the same score: which of them a voice takes must not
+    depend on numpy's selection algorithm."""
+    scores = np.array([1.0, 3.0, 2.0, 3.0, 3.0, 0.0, 2.0, -np.inf])
+    assert best_first(scores, 4).tolist() == [1, 3, 4, 2]
+    assert best_first(scores, 8).tolist() == [1, 3, 4, 2, 6, 0, 5, 7]
+    big = np.repeat(np.arange(50.0), 400)[np.random.default_rng(0).permutation(20000)]
+    top = best_first(big, 300)
+    assert (big[top] == 49.0).all() and (np.diff(top) > 0).all()
+
+
 def test_voice_pick_takes_each_voice_best_in_turn() -> None:
     voices = np.array([[5.0, 4, 3, 2, 1, 0],      # the mean: prefers row 0, then 1
                        [0.0, 9, 8, 1, 1, 1],      # a bag: prefers 1, then 2
@@ -233,11 +259,42 @@ def test_diversity_batch_starts_with_the_mean_best_then_each_bag_best(
     first_round = set(batch[:6])
     for bag in strat.bag_scores:
         assert int(valid[np.flatnonzero(unseen)[np.argmax(bag[unseen])]]) in first_round
+    # Then the three rank-loss voices (trained on the trials alone): no prior, no own_voices.
+    assert strat.own_scores is not None and strat.own_scores.shape == (
+        3, len(ds.space.valid_indices))
+    for voice in strat.own_scores:
+        assert int(valid[np.flatnonzero(unseen)[np.argmax(voice[unseen])]]) in set(batch[:9])
     # The paper's pick (annealer top by the mean) is a different batch from the same model.
     top = make_strategy("diversity", ds.space, seed=4, pick="top", **FAST).propose(history, 32)
     assert top[0] != batch[0] or set(top) != set(batch)
     with pytest.raises(ValueError, match="unknown pick"):
         make_strategy("diversity", ds.space, pick="nope")
+
+
+def test_with_a_prior_the_task_trials_alone_get_voices_of_their_own() -> None:
+    """With a prior, two more voices come from the task's trials alone (reg, in place of the
+    rank voices of a cold start): a wrong prior cannot hold the whole batch. They answer to
+    the trials only: a prior that says the opposite does not change them."""
+    target = load_dataset(REPLAY / "sim_stage4_int8_h100_paper6.jsonl.gz")
+    prior = transfer_prior(target, [load_dataset(REPLAY / "sim_stage2_int8_h100_paper6.jsonl.gz")])
+    history = _history(target, 40, pending=0, seed=3)
+    strat = make_strategy("diversity", target.space, seed=1, **FAST)
+    strat.propose(History(trials=history.trials, prior=prior), 32)
+    n = len(target.space.valid_indices)
+    assert strat.own_scores is not None and strat.own_scores.shape == (2, n)
+    flipped = [type(p)(p.shape, p.schedule, p.status,
+                       None if p.median_us is None else 1e4 / p.median_us) for p in prior]
+    other = make_strategy("diversity", target.space, seed=1, **FAST)
+    other.propose(History(trials=history.trials, prior=flipped), 32)
+    assert other.own_scores is not None
+    np.testing.assert_array_equal(strat.own_scores, other.own_scores)
+    assert not np.array_equal(strat.bag_scores, other.bag_scores)
+    cold = make_strategy("diversity", target.space, seed=1, own_voices=0, **FAST)
+    cold.propose(History(trials=history.trials, prior=prior), 32)
+    assert cold.own_scores is None
+    for bad in ("own_voices", "rank_voices"):
+        with pytest.raises(ValueError, match=bad):
+            make_strategy("diversity", target.space, **{bad: -1})
 
 
 def test_diversity_task_model_is_a_function_of_the_trials(ds: ReplayDataset) -> None:
@@ -253,9 +310,13 @@ def test_diversity_task_model_is_a_function_of_the_trials(ds: ReplayDataset) -> 
         live.propose(History(trials=trials[:n]), 32)
     assert live._chain["start"] == 96 and live._chain["upto"] == 128  # type: ignore[attr-defined]
     assert live._chain["model"].trees == FAST["rounds"] + 10  # type: ignore[attr-defined]
+    # The rank voices follow the same schedule, on a chain of their own.
+    voices = live._chains[("rank", 3, 104729)]  # type: ignore[attr-defined]
+    assert voices["start"] == 96 and voices["model"].trees == FAST["rounds"] + 10
     h = History(trials=trials[:190])
     fresh = make_strategy("diversity", ds.space, seed=5, **FAST)
     assert live.propose(h, 32) == fresh.propose(h, 32)
+    np.testing.assert_array_equal(live.own_scores, fresh.own_scores)
     np.testing.assert_array_equal(live.score_table(h.trials), fresh.score_table(h.trials))
     # refit=1: trained from scratch every time, as sa and the paper's configuration do.
     every = make_strategy("diversity", ds.space, seed=5, refit=1, **FAST)
