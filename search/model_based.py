@@ -68,8 +68,8 @@ class ModelBasedStrategy(Strategy):
         self.bags = int(options.get("bags", 1))
         # More opinions for the batch pick (`own_scores`), from bags trained on the task's
         # trials alone: with a prior, `own_voices` with the strategy's loss; without one,
-        # `rank_voices` with the pairwise rank loss. One set or the other: each costs a
-        # proposal 0.2-0.25 s, and with a prior there is no room for both in the explorer's
+        # `rank_voices` with the pairwise rank loss. One set or the other: each costs a cold
+        # proposal about 0.25 s, and with a prior there is no room for both in the explorer's
         # budget (bench/RESULTS.md "Proposal time"). 0: none.
         self.own_voices = int(options.get("own_voices", 0))
         self.rank_voices = int(options.get("rank_voices", 0))
@@ -131,9 +131,9 @@ class ModelBasedStrategy(Strategy):
         return mask
 
     # --- the model ----------------------------------------------------------------------
-    def _new_model(self, bags: int = 1) -> CostModel:
-        return CostModel(self.loss, rounds=self.rounds, max_depth=self.max_depth,
-                         seed=self.seed, bags=bags)
+    def _new_model(self, bags: int = 1, loss: str | None = None, salt: int = 0) -> CostModel:
+        return CostModel(loss or self.loss, rounds=self.rounds, max_depth=self.max_depth,
+                         seed=self.seed + salt, bags=bags)
 
     def prior_scores(self, prior: Sequence[PriorTrial], fp: int | None = None
                      ) -> tuple[np.ndarray, CostModel] | None:
@@ -238,8 +238,7 @@ class ModelBasedStrategy(Strategy):
             return None
         # The task's own model is bagged (its data are few); the prior's is not.
         loss, bags, salt = voice or (self.loss, self.bags, 0)
-        return CostModel(loss, rounds=self.rounds, max_depth=self.max_depth,
-                         seed=self.seed + salt, bags=bags).fit(*data)
+        return self._new_model(bags, loss, salt).fit(*data)
 
     def task_margins(self, trials: Sequence[Trial],
                      base: tuple[np.ndarray, CostModel] | None,
