@@ -43,6 +43,11 @@ def refit_point(n: int, growth: float) -> int:
         f = nxt
 
 
+# Seed offsets of the two sets of voices (`alone_margins`), so that their bags do not repeat
+# the task model's row and column draws; also their refit chains' keys.
+OWN_VOICES_SALT = 7919
+RANK_VOICES_SALT = 104729
+
 # Base models trained on a prior, shared by every strategy instance in the process:
 # (target, precision, loss, fingerprint) -> model. Small: one entry per live target.
 _PRIOR_CACHE: dict[tuple[Any, ...], CostModel] = {}
@@ -181,8 +186,9 @@ class ModelBasedStrategy(Strategy):
         # strategies that explore where the bags disagree; None with a single booster.
         self.bag_scores = bag_scores
         self.own_scores = (
-            self.alone_margins(trials, self.loss, self.own_voices, 7919) if base is not None
-            else self.alone_margins(trials, "rank", self.rank_voices, 104729))
+            self.alone_margins(trials, self.loss, self.own_voices, OWN_VOICES_SALT)
+            if base is not None
+            else self.alone_margins(trials, "rank", self.rank_voices, RANK_VOICES_SALT))
         return table
 
     def alone_margins(self, trials: Sequence[Trial], loss: str, bags: int, salt: int
@@ -225,11 +231,6 @@ class ModelBasedStrategy(Strategy):
         y = normalized_throughput(lat, ok)
         return (Rows(self.task_features[rows], y, np.zeros(len(y), dtype=np.int64)),
                 None if base is None else base[0][rows])
-
-    @property
-    def _chain(self) -> dict[str, Any] | None:
-        """The task model's refit chain (None before the first refit point)."""
-        return self._chains.get(None)
 
     def _fit_task(self, trials: Sequence[Trial], base: tuple[np.ndarray, CostModel] | None,
                   voice: tuple[str, int, int] | None = None) -> CostModel | None:

@@ -300,7 +300,7 @@ def test_with_a_prior_the_task_trials_alone_get_voices_of_their_own() -> None:
 def test_diversity_task_model_is_a_function_of_the_trials(ds: ReplayDataset) -> None:
     """Trained from scratch at 32, 64, 96, 160 trials, boosted in between: a strategy that
     proposed along the way and a fresh one (the explorer after a restart) agree."""
-    from search.model_based import refit_point
+    from search.model_based import RANK_VOICES_SALT, refit_point
 
     assert [refit_point(n, 1.5) for n in (32, 63, 64, 95, 96, 159, 160, 255, 256)] == \
         [32, 32, 64, 64, 96, 96, 160, 160, 256]
@@ -308,10 +308,11 @@ def test_diversity_task_model_is_a_function_of_the_trials(ds: ReplayDataset) -> 
     live = make_strategy("diversity", ds.space, seed=5, **FAST)
     for n in (32, 64, 100, 128, 150):
         live.propose(History(trials=trials[:n]), 32)
-    assert live._chain["start"] == 96 and live._chain["upto"] == 128  # type: ignore[attr-defined]
-    assert live._chain["model"].trees == FAST["rounds"] + 10  # type: ignore[attr-defined]
+    chain = live._chains[None]  # type: ignore[attr-defined]  # the task model's
+    assert chain["start"] == 96 and chain["upto"] == 128
+    assert chain["model"].trees == FAST["rounds"] + 10
     # The rank voices follow the same schedule, on a chain of their own.
-    voices = live._chains[("rank", 3, 104729)]  # type: ignore[attr-defined]
+    voices = live._chains[("rank", 3, RANK_VOICES_SALT)]  # type: ignore[attr-defined]
     assert voices["start"] == 96 and voices["model"].trees == FAST["rounds"] + 10
     h = History(trials=trials[:190])
     fresh = make_strategy("diversity", ds.space, seed=5, **FAST)
@@ -320,5 +321,5 @@ def test_diversity_task_model_is_a_function_of_the_trials(ds: ReplayDataset) -> 
     np.testing.assert_array_equal(live.score_table(h.trials), fresh.score_table(h.trials))
     # refit=1: trained from scratch every time, as sa and the paper's configuration do.
     every = make_strategy("diversity", ds.space, seed=5, refit=1, **FAST)
-    assert every.score_table(h.trials) is not None and every._chain is None  # type: ignore
+    assert every.score_table(h.trials) is not None and None not in every._chains  # type: ignore
     assert not np.array_equal(every.score_table(h.trials), fresh.score_table(h.trials))
