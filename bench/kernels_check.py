@@ -5,6 +5,14 @@ Two steps, so that the GPU machine spends no time compiling:
   python -m bench.kernels_check run --cache .cache/kc --out bench/data/kernels_check.json
 The run checks every candidate (poisoned output, exact integer compare, fp16 tolerance)
 through kernels.runner.Runner: a fault or hang is recorded as runtime_error / timeout.
+Layers with few channels draw folded schedules (FOLD_TAPS) half the time, and an int8
+requant or fp16 bias epilogue adds a residual a third of the time.
+
+`prebuild --ptx-targets t4,a100 --ptx-count 150` adds candidates of those targets built as
+PTX (compute_75 / compute_80) that the driver compiles for the GPU at hand: their code paths
+(register-staged loads, m8n8k16 / m16n8k32 mma.sync, int4 native) run there for correctness
+only; `run --ptx-out bench/data/ptx_check.json` writes their rows apart. Their speed means
+nothing and is not recorded.
 """
 
 from __future__ import annotations
@@ -20,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from kernels.build import BuildJob, Epilogue, build_many
-from kernels.space import ScheduleSpace
+from kernels.space import ScheduleSpace, fold_tap_bytes
 from kernels.spec import RESNET50_3X3, ConvShape, Precision, get_target
 
 PRECISIONS = (Precision.FP16, Precision.INT8, Precision.INT4)
@@ -32,6 +40,7 @@ def fixed_shapes() -> list[ConvShape]:
     s4 = RESNET50_3X3["stage4"]
     return [
         ConvShape(2, 32, 32, 3, 64, 7, 7, stride=2, pad=3),  # stem: 7x7, C=3 (padded)
+        ConvShape(3, 21, 19, 5, 40, 3, 3, stride=2, pad=1),  # few channels, tails
         ConvShape(8, 14, 14, 64, 96, 1, 1),  # 1x1
         ConvShape(3, 9, 11, 32, 40, 1, 1, stride=2),  # strided 1x1, tails
         ConvShape(8, 7, 7, 512, 512, 3, 3, pad=1),  # ResNet stage 5
@@ -53,7 +62,7 @@ def random_shape(rng: np.random.Generator, precision: Precision) -> ConvShape:
         dil = int(rng.choice([1, 1, 1, 1, 2]))
         n = int(rng.choice([1, 2, 3, 8, 8, 16]))
         h, w = int(rng.integers(3, 36)), int(rng.integers(3, 36))
-        c = int(rng.choice([3, 8, 16, 20, 32, 48, 64, 96, 128, 256]))
+        c = int(rng.choice([3, 4, 5, 8, 16, 20, 32, 48, 64, 96, 128, 256]))
         k = int(rng.choice([8, 13, 16, 24, 40, 64, 72, 128, 200]))
         if precision is Precision.INT4:
             c, k = c + c % 2, k + k % 2
@@ -63,11 +72,12 @@ def random_shape(rng: np.random.Generator, precision: Precision) -> ConvShape:
             return shape
 
 
-def plan(count: int, seed: int, target_name: str, mma: str | None = None
+def plan(count: int, seed: int, target_name: str, mma: str | None = None, ptx: bool = False
          ) -> list[dict[str, Any]]:
-    """`mma` restricts the MMA knob (e.g. "wgmma": only the warpgroup path, fp16 and int8)."""
+    """`mma` restricts the MMA knob (e.g. "wgmma": only the warpgroup path, fp16 and int8);
+    `ptx`: the candidates are built as PTX of the target's sm (see the module's doc)."""
     rng = np.random.default_rng(seed)
-    restrict = {"MMA": [mma]} if mma else None
+    restrict: dict[str, list[Any]] = {"MMA": [mma]} if mma else {}
     precisions = PRECISIONS if mma != "wgmma" else (Precision.FP16, Precision.INT8)
     target = get_target(target_name)
     items: list[dict[str, Any]] = []
@@ -79,7 +89,8 @@ def plan(count: int, seed: int, target_name: str, mma: str | None = None
         i += 1
         if shape.problems(prec):
             continue
-        space = ScheduleSpace(shape, prec, target, restrict)
+        fold = {"FOLD_TAPS": [1]} if fold_tap_bytes(shape, prec) and rng.random() < 0.5 else {}
+        space = ScheduleSpace(shape, prec, target, {**restrict, **fold})
         valid = space.valid_indices
         if len(valid) == 0:
             continue
@@ -88,19 +99,25 @@ def plan(count: int, seed: int, target_name: str, mma: str | None = None
             mode = str(rng.choice(["acc", "requant"]))
         else:
             mode = str(rng.choice(["acc", "bias"]))
-        epi = Epilogue(mode, bool(rng.random() < 0.3))
+        residual = mode in ("requant", "bias") and prec is not Precision.INT4 and \
+            bool(rng.random() < 1 / 3)
+        epi = Epilogue(mode, bool(rng.random() < 0.3), residual)
         items.append({"shape": shape.to_dict(), "precision": prec.value, "schedule": sched,
-                      "epilogue": epi.to_dict(), "sm": target.sm})
+                      "epilogue": epi.to_dict(), "sm": target.sm, "target": target.name,
+                      "ptx": ptx})
     return items
 
 
 def jobs_of(items: list[dict[str, Any]]) -> list[BuildJob]:
     return [BuildJob(ConvShape.from_dict(it["shape"]), Precision(it["precision"]), it["sm"],
-                     it["schedule"], Epilogue(**it["epilogue"])) for it in items]
+                     it["schedule"], Epilogue(**it["epilogue"]), ptx=bool(it.get("ptx")))
+            for it in items]
 
 
 def cmd_prebuild(a: argparse.Namespace) -> int:
     items = plan(a.count, a.seed, a.target, a.mma)
+    for name in filter(None, (a.ptx_targets or "").split(",")):
+        items += plan(a.ptx_count, a.seed + 1, name.strip(), ptx=True)
     res = build_many(jobs_of(items), a.cache, a.workers)
     for it, r in zip(items, res, strict=True):
         it["key"], it["build"] = r.key, r.status
@@ -127,8 +144,8 @@ def cmd_run(a: argparse.Namespace) -> int:
         else:
             res = runner.measure(a.cache, it["key"], time_it=False)
         row = {k: it[k] for k in ("shape", "precision", "schedule", "epilogue")}
-        row.update(status=res["status"], error=res.get("error"),
-                   check=(res.get("detail") or {}).get("check"))
+        row.update(target=it.get("target"), ptx=bool(it.get("ptx")), status=res["status"],
+                   error=res.get("error"), check=(res.get("detail") or {}).get("check"))
         rows.append(row)
         if res["status"] != "ok":
             print(f"[{idx}] {res['status']}: {it['precision']} {it['shape']} {it['schedule']} "
@@ -137,11 +154,23 @@ def cmd_run(a: argparse.Namespace) -> int:
     by_prec = {p.value: dict(Counter(r["status"] for r in rows if r["precision"] == p.value))
                for p in PRECISIONS}
     out = {"gpu": runner.gpu_name, "date": dt.date.today().isoformat(), "count": len(rows),
-           "statuses": dict(counts), "by_precision": by_prec, "rows": rows}
+           "statuses": dict(counts), "by_precision": by_prec,
+           "rows": [r for r in rows if not r["ptx"]]}
     runner.close()
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(out, indent=1))
     print(f"GPU {out['gpu']}: {len(rows)} candidates: {dict(counts)}; by precision {by_prec}")
+    ptx_rows = [r for r in rows if r["ptx"]]
+    if ptx_rows and a.ptx_out:
+        by_target = {t: dict(Counter(r["status"] for r in ptx_rows if r["target"] == t))
+                     for t in sorted({r["target"] for r in ptx_rows})}
+        Path(a.ptx_out).write_text(json.dumps({
+            "gpu": out["gpu"], "date": out["date"], "by_target": by_target,
+            "rows": [{"target": r["target"], "precision": r["precision"], "shape": r["shape"],
+                      "schedule": r["schedule"], "epilogue": r["epilogue"],
+                      "ok": r["status"] == "ok", "status": r["status"]} for r in ptx_rows]},
+            indent=1))
+        print(f"PTX targets, JIT-compiled on {out['gpu']}: {by_target}")
     return 0 if counts.get("ok", 0) == len(rows) else 1
 
 
@@ -156,10 +185,14 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--workers", type=int, default=None)
     b.add_argument("--mma", choices=("sync", "wgmma"), default=None,
                    help="only schedules of this instruction path")
+    b.add_argument("--ptx-targets", default="",
+                   help="comma-separated targets (t4,a100) whose code paths are built as PTX")
+    b.add_argument("--ptx-count", type=int, default=150, help="candidates per PTX target")
     r = sub.add_parser("run")
     r.add_argument("--cache", required=True)
     r.add_argument("--out", default="bench/data/kernels_check.json")
     r.add_argument("--timeout", type=float, default=60.0)
+    r.add_argument("--ptx-out", default="bench/data/ptx_check.json")
     a = ap.parse_args(argv)
     return cmd_prebuild(a) if a.cmd == "prebuild" else cmd_run(a)
 

@@ -14,16 +14,17 @@
 #pragma once
 
 namespace cfg {
-constexpr int A_VECS = BM * VPR;                       // im2col jobs per stage
+constexpr int JPR = FOLD ? TPS : VPR;                  // loads per shared row and stage
+constexpr int A_VECS = BM * JPR;                       // im2col jobs per stage
 constexpr int A_IT = (A_VECS + THREADS - 1) / THREADS;
 constexpr bool A_PRE = A_IT <= 8;                      // keep pixel decodes in registers
-constexpr int B_VECS = BN * TAPS * VPR;
+constexpr int B_VECS = BN * TAPS * JPR;
 constexpr int B_IT = (B_VECS + THREADS - 1) / THREADS;
 constexpr int D_VECS = SLOTS * IN_COLS * NB * VPR;     // duplicate-aware jobs per stage
 constexpr int D_IT = (D_VECS + THREADS - 1) / THREADS;
 // Register-staged prefetch: at most 8 vectors (32 registers) are held across the math.
-constexpr int PF_A = (REGPATH && !DUP) ? cmin(A_IT, 8) : 0;
-constexpr int PF_B = REGPATH ? cmin(B_IT, 8 - PF_A) : 0;
+constexpr int PF_A = (REGPATH && !DUP && !FOLD) ? cmin(A_IT, 8) : 0;
+constexpr int PF_B = (REGPATH && !FOLD) ? cmin(B_IT, 8 - PF_A) : 0;
 constexpr int PF = PF_A + PF_B;
 // fp32_tc: the loads past the prefetch go in batches of RB (RB loads in flight, then their
 // splits and stores) instead of one load -> split -> store at a time.
@@ -33,9 +34,9 @@ constexpr int RB = 4;
 // weight row are a compile-time stride from the first; per im2col job a pixel pointer and a
 // mask of the filter taps that fall inside the image are set up once. A stage then costs one
 // tap offset and, per job, a mask test and an address add (it was ~25 instructions per job).
-constexpr bool INCR = !DUP && !REGPATH && !F32TC && A_PRE && B_IT <= 8 && R * S <= 32 &&
+constexpr bool INCR = !DUP && !FOLD && !REGPATH && !F32TC && A_PRE && B_IT <= 8 && R * S <= 32 &&
                       THREADS % (8 * VPR) == 0;
-constexpr int RPP = THREADS / VPR;
+constexpr int RPP = THREADS / JPR;
 static_assert((NIT + SPLITK - 1) / SPLITK == TC_K_ITERS,
               "kernels/space.py:geometry's k_iters must equal the kernel's stages per block");
 }  // namespace cfg
@@ -61,7 +62,9 @@ struct StageIdx { int r, s, cb; };
 __device__ __forceinline__ StageIdx stage_idx(int it) {
   using namespace cfg;
   StageIdx st;
-  if constexpr (DUP) {
+  if constexpr (FOLD) {
+    st.r = 0; st.s = 0; st.cb = it;  // the taps of stage it (BlockLoader::fold_tap)
+  } else if constexpr (DUP) {
     if constexpr (REORDER) { st.r = 0; st.s = 0; st.cb = it; }
     else { st.cb = it % NCB; st.r = it / NCB; st.s = 0; }
   } else if constexpr (REORDER) {  // channels outer: (cb, r, s)
@@ -114,11 +117,81 @@ struct BlockLoader {
           (long long)(ih0 * W + iw0) * PIXSTRIDE;
   }
 
+  // ---- FOLD_TAPS: job i of a thread is shared row tid / TPS + i * RPP, tap slot tid % TPS
+  // (the same slot in every row and stage, so the tap's (r, s) is decoded once per stage).
+  __device__ __forceinline__ void fold_decode(int i, const u8*& ptr, int& ih0, int& iw0) const {
+    using namespace cfg;
+    const int row = tid / TPS + i * RPP, m = m0 + row;
+    const int nb = m / (P * Q), rem = m - nb * (P * Q);
+    const int p = rem / Q, q = rem - p * Q;
+    ih0 = p * SH - PH;
+    iw0 = q * SW - PW;
+    if (m >= M || tid + i * THREADS >= A_VECS) ih0 = -(1 << 20);  // never in bounds
+    ptr = x + (long long)nb * IMGSTRIDE + (long long)(ih0 * W + iw0) * CB;
+  }
+  // Tap vector copy (TV bytes) into shared memory; invalid ones are zeros.
+  __device__ __forceinline__ void fold_put(u32 dst, const u8* src, bool valid) {
+    using namespace cfg;
+    if constexpr (REGPATH) {
+      if constexpr (TV == 16) sts16(dst, ldg16(src, valid));
+      else if constexpr (TV == 8) { const U2 v = ldg8(src, valid); sts8(dst, v.x, v.y); }
+      else sts4(dst, ldg4(src, valid));
+    } else {
+      cp_async_tv<TV>(dst, valid ? (const void*)src : (const void*)x, valid);
+    }
+  }
+  __device__ __forceinline__ void load_stage_fold(int it, u32 abuf, u32 bbuf) {
+    using namespace cfg;
+    const int j = tid % TPS, tap = it * TPS + j, row0 = tid / TPS;
+    const int r = tap / S, s = tap - r * S;
+    const bool in_k = tap < R * S;
+    const long long xoff = (long long)(r * DH * W + s * DW) * CB;
+    const u32 col = soff(row0, j * TV / 16) + (u32)(j * TV % 16);
+    auto a_one = [&](int i, const u8* ptr, int ih0, int iw0) {
+      // Rows RPP apart keep their swizzle phase when RPP is a multiple of 8: one add.
+      const int row = row0 + i * RPP;
+      const u32 dst = (RPP % 8 == 0) ? col + (u32)(i * RPP / 8) * (u32)(8 * SB)
+                                     : soff(row, j * TV / 16) + (u32)(j * TV % 16);
+      const bool ok = in_k && (unsigned)(ih0 + r * DH) < (unsigned)H &&
+                      (unsigned)(iw0 + s * DW) < (unsigned)W;
+      if (A_VECS % THREADS == 0 || tid + i * THREADS < A_VECS) fold_put(abuf + dst, ptr + xoff, ok);
+    };
+    if constexpr (A_PRE) {
+#pragma unroll
+      for (int i = 0; i < A_IT; ++i) a_one(i, a_ptr[i], a_ih[i], a_iw[i]);
+    } else {
+#pragma unroll 1
+      for (int i = 0; i < A_IT; ++i) {
+        const u8* ptr; int ih0, iw0;
+        fold_decode(i, ptr, ih0, iw0);
+        a_one(i, ptr, ih0, iw0);
+      }
+    }
+    // Weights: row n holds the R*S taps of TV bytes back to back (KRSC, C padded to TV).
+    const u8* wsrc = w + ((long long)(n0 + row0) * (R * S) + tap) * TV;
+#pragma unroll 4
+    for (int i = 0; i < B_IT; ++i) {
+      const int row = row0 + i * RPP;
+      const u32 dst = (RPP % 8 == 0) ? col + (u32)(i * RPP / 8) * (u32)(8 * SB)
+                                     : soff(row, j * TV / 16) + (u32)(j * TV % 16);
+      const bool ok = in_k && n0 + row < K;
+      if (B_VECS % THREADS == 0 || tid + i * THREADS < B_VECS)
+        fold_put(bbuf + dst, wsrc + (long long)i * RPP * (R * S) * TV, ok);
+    }
+  }
+
   __device__ __forceinline__ void init(const u8* x_, const u8* w_, int m0_, int n0_, int tid_) {
     using namespace cfg;
     x = x_; w = w_; m0 = m0_; n0 = n0_; tid = tid_;
     const int mp0 = m0 / NB;
     L0 = mp0 / Q; q0 = mp0 - L0 * Q; nb0 = L0 / P; p0 = L0 - nb0 * P;
+    if constexpr (FOLD) {
+      if constexpr (A_PRE) {
+#pragma unroll
+        for (int i = 0; i < A_IT; ++i) fold_decode(i, a_ptr[i], a_ih[i], a_iw[i]);
+      }
+      return;
+    }
     if constexpr (A_PRE && !DUP) {
 #pragma unroll
       for (int i = 0; i < A_IT; ++i) {
@@ -263,6 +336,10 @@ struct BlockLoader {
   // ---- cp.async path: the whole stage
   __device__ __forceinline__ void load_stage(int it, u32 abuf, u32 bbuf) {
     using namespace cfg;
+    if constexpr (FOLD) {
+      load_stage_fold(it, abuf, bbuf);
+      return;
+    }
     const StageIdx st = stage_idx(it);
     if constexpr (INCR) {
       // Jobs whose address lands outside the tensors (padding, tails) copy 0 bytes: cp.async
@@ -470,6 +547,10 @@ struct BlockLoader {
     }
   }
   __device__ __forceinline__ void load_stage_sync(int it, u32 abuf, u32 bbuf) {
+    if constexpr (cfg::FOLD) {
+      load_stage_fold(it, abuf, bbuf);
+      return;
+    }
     const StageIdx st = stage_idx(it);
     a_rest_sync<0>(st, abuf);
     b_rest_sync<0>(st, bbuf);
@@ -492,6 +573,10 @@ struct BlockLoader {
   }
   __device__ __forceinline__ void finish_regs(int it, u32 abuf, u32 bbuf) {
     using namespace cfg;
+    if constexpr (FOLD) {  // no register prefetch: the next stage's taps load after the math
+      load_stage_fold(it, abuf, bbuf);
+      return;
+    }
     const StageIdx st = stage_idx(it);
     const u8* src; int row, ch;
 #pragma unroll

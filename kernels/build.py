@@ -54,10 +54,14 @@ class Epilogue:
     mode: "acc"  raw int32 accumulators (int) / plain fp16 out (fp16) / fp32 out (fp32_tc);
           "requant"  int: y = clamp(round(acc*scale[k] + bias[k])) stored as int8 / int4;
           "bias"  fp16 / fp32_tc: + bias[k] before the output conversion.
+    residual: int8 requant and fp16 bias only: a tensor of the output's shape, layout and type
+          is added before the ReLU and the rounding (int8: times its own scale, `res_scale`),
+          so that a ResNet block's add needs no pass of its own.
     """
 
     mode: str = "default"
     relu: bool = False
+    residual: bool = False
 
     def resolved(self, precision: Precision) -> Epilogue:
         p = Precision(precision)
@@ -67,7 +71,11 @@ class Epilogue:
         allowed = ("acc", "requant") if p.is_integer else ("acc", "bias")
         if mode not in allowed:
             raise ValueError(f"epilogue {mode!r} is not one of {allowed} for {p.value}")
-        return Epilogue(mode, bool(self.relu))
+        if self.residual and not ((p is Precision.INT8 and mode == "requant") or
+                                  (p is Precision.FP16 and mode == "bias")):
+            raise ValueError("a residual is added by the int8 'requant' and the fp16 'bias' "
+                             f"epilogues only, not by {p.value} {mode!r}")
+        return Epilogue(mode, bool(self.relu), bool(self.residual))
 
     def out_bits(self, precision: Precision) -> int:
         p = Precision(precision)
@@ -77,7 +85,10 @@ class Epilogue:
         return 16 if p is Precision.FP16 else 32
 
     def to_dict(self) -> dict[str, Any]:
-        return {"mode": self.mode, "relu": self.relu}
+        d: dict[str, Any] = {"mode": self.mode, "relu": self.relu}
+        if self.residual:  # absent when off: earlier builds' metadata reads the same
+            d["residual"] = True
+        return d
 
 
 DEFAULT_EPILOGUE = Epilogue()
@@ -104,6 +115,9 @@ class BuildJob:
     schedule: Mapping[str, Any]
     epilogue: Epilogue = DEFAULT_EPILOGUE
     int4_s8: bool | None = None  # None: follow instruction_shape for (int4, sm)
+    # PTX for compute_<sm> instead of a cubin: the driver compiles it when it loads the module,
+    # so an sm_75 / sm_80 code path runs (for correctness only) on a newer GPU.
+    ptx: bool = False
 
 
 def _sources() -> dict[str, str]:
@@ -140,8 +154,9 @@ def _job_geometry(job: BuildJob, int4_s8: bool) -> tuple[dict[str, Any], Geometr
     sched = with_defaults(p, job.schedule)
     cols = {k: np.array([v], dtype=object if isinstance(v, str) else np.int64)
             for k, v in sched.items()}
-    return sched, geometry(job.shape, p, _target_for_sm(job.sm), cols,
-                           out_bits=job.epilogue.resolved(p).out_bits(p), int4_s8=int4_s8)
+    epi = job.epilogue.resolved(p)
+    return sched, geometry(job.shape, p, _target_for_sm(job.sm), cols, out_bits=epi.out_bits(p),
+                           int4_s8=int4_s8, residual=epi.residual)
 
 
 def defines(job: BuildJob) -> dict[str, int]:
@@ -158,11 +173,13 @@ def defines(job: BuildJob) -> dict[str, int]:
     sched, g = _job_geometry(job, s8)
     d: dict[str, int] = {
         "TC_PREC": PRECISION_CODE[p.value], "TC_SM": int(job.sm), "TC_INT4_S8": int(s8),
-        "TC_N": sh.n, "TC_H": sh.h, "TC_W": sh.w, "TC_C": padded_channels(sh, p),
+        "TC_N": sh.n, "TC_H": sh.h, "TC_W": sh.w,
+        "TC_C": padded_channels(sh, p, fold=sched["FOLD_TAPS"] == 1),
         "TC_C_REAL": sh.c, "TC_K": sh.k, "TC_R": sh.r, "TC_S": sh.s,
         "TC_STR_H": sh.stride[0], "TC_STR_W": sh.stride[1], "TC_PAD_H": sh.pad[0],
         "TC_PAD_W": sh.pad[1], "TC_DIL_H": sh.dilation[0], "TC_DIL_W": sh.dilation[1],
         "TC_EPI": 0 if epi.mode == "acc" else 1, "TC_RELU": int(epi.relu),
+        **({"TC_RES": 1} if epi.residual else {}),
         "TC_SMEM_BYTES": int(g.smem_bytes[0]), "TC_K_ITERS": int(g.k_iters[0]),
     }
     for name in knobs_for(p):
@@ -177,9 +194,11 @@ def defines(job: BuildJob) -> dict[str, int]:
     return d
 
 
-def nvrtc_options(d: Mapping[str, int], sm: int) -> list[str]:
+def nvrtc_options(d: Mapping[str, int], sm: int, ptx: bool = False) -> list[str]:
     # wgmma exists on the architecture-specific sm_90a target only (it runs on every sm_90).
     arch = f"sm_{sm}a" if d.get("TC_MMA") and sm == 90 else f"sm_{sm}"
+    if ptx:
+        arch = "compute" + arch[2:]
     opts = [f"--gpu-architecture={arch}", "-std=c++17",
             "-default-device",
             # no texture/surface or device-runtime declarations to parse: builds 24% faster
@@ -191,12 +210,12 @@ def nvrtc_options(d: Mapping[str, int], sm: int) -> list[str]:
     return opts
 
 
-def cache_key(d: Mapping[str, int], sm: int) -> str:
+def cache_key(d: Mapping[str, int], sm: int, ptx: bool = False) -> str:
     h = hashlib.sha256()
     h.update(f"format={BUILD_FORMAT};sm={sm}\n".encode())
     for name, text in sorted(sources().items()):
         h.update(name.encode() + b"\0" + text.encode() + b"\0")
-    h.update("\0".join(nvrtc_options(d, sm)).encode())
+    h.update("\0".join(nvrtc_options(d, sm, ptx)).encode())
     return h.hexdigest()[:32]
 
 
@@ -207,8 +226,9 @@ def _check(err: Any, what: str) -> None:
         raise RuntimeError(f"{what}: {err}")
 
 
-def compile_cubin(d: Mapping[str, int], sm: int) -> tuple[bytes | None, str]:
-    """NVRTC compile to a cubin. Returns (cubin or None, log)."""
+def compile_cubin(d: Mapping[str, int], sm: int, ptx: bool = False
+                  ) -> tuple[bytes | None, str]:
+    """NVRTC compile to a cubin (or PTX). Returns (image or None, log)."""
     from cuda.bindings import nvrtc
 
     src = sources()
@@ -218,7 +238,7 @@ def compile_cubin(d: Mapping[str, int], sm: int) -> tuple[bytes | None, str]:
         [src[h].encode() for h in headers], [h.encode() for h in headers])
     _check(err, "nvrtcCreateProgram")
     try:
-        opts = [o.encode() for o in nvrtc_options(d, sm)]
+        opts = [o.encode() for o in nvrtc_options(d, sm, ptx)]
         (res,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
         err, size = nvrtc.nvrtcGetProgramLogSize(prog)
         _check(err, "nvrtcGetProgramLogSize")
@@ -227,6 +247,13 @@ def compile_cubin(d: Mapping[str, int], sm: int) -> tuple[bytes | None, str]:
         log = log_buf.decode(errors="replace").rstrip("\0").strip()
         if res != nvrtc.nvrtcResult.NVRTC_SUCCESS:
             return None, log or str(res)
+        if ptx:
+            err, size = nvrtc.nvrtcGetPTXSize(prog)
+            _check(err, "nvrtcGetPTXSize")
+            image = b" " * size
+            (err,) = nvrtc.nvrtcGetPTX(prog, image)
+            _check(err, "nvrtcGetPTX")
+            return image.rstrip(b"\0") + b"\0", log
         err, size = nvrtc.nvrtcGetCUBINSize(prog)
         _check(err, "nvrtcGetCUBINSize")
         cubin = b" " * size
@@ -300,7 +327,7 @@ def build(job: BuildJob, cache_dir: str | os.PathLike[str]) -> BuildResult:
     except Exception as e:  # a schedule the space cannot express: data, not a crash
         return BuildResult("compile_error", "", log=f"bad build request: {e}",
                            seconds=time.perf_counter() - t0)
-    key = cache_key(d, job.sm)
+    key = cache_key(d, job.sm, job.ptx)
     cache = Path(cache_dir)
     cubin_path, meta_path, err_path = (cache / f"{key}.cubin", cache / f"{key}.json",
                                        cache / f"{key}.err")
@@ -312,7 +339,7 @@ def build(job: BuildJob, cache_dir: str | os.PathLike[str]) -> BuildResult:
         return BuildResult("compile_error", key, log=err_path.read_text(), cached=True,
                            seconds=time.perf_counter() - t0)
     try:
-        cubin, log = compile_cubin(d, job.sm)
+        cubin, log = compile_cubin(d, job.sm, job.ptx)
     except Exception as e:  # NVRTC itself missing or broken
         return BuildResult("compile_error", key, log=f"nvrtc failed: {e!r}",
                            seconds=time.perf_counter() - t0)
@@ -322,6 +349,7 @@ def build(job: BuildJob, cache_dir: str | os.PathLike[str]) -> BuildResult:
         _atomic_write(err_path, log.encode())
         return BuildResult("compile_error", key, log=log, seconds=seconds)
     meta = launch_meta(job, d)
+    meta["image"] = "ptx" if job.ptx else "cubin"
     meta["log"] = log
     meta["compile_seconds"] = round(seconds, 3)
     _atomic_write(cubin_path, cubin)
@@ -336,6 +364,8 @@ def _atomic_write(path: Path, data: bytes) -> None:
 
 
 def cubin_path(cache_dir: str | os.PathLike[str], key: str) -> Path:
+    """The build's module image: a cubin, or for a PTX build (meta "image": "ptx") the PTX
+    text, which the driver's module loader tells apart by its content and compiles."""
     return Path(cache_dir) / f"{key}.cubin"
 
 

@@ -14,11 +14,15 @@
 //
 // Tensor contracts (kernels/reference.py builds them):
 //   x: NHWC [N][H][W][Cp] or NHWCnc [N/8][H][W][Cp/c][8][c]; Cp = C rounded up to the
-//      16-byte channel vector c (zero channels added by the harness: any C works).
+//      16-byte channel vector c (zero channels added by the harness: any C works); with
+//      FOLD_TAPS, C rounded up to one tap vector of 4, 8 or 16 bytes (the stem's 3 -> 4).
 //   w: KRSC [K][R][S][Cp].  int4 is packed two per byte, element 2i in the low nibble.
 //   y: NHWC [N][P][Q][K] or NHWCnc [N/8][P][Q][K/co][8][co] of the epilogue's output type.
-//   maps (TMA=1 builds only, an eighth argument by value): the tensor maps of x (im2col) and
-//      w, 128 bytes each (kernels/launch.py encodes them per input pointer).
+//   res, res_scale (residual builds only, after the counters): a tensor of y's shape, layout
+//      and type added in the epilogue, y = act(acc * scale + bias + res * res_scale) (int8;
+//      fp16: + res, res_scale unused).
+//   maps (TMA=1 builds only, by value after the other arguments): the tensor maps of x
+//      (im2col) and w, 128 bytes each (kernels/launch.py encodes them per input pointer).
 //   fp32_tc (PREC 3): x, w and y are float32; `scale` points to two floats {amax_x, amax_w}
 //      (max |x|, max |w|, or any bounds of them) from which every thread derives the same
 //      per-tensor power-of-two exponents (tc_exp_for, below); 0 means "do not scale".
@@ -34,6 +38,12 @@
 #endif
 #ifndef TC_TMA
 #define TC_TMA 0  // 1: stages loaded by the Tensor Memory Accelerator (wgmma only), see tma.cuh
+#endif
+#ifndef TC_RES
+#define TC_RES 0  // 1: the epilogue adds a residual tensor of the output's shape (epilogue.cuh)
+#endif
+#ifndef TC_FOLD_TAPS
+#define TC_FOLD_TAPS 0  // 1: few channels, (r, s, c) packed densely (block_tile.cuh: fold)
 #endif
 
 #include "instruction_tile.cuh"
@@ -125,17 +135,27 @@ constexpr int TAPS = DUP ? (REORDER ? R * S : S) : 1;  // filter taps per stage
 constexpr int A_ROWS = DUP ? SLOTS * IN_COLS * NB : BM;
 constexpr int A_PLANE = A_ROWS * SB, B_PLANE = BN * TAPS * SB;  // one fp16 plane (fp32_tc: hi)
 constexpr int A_STAGE = PLANES * A_PLANE, B_STAGE = PLANES * B_PLANE;
-constexpr int NIT = DUP ? (REORDER ? NCB : R * NCB) : R * S * NCB;  // main-loop stages
+// FOLD_TAPS: the reduction is the R*S taps of TV bytes each (C is padded to one tap vector),
+// TPS of them per stage row; the last stage's taps past R*S are zero-filled.
+constexpr bool FOLD = TC_FOLD_TAPS != 0;
+constexpr int TV = FOLD ? CB : 16;
+constexpr int TPS = FOLD ? SB / TV : 1;
+constexpr int NIT = FOLD ? (R * S + TPS - 1) / TPS
+                         : DUP ? (REORDER ? NCB : R * NCB) : R * S * NCB;  // main-loop stages
 
 // ---- epilogue (compile-time options of the build, not knobs)
 constexpr int EPI = TC_EPI;    // int: 0 raw int32 acc, 1 requantize; fp16: 0 plain, 1 + bias
 constexpr int RELU = TC_RELU;
+constexpr bool RES = TC_RES != 0;  // + residual (int8: times res_scale) before ReLU / clamp
 constexpr int OUT_BITS = PREC == 0 ? 16 : F32TC ? 32 : (EPI == 0 ? 32 : ELEM_BITS);
 constexpr int STAGE_BITS = PACK ? OUT_BITS : 32;
 constexpr bool DIRECT_OUT = PACK && OUT_BITS == 32;  // raw int32: registers -> global
 constexpr int TB = BN * OUT_BITS / 8;                // output tile row bytes
 constexpr int E_ROW = BN * STAGE_BITS / 8 + 16;      // staging row (+16 B against conflicts)
-constexpr int EPI_SMEM = DIRECT_OUT ? 0 : BM * E_ROW;
+// The residual epilogue with PACK_OUT stages the block's residual tile beside the output tile
+// (coalesced loads; the register epilogue then reads it from shared memory).
+constexpr int RES_SMEM = (RES && PACK) ? BM * E_ROW : 0;
+constexpr int EPI_SMEM = DIRECT_OUT ? 0 : BM * E_ROW + RES_SMEM;
 // F32_ASYNC: two hi/lo plane buffers, then STAGES fp32 staging slots of the same size.
 // wgmma: room to round the base up to the 1024-byte alignment of its swizzled tiles.
 // TMA: a full and an empty mbarrier per stage after the stages.
@@ -155,13 +175,19 @@ constexpr int ACC_N = WRT * EWCT * ACC_T;
 // ---- what cannot be built, each with its reason (kernels/space.py:validity mirrors these)
 static_assert(!F32TC || (SPLIT >= 0 && SPLIT <= 2), "fp32_tc SPLIT is 0, 1 or 2");
 static_assert(F32TC || SPLIT == 0, "SPLIT is an fp32_tc knob");
-static_assert(C % CV16 == 0, "channels are padded to whole 16-byte vectors by the harness");
+static_assert(FOLD ? (TV == 4 || TV == 8 || TV == 16) && SB % TV == 0 : C % CV16 == 0,
+              "channels are padded to whole 16-byte vectors (FOLD_TAPS: one tap vector)");
+static_assert(!FOLD || ((PREC == 0 || PREC == 1) && !INT4_S8 && !DUP && !LAYOUT && !REORDER &&
+                        !TMA && THREADS % TPS == 0),
+              "FOLD_TAPS loads NHWC taps of fp16 or int8, one tap slot per thread");
 static_assert(!LAYOUT || (N % 8 == 0 && C_REAL % CV16 == 0 && K % CVO == 0 && K % CV16 == 0),
               "NHWCnc stores 8 images x one 16-byte channel vector: batch and channels must fill them");
 static_assert(!REGPATH || STAGES <= 2,
               "the register-staged pipeline (sm_75, int4 via s8) is double-buffered at most");
 static_assert(SMEM == TC_SMEM_BYTES, "kernels/space.py:geometry must equal what the kernel allocates");
 static_assert(PREC != 2 || K % 2 == 0, "int4 output packs two channels per byte");
+static_assert(!RES || ((PREC == 0 || PREC == 1) && EPI == 1),
+              "the residual epilogue adds to requantized int8 or fp16 + bias outputs");
 static_assert(!WG || (!DUP && (PREC == 0 || PREC == 1)),
               "the wgmma path reads whole swizzled tiles of fp16 or int8 operands");
 static_assert(!WG || THREADS <= 1024, "a block holds at most 8 warpgroups");
@@ -199,7 +225,8 @@ __device__ __forceinline__ void conv_block(const u8* __restrict__ x, const u8* _
                                            const float* __restrict__ scale,
                                            const float* __restrict__ bias, u8* __restrict__ y,
                                            u32* __restrict__ ws, u32* __restrict__ counters,
-                                           const TensorMaps* maps, u8* smem) {
+                                           const Residual res, const TensorMaps* maps,
+                                           u8* smem) {
   using namespace cfg;
   const int tid = threadIdx.x;
   const int tile = blockIdx.x;
@@ -375,7 +402,7 @@ __device__ __forceinline__ void conv_block(const u8* __restrict__ x, const u8* _
   }
   __syncthreads();  // shared memory is reused by the epilogue
   if constexpr (F32TC) wt.finalize(scale);  // the accumulator sets -> one fp32 value each
-  epilogue(wt, smem, m0, n0, tid, tile, split, scale, bias, y, ws, counters);
+  epilogue(wt, smem, m0, n0, tid, tile, split, scale, bias, res, y, ws, counters);
 }
 
 // TMA builds take the tensor maps as a by-value kernel parameter (param space, read by the TMA
@@ -384,15 +411,24 @@ extern "C" __global__ void __launch_bounds__(cfg::THREADS, 1)
 tc_conv(const u8* __restrict__ x, const u8* __restrict__ w, const float* __restrict__ scale,
         const float* __restrict__ bias, u8* __restrict__ y, u32* __restrict__ ws,
         u32* __restrict__ counters
+#if TC_RES
+        , const u8* __restrict__ res, float res_scale
+#endif
 #if TC_TMA
         , const __grid_constant__ TensorMaps maps
 #endif
 ) {
   extern __shared__ __align__(128) u8 smem[];
+#if TC_RES
+  const Residual r = {res, res_scale};
+#else
+  const Residual r = {nullptr, 0.f};
+#endif
 #if TC_TMA
   const TensorMaps* m = &maps;
 #else
   const TensorMaps* m = nullptr;
 #endif
-  conv_block<Pick<cfg::WG, GroupTile, WarpTile>::T>(x, w, scale, bias, y, ws, counters, m, smem);
+  conv_block<Pick<cfg::WG, GroupTile, WarpTile>::T>(x, w, scale, bias, y, ws, counters, r, m,
+                                                     smem);
 }

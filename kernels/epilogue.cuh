@@ -15,6 +15,9 @@ constexpr int ROWS_H = IM / 8;              // row halves (g, g+8) per instructi
 constexpr int HALVES = EWCT * ROWS_H;        // (tile column, row half) pairs per warp row tile
 }  // namespace cfg
 
+// The residual epilogue's input (conv.cu's tensor contract): y's shape, layout and type.
+struct Residual { const u8* p; float scale; };
+
 // Byte offset of output element (m, n) in y (n must start a vector for int4).
 __device__ __forceinline__ long long out_off(int m, int n) {
   using namespace cfg;
@@ -26,17 +29,54 @@ __device__ __forceinline__ long long out_off(int m, int n) {
   }
 }
 
-// The epilogue of one value: int -> requantized int (clamped), fp -> float with bias.
-__device__ __forceinline__ int requant(int a, float sc, float bi) {
+// The residual of output element (m, n), scaled (int8: res * res_scale; fp16: res); 0 without.
+__device__ __forceinline__ float res_at(const Residual& res, int m, int n) {
+  using namespace cfg;
+  if constexpr (!RES) {
+    return 0.f;
+  } else if constexpr (PREC == 0) {
+    return ldg_f16(res.p + out_off(m, n));
+  } else {
+    return f_mul_rn(ldg_s8(res.p + out_off(m, n)), res.scale);
+  }
+}
+// The same from the residual tile staged in shared memory (PACK_OUT; row, col in the tile).
+__device__ __forceinline__ float res_tile(const u8* rs, const Residual& res, int row, int col) {
+  using namespace cfg;
+  if constexpr (PREC == 0) {
+    float lo, hi;
+    unpack_f16x2((u32)*reinterpret_cast<const unsigned short*>(rs + row * E_ROW + col * 2), lo, hi);
+    return lo;
+  } else {
+    return f_mul_rn((float)*reinterpret_cast<const s8*>(rs + row * E_ROW + col), res.scale);
+  }
+}
+
+// VW bytes from src to dst (both VW-aligned).
+template <int VW_>
+__device__ __forceinline__ void copy_vw(u8* dst, const u8* src) {
+  if constexpr (VW_ == 16) *reinterpret_cast<V4*>(dst) = *reinterpret_cast<const V4*>(src);
+  else if constexpr (VW_ == 8) *reinterpret_cast<u64*>(dst) = *reinterpret_cast<const u64*>(src);
+  else if constexpr (VW_ == 4) *reinterpret_cast<u32*>(dst) = *reinterpret_cast<const u32*>(src);
+  else if constexpr (VW_ == 2)
+    *reinterpret_cast<unsigned short*>(dst) = *reinterpret_cast<const unsigned short*>(src);
+  else *dst = *src;
+}
+
+// The epilogue of one value: int -> requantized int (clamped), fp -> float with bias; `rv`
+// is the residual (res_at), added last: acc * scale + bias + rv, each step rounded to float.
+__device__ __forceinline__ int requant(int a, float sc, float bi, float rv = 0.f) {
   using namespace cfg;
   constexpr float LO = ELEM_BITS == 8 ? -128.f : -8.f, HI = ELEM_BITS == 8 ? 127.f : 7.f;
   float v = f_add_rn(f_mul_rn(s32_to_f32(a), sc), bi);
+  if constexpr (RES) v = f_add_rn(v, rv);
   v = fminf(fmaxf(v, RELU ? 0.f : LO), HI);
   return f32_to_s32_rni(v);
 }
-__device__ __forceinline__ float fp_epi(float a, float bi) {
+__device__ __forceinline__ float fp_epi(float a, float bi, float rv = 0.f) {
   using namespace cfg;
   float v = EPI ? f_add_rn(a, bi) : a;
+  if constexpr (RES) v = f_add_rn(v, rv);
   return RELU ? fmaxf(v, 0.f) : v;
 }
 
@@ -49,7 +89,7 @@ __device__ __forceinline__ void half_pos(int h, int& j, int& rh) {
 template <class WT>
 __device__ __forceinline__ void epilogue(WT& wt, u8* smem, int m0, int n0, int tid, int tile,
                                          int split, const float* scale, const float* bias,
-                                         u8* y, u32* ws, u32* counters) {
+                                         const Residual& res, u8* y, u32* ws, u32* counters) {
   using namespace cfg;
   const int lane = tid & 31, g = lane >> 2, t = lane & 3;
 
@@ -95,6 +135,20 @@ __device__ __forceinline__ void epilogue(WT& wt, u8* smem, int m0, int n0, int t
           wt.acc[i][j][c] = sum;
         }
     if (tid == 0) counters[tile] = 0;
+  }
+
+  constexpr int VPRO = TB / VW;  // vectors per output row of the tile
+  constexpr int EV = VW * 8 / OUT_BITS;  // elements per vector
+  // ---- residual tile (PACK_OUT): rows of the output tile's layout, after the staging tile.
+  u8* const rs = smem + BM * E_ROW;
+  if constexpr (RES && PACK) {
+#pragma unroll 1
+    for (int v = tid; v < BM * VPRO; v += THREADS) {
+      const int row = v / VPRO, cv = v - row * VPRO;
+      const int m = m0 + row, n = n0 + cv * EV;
+      if (m < M && n < K) copy_vw<VW>(rs + row * E_ROW + cv * VW, res.p + out_off(m, n));
+    }
+    __syncthreads();
   }
 
   // ---- raw int32 (fp32_tc: fp32) with PACK_OUT: straight from registers.
@@ -151,8 +205,11 @@ __device__ __forceinline__ void epilogue(WT& wt, u8* smem, int m0, int n0, int t
 #pragma unroll
         for (int rh = 0; rh < ROWS_H; ++rh) {
           const int row = wt.wm0 + i * ROWSTEP + rh * 8 + g;
+          float r0 = 0.f, r1 = 0.f;
+          if constexpr (RES) { r0 = res_tile(rs, res, row, col); r1 = res_tile(rs, res, row, col + 1); }
           *reinterpret_cast<u32*>(smem + row * E_ROW + col * 2) =
-              pack_f16x2(fp_epi(wt.acc[i][j][2 * rh], b0), fp_epi(wt.acc[i][j][2 * rh + 1], b1));
+              pack_f16x2(fp_epi(wt.acc[i][j][2 * rh], b0, r0),
+                         fp_epi(wt.acc[i][j][2 * rh + 1], b1, r1));
         }
     }
   } else {
@@ -175,8 +232,14 @@ __device__ __forceinline__ void epilogue(WT& wt, u8* smem, int m0, int n0, int t
             const int n = n0 + wt.wn0 + j * 8 + 2 * t;
             const float s0 = n < K ? scale[n] : 0.f, s1 = n + 1 < K ? scale[n + 1] : 0.f;
             const float c0 = n < K ? bias[n] : 0.f, c1 = n + 1 < K ? bias[n + 1] : 0.f;
-            const int q0 = requant(wt.acc[i][j][2 * rh], s0, c0);
-            const int q1 = requant(wt.acc[i][j][2 * rh + 1], s1, c1);
+            float r0 = 0.f, r1 = 0.f;
+            if constexpr (RES) {
+              const int row = wt.wm0 + i * ROWSTEP + rh * 8 + g, col = n - n0;
+              r0 = res_tile(rs, res, row, col);
+              r1 = res_tile(rs, res, row, col + 1);
+            }
+            const int q0 = requant(wt.acc[i][j][2 * rh], s0, c0, r0);
+            const int q1 = requant(wt.acc[i][j][2 * rh + 1], s1, c1, r1);
             bits[k] = ELEM_BITS == 8 ? ((u32)(q0 & 0xFF) | ((u32)(q1 & 0xFF) << 8))
                                      : ((u32)(q0 & 0xF) | ((u32)(q1 & 0xF) << 4));
           }
@@ -218,8 +281,6 @@ __device__ __forceinline__ void epilogue(WT& wt, u8* smem, int m0, int n0, int t
   __syncthreads();
 
   // ---- second pass: shared -> global in VW-byte vectors (coalesced along the rows)
-  constexpr int VPRO = TB / VW;  // vectors per output row of the tile
-  constexpr int EV = VW * 8 / OUT_BITS;  // elements per vector
 #pragma unroll 1
   for (int v = tid; v < BM * VPRO; v += THREADS) {
     const int row = v / VPRO, cv = v - row * VPRO;
@@ -227,13 +288,7 @@ __device__ __forceinline__ void epilogue(WT& wt, u8* smem, int m0, int n0, int t
     if (m >= M || n >= K) continue;
     u8* dst = y + out_off(m, n);
     if constexpr (PACK) {
-      const u8* src = smem + row * E_ROW + cv * VW;
-      if constexpr (VW == 16) *reinterpret_cast<V4*>(dst) = *reinterpret_cast<const V4*>(src);
-      else if constexpr (VW == 8) *reinterpret_cast<u64*>(dst) = *reinterpret_cast<const u64*>(src);
-      else if constexpr (VW == 4) *reinterpret_cast<u32*>(dst) = *reinterpret_cast<const u32*>(src);
-      else if constexpr (VW == 2)
-        *reinterpret_cast<unsigned short*>(dst) = *reinterpret_cast<const unsigned short*>(src);
-      else *dst = *src;
+      copy_vw<VW>(dst, smem + row * E_ROW + cv * VW);
     } else {
       const u32* src = reinterpret_cast<const u32*>(smem + row * E_ROW) + cv * EV;
       u32 out[(VW + 3) / 4];
@@ -249,9 +304,10 @@ __device__ __forceinline__ void epilogue(WT& wt, u8* smem, int m0, int n0, int t
           val = src[e];
         } else if constexpr (PREC == 0) {
           const float a = __int_as_float((int)src[e]);
-          val = pack_f16x2(fp_epi(a, EPI ? bias[nn] : 0.f), 0.f) & 0xFFFFu;
+          val = pack_f16x2(fp_epi(a, EPI ? bias[nn] : 0.f, res_at(res, m, nn)), 0.f) & 0xFFFFu;
         } else {
-          val = (u32)requant((int)src[e], scale[nn], bias[nn]) & (u32)((1ull << OUT_BITS) - 1);
+          val = (u32)requant((int)src[e], scale[nn], bias[nn], res_at(res, m, nn)) &
+                (u32)((1ull << OUT_BITS) - 1);
         }
         const int bit = e * OUT_BITS;
         out[bit / 32] |= val << (bit % 32);

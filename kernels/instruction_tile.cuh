@@ -36,6 +36,20 @@ __device__ __forceinline__ void cp_async16(u32 dst, const void* src, bool valid)
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(dst), "l"(src), "r"(n));
 #endif
 }
+// Narrower copies (FOLD_TAPS loads one filter tap of a few channels): 4 or 8 bytes exist only
+// as .ca (through L1), which also keeps a tap's neighbours for the next stage.
+template <int BYTES>
+__device__ __forceinline__ void cp_async_tv(u32 dst, const void* src, bool valid) {
+#if TC_SM >= 80
+  if constexpr (BYTES == 16) {
+    cp_async16(dst, src, valid);
+  } else {
+    int n = valid ? BYTES : 0;
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n"
+                 :: "r"(dst), "l"(src), "n"(BYTES), "r"(n));
+  }
+#endif
+}
 __device__ __forceinline__ void cp_async_commit() {
 #if TC_SM >= 80
   asm volatile("cp.async.commit_group;\n" ::);
@@ -56,6 +70,27 @@ __device__ __forceinline__ V4 ldg16(const void* p, bool valid) {
                  : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
   }
   return v;
+}
+struct U2 { u32 x, y; };
+__device__ __forceinline__ U2 ldg8(const void* p, bool valid) {
+  U2 v = {0u, 0u};
+  if (valid) asm volatile("ld.global.nc.v2.u32 {%0,%1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "l"(p));
+  return v;
+}
+__device__ __forceinline__ u32 ldg4(const void* p, bool valid) {
+  u32 v = 0u;
+  if (valid) asm volatile("ld.global.nc.u32 %0, [%1];\n" : "=r"(v) : "l"(p));
+  return v;
+}
+__device__ __forceinline__ void sts8(u32 addr, u32 a, u32 b) {
+  asm volatile("st.shared.v2.u32 [%0], {%1,%2};\n" :: "r"(addr), "r"(a), "r"(b));
+}
+__device__ __forceinline__ void unpack_f16x2(u32 v, float& lo, float& hi) {
+  asm("{\n .reg .f16 l, h;\n mov.b32 {l, h}, %2;\n cvt.f32.f16 %0, l;\n cvt.f32.f16 %1, h;\n}"
+      : "=f"(lo), "=f"(hi) : "r"(v));
+}
+__device__ __forceinline__ void sts4(u32 addr, u32 v) {
+  asm volatile("st.shared.u32 [%0], %1;\n" :: "r"(addr), "r"(v));
 }
 __device__ __forceinline__ V4 lds16(u32 addr) {
   V4 v;
@@ -158,6 +193,19 @@ __device__ __forceinline__ u32 shfl_idx(u32 v, int src) {
   u32 d; asm volatile("shfl.sync.idx.b32 %0, %1, %2, 0x1f, 0xffffffff;" : "=r"(d) : "r"(v), "r"(src));
   return d;
 }
+// One fp16 from global memory as a float (the residual epilogue's input).
+__device__ __forceinline__ float ldg_f16(const void* p) {
+  unsigned short h;
+  asm volatile("ld.global.nc.u16 %0, [%1];" : "=h"(h) : "l"(p));
+  float lo, hi;
+  unpack_f16x2((u32)h, lo, hi);
+  return lo;
+}
+__device__ __forceinline__ float ldg_s8(const void* p) {
+  int v;
+  asm volatile("ld.global.nc.s8 %0, [%1];" : "=r"(v) : "l"(p));
+  return (float)v;
+}
 __device__ __forceinline__ u32 ldcg_u32(const u32* p) {  // L2 only: other blocks' partials
   u32 d; asm volatile("ld.global.cg.u32 %0, [%1];" : "=r"(d) : "l"(p)); return d;
 }
@@ -187,13 +235,6 @@ __device__ __forceinline__ u32 hadd2(u32 a, u32 b) {  // two fp16 sums, round to
 }
 __device__ __forceinline__ u32 hmul2(u32 a, u32 b) {
   u32 d; asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b)); return d;
-}
-__device__ __forceinline__ void unpack_f16x2(u32 v, float& lo, float& hi) {
-  asm("{\n .reg .f16 l, h;\n mov.b32 {l, h}, %2;\n cvt.f32.f16 %0, l;\n cvt.f32.f16 %1, h;\n}"
-      : "=f"(lo), "=f"(hi) : "r"(v));
-}
-__device__ __forceinline__ void sts8(u32 addr, u32 a, u32 b) {
-  asm volatile("st.shared.v2.u32 [%0], {%1,%2};\n" :: "r"(addr), "r"(a), "r"(b));
 }
 // 2^e as a float, e in [-126, 127] (callers split larger exponents into several factors).
 __device__ __forceinline__ float pow2i(int e) { return __int_as_float((e + 127) << 23); }

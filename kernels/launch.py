@@ -3,7 +3,8 @@
 The build's launch metadata (`kernels.build.launch_meta`) says everything: kernel name,
 grid, block, dynamic shared memory, split-K workspace and counters, and for TMA builds the
 tensor maps' parameters. The kernel's arguments are `(x, w, scale, bias, y, workspace,
-counters)`, and for TMA builds the two tensor maps by value after them (kernels/conv.cu).
+counters)`, then for residual builds `(res, res_scale)`, and for TMA builds the two tensor
+maps by value after them (kernels/conv.cu).
 CuPy and the driver bindings are imported only inside functions, so `kernels` imports
 without a GPU.
 """
@@ -110,13 +111,21 @@ def tensor_maps(meta: dict[str, Any], x_ptr: int, w_ptr: int) -> Any:
     return arg
 
 
-def _launch_with_maps(fn: Any, meta: dict[str, Any], ptrs: list[int]) -> None:
+def has_residual(meta: dict[str, Any]) -> bool:
+    return bool(meta["epilogue"].get("residual"))
+
+
+def _launch_with_maps(fn: Any, meta: dict[str, Any], ptrs: list[int],
+                      res: tuple[int, float] | None) -> None:
     """A TMA build's launch through the driver: CuPy passes no 64-byte-aligned structs."""
     import cupy
     from cuda.bindings import driver as drv
 
     grid, block, smem = launch_dims(meta)
-    args = [ctypes.c_void_p(p) for p in ptrs] + [tensor_maps(meta, ptrs[0], ptrs[1])]
+    args: list[Any] = [ctypes.c_void_p(p) for p in ptrs]
+    if res is not None:
+        args += [ctypes.c_void_p(res[0]), ctypes.c_float(res[1])]
+    args.append(tensor_maps(meta, ptrs[0], ptrs[1]))
     params = (ctypes.c_void_p * len(args))(*(ctypes.addressof(a) for a in args))
     stream = cupy.cuda.get_current_stream().ptr
     func = fn.kernel.ptr  # CuPy's RawKernel -> its cupy.cuda.Function -> CUfunction
@@ -127,10 +136,18 @@ def _launch_with_maps(fn: Any, meta: dict[str, Any], ptrs: list[int]) -> None:
 
 
 def launch(fn: Any, meta: dict[str, Any], x: Any, w: Any, scale: Any, bias: Any, y: Any,
-           ws: Any, counters: Any) -> None:
-    """Enqueue one launch on CuPy's current stream."""
+           ws: Any, counters: Any, res: Any = None, res_scale: float = 1.0) -> None:
+    """Enqueue one launch on CuPy's current stream. `res` (y's shape and type) and
+    `res_scale` are the residual build's extra arguments, and only theirs."""
+    if has_residual(meta) != (res is not None):
+        raise ValueError("a residual build takes a residual tensor, and only a residual build"
+                         if res is None else "this build has no residual epilogue")
     if meta.get("tma"):
-        _launch_with_maps(fn, meta, [a.data.ptr for a in (x, w, scale, bias, y, ws, counters)])
+        _launch_with_maps(fn, meta, [a.data.ptr for a in (x, w, scale, bias, y, ws, counters)],
+                          None if res is None else (res.data.ptr, float(res_scale)))
         return
     grid, block, smem = launch_dims(meta)
-    fn(grid, block, (x, w, scale, bias, y, ws, counters), shared_mem=smem)
+    args: tuple[Any, ...] = (x, w, scale, bias, y, ws, counters)
+    if res is not None:
+        args += (res, np.float32(res_scale))
+    fn(grid, block, args, shared_mem=smem)

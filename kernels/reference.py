@@ -12,7 +12,7 @@ is within twice FP32's (see FP32_TC_* below).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -82,20 +82,27 @@ def conv_naive(x: np.ndarray, w: np.ndarray, shape: ConvShape) -> np.ndarray:
 
 # ---- the epilogue ------------------------------------------------------------------------
 def requantize(acc: np.ndarray, scale: np.ndarray, bias: np.ndarray, bits: int,
-               relu: bool) -> np.ndarray:
-    """y = clamp(round(acc*scale[k] + bias[k])) exactly as the kernel does it: float32
-    multiply, then float32 add (no FMA), round half to even, clamp to the signed range."""
+               relu: bool, residual: np.ndarray | None = None,
+               res_scale: float = 1.0) -> np.ndarray:
+    """y = clamp(round(acc*scale[k] + bias[k] (+ residual*res_scale))) exactly as the kernel
+    does it: float32 multiply, then float32 adds in that order (no FMA), round half to even,
+    clamp to the signed range."""
     lo, hi = (-128, 127) if bits == 8 else (-8, 7)
     v = acc.astype(np.int32).astype(np.float32) * scale.astype(np.float32)
     v = v + bias.astype(np.float32)
+    if residual is not None:
+        v = v + residual.astype(np.float32) * np.float32(res_scale)
     v = np.clip(v, 0 if relu else lo, hi)
     return np.rint(v).astype(np.int64)
 
 
-def fp_epilogue(acc: np.ndarray, bias: np.ndarray | None, relu: bool) -> np.ndarray:
+def fp_epilogue(acc: np.ndarray, bias: np.ndarray | None, relu: bool,
+                residual: np.ndarray | None = None) -> np.ndarray:
     v = acc.astype(np.float64)
     if bias is not None:
         v = v + bias.astype(np.float64)
+    if residual is not None:
+        v = v + residual.astype(np.float64)
     return np.maximum(v, 0.0) if relu else v
 
 
@@ -264,18 +271,37 @@ class Problem:
     bias: np.ndarray  # float32 [K]
     acc: np.ndarray  # reference accumulators NHWC (int64 or float64)
     abs_acc: np.ndarray | None = None  # fp32_tc: conv of |x| and |w| (per-element bound)
+    _residual: tuple[np.ndarray, float] | None = field(default=None, repr=False)
 
-    def expected(self, epilogue_mode: str, relu: bool) -> np.ndarray:
+    def expected(self, epilogue_mode: str, relu: bool, residual: bool = False) -> np.ndarray:
+        """The output of an epilogue; `residual`: with `residual()` added (int8: scaled)."""
         p = self.precision
+        res, rs = self.residual() if residual else (None, 1.0)
         if p.is_integer:
             if epilogue_mode == "acc":
                 return self.acc
-            return requantize(self.acc, self.scale, self.bias, p.input_bits, relu)
-        return fp_epilogue(self.acc, self.bias if epilogue_mode == "bias" else None, relu)
+            return requantize(self.acc, self.scale, self.bias, p.input_bits, relu, res, rs)
+        return fp_epilogue(self.acc, self.bias if epilogue_mode == "bias" else None, relu, res)
 
-    def device_inputs(self, layout: str) -> tuple[np.ndarray, np.ndarray]:
-        """(x bytes, w bytes) as the kernel reads them; weights are always KRSC."""
-        cp = padded_channels(self.shape, self.precision)
+    def residual(self) -> tuple[np.ndarray, float]:
+        """A residual input of the output's shape and type (NHWC values) and its scale:
+        int8 over the whole range with a scale that moves outputs by up to ~20 steps, fp16 in
+        [-1, 1). Fixed per problem, as the inputs are."""
+        if self._residual is None:
+            rng = np.random.default_rng(shape_seed(self.shape, self.precision, salt=1))
+            out = (self.shape.n, self.shape.p, self.shape.q, self.shape.k)
+            if self.precision.is_integer:
+                lo, hi = INT_RANGE[self.precision.value]
+                self._residual = (rng.integers(lo, hi + 1, size=out, dtype=np.int8), 0.15625)
+            else:
+                self._residual = (rng.uniform(-1, 1, size=out).astype(np.float16), 1.0)
+        return self._residual
+
+    def device_inputs(self, layout: str, c_padded: int | None = None
+                      ) -> tuple[np.ndarray, np.ndarray]:
+        """(x bytes, w bytes) as the kernel reads them; weights are always KRSC. `c_padded`:
+        the build's channel padding (launch metadata; FOLD_TAPS builds pad to a tap vector)."""
+        cp = c_padded or padded_channels(self.shape, self.precision)
         cv = channel_vector(self.precision)
         xb = to_device_bytes(pad_channels(self.x, cp), self.precision, layout, cv)
         wb = to_device_bytes(pad_channels(self.w, cp), self.precision, "nhwc", cv)

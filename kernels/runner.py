@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from kernels.build import cubin_path, load_meta
-from kernels.launch import alloc_scratch, load_function
+from kernels.launch import alloc_scratch, has_residual, load_function
 from kernels.launch import launch as launch_kernel
 from kernels.reference import (
     Problem,
@@ -37,6 +37,7 @@ from kernels.reference import (
     from_device_output,
     make_problem,
     output_bytes,
+    to_device_bytes,
 )
 from kernels.spec import ConvShape, Precision
 from kernels.timing import sets_for_l2, time_launches
@@ -83,21 +84,28 @@ class DeviceSession:
                 self._problems.popitem(last=False)
         return self._problems[k]
 
-    def inputs(self, prob: Problem, layout: str, n_sets: int) -> dict[str, Any]:
-        """Device copies: n_sets of x and w (for rotation), scale and bias."""
-        k = (prob.shape.key(), prob.precision.value, id(prob), layout, n_sets)
+    def inputs(self, prob: Problem, layout: str, n_sets: int, c_padded: int,
+               residual: bool = False) -> dict[str, Any]:
+        """Device copies: n_sets of x and w (for rotation), scale and bias, and the residual
+        (output-shaped) input of residual builds."""
+        k = (prob.shape.key(), prob.precision.value, id(prob), layout, n_sets, c_padded,
+             residual)
         if k in self._dev:
             self._dev.move_to_end(k)
             return self._dev[k]
         while self._dev:  # one problem's buffers at a time: memory stays bounded
             self._dev.popitem(last=False)
-        xb, wb = prob.device_inputs(layout)
+        xb, wb = prob.device_inputs(layout, c_padded)
         cp = self.cp
         x0, w0 = cp.asarray(xb), cp.asarray(wb)
         d = {"x": [x0] + [x0.copy() for _ in range(n_sets - 1)],
              "w": [w0] + [w0.copy() for _ in range(n_sets - 1)],
              "scale": cp.asarray(prob.scale), "bias": cp.asarray(prob.bias),
-             "in_bytes": int(xb.nbytes + wb.nbytes)}
+             "in_bytes": int(xb.nbytes + wb.nbytes), "res": None, "res_scale": 1.0}
+        if residual:
+            res, d["res_scale"] = prob.residual()
+            rb = to_device_bytes(res, prob.precision, layout, 128 // (8 * res.itemsize))
+            d["res"] = cp.asarray(rb)
         self._dev[k] = d
         return d
 
@@ -115,22 +123,24 @@ class DeviceSession:
         fn = self.function(cache_dir, key, meta)
         prob = self.problem(shape, prec, seed)
         y_bytes = output_bytes(shape, out_bits)
-        n_sets = sets_for_l2(self._set_bytes(prob, layout, y_bytes), self.l2_bytes) if time_it \
-            else 1
-        dev = self.inputs(prob, layout, n_sets)
+        c_padded = int(meta["c_padded"])
+        residual = has_residual(meta)
+        n_sets = sets_for_l2(self._set_bytes(prob, layout, y_bytes, c_padded), self.l2_bytes) \
+            if time_it else 1
+        dev = self.inputs(prob, layout, n_sets, c_padded, residual)
         ys = [cp.empty(y_bytes, dtype=cp.uint8) for _ in range(n_sets)]
         ws, counters = alloc_scratch(meta)
 
         def launch(i: int) -> None:
             launch_kernel(fn, meta, dev["x"][i], dev["w"][i], dev["scale"], dev["bias"], ys[i],
-                          ws, counters)
+                          ws, counters, dev["res"], dev["res_scale"])
 
         # Correctness: poisoned output, one launch, exact / tolerance compare.
         ys[0].fill(POISON)
         launch(0)
         cp.cuda.runtime.deviceSynchronize()
         got = from_device_output(cp.asnumpy(ys[0]), shape, out_bits, prec, layout)
-        want = prob.expected(epi["mode"], bool(epi["relu"]))
+        want = prob.expected(epi["mode"], bool(epi["relu"]), residual)
         if prec is Precision.FP32_TC:  # against float64, within twice FP32's error
             ok, stats = check_output(got, want, prec, out_bits, gemm_k=shape.gemm_k,
                                      abs_ref=fp32_tc_abs_ref(prob, epi["mode"]))
@@ -150,8 +160,8 @@ class DeviceSession:
                 "error": None, "detail": detail}
 
     @staticmethod
-    def _set_bytes(prob: Problem, layout: str, y_bytes: int) -> int:
-        xb, wb = prob.device_inputs(layout)
+    def _set_bytes(prob: Problem, layout: str, y_bytes: int, c_padded: int) -> int:
+        xb, wb = prob.device_inputs(layout, c_padded)
         return int(xb.nbytes + wb.nbytes + y_bytes)
 
 

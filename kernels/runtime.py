@@ -50,10 +50,10 @@ from kernels.space import (
     Schedule,
     ScheduleSpace,
     channel_vector,
+    fold_tap_bytes,
     geometry,
     int4_via_s8,
     knobs_for,
-    padded_channels,
     schedule_problems,
 )
 from kernels.spec import (
@@ -170,8 +170,9 @@ def _adapt(schedule: Mapping[str, Any], precision: Precision, target: Target) ->
 def _epilogue_smem_ok(shape: ConvShape, precision: Precision, target: Target,
                       cols: Mapping[str, np.ndarray], epilogue: Epilogue) -> np.ndarray:
     """`is_valid` sizes shared memory for the tuned (requantized) output; raw int32 output
-    stages wider tiles, which must fit too."""
-    g = geometry(shape, precision, target, cols, out_bits=epilogue.out_bits(precision))
+    stages wider tiles, and a residual with PACK_OUT a second tile, which must fit too."""
+    g = geometry(shape, precision, target, cols, out_bits=epilogue.out_bits(precision),
+                 residual=epilogue.residual)
     return np.asarray(g.smem_bytes <= target.smem_per_block_kib * 1024)
 
 
@@ -218,9 +219,14 @@ def default_schedule(shape: ConvShape, precision: Precision | str, target: Targe
                                            _gemm_distance(row[2], shape)))
     for path, name, _, sched in ranked:
         s = _adapt(sched, p, t)
-        if schedule_fits(shape, p, t, s, epi) is None:
-            gpu = "H100" if path == "wgmma" else "H200"
-            return s, f"recorded best of ResNet-50 {name} ({path}, {gpu}, batch 8)"
+        # A layer with few channels (the stem) folds its taps where the schedule allows: the
+        # same tiles do 4-11x fewer multiply-adds than with each tap padded to a vector.
+        tries = [({**s, "FOLD_TAPS": 1, "REORDER_INNER": 0}, ", taps folded")] \
+            if fold_tap_bytes(shape, p) else []
+        for cand, how in [*tries, (s, "")]:
+            if schedule_fits(shape, p, t, cand, epi) is None:
+                gpu = "H100" if path == "wgmma" else "H200"
+                return cand, f"recorded best of ResNet-50 {name} ({path}, {gpu}, batch 8){how}"
     ranked = [row for row in ranked if row[0] == "mma.sync"]  # runs on every target
     _, name, _, sched = ranked[0]
     pref = _adapt(sched, p, t)
@@ -398,6 +404,8 @@ class Conv2d:
     epilogue   "requant" (int: int8/int4 out) / "bias" (fp16) / "acc" (int32 accumulators,
                or plain fp16) / "default" (requant or bias), or an `Epilogue`
     relu       clamp at zero in the epilogue
+    residual   add a tensor of the output's shape in the epilogue (int8 requant: times
+               `res_scale`; fp16 bias): `conv(x, w, scale, bias, residual=r, res_scale=s)`
     cache_dir  where cubins are built and kept (default $TCTUNE_KERNEL_CACHE or
                ~/.cache/tctune/kernels)
     """
@@ -405,13 +413,14 @@ class Conv2d:
     def __init__(self, shape: ConvShape, precision: Precision | str,
                  schedule: Mapping[str, Any] | None = None, target: Target | str | None = None,
                  *, epilogue: Epilogue | str = "default", relu: bool = False,
+                 residual: bool = False,
                  cache_dir: str | os.PathLike[str] | None = None) -> None:
         self.shape = shape
         self.precision = Precision(precision)
         self.target = _resolve_target(target)
         p, t = self.precision, self.target
         epi = epilogue if isinstance(epilogue, Epilogue) else \
-            Epilogue("acc" if epilogue == "none" else epilogue, relu)
+            Epilogue("acc" if epilogue == "none" else epilogue, relu, residual)
         self.epilogue = epi.resolved(p)
         problems = shape.problems(p, t)
         if problems:
@@ -450,7 +459,7 @@ class Conv2d:
     def _init_contract(self) -> None:
         sh, p = self.shape, self.precision
         in_bits, out_bits = p.input_bits, int(self.meta["out_bits"])
-        self.padded_channels = cp = padded_channels(sh, p)
+        self.padded_channels = cp = int(self.meta["c_padded"])
         self.input_dtype = _dtype_for(in_bits, p)
         self.output_dtype = _dtype_for(out_bits, p)
         in_dtypes = (self.input_dtype, "int8") if in_bits == 4 else (self.input_dtype,)
@@ -487,6 +496,8 @@ class Conv2d:
                       TensorSpec("scale", ((sh.k,),), ("float32",), "one per output channel")),
             "bias": TensorSpec("bias", ((sh.k,),), ("float32",), "one per output channel"),
             "out": TensorSpec("out", (self.output_shape,), (self.output_dtype,), what_y),
+            "residual": TensorSpec("residual", (self.output_shape,), (self.output_dtype,),
+                                   what_y + " (the output's shape and type)"),
         }
 
     @property
@@ -498,9 +509,24 @@ class Conv2d:
         return self.epilogue.mode in ("requant", "bias")
 
     def validate(self, x: Any, weight: Any, scale: Any = None, bias: Any = None,
-                 out: Any = None) -> tuple[str, int]:
+                 out: Any = None, residual: Any = None, res_scale: float | None = None
+                 ) -> tuple[str, int]:
         """Check every argument of a call (no GPU work); returns (framework, device)."""
         fw, dev = check_tensor(x, self.specs["x"])
+        if self.epilogue.residual:
+            if residual is None:
+                raise ValueError("residual is required: this op's epilogue adds it "
+                                 f"({self.specs['residual'].describe_shapes()})")
+            check_tensor(residual, self.specs["residual"], fw, dev)
+            if self.precision.is_integer:
+                if res_scale is None or not math.isfinite(float(res_scale)):
+                    raise ValueError("res_scale is required: a finite float, the int8 "
+                                     "residual's scale (y = acc*scale + bias + res*res_scale)")
+            elif res_scale is not None:
+                raise ValueError("res_scale is for int8 residuals; an fp16 residual is added "
+                                 "as it is: pass None")
+        elif residual is not None or res_scale is not None:
+            raise ValueError("this op has no residual epilogue: build it with residual=True")
         check_tensor(weight, self.specs["weight"], fw, dev)
         if scale is None and self.needs_scale:
             raise ValueError("scale is required: the requant epilogue computes "
@@ -592,7 +618,7 @@ class Conv2d:
         return buf
 
     def _enqueue(self, dev: int, stream_ptr: int, x: Any, w: Any, scale: Any, bias: Any,
-                 y: Any) -> None:
+                 y: Any, res: Any = None, res_scale: float | None = None) -> None:
         """Launch on CuPy's current stream (the caller's), all arguments CuPy arrays."""
         from kernels.launch import launch
 
@@ -609,7 +635,8 @@ class Conv2d:
 
             scale = cupy.stack([cupy.abs(x).max(), cupy.abs(w).max()]).astype(cupy.float32)
         launch(fn, self.meta, x, w, zeros if scale is None else scale,
-               zeros if bias is None else bias, y, sc["ws"], sc["counters"])
+               zeros if bias is None else bias, y, sc["ws"], sc["counters"], res,
+               1.0 if res_scale is None else float(res_scale))
 
     def _stream(self, ptr: int) -> Any:
         import cupy
@@ -625,8 +652,8 @@ class Conv2d:
         return self._streams[ptr]
 
     def __call__(self, x: Any, weight: Any, scale: Any = None, bias: Any = None, *,
-                 out: Any = None) -> Any:
-        fw, dev = self.validate(x, weight, scale, bias, out)
+                 residual: Any = None, res_scale: float | None = None, out: Any = None) -> Any:
+        fw, dev = self.validate(x, weight, scale, bias, out, residual, res_scale)
         import cupy
 
         if fw == "cupy":
@@ -634,7 +661,8 @@ class Conv2d:
                 stream = cupy.cuda.get_current_stream()
                 y = out if out is not None else cupy.empty(self.output_shape,
                                                            dtype=self.output_dtype)
-                self._enqueue(dev, int(stream.ptr), x, weight, scale, bias, y)
+                self._enqueue(dev, int(stream.ptr), x, weight, scale, bias, y, residual,
+                              res_scale)
             return y
         import torch
 
@@ -646,13 +674,14 @@ class Conv2d:
             # cross-stream wait, and the launch is ordered with the caller's torch work.
             with cupy.cuda.Device(dev), self._stream(ptr):
                 arrs = [None if a is None else cupy.from_dlpack(a.detach())
-                        for a in (x, weight, scale, bias, y)]
-                self._enqueue(dev, ptr, *arrs)
+                        for a in (x, weight, scale, bias, y, residual)]
+                self._enqueue(dev, ptr, *arrs, res_scale)
         return y
 
     def __repr__(self) -> str:
         return (f"Conv2d({self.shape.key()}, {self.precision.value}, {self.target.name}, "
-                f"epilogue={self.epilogue.mode}{'+relu' if self.epilogue.relu else ''}, "
+                f"epilogue={self.epilogue.mode}{'+residual' if self.epilogue.residual else ''}"
+                f"{'+relu' if self.epilogue.relu else ''}, "
                 f"layout={self.layout}, schedule={self.schedule_source})")
 
 

@@ -51,11 +51,16 @@ EXTRA_KNOBS: dict[str, tuple[Any, ...]] = {
     # wgmma stages loaded by the Tensor Memory Accelerator (im2col and tiled tensor maps,
     # mbarrier-paced, one issuing thread) instead of every thread's cp.async (0).
     "TMA": (0, 1),
+    # Few input channels (C below one 16-byte vector, fp16 and int8): 1 packs the reduction
+    # densely as (r, s, c) with C padded to a 4-, 8- or 16-byte "tap vector" (the stem's C=3:
+    # 4 channels) instead of one whole 16-byte vector per filter tap, and loads taps, not
+    # vectors (see fold_tap_bytes).
+    "FOLD_TAPS": (0, 1),
 }
 # Knobs added after schedules were first stored, with the value that builds the kernel as it
 # was: a schedule that does not name such a knob means that value, and hashes as if the knob
 # were absent, so stored schedules, measurements and their hashes keep their meaning.
-KNOB_DEFAULTS: dict[str, Any] = {"MMA": "sync", "TMA": 0}
+KNOB_DEFAULTS: dict[str, Any] = {"MMA": "sync", "TMA": 0, "FOLD_TAPS": 0}
 # Each default is its knob's first value (tested): recorded datasets and stored prior
 # schedules that predate a knob read it as its first value (search/datasets.py, features.py).
 FP32_TC_KNOBS: dict[str, tuple[Any, ...]] = {
@@ -143,8 +148,25 @@ def channel_vector(precision: Precision) -> int:
     return 128 // Precision(precision).input_bits
 
 
-def padded_channels(shape: ConvShape, precision: Precision) -> int:
-    """C rounded up to whole 16-byte vectors: the harness zero-pads activations and weights."""
+def fold_tap_bytes(shape: ConvShape, precision: Precision) -> int:
+    """FOLD_TAPS=1: bytes of one filter tap's channels, C rounded up to 4, 8 or 16 bytes (the
+    widths of cp.async); 0 where the layer has too many channels (or a precision without
+    the path) to fold."""
+    p = Precision(precision)
+    if p not in (Precision.FP16, Precision.INT8):
+        return 0
+    nbytes = shape.c * p.input_bits // 8
+    for tv in (4, 8, 16):
+        if nbytes <= tv:
+            return tv
+    return 0
+
+
+def padded_channels(shape: ConvShape, precision: Precision, fold: bool = False) -> int:
+    """C rounded up to whole 16-byte vectors, or with `fold` (FOLD_TAPS=1) to one tap vector:
+    the harness zero-pads activations and weights to it."""
+    if fold:
+        return fold_tap_bytes(shape, precision) * 8 // Precision(precision).input_bits
     cv = channel_vector(precision)
     return -(-shape.c // cv) * cv
 
@@ -154,6 +176,13 @@ def int4_via_s8(precision: Precision, sm: int) -> bool:
     says so (sm_90: no 4-bit Tensor Core unit)."""
     inst = instruction_shape(precision, sm)
     return Precision(precision) is Precision.INT4 and inst.m == 16 and inst.k == 32
+
+
+def _knob(cols: Mapping[str, np.ndarray], name: str, shape: tuple[int, ...]) -> np.ndarray:
+    """A later knob's column, or its default where the columns predate it."""
+    if name in cols:
+        return np.asarray(cols[name])
+    return np.full(shape, KNOB_DEFAULTS[name])
 
 
 def mma_is_wgmma(cols: Mapping[str, np.ndarray], shape: tuple[int, ...]) -> np.ndarray:
@@ -194,18 +223,20 @@ class Geometry:
     k_iters: np.ndarray  # main-loop iterations per block
     footprint_pixels: np.ndarray  # input pixel rows a block loads per channel block
     frag_regs: np.ndarray | None = None  # A and B fragment registers of one k-step
-    stage_vectors: np.ndarray | None = None  # 16-byte global loads per thread per stage
+    stage_vectors: np.ndarray | None = None  # global loads per thread per stage
+    row_loads: np.ndarray | None = None  # global loads per shared row per stage
 
 
 def geometry(shape: ConvShape, precision: Precision, target: Target,
              cols: Mapping[str, np.ndarray], out_bits: int | None = None,
-             int4_s8: bool | None = None) -> Geometry:
+             int4_s8: bool | None = None, residual: bool = False) -> Geometry:
     """Tile geometry of schedules given as numpy columns (knob -> array of values).
 
     Mirrors kernels/conv.cu exactly: the kernel static_asserts that its shared-memory size
     equals `smem_bytes`. `out_bits` is the epilogue's output width (None: the precision's
     requantized output, as tuned; 32: raw int32 accumulators). `int4_s8` overrides the int4
     path on sm_80+ (None: as instruction_shape says), for builds that compare the two.
+    `residual`: the residual epilogue, which with PACK_OUT stages a residual tile too.
     """
     p = Precision(precision)
     inst = instruction_shape(p, target.sm)
@@ -256,6 +287,11 @@ def geometry(shape: ConvShape, precision: Precision, target: Target,
 
     cp = padded_channels(shape, p)
     n_cb = -(-cp // bk)
+    # FOLD_TAPS=1: a stage row holds sb / tv consecutive taps of tv bytes; the main loop walks
+    # the R*S taps, tps at a time.
+    fold = _knob(cols, "FOLD_TAPS", np.shape(brw)) == 1
+    tv = fold_tap_bytes(shape, p) or 16
+    tps = np.maximum(sb // tv, 1)
     nb = np.where(blocked, NHWCNC_BATCH_BLOCK, 1)
     nbt = np.maximum(shape.n // nb, 1)
     bmp = bm // nb
@@ -288,11 +324,14 @@ def geometry(shape: ConvShape, precision: Precision, target: Target,
     ob = p.output_bits if out_bits is None else out_bits
     stage_bits = np.where(pack, ob, 32)
     epilogue = np.where(pack & (ob == 32), 0, bm * (bn * stage_bits // 8 + EPILOGUE_ROW_PAD))
+    epilogue = epilogue * np.where(pack & residual, 2, 1)
     smem = np.maximum(pipeline, epilogue)
 
-    n_it = np.where(dup, np.where(reorder, n_cb, r * n_cb), r * s * n_cb)
+    n_it = np.where(fold, -(-(r * s) // tps),
+                    np.where(dup, np.where(reorder, n_cb, r * n_cb), r * s * n_cb))
     tiles = (-(-shape.gemm_m // bm)) * (-(-shape.gemm_n // bn))
-    gvec = bk * elem_bits // 8 // 16  # 16-byte global vectors per row per stage
+    # global loads per row per stage: 16-byte vectors, or taps (FOLD_TAPS)
+    gvec = np.where(fold, tps, bk * elem_bits // 8 // 16)
     threads = warps * 32
     stage_vec = -(-np.where(dup, a_rows, bm) * gvec // threads) + \
         -(-(bn * taps * gvec) // threads)
@@ -301,7 +340,33 @@ def geometry(shape: ConvShape, precision: Precision, target: Target,
         block_m=bm, block_n=bn, block_k=bk, warps=warps, threads=threads, acc_regs=acc,
         smem_bytes=smem, grid_blocks=tiles * split_k, k_iters=-(-n_it // split_k),
         footprint_pixels=footprint, frag_regs=frag, stage_vectors=stage_vec,
+        row_loads=gvec,
     )
+
+
+def register_slack(shape: ConvShape, precision: Precision, target: Target,
+                   cols: Mapping[str, np.ndarray], g: Geometry | None = None) -> np.ndarray:
+    """Registers per thread left under the cap by the kernel's register model (negative: the
+    schedule would spill). __launch_bounds__ caps a thread at min(255, 64K / threads)
+    registers; the model counts accumulators, fragments and a fixed part (see REG_OVERHEAD)."""
+    p = Precision(precision)
+    g = geometry(shape, p, target, cols) if g is None else g
+    cap = np.minimum(MAX_REGS_PER_THREAD, (REGS_PER_BLOCK // g.threads) // 8 * 8)
+    chunk = np.asarray(cols["CHUNK"])
+    if p is Precision.FP32_TC:
+        fixed = REG_F32TC_BASE + REG_F32TC_PER_CHUNK * chunk + \
+            np.where(np.asarray(cols["DUP_AWARE"]) == 1, REG_F32TC_DUP, 0)
+    else:
+        fixed = REG_OVERHEAD + np.where(chunk >= 4, REG_DEEP_CHUNK, 0)
+    wg = mma_is_wgmma(cols, np.shape(g.block_m))
+    gvec = g.row_loads  # global loads per row of a stage
+    a_jobs = -(-g.block_m * gvec // g.threads)
+    b_jobs = -(-g.block_n * gvec // g.threads)
+    unrolled = np.where(a_jobs <= 8, a_jobs, 1) + np.where(b_jobs <= 8, b_jobs, 1)
+    fixed = np.where(wg, REG_WGMMA_BASE + REG_WGMMA_PER_JOB * unrolled +
+                     np.where(g.threads == 512, REG_WGMMA_512, 0) +
+                     np.where(g.threads == 1024, REG_WGMMA_1024, 0), fixed)
+    return cap - (g.acc_regs + 2 * g.frag_regs + fixed)
 
 
 def validity(shape: ConvShape, precision: Precision, target: Target,
@@ -311,26 +376,11 @@ def validity(shape: ConvShape, precision: Precision, target: Target,
     p = Precision(precision)
     g = geometry(shape, p, target, cols)
     ok = np.ones_like(g.block_m, dtype=bool)
-    # Registers: __launch_bounds__ caps a thread at min(255, 64K / threads) registers; a
-    # schedule whose accumulators and fragments do not fit under the cap spills them, and the
-    # build treats spills as errors (ptxas --warn-on-spills -Werror): local-memory traffic in
-    # the inner loop is never a schedule worth measuring. See REG_OVERHEAD.
-    cap = np.minimum(MAX_REGS_PER_THREAD, (REGS_PER_BLOCK // g.threads) // 8 * 8)
-    chunk = np.asarray(cols["CHUNK"])
-    if p is Precision.FP32_TC:
-        fixed = REG_F32TC_BASE + REG_F32TC_PER_CHUNK * chunk + \
-            np.where(np.asarray(cols["DUP_AWARE"]) == 1, REG_F32TC_DUP, 0)
-    else:
-        fixed = REG_OVERHEAD + np.where(chunk >= 4, REG_DEEP_CHUNK, 0)
+    # Registers: a schedule whose accumulators and fragments do not fit under the cap spills
+    # them, and the build treats spills as errors (ptxas --warn-on-spills -Werror): local-
+    # memory traffic in the inner loop is never a schedule worth measuring.
+    ok &= register_slack(shape, p, target, cols, g) >= 0
     wg = mma_is_wgmma(cols, np.shape(g.block_m))
-    gvec = g.block_k * p.input_bits // 8 // 16  # 16-byte vectors per row of a stage
-    a_jobs = -(-g.block_m * gvec // g.threads)
-    b_jobs = -(-g.block_n * gvec // g.threads)
-    unrolled = np.where(a_jobs <= 8, a_jobs, 1) + np.where(b_jobs <= 8, b_jobs, 1)
-    fixed = np.where(wg, REG_WGMMA_BASE + REG_WGMMA_PER_JOB * unrolled +
-                     np.where(g.threads == 512, REG_WGMMA_512, 0) +
-                     np.where(g.threads == 1024, REG_WGMMA_1024, 0), fixed)
-    ok &= g.acc_regs + 2 * g.frag_regs + fixed <= cap
     # wgmma exists on sm_90a only; the path is built for fp16 and int8 (int4 on sm_90 goes
     # through the register-staged s4 -> s8 loader, which stays on mma.sync). Its operands are
     # whole swizzled tiles (no duplicate-aware row indexing; a stage row of CHUNK 8, 256
@@ -347,6 +397,18 @@ def validity(shape: ConvShape, precision: Precision, target: Target,
         ok &= ~tma | (wg & (np.asarray(cols["DUP_AWARE"]) == 0) &
                       (np.asarray(cols["LAYOUT"], dtype=object) == "nhwc") &
                       (g.block_n <= TMA_MAX_BOX_ROWS))
+    # FOLD_TAPS packs (r, s, c) of a layer with few channels; its loader keeps one tap slot
+    # per thread (threads a multiple of the taps per stage row) and reads plain NHWC im2col
+    # rows (no duplicate-aware rows, no NHWCnc, no TMA; REORDER_INNER has no meaning: 0).
+    fold = _knob(cols, "FOLD_TAPS", np.shape(g.block_m)) == 1
+    if fold_tap_bytes(shape, p) == 0:
+        ok &= ~fold
+    else:
+        ok &= ~fold | ((np.asarray(cols["DUP_AWARE"]) == 0) &
+                       (np.asarray(cols["REORDER_INNER"]) == 0) &
+                       (np.asarray(cols["LAYOUT"], dtype=object) == "nhwc") &
+                       (_knob(cols, "TMA", np.shape(g.block_m)) == 0) &
+                       (g.threads % g.row_loads == 0))
     # Pipelines deeper than 3 stages pay with wgmma (its loads and math overlap); on the
     # mma.sync path they gained 2-4% on int8 and lost beyond 4 (bench/RESULTS.md, H100 probe),
     # not worth a space twice the size.

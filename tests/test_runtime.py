@@ -254,15 +254,24 @@ def test_epilogue_arguments_follow_the_epilogue(cache: Path) -> None:
 
 
 def test_narrow_channels_accept_real_or_padded(cache: Path) -> None:
+    # The default folds the stem's taps: channels padded to one 4-byte tap vector.
     with pytest.warns(DefaultScheduleWarning):
         op = Conv2d(STEM, "int8", None, target="h100", epilogue="acc", cache_dir=cache)
-    assert op.padded_channels == 16 and op.input_shape == (2, 30, 30, 16)
+    assert op.schedule["FOLD_TAPS"] == 1 and "taps folded" in op.schedule_source
+    assert op.padded_channels == 4 and op.input_shape == (2, 30, 30, 4)
+    assert op.weight_shape == (64, 7, 7, 4)
+    # Unfolded, each tap is padded to a whole 16-byte vector.
+    unfolded = Conv2d(STEM, "int8", {**op.schedule, "FOLD_TAPS": 0}, target="h100",
+                      epilogue="acc", cache_dir=cache)
+    assert unfolded.padded_channels == 16 and unfolded.input_shape == (2, 30, 30, 16)
     for c in (3, 16):
         x, w = FakeCupy((2, 30, 30, c), "int8"), FakeCupy((64, 7, 7, c), "int8")
-        assert op.validate(x, w) == ("cupy", 0)
+        assert unfolded.validate(x, w) == ("cupy", 0)
     with pytest.raises(ValueError, match=r"\(2, 30, 30, 16\) or \(2, 30, 30, 3\) \(NHWC, "
                                          r"channels zero-padded to 16\)"):
-        op.validate(FakeCupy((2, 30, 30, 8), "int8"), FakeCupy((64, 7, 7, 3), "int8"))
+        unfolded.validate(FakeCupy((2, 30, 30, 8), "int8"), FakeCupy((64, 7, 7, 3), "int8"))
+    with pytest.raises(ValueError, match=r"\(2, 30, 30, 4\) or \(2, 30, 30, 3\)"):
+        op.validate(FakeCupy((2, 30, 30, 16), "int8"), FakeCupy((64, 7, 7, 3), "int8"))
 
 
 def test_prepare_weight_pads_and_reorders(cache: Path) -> None:
@@ -271,10 +280,11 @@ def test_prepare_weight_pads_and_reorders(cache: Path) -> None:
         op = Conv2d(STEM, "fp16", None, target="h100", cache_dir=cache)
     w_kcrs = torch.randn(64, 3, 7, 7).half()
     w = op.prepare_weight(w_kcrs, layout="kcrs")
-    assert tuple(w.shape) == op.weight_shape == (64, 7, 7, 8) and w.is_contiguous()
+    # fp16, taps folded: 3 channels padded to one 8-byte tap vector of 4
+    assert tuple(w.shape) == op.weight_shape == (64, 7, 7, 4) and w.is_contiguous()
     assert torch.equal(w[..., :3], w_kcrs.permute(0, 2, 3, 1)) and not w[..., 3:].any()
     with pytest.raises(ValueError, match="weight must have shape"):
-        op.prepare_weight(torch.zeros(64, 7, 7, 9).half())
+        op.prepare_weight(torch.zeros(64, 7, 7, 5).half())
 
 
 def test_nhwcnc_contract_and_helpers(cache: Path) -> None:
@@ -327,10 +337,28 @@ def device_cases() -> dict[str, Conv2d]:
     tma = {"BLK_ROW_WARPS": 1, "BLK_COL_WARPS": 1, "WARP_ROW_TILES": 1, "WARP_COL_TILES": 2,
            "CHUNK": 4, "REORDER_INNER": 1, "DUP_AWARE": 0, "PACK_OUT": 1, "LAYOUT": "nhwc",
            "STAGES": 4, "SPLIT_K": 1, "MMA": "wgmma", "TMA": 1}
+    wg = {**INT8_BEST, "MMA": "wgmma", "BLK_ROW_WARPS": 1, "BLK_COL_WARPS": 1,
+          "WARP_ROW_TILES": 1, "WARP_COL_TILES": 2, "CHUNK": 2, "STAGES": 4, "SPLIT_K": 1}
+    # FOLD_TAPS: the stem's (r, s, c) packed densely (explicit schedules of both paths)
+    fold_sync = {**INT8_BEST, "FOLD_TAPS": 1, "REORDER_INNER": 0, "DUP_AWARE": 0,
+                 "LAYOUT": "nhwc", "SPLIT_K": 2}
+    fold_wg = {**wg, "FOLD_TAPS": 1, "REORDER_INNER": 0, "DUP_AWARE": 0}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DefaultScheduleWarning)
         return {
             "int8_acc": Conv2d(SMALL, "int8", INT8_BEST, "h100", epilogue="acc"),
+            "int8_residual_relu": Conv2d(SMALL, "int8", INT8_BEST, "h100", relu=True,
+                                         residual=True),
+            "int8_residual_split_k_nhwcnc": Conv2d(blocked, "int8", {**nhwcnc, "SPLIT_K": 2},
+                                                   "h100", residual=True),
+            "int8_residual_wgmma_unpacked": Conv2d(SMALL, "int8", {**wg, "PACK_OUT": 0},
+                                                   "h100", residual=True),
+            "fp16_residual_relu": Conv2d(SMALL, "fp16", fp16_best, "h100", relu=True,
+                                         residual=True),
+            "fp16_residual_wgmma_unpacked": Conv2d(SMALL, "fp16", {**wg, "PACK_OUT": 0},
+                                                   "h100", residual=True),
+            "int8_stem_fold_sync": Conv2d(STEM, "int8", fold_sync, "h100", relu=True),
+            "fp16_stem_fold_wgmma": Conv2d(STEM, "fp16", fold_wg, "h100"),
             "int8_requant_relu": Conv2d(SMALL, "int8", INT8_BEST, "h100", epilogue="requant",
                                         relu=True),
             "int8_split_k": Conv2d(SMALL, "int8", split_k, "h100", epilogue="acc"),
@@ -382,7 +410,17 @@ def _storage_inputs(op: Conv2d, prob: ref.Problem, padded: bool = True
 
 
 def _want(op: Conv2d, prob: ref.Problem) -> np.ndarray:
-    return prob.expected(op.epilogue.mode, op.epilogue.relu)
+    return prob.expected(op.epilogue.mode, op.epilogue.relu, op.epilogue.residual)
+
+
+def _residual(op: Conv2d, prob: ref.Problem) -> tuple[np.ndarray | None, float | None]:
+    """The problem's residual in the op's output storage (layout), and its scale argument."""
+    if not op.epilogue.residual:
+        return None, None
+    res, scale = prob.residual()
+    vec = 128 // (8 * res.itemsize)
+    r = ref.nhwc_to_nhwcnc(res, vec) if op.layout == "nhwcnc" else res
+    return np.ascontiguousarray(r), (scale if op.precision.is_integer else None)
 
 
 def _got(op: Conv2d, y: np.ndarray) -> np.ndarray:
@@ -411,8 +449,10 @@ def _run_cupy(op: Conv2d, prob: ref.Problem, padded: bool = True, repeat: int = 
                 cupy.asarray(prob.bias) if op.uses_bias else None]
         out = cupy.full(op.output_shape, 0xA5 if op.output_dtype == "uint8" else -91,
                         dtype=op.output_dtype)  # poisoned
+        res, res_scale = _residual(op, prob)
+        res_dev = None if res is None else cupy.asarray(res)
         for _ in range(repeat):
-            y = op(*args, out=out)
+            y = op(*args, out=out, residual=res_dev, res_scale=res_scale)
         stream.synchronize()
         assert y is out and cupy.cuda.get_current_stream().ptr == stream.ptr
         return cupy.asnumpy(y)
@@ -428,7 +468,9 @@ def _run_torch(op: Conv2d, prob: ref.Problem, padded: bool = True) -> np.ndarray
                 torch.from_numpy(np.ascontiguousarray(w)).cuda(),
                 torch.from_numpy(prob.scale).cuda() if op.needs_scale else None,
                 torch.from_numpy(prob.bias).cuda() if op.uses_bias else None]
-        y = op(*args)
+        res, res_scale = _residual(op, prob)
+        y = op(*args, residual=None if res is None else torch.from_numpy(res).cuda(),
+               res_scale=res_scale)
         assert isinstance(y, torch.Tensor) and tuple(y.shape) == op.output_shape
         # Work queued after the op on the caller's stream sees its result.
         y2 = y.clone()
@@ -439,7 +481,9 @@ def _run_torch(op: Conv2d, prob: ref.Problem, padded: bool = True) -> np.ndarray
 @on_gpu
 @pytest.mark.parametrize("name", ["int8_acc", "int8_requant_relu", "fp16_bias_relu",
                                   "int8_nhwcnc", "int4_requant", "int8_tma_requant",
-                                  "fp16_tma_stem"])
+                                  "fp16_tma_stem", "int8_residual_relu",
+                                  "int8_residual_split_k_nhwcnc", "int8_residual_wgmma_unpacked",
+                                  "fp16_residual_relu", "fp16_residual_wgmma_unpacked"])
 def test_on_gpu_cupy_and_torch_equal_the_reference(cases: dict[str, Conv2d], name: str) -> None:
     op = cases[name]
     for seed in (1, 2):  # fresh random inputs each time
@@ -457,7 +501,8 @@ def test_on_gpu_split_k_repeats_and_matches(cases: dict[str, Conv2d]) -> None:
 
 
 @on_gpu
-@pytest.mark.parametrize("name", ["int8_stem_acc", "fp16_stem"])
+@pytest.mark.parametrize("name", ["int8_stem_acc", "fp16_stem", "int8_stem_fold_sync",
+                                  "fp16_stem_fold_wgmma"])
 def test_on_gpu_narrow_channels_real_and_padded(cases: dict[str, Conv2d], name: str) -> None:
     op = cases[name]
     prob = _problem(op, 4)

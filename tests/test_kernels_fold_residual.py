@@ -1,0 +1,219 @@
+"""Two kernel paths on a CPU: folded filter taps for layers with few channels (FOLD_TAPS) and
+the residual epilogue. Their rules (kernels.space and the kernel's static_asserts agree),
+their geometry, their builds for sm_75 / sm_80 / sm_90 with the Tensor Core instructions they
+should hold, and the reference and runtime contracts. The GPU checks are in test_runtime.py
+(`on_gpu`) and bench/kernels_check.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kernels import reference as ref
+from kernels.build import BuildJob, Epilogue, build, build_many, cubin_path, defines
+from kernels.launch import launch
+from kernels.runtime import Conv2d
+from kernels.sass import cuobjdump_path, summarize
+from kernels.space import ScheduleSpace, fold_tap_bytes, geometry, padded_channels
+from kernels.spec import RESNET50_3X3, ConvShape, Precision, get_target
+
+STEM = ConvShape(8, 224, 224, 3, 64, 7, 7, stride=2, pad=3)
+ODD = ConvShape(3, 17, 19, 5, 24, 3, 3, pad=1)  # 5 channels: int8 8 bytes, fp16 16 bytes
+SYNC = dict(BLK_ROW_WARPS=2, BLK_COL_WARPS=2, WARP_ROW_TILES=2, WARP_COL_TILES=4, CHUNK=2,
+            REORDER_INNER=0, DUP_AWARE=0, PACK_OUT=1, LAYOUT="nhwc", STAGES=2, SPLIT_K=1)
+WG = {**SYNC, "BLK_ROW_WARPS": 1, "BLK_COL_WARPS": 1, "WARP_ROW_TILES": 1,
+      "WARP_COL_TILES": 2, "STAGES": 4, "MMA": "wgmma"}
+SM_TARGET = {75: "t4", 80: "a100", 90: "h100"}
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("fold_residual")
+
+
+def cols_of(schedule: dict) -> dict[str, np.ndarray]:
+    return {k: np.array([v], dtype=object if isinstance(v, str) else np.int64)
+            for k, v in schedule.items()}
+
+
+# ---- FOLD_TAPS ---------------------------------------------------------------------------
+@pytest.mark.parametrize("c,precision,tap_bytes,channels", [
+    (3, "int8", 4, 4), (4, "int8", 4, 4), (5, "int8", 8, 8), (16, "int8", 16, 16),
+    (3, "fp16", 8, 4), (5, "fp16", 16, 8), (8, "fp16", 16, 8),
+    (17, "int8", 0, None), (9, "fp16", 0, None), (3, "int4", 0, None), (3, "fp32_tc", 0, None),
+])
+def test_fold_pads_channels_to_one_tap_vector(c: int, precision: str, tap_bytes: int,
+                                              channels: int | None) -> None:
+    shape = ConvShape(2, 20, 20, c, 32, 3, 3, pad=1)
+    assert fold_tap_bytes(shape, Precision(precision)) == tap_bytes
+    if channels is not None:
+        assert padded_channels(shape, Precision(precision), fold=True) == channels
+
+
+def test_fold_is_valid_only_where_it_applies() -> None:
+    h100 = get_target("h100")
+    s = {**SYNC, "FOLD_TAPS": 1}
+    assert ScheduleSpace(STEM, Precision.INT8, h100).is_valid(s)
+    assert ScheduleSpace(STEM, Precision.FP16, h100).is_valid({**WG, "FOLD_TAPS": 1})
+    # too many channels to fold; no fold path for int4 and fp32_tc
+    assert not ScheduleSpace(RESNET50_3X3["stage3"], Precision.INT8, h100).is_valid(s)
+    assert not ScheduleSpace(ConvShape(2, 20, 20, 4, 32, 3, 3), Precision.INT4,
+                             h100).is_valid(s)
+    # the loader reads plain NHWC rows: no duplicate-aware rows, NHWCnc, TMA or REORDER
+    space = ScheduleSpace(STEM, Precision.INT8, h100)
+    for bad in ({"DUP_AWARE": 1}, {"LAYOUT": "nhwcnc"}, {"REORDER_INNER": 1}):
+        assert not space.is_valid({**s, **bad})
+    assert not space.is_valid({**WG, "FOLD_TAPS": 1, "TMA": 1})
+    # one tap slot per thread: 1 warp (32 threads) cannot hold 64 taps per row (CHUNK 8)
+    one_warp = {**SYNC, "BLK_ROW_WARPS": 1, "BLK_COL_WARPS": 1, "CHUNK": 8, "FOLD_TAPS": 1}
+    assert not space.is_valid(one_warp)
+    # folded spaces exist for the stem on every target
+    for t in ("t4", "a100", "h100"):
+        assert len(ScheduleSpace(STEM, Precision.INT8, get_target(t),
+                                 restrict={"FOLD_TAPS": [1]}).valid_indices) > 1000
+
+
+def test_fold_geometry_walks_the_taps() -> None:
+    h100 = get_target("h100")
+    # int8: CHUNK 2 stages hold 64 bytes = 16 taps of 4 bytes: 49 taps in 4 stages
+    g = geometry(STEM, Precision.INT8, h100, cols_of({**SYNC, "FOLD_TAPS": 1}))
+    assert int(g.k_iters[0]) == 4 and int(g.row_loads[0]) == 16
+    # unfolded: a 16-byte vector per tap and stage, half of a 32-channel k-step wasted
+    g0 = geometry(STEM, Precision.INT8, h100, cols_of(SYNC))
+    assert int(g0.k_iters[0]) == 49
+    # fp16 with split-K 2: 8 taps of 8 bytes per stage, 7 stages, 4 per split
+    g = geometry(STEM, Precision.FP16, h100, cols_of({**SYNC, "FOLD_TAPS": 1, "SPLIT_K": 2}))
+    assert int(g.k_iters[0]) == 4
+
+
+def test_fold_rule_is_the_kernels(cache: Path) -> None:
+    """A folded schedule that breaks a rule fails in the compiler too, with the reason."""
+    res = build(BuildJob(STEM, Precision.INT8, 90, {**SYNC, "FOLD_TAPS": 1, "REORDER_INNER": 1}),
+                cache)
+    assert res.status == "compile_error" and "FOLD_TAPS loads NHWC taps" in res.log
+    # the build pads the stem's channels to one tap vector
+    assert defines(BuildJob(STEM, Precision.INT8, 90, {**SYNC, "FOLD_TAPS": 1}))["TC_C"] == 4
+    assert defines(BuildJob(STEM, Precision.FP16, 90, {**SYNC, "FOLD_TAPS": 1}))["TC_C"] == 4
+    assert defines(BuildJob(STEM, Precision.INT8, 90, SYNC))["TC_C"] == 16
+
+
+def _sample(shape: ConvShape, precision: Precision, sm: int, n: int, seed: int,
+            **restrict: list) -> list[BuildJob]:
+    space = ScheduleSpace(shape, precision, get_target(SM_TARGET[sm]), restrict=restrict)
+    rng = np.random.default_rng(seed)
+    picks = rng.choice(space.valid_indices, size=n, replace=False)
+    return [BuildJob(shape, precision, sm, space.schedule_at(int(i))) for i in picks]
+
+
+@pytest.mark.timeout(900)
+def test_folded_schedules_compile_for_every_sm(cache: Path) -> None:
+    jobs = [j for sm in (75, 80, 90) for shape in (STEM, ODD)
+            for p in (Precision.INT8, Precision.FP16)
+            for j in _sample(shape, p, sm, 4, seed=sm, FOLD_TAPS=[1])]
+    results = build_many(jobs, cache)
+    bad = [(j.sm, j.shape.key(), j.schedule, r.log[-300:])
+           for j, r in zip(jobs, results, strict=True) if r.status != "ok"]
+    assert not bad, bad[:3]
+
+
+@pytest.mark.parametrize("precision,sm,schedule,mma,copy", [
+    ("int8", 75, {**SYNC, "STAGES": 1}, "IMMA", "LDG"),
+    ("fp16", 80, SYNC, "HMMA", "LDGSTS"),
+    ("int8", 90, WG, "GMMA", "LDGSTS"),
+    ("fp16", 90, {**WG, "CHUNK": 4}, "GMMA", "LDGSTS"),
+])
+def test_folded_builds_hold_the_intended_instructions(precision: str, sm: int, schedule: dict,
+                                                      mma: str, copy: str, cache: Path) -> None:
+    assert cuobjdump_path(), "cuobjdump comes with the dev extra (nvidia-cuda-cuobjdump)"
+    res = build(BuildJob(STEM, Precision(precision), sm, {**schedule, "FOLD_TAPS": 1}), cache)
+    assert res.status == "ok", res.log[-500:]
+    summary = summarize(cubin_path(cache, res.key))
+    assert any(mma in m for m in summary.mma) and not summary.spills
+    assert any(copy in line for line in summary.text.splitlines())
+
+
+# ---- the residual epilogue ---------------------------------------------------------------
+def test_residual_epilogue_rules() -> None:
+    assert Epilogue("requant", residual=True).resolved(Precision.INT8).residual
+    assert Epilogue(residual=True).resolved(Precision.FP16).mode == "bias"
+    for p, mode in (("int8", "acc"), ("fp16", "acc"), ("int4", "requant"),
+                    ("fp32_tc", "bias")):
+        with pytest.raises(ValueError, match="residual"):
+            Epilogue(mode, residual=True).resolved(Precision(p))
+    d = defines(BuildJob(RESNET50_3X3["stage3"], Precision.INT8, 90, SYNC,
+                         Epilogue(residual=True)))
+    assert d["TC_RES"] == 1
+    # builds without a residual keep their defines (and cached artifacts' metadata)
+    assert "TC_RES" not in defines(BuildJob(RESNET50_3X3["stage3"], Precision.INT8, 90, SYNC))
+    assert Epilogue().to_dict() == {"mode": "default", "relu": False}
+
+
+@pytest.mark.timeout(900)
+def test_residual_builds_compile_for_every_sm(cache: Path) -> None:
+    jobs = [BuildJob(shape, p, sm, j.schedule, Epilogue(relu=relu, residual=True))
+            for sm in (75, 80, 90) for p in (Precision.INT8, Precision.FP16)
+            for shape in (RESNET50_3X3["stage4"], ConvShape(8, 14, 14, 64, 40, 1, 1))
+            for relu, j in zip((False, True), _sample(shape, p, sm, 2, seed=sm + 1),
+                               strict=True)]
+    results = build_many(jobs, cache)
+    bad = [(j.sm, j.schedule, r.log[-300:]) for j, r in zip(jobs, results, strict=True)
+           if r.status != "ok"]
+    assert not bad, bad[:3]
+
+
+def test_residual_reference_is_the_kernels_arithmetic() -> None:
+    acc = np.array([[100, -7, 3000]], dtype=np.int64)
+    scale = np.array([0.05, 0.5, 0.01], dtype=np.float32)
+    bias = np.array([1.5, -2.0, 0.25], dtype=np.float32)
+    res = np.array([[-20, 127, -128]], dtype=np.int8)
+    got = ref.requantize(acc, scale, bias, 8, relu=False, residual=res, res_scale=0.125)
+    # float32: acc*scale, + bias, + res*res_scale, then round half to even and clamp
+    v = (acc.astype(np.float32) * scale + bias) + res.astype(np.float32) * np.float32(0.125)
+    assert np.array_equal(got, np.rint(np.clip(v, -128, 127)).astype(np.int64))
+    assert got.tolist() == [[4, 10, 14]]
+    assert ref.requantize(acc, scale, bias, 8, relu=True, residual=res,
+                          res_scale=2.0).tolist() == [[0, 127, 0]]
+    y = ref.fp_epilogue(np.array([0.5, -1.0]), np.array([0.25, 0.0]), True,
+                        np.array([-1.0, 0.5], dtype=np.float16))
+    assert y.tolist() == [0.0, 0.0]
+    prob = ref.make_problem(ConvShape(1, 6, 6, 16, 16, 3, 3, pad=1), Precision.INT8, seed=1)
+    r, rs = prob.residual()
+    assert r.shape == (1, 6, 6, 16) and r.dtype == np.int8 and rs > 0
+    with_res = prob.expected("requant", False, residual=True)
+    assert not np.array_equal(with_res, prob.expected("requant", False))
+
+
+def test_runtime_residual_contract(cache: Path) -> None:
+    from tests.test_runtime import FakeCupy
+
+    shape = ConvShape(2, 10, 12, 32, 48, 3, 3, pad=1)
+    op = Conv2d(shape, "int8", SYNC, "h100", residual=True, cache_dir=cache)
+    assert op.epilogue.residual and "+residual" in repr(op)
+    x, w = FakeCupy(op.input_shape, "int8"), FakeCupy(op.weight_shape, "int8")
+    sc, b = FakeCupy((48,), "float32"), FakeCupy((48,), "float32")
+    r = FakeCupy(op.output_shape, "int8")
+    assert op.validate(x, w, sc, b, residual=r, res_scale=0.5) == ("cupy", 0)
+    with pytest.raises(ValueError, match="residual is required"):
+        op.validate(x, w, sc, b)
+    with pytest.raises(ValueError, match="res_scale is required"):
+        op.validate(x, w, sc, b, residual=r)
+    with pytest.raises(ValueError, match="residual"):
+        op.validate(x, w, sc, b, residual=FakeCupy((2, 10, 12, 40), "int8"), res_scale=0.5)
+    plain = Conv2d(shape, "int8", SYNC, "h100", cache_dir=cache)
+    with pytest.raises(ValueError, match="no residual epilogue"):
+        plain.validate(x, w, sc, b, residual=r, res_scale=0.5)
+    fp16 = Conv2d(shape, "fp16", SYNC, "h100", residual=True, cache_dir=cache)
+    with pytest.raises(ValueError, match="res_scale is for int8"):
+        fp16.validate(FakeCupy(fp16.input_shape, "float16"),
+                      FakeCupy(fp16.weight_shape, "float16"), None,
+                      FakeCupy((48,), "float32"), residual=FakeCupy(fp16.output_shape,
+                                                                    "float16"), res_scale=1.0)
+    with pytest.raises(ValueError, match="int8 'requant' and the fp16 'bias'"):
+        Conv2d(shape, "int8", SYNC, "h100", epilogue="acc", residual=True, cache_dir=cache)
+    # the launch refuses a residual for a build without one, and the reverse, before any GPU
+    with pytest.raises(ValueError, match="takes a residual tensor"):
+        launch(None, op.meta, x, w, sc, b, r, None, None)
+    with pytest.raises(ValueError, match="no residual epilogue"):
+        launch(None, plain.meta, x, w, sc, b, r, None, None, res=r)
