@@ -72,6 +72,18 @@ def random_shape(rng: np.random.Generator, precision: Precision) -> ConvShape:
             return shape
 
 
+def random_valid(space: ScheduleSpace, rng: np.random.Generator, tries: int = 400
+                 ) -> dict[str, Any] | None:
+    """A uniformly drawn valid schedule: rejection sampling first, since enumerating the
+    validity of a whole space costs about a second per shape."""
+    for _ in range(tries):
+        sched = space.schedule_at(int(rng.integers(space.size)))
+        if space.is_valid(sched):
+            return sched
+    valid = space.valid_indices
+    return space.schedule_at(int(rng.choice(valid))) if len(valid) else None
+
+
 def plan(count: int, seed: int, target_name: str, mma: str | None = None, ptx: bool = False
          ) -> list[dict[str, Any]]:
     """`mma` restricts the MMA knob (e.g. "wgmma": only the warpgroup path, fp16 and int8);
@@ -90,11 +102,9 @@ def plan(count: int, seed: int, target_name: str, mma: str | None = None, ptx: b
         if shape.problems(prec):
             continue
         fold = {"FOLD_TAPS": [1]} if fold_tap_bytes(shape, prec) and rng.random() < 0.5 else {}
-        space = ScheduleSpace(shape, prec, target, {**restrict, **fold})
-        valid = space.valid_indices
-        if len(valid) == 0:
+        sched = random_valid(ScheduleSpace(shape, prec, target, {**restrict, **fold}), rng)
+        if sched is None:
             continue
-        sched = space.schedule_at(int(rng.choice(valid)))
         if prec.is_integer:
             mode = str(rng.choice(["acc", "requant"]))
         else:

@@ -1,0 +1,247 @@
+"""Tuned kernels against cuDNN fp16 on the layer classes of real networks, beyond ResNet-50's
+3x3 layers: the 3-channel stem, 1x1 convolutions (stride 1 and 2), wide 3x3 layers, and the
+residual epilogue of a bottleneck's last 1x1.
+
+Runs on the GPU machine (builds there too, on all cores):
+  python -m bench.layer_classes search --out-dir DIR [--precisions int8,fp16] [--layers ...]
+      per (layer, precision): a random sample of each instruction path (mma.sync, and wgmma
+      where the GPU has it; for few-channel layers half of each sample folded, FOLD_TAPS=1),
+      then one-knob local search around the fastest -> DIR/layer_classes_<precisions>.json
+      with every measurement, the best overall and per FOLD_TAPS value, and cuDNN fp16
+      (channels_last) timed in the same run with the same harness (kernels.timing).
+  python -m bench.layer_classes residual --search DIR/layer_classes_*.json --out-dir DIR
+      the `residual` layer's best schedule built with and without the residual epilogue,
+      beside PyTorch's unfused `y.add_(identity).relu_()` on fp16 tensors of the output shape.
+  python -m bench.layer_classes table FILE...   # markdown
+Every candidate is checked against the reference before it is timed (kernels.runner).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench.conv_vs_cudnn import GroupSearch, baselines, best, log, measure_jobs, neighbours
+from kernels.build import BuildJob, Epilogue
+from kernels.space import ScheduleSpace, fold_tap_bytes
+from kernels.spec import ConvShape, Precision, get_target, target_for_gpu_model
+
+BATCH = 8
+# name -> (network's layer, shape at batch 8)
+LAYERS: dict[str, tuple[str, ConvShape]] = {
+    "stem": ("ResNet-50 conv1, 7x7/2, C=3",
+             ConvShape(BATCH, 224, 224, 3, 64, 7, 7, stride=2, pad=3)),
+    "1x1_expand": ("ResNet-50 stage2 1x1, 64->256",
+                   ConvShape(BATCH, 56, 56, 64, 256, 1, 1)),
+    "1x1_reduce": ("ResNet-50 stage4 1x1, 1024->256",
+                   ConvShape(BATCH, 14, 14, 1024, 256, 1, 1)),
+    "1x1_stride2": ("ResNet-50 stage3 projection 1x1/2, 256->512",
+                    ConvShape(BATCH, 56, 56, 256, 512, 1, 1, stride=2)),
+    "3x3_wide": ("VGG-16 conv3, 3x3, 256->256",
+                 ConvShape(BATCH, 56, 56, 256, 256, 3, 3, pad=1)),
+    "3x3_wide512": ("VGG-16 conv4, 3x3, 512->512",
+                    ConvShape(BATCH, 28, 28, 512, 512, 3, 3, pad=1)),
+    "residual": ("ResNet-50 stage4 last 1x1, 256->1024 (+ identity)",
+                 ConvShape(BATCH, 14, 14, 256, 1024, 1, 1)),
+}
+
+
+def _runner() -> tuple[Any, str, int]:
+    import torch  # noqa: F401 - before the runner's child starts (bench/conv_vs_cudnn.py)
+
+    from kernels.runner import Runner
+
+    runner = Runner(timeout_s=60)
+    runner.ensure_started()
+    target = target_for_gpu_model(runner.gpu_name or "")
+    tname, sm = (target.name, target.sm) if target else ("h100", 90)
+    log(f"GPU {runner.gpu_name} -> target {tname}")
+    return runner, tname, sm
+
+
+def _l2() -> int:
+    import cupy
+
+    return int(cupy.cuda.runtime.getDeviceProperties(0)["l2CacheSize"])
+
+
+def start_sample(space: ScheduleSpace, rng: np.random.Generator, per_path: dict[str, int]
+                 ) -> list[dict[str, Any]]:
+    """A random sample of each instruction path; where taps fold, half of it folded."""
+    shape, prec, tgt = space.shape, space.precision, space.target
+    folds = [[0], [1]] if fold_tap_bytes(shape, prec) else [[0]]
+    out: list[dict[str, Any]] = []
+    for mma, count in per_path.items():
+        for fold in folds:
+            sub = ScheduleSpace(shape, prec, tgt, {"MMA": [mma], "FOLD_TAPS": fold})
+            idx = sub.valid_indices
+            k = count // len(folds)
+            if len(idx) and k:
+                out += sub.schedules(rng.choice(idx, size=min(k, len(idx)), replace=False))
+    return out
+
+
+def cmd_search(a: argparse.Namespace) -> int:
+    runner, tname, sm = _runner()
+    tgt = get_target(tname)
+    rng = np.random.default_rng(a.seed)
+    precs = [Precision(p) for p in a.precisions.split(",")]
+    names = a.layers.split(",") if a.layers else list(LAYERS)
+    outdir = Path(a.out_dir)
+    outdir.mkdir(parents=True, exist_ok=True)
+    out_path = outdir / f"layer_classes_{'_'.join(p.value for p in precs)}.json"
+    doc: dict[str, Any] = {"gpu": runner.gpu_name, "target": tname,
+                           "date": dt.date.today().isoformat(), "groups": []}
+    l2 = _l2()
+    base: dict[str, dict[str, float]] = {}
+    per_path = {"sync": a.sample_sync}
+    if tgt.sm >= 90:
+        per_path["wgmma"] = a.sample_wgmma
+    for name in names:
+        what, shape = LAYERS[name]
+        for prec in precs:
+            space = ScheduleSpace(shape, prec, tgt)
+            g = GroupSearch(runner, a.cache, sm, space, name, shape.n)
+            g.run(start_sample(space, rng, per_path))
+            for _ in range(a.rounds):
+                g.run([nb for r in g.top(a.top) for nb in neighbours(space, r["schedule"])])
+            rows = list(g.seen.values())
+            if name not in base:
+                base[name] = baselines(shape, l2)
+            b = best(rows)
+            by_fold = {str(f): best([r for r in rows if r["schedule"].get("FOLD_TAPS", 0) == f])
+                       for f in (0, 1)}
+            group = {"layer": name, "what": what, "shape": shape.to_dict(),
+                     "precision": prec.value, "measured": len(rows),
+                     "ok": sum(r["status"] == "ok" for r in rows),
+                     "wrong": sum(r["status"] == "wrong" for r in rows),
+                     "best_us": b and b["median_us"], "best_schedule": b and b["schedule"],
+                     "best_by_fold_us": {k: v and v["median_us"] for k, v in by_fold.items()},
+                     **base[name], "rows": rows}
+            doc["groups"].append(group)
+            log(f"{name} {prec.value}: best {group['best_us']} us vs cuDNN fp16 "
+                f"{base[name]['cudnn_fp16_us']} us; by fold {group['best_by_fold_us']} "
+                f"({len(rows)} measured, {group['wrong']} wrong)")
+            out_path.write_text(json.dumps(doc))  # a run stopped at its limit keeps its work
+    runner.close()
+    return 0
+
+
+def torch_add_relu_us(shape: ConvShape, l2_bytes: int) -> float:
+    """PyTorch's unfused residual tail on fp16 tensors of the output's shape."""
+    import torch
+
+    from kernels.timing import sets_for_l2, time_launches
+
+    y0 = torch.rand(shape.n, shape.k, shape.p, shape.q, device="cuda", dtype=torch.float16)
+    y0 = y0.contiguous(memory_format=torch.channels_last)
+    n_sets = sets_for_l2(3 * y0.numel() * 2, l2_bytes)
+    ys = [y0.clone() for _ in range(n_sets)]
+    rs = [y0.clone() for _ in range(n_sets)]
+    return time_launches(lambda i: ys[i].add_(rs[i]).relu_(), n_sets, api="torch").median_us
+
+
+def cmd_residual(a: argparse.Namespace) -> int:
+    runner, tname, sm = _runner()
+    l2 = _l2()
+    found: dict[str, dict[str, Any]] = {}
+    for f in a.search:
+        for g in json.loads(Path(f).read_text())["groups"]:
+            if g["layer"] == "residual" and g["best_schedule"]:
+                found[g["precision"]] = g
+    shape = LAYERS["residual"][1]
+    add_relu = torch_add_relu_us(shape, l2)
+    rows = []
+    for prec, g in sorted(found.items()):
+        p = Precision(prec)
+        res: dict[str, Any] = {"precision": prec, "schedule": g["best_schedule"],
+                               "cudnn_fp16_us": g["cudnn_fp16_us"],
+                               "torch_add_relu_us": round(add_relu, 4)}
+        for variant, epi in (("plain_relu_us", Epilogue(relu=True)),
+                             ("fused_residual_us", Epilogue(relu=True, residual=True))):
+            r = measure_jobs(runner, a.cache, [BuildJob(shape, p, sm, g["best_schedule"],
+                                                        epilogue=epi)])[0]
+            res[variant] = r["median_us"]
+            res[variant.replace("_us", "_status")] = r["status"]
+        rows.append(res)
+        log(f"residual {prec}: {res}")
+    runner.close()
+    out = {"gpu": runner.gpu_name, "target": tname, "date": dt.date.today().isoformat(),
+           "shape": shape.to_dict(), "rows": rows}
+    Path(a.out_dir).mkdir(parents=True, exist_ok=True)
+    (Path(a.out_dir) / "layer_classes_residual.json").write_text(json.dumps(out, indent=1))
+    return 0
+
+
+def _fmt(v: float | None) -> str:
+    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.2f}"
+
+
+def render(paths: list[str]) -> str:
+    lines = ["| layer | shape (batch 8) | precision | cuDNN fp16 us | tuned us | speedup | "
+             "unfolded / folded us | measured (wrong) |",
+             "|---|---|---|---|---|---|---|---|"]
+    resid = []
+    for p in paths:
+        d = json.loads(Path(p).read_text())
+        if "groups" not in d:
+            resid.append(d)
+            continue
+        for g in d["groups"]:
+            s = g["shape"]
+            folds = g["best_by_fold_us"]
+            fold_cell = (f"{_fmt(folds['0'])} / {_fmt(folds['1'])}"
+                         if folds.get("1") is not None else "-")
+            speed = (g["cudnn_fp16_us"] / g["best_us"]) if g["best_us"] else None
+            lines.append(
+                f"| {g['layer']} ({g['what']}) | {s['h']}x{s['w']}x{s['c']}->{s['k']}, "
+                f"{s['r']}x{s['s']}/{s['stride'][0]} | {g['precision']} | "
+                f"{_fmt(g['cudnn_fp16_us'])} | {_fmt(g['best_us'])} | "
+                f"{_fmt(speed)}x | {fold_cell} | {g['measured']} ({g['wrong']}) |")
+    for d in resid:
+        lines += ["", "| precision | conv+ReLU us | conv+residual+ReLU fused us | "
+                  "PyTorch add_+relu_ us | fused vs unfused |", "|---|---|---|---|---|"]
+        for r in d["rows"]:
+            unfused = (r["plain_relu_us"] or math.nan) + r["torch_add_relu_us"]
+            lines.append(f"| {r['precision']} | {_fmt(r['plain_relu_us'])} | "
+                         f"{_fmt(r['fused_residual_us'])} | {_fmt(r['torch_add_relu_us'])} | "
+                         f"{_fmt(unfused / (r['fused_residual_us'] or math.nan))}x |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("search")
+    s.add_argument("--out-dir", required=True)
+    s.add_argument("--cache", default="/tmp/tctune-cache")
+    s.add_argument("--layers", default="", help="comma-separated names (default: all)")
+    s.add_argument("--precisions", default="int8,fp16")
+    s.add_argument("--sample-sync", type=int, default=24)
+    s.add_argument("--sample-wgmma", type=int, default=40)
+    s.add_argument("--rounds", type=int, default=1)
+    s.add_argument("--top", type=int, default=2)
+    s.add_argument("--seed", type=int, default=7)
+    r = sub.add_parser("residual")
+    r.add_argument("--search", nargs="+", required=True)
+    r.add_argument("--out-dir", required=True)
+    r.add_argument("--cache", default="/tmp/tctune-cache")
+    t = sub.add_parser("table")
+    t.add_argument("files", nargs="+")
+    a = ap.parse_args(argv)
+    if a.cmd == "table":
+        print(render(a.files))
+        return 0
+    return {"search": cmd_search, "residual": cmd_residual}[a.cmd](a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
