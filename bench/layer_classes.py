@@ -6,8 +6,9 @@ Runs on the GPU machine (builds there too, on all cores):
   python -m bench.layer_classes search --out-dir DIR [--precisions int8,fp16] [--layers ...]
       per (layer, precision): a random sample of each instruction path (mma.sync, and wgmma
       where the GPU has it; for few-channel layers half of each sample folded, FOLD_TAPS=1),
-      then one-knob local search around the fastest -> DIR/layer_classes_<precisions>.json
-      with every measurement, the best overall and per FOLD_TAPS value, and cuDNN fp16
+      then one-knob local search around the fastest, then the best schedule with every value
+      of PACK_OUT and PERSIST (PAIRED) -> DIR/layer_classes_<precisions>.json with every
+      measurement, the best overall and per FOLD_TAPS value, the pairs, and cuDNN fp16
       (channels_last) timed in the same run with the same harness (kernels.timing).
   python -m bench.layer_classes residual --search DIR/layer_classes_*.json --out-dir DIR
       the `residual` layer's best schedule built with and without the residual epilogue,
@@ -51,6 +52,19 @@ LAYERS: dict[str, tuple[str, ConvShape]] = {
     "residual": ("ResNet-50 stage4 last 1x1, 256->1024 (+ identity)",
                  ConvShape(BATCH, 14, 14, 256, 1024, 1, 1)),
 }
+
+
+# Knobs whose every value is measured on the best schedule: the epilogue staged through
+# shared memory with 16-byte stores (PACK_OUT=1) against stores from registers, and the
+# persistent grid (PERSIST) against one block per tile.
+PAIRED: dict[str, tuple[int, ...]] = {"PACK_OUT": (0, 1), "PERSIST": (0, 1, 2)}
+
+
+def _us_of(g: GroupSearch, sched: dict[str, Any]) -> float | None:
+    from kernels.space import schedule_hash
+
+    r = g.seen.get(schedule_hash(sched))
+    return r["median_us"] if r and r["status"] == "ok" else None
 
 
 def _runner() -> tuple[Any, str, int]:
@@ -112,18 +126,26 @@ def cmd_search(a: argparse.Namespace) -> int:
             g.run(start_sample(space, rng, per_path))
             for _ in range(a.rounds):
                 g.run([nb for r in g.top(a.top) for nb in neighbours(space, r["schedule"])])
+            # The best schedule with each value of the knobs the layer classes are about,
+            # measured as a pair (the other knobs as they are).
+            b = best(list(g.seen.values()))
+            if b is not None:
+                g.run([{**b["schedule"], k: v} for k, vals in PAIRED.items() for v in vals])
             rows = list(g.seen.values())
             if name not in base:
                 base[name] = baselines(shape, l2)
             b = best(rows)
             by_fold = {str(f): best([r for r in rows if r["schedule"].get("FOLD_TAPS", 0) == f])
                        for f in (0, 1)}
+            paired = {k: {str(v): _us_of(g, {**b["schedule"], k: v}) for v in vals}
+                      for k, vals in PAIRED.items()} if b else {}
             group = {"layer": name, "what": what, "shape": shape.to_dict(),
                      "precision": prec.value, "measured": len(rows),
                      "ok": sum(r["status"] == "ok" for r in rows),
                      "wrong": sum(r["status"] == "wrong" for r in rows),
                      "best_us": b and b["median_us"], "best_schedule": b and b["schedule"],
                      "best_by_fold_us": {k: v and v["median_us"] for k, v in by_fold.items()},
+                     "paired_us": paired,
                      **base[name], "rows": rows}
             doc["groups"].append(group)
             log(f"{name} {prec.value}: best {group['best_us']} us vs cuDNN fp16 "
@@ -186,8 +208,9 @@ def _fmt(v: float | None) -> str:
 
 def render(paths: list[str]) -> str:
     lines = ["| layer | shape (batch 8) | precision | cuDNN fp16 us | tuned us | speedup | "
-             "unfolded / folded us | measured (wrong) |",
-             "|---|---|---|---|---|---|---|---|"]
+             "unfolded / folded us | PACK_OUT 0 / 1 us | PERSIST 0 / 1 / 2 us | "
+             "measured (wrong) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     resid = []
     for p in paths:
         d = json.loads(Path(p).read_text())
@@ -200,11 +223,15 @@ def render(paths: list[str]) -> str:
             fold_cell = (f"{_fmt(folds['0'])} / {_fmt(folds['1'])}"
                          if folds.get("1") is not None else "-")
             speed = (g["cudnn_fp16_us"] / g["best_us"]) if g["best_us"] else None
+            pair = g.get("paired_us", {})
+            pcells = [" / ".join(_fmt(v) for v in pair.get(k, {}).values()) or "-"
+                      for k in PAIRED]
             lines.append(
                 f"| {g['layer']} ({g['what']}) | {s['h']}x{s['w']}x{s['c']}->{s['k']}, "
                 f"{s['r']}x{s['s']}/{s['stride'][0]} | {g['precision']} | "
                 f"{_fmt(g['cudnn_fp16_us'])} | {_fmt(g['best_us'])} | "
-                f"{_fmt(speed)}x | {fold_cell} | {g['measured']} ({g['wrong']}) |")
+                f"{_fmt(speed)}x | {fold_cell} | {pcells[0]} | {pcells[1]} | "
+                f"{g['measured']} ({g['wrong']}) |")
     for d in resid:
         lines += ["", "| precision | conv+ReLU us | conv+residual+ReLU fused us | "
                   "PyTorch add_+relu_ us | fused vs unfused |", "|---|---|---|---|---|"]

@@ -37,7 +37,9 @@ from kernels.spec import ConvShape, Precision, Target
 
 KERNEL_DIR = Path(__file__).resolve().parent
 SOURCES = ("conv.cu", "instruction_tile.cuh", "block_tile.cuh", "warp_tile.cuh",
-           "warpgroup_tile.cuh", "wgmma.cuh", "tma.cuh", "epilogue.cuh")
+           "warpgroup_tile.cuh", "wgmma.cuh", "tma.cuh", "epilogue.cuh", "pipeline.cuh",
+           "pipeline_tma.cuh", "pipeline_split_async.cuh", "pipeline_multistage.cuh",
+           "pipeline_regstaged.cuh")
 KERNEL_NAME = "tc_conv"
 PRECISION_CODE = {"fp16": 0, "int8": 1, "int4": 2, "fp32_tc": 3}
 LAYOUT_CODE = {"nhwc": 0, "nhwcnc": 1}
@@ -282,6 +284,9 @@ def launch_meta(job: BuildJob, d: Mapping[str, int]) -> dict[str, Any]:
         "workspace_bytes": (tiles * int(s["SPLIT_K"]) * acc_n * threads * 4
                             if s["SPLIT_K"] > 1 else 0),
         "counters": tiles if s["SPLIT_K"] > 1 else 0,
+        # PERSIST: the grid is this many blocks per SM of the GPU at hand, at most `tiles`
+        # (kernels/launch.py: launch_dims).
+        "persist": int(s.get("PERSIST", 0)), "tiles": tiles,
         "shape": sh.to_dict(), "precision": p.value, "sm": job.sm,
         "schedule": dict(s), "epilogue": epi.to_dict(), "out_bits": epi.out_bits(p),
         "c_padded": int(d["TC_C"]), "layout": s["LAYOUT"],

@@ -8,9 +8,14 @@
 //
 // Hardware levels, as in CUTLASS:
 //   instruction_tile.cuh  mma.sync / ldmatrix / cp.async wrappers
-//   block_tile.cuh        global -> shared loads (im2col or duplicate-aware), the pipeline
+//   block_tile.cuh        global -> shared loads of a stage (im2col, duplicate-aware, or
+//                         folded taps), cp.async or staged through registers
+//   tma.cuh               bulk tensor copies and mbarriers (TMA=1)
+//   pipeline*.cuh         the main loop: one header per pipeline (TMA, fp32_tc split,
+//                         cp.async multistage, register-staged), one entry point each
 //   warp_tile.cuh         shared -> register fragments and the warp's mma loop
-//   epilogue.cuh          split-K fix-up, requantize / bias / ReLU, packing, stores
+//   warpgroup_tile.cuh    the same for wgmma (MMA=wgmma): warpgroup tiles read from shared
+//   epilogue.cuh          split-K fix-up, requantize / bias / residual / ReLU, packing, stores
 //
 // Tensor contracts (kernels/reference.py builds them):
 //   x: NHWC [N][H][W][Cp] or NHWCnc [N/8][H][W][Cp/c][8][c]; Cp = C rounded up to the
@@ -44,6 +49,9 @@
 #endif
 #ifndef TC_FOLD_TAPS
 #define TC_FOLD_TAPS 0  // 1: few channels, (r, s, c) packed densely (block_tile.cuh: fold)
+#endif
+#ifndef TC_PERSIST
+#define TC_PERSIST 0  // n >= 1: a persistent grid of n blocks per SM (conv_persistent below)
 #endif
 
 #include "instruction_tile.cuh"
@@ -118,6 +126,9 @@ constexpr int PIXSTRIDE = LAYOUT ? CB * 8 : CB;
 constexpr int CVSTRIDE = LAYOUT ? 128 : 16;
 constexpr int IMGSTRIDE = H * W * PIXSTRIDE;
 constexpr int TILES_N = (K + BN - 1) / BN;
+constexpr int TILES = ((M + BM - 1) / BM) * TILES_N;
+// PERSIST: blocks walk the tiles (kernels/launch.py sizes the grid to PERSIST per SM).
+constexpr int PERSIST = TC_PERSIST;
 
 // ---- duplicate-aware receptive field (paper 3.1), see block_tile.cuh
 constexpr int cmin(int a, int b) { return a < b ? a : b; }
@@ -164,7 +175,10 @@ constexpr int MBAR_SMEM = TMA ? 16 * STAGES : 0;
 constexpr int PIPE_SMEM = (F32_ASYNC ? 2 + STAGES : STAGES) * (A_STAGE + B_STAGE) + SMEM_ALIGN +
                           MBAR_SMEM;
 constexpr int NATOM = SB / ATOM;  // swizzle atoms per stage row (TMA: one box each)
-constexpr int SMEM = cmax(PIPE_SMEM, EPI_SMEM);
+// A persistent block's epilogue has its own region after the pipeline: the next tile's
+// first stages land while it runs.
+constexpr int EPI_OFF = PERSIST ? PIPE_SMEM : 0;
+constexpr int SMEM = PERSIST ? PIPE_SMEM + EPI_SMEM : cmax(PIPE_SMEM, EPI_SMEM);
 constexpr int CVO = 128 / OUT_BITS;  // output channels per 16-byte vector (NHWCnc out)
 constexpr int gcd(int a, int b) { return b == 0 ? a : gcd(b, a % b); }
 constexpr int pow2_le16(int v) { return (v % 16 == 0) ? 16 : (v % 8 == 0) ? 8 : (v % 4 == 0) ? 4
@@ -193,6 +207,8 @@ static_assert(!WG || (!DUP && (PREC == 0 || PREC == 1)),
 static_assert(!WG || THREADS <= 1024, "a block holds at most 8 warpgroups");
 static_assert(!TMA || (WG && !LAYOUT && !DUP), "TMA loads whole NHWC im2col and weight tiles for wgmma");
 static_assert(!TMA || BN <= 256, "a TMA weight box spans at most 256 rows");
+static_assert(!PERSIST || (!TMA && !F32TC && !REGPATH && SPLITK == 1),
+              "a persistent grid runs the cp.async multistage pipeline without split-K");
 // Implied by the register rule and kernels/spec.py's shape limits (tests/test_kernels_build.py):
 static_assert(!TMA || (BM <= 1024 && SH <= 8 && SW <= 8 && PH <= 127 && PW <= 127 &&
                        (R - 1) * DH - PH <= 128 && (S - 1) * DW - PW <= 128),
@@ -205,18 +221,14 @@ static_assert(!TMA || (BM <= 1024 && SH <= 8 && SW <= 8 && PH <= 127 && PW <= 12
 #include "warp_tile.cuh"
 #include "warpgroup_tile.cuh"
 #include "epilogue.cuh"
+#include "pipeline.cuh"
+#include "pipeline_tma.cuh"
+#include "pipeline_split_async.cuh"
+#include "pipeline_multistage.cuh"
+#include "pipeline_regstaged.cuh"
 
 template <bool C, class A, class B> struct Pick { typedef A T; };
 template <class A, class B> struct Pick<false, A, B> { typedef B T; };
-
-// The barrier before the math on a stage: with wgmma, the Tensor Cores read shared memory
-// through the async proxy, so every thread's own writes (cp.async, st.shared) are fenced first.
-__device__ __forceinline__ void stage_barrier() {
-#if TC_MMA
-  fence_proxy_async();
-#endif
-  __syncthreads();
-}
 
 // One block's work; a template over the tile below the block so that each path's calls
 // (if constexpr) are only instantiated for the tile that has them.
@@ -246,168 +258,65 @@ __device__ __forceinline__ void conv_block(const u8* __restrict__ x, const u8* _
   // wgmma's swizzled tiles are addressed by absolute bits: align the pipeline to 1024 bytes.
   const u32 sbase = WG ? (smem_addr(smem) + SMEM_ALIGN - 1) & ~(u32)(SMEM_ALIGN - 1)
                        : smem_addr(smem);
-  auto a_buf = [&](int st) { return sbase + (u32)(st * (A_STAGE + B_STAGE)); };
-  auto b_buf = [&](int st) { return sbase + (u32)(st * (A_STAGE + B_STAGE) + A_STAGE); };
   int nit = it1 - it0;
   // NVVM unrolls a wgmma main loop whose trip count it knows completely (past #pragma
   // unroll 1: 144 stages of stage5 took 12 s to compile and spilled): hide the count.
   if constexpr (WG) asm volatile("" : "+r"(nit));
 
-  if constexpr (TMA) {
-    // Thread 0 issues each stage's copies STAGES ahead; every warp waits on the stage's full
-    // barrier, runs its MMAs, and releases the slot on its empty barrier (one arrival per
-    // warp); thread 0 refills a slot once all warps have released it.
-    const u32 bars = sbase + (u32)(STAGES * (A_STAGE + B_STAGE));
-    auto full = [&](int st) { return bars + 8u * (u32)st; };
-    auto empty = [&](int st) { return bars + 8u * (u32)(STAGES + st); };
-    const void* xmap = maps->x;
-    const void* wmap = maps->w;
-    // The block's first output pixel, as the input coordinate the im2col walk starts from.
-    const int img = m0 / (P * Q), pq = m0 - img * (P * Q);
-    const int h0 = (pq / Q) * SH - PH, w0 = (pq % Q) * SW - PW;
-    auto produce = [&](int it, int st) {
-      const StageIdx sx = stage_idx(it);
-      mbar_arrive_expect_tx(full(st), (u32)(A_STAGE + B_STAGE));
-#pragma unroll
-      for (int a = 0; a < NATOM; ++a) {
-        const int c = sx.cb * BKC + a * (ATOM * 8 / ELEM_BITS);
-        tma_im2col(a_buf(st) + (u32)(a * BM * ATOM), xmap, full(st), c, w0, h0, img,
-                   (unsigned short)(sx.s * DW), (unsigned short)(sx.r * DH));
-        tma_tile3(b_buf(st) + (u32)(a * BN * ATOM), wmap, full(st), c, sx.r * S + sx.s, n0);
-      }
-    };
-    if (tid == 0) {
-      for (int st = 0; st < STAGES; ++st) {
-        mbar_init(full(st), 1);
-        mbar_init(empty(st), WARPS);
-      }
-      mbar_init_fence();
-      tmap_prefetch(xmap);
-      tmap_prefetch(wmap);
-    }
-    __syncthreads();
-    if (tid == 0)
-      for (int s = 0; s < STAGES && s < nit; ++s) produce(it0 + s, s);
-    // A stage's slot is released once its MMAs are done; thread 0 then refills it with the
-    // stage STAGES later. With two or more stages the MMAs of a stage stay in flight while the
-    // next stage's are issued: the slot of stage i-1 is released after stage i is issued
-    // (against waiting for each stage's MMAs: median 0.88-1.00 per batch-8 layer and precision).
-    auto release = [&](int s, u32 p, int j) {
-      __syncwarp();
-      if ((tid & 31) == 0) mbar_arrive(empty(s));
-      if (tid == 0 && j + STAGES < nit) {
-        mbar_wait(empty(s), p);
-        produce(it0 + j + STAGES, s);
-      }
-    };
-    constexpr bool INFLIGHT = STAGES >= 2;
-    int st = 0, pst = 0;
-    u32 ph = 0, pph = 0;
-#pragma unroll 1
-    for (int i = 0; i < nit; ++i) {
-      mbar_wait(full(st), ph);
-      if constexpr (INFLIGHT) {
-        wt.issue(a_buf(st), b_buf(st));
-        if (i > 0) {
-          wgmma_wait<1>();
-          release(pst, pph, i - 1);
-        }
-      } else {
-        wt.compute_stage(a_buf(st), b_buf(st), it0 + i);  // issue, then wait for the MMAs
-        release(st, ph, i);
-      }
-      pst = st;
-      pph = ph;
-      if (++st == STAGES) { st = 0; ph ^= 1; }
-    }
-    if constexpr (INFLIGHT) wt.retire();
-    __syncthreads();  // every wait is done: the barriers' memory returns to the epilogue
-    if (tid == 0)
-      for (int s = 0; s < STAGES; ++s) { mbar_inval(full(s)); mbar_inval(empty(s)); }
-  } else if constexpr (F32_ASYNC) {
-    auto stg = [&](int s) { return sbase + (u32)((2 + s) * (A_STAGE + B_STAGE)); };
-#pragma unroll
-    for (int s = 0; s < STAGES - 1; ++s) {
-      if (s < nit) ld.stage_async(it0 + s, stg(s));
-      cp_async_commit();
-    }
-#pragma unroll 1
-    for (int i = 0; i < nit; ++i) {
-      cp_async_wait<STAGES - 2>();  // this thread's copies of stage i have landed
-      // Only the copying thread reads a staging vector: no barrier before the split.
-      ld.split_stage(it0 + i, stg(i % STAGES), a_buf(i & 1), b_buf(i & 1));
-      // Every thread's hi/lo planes of stage i are written, every read of the slot that
-      // the next copy reuses (stage i-1's) and of the planes it overwrites is done.
-      __syncthreads();
-      const int nx = i + STAGES - 1;
-      if (nx < nit) ld.stage_async(it0 + nx, stg(nx % STAGES));
-      cp_async_commit();
-      wt.compute_stage(a_buf(i & 1), b_buf(i & 1), it0 + i);
-    }
-    cp_async_wait<0>();
-  } else if constexpr (!REGPATH) {
-    // cp.async multistage pipeline: STAGES-1 stages in flight while one is computed.
-#pragma unroll
-    for (int s = 0; s < STAGES - 1; ++s) {
-      if (s < nit) ld.load_stage(it0 + s, a_buf(s), b_buf(s));
-      cp_async_commit();
-    }
-#pragma unroll 1
-    for (int i = 0; i < nit; ++i) {
-      const int st = i % STAGES;
-      if constexpr (STAGES == 1) {
-        ld.load_stage(it0 + i, a_buf(0), b_buf(0));
-        cp_async_commit();
-        cp_async_wait<0>();
-        stage_barrier();
-      } else {
-        cp_async_wait<STAGES - 2>();
-        stage_barrier();
-        // wgmma runs asynchronously: start it before this thread's loads of a later stage
-        // (into the buffer every warpgroup finished reading before the barrier).
-        if constexpr (WG) wt.issue(a_buf(st), b_buf(st));
-        const int nx = i + STAGES - 1;
-        if (nx < nit) ld.load_stage(it0 + nx, a_buf(nx % STAGES), b_buf(nx % STAGES));
-        cp_async_commit();
-      }
-      if constexpr (WG && STAGES > 1) wt.retire();
-      else wt.compute_stage(a_buf(st), b_buf(st), it0 + i);
-      if constexpr (STAGES == 1) __syncthreads();
-    }
-    cp_async_wait<0>();
-  } else {
-    // Register-staged: STAGES=1 loads, then computes; STAGES=2 holds the next stage's
-    // first vectors in registers while the current one is computed.
-    if constexpr (STAGES == 1) {
-#pragma unroll 1
-      for (int i = 0; i < nit; ++i) {
-        ld.load_stage_sync(it0 + i, a_buf(0), b_buf(0));
-        stage_barrier();
-        wt.compute_stage(a_buf(0), b_buf(0), it0 + i);
-        __syncthreads();
-      }
-    } else {
-      if (nit > 0) ld.load_stage_sync(it0, a_buf(0), b_buf(0));
-      stage_barrier();
-#pragma unroll 1
-      for (int i = 0; i < nit; ++i) {
-        const int st = i & 1;
-        const bool more = i + 1 < nit;
-        if (more) ld.prefetch_regs(it0 + i + 1);
-        wt.compute_stage(a_buf(st), b_buf(st), it0 + i);
-        if (more) ld.finish_regs(it0 + i + 1, a_buf(st ^ 1), b_buf(st ^ 1));
-        stage_barrier();
-      }
-    }
-  }
+  const StageRing sr{sbase};
+  if constexpr (TMA) mainloop_tma(wt, sr, it0, nit, m0, n0, tid, maps);
+  else if constexpr (F32_ASYNC) mainloop_split_async(ld, wt, sr, it0, nit);
+  else if constexpr (!REGPATH) mainloop_multistage(ld, wt, sr, it0, nit);
+  else mainloop_regstaged(ld, wt, sr, it0, nit);
   __syncthreads();  // shared memory is reused by the epilogue
   if constexpr (F32TC) wt.finalize(scale);  // the accumulator sets -> one fp32 value each
   epilogue(wt, smem, m0, n0, tid, tile, split, scale, bias, res, y, ws, counters);
 }
 
+// PERSIST: one block walks the tiles blockIdx.x, + gridDim.x, ...; the next tile's first
+// STAGES-1 stages are issued before this tile's epilogue, which stages its output in a region
+// of its own, so the loads are in flight while the tile is stored.
+template <class Tile>
+__device__ __forceinline__ void conv_persistent(const u8* __restrict__ x,
+                                                const u8* __restrict__ w,
+                                                const float* __restrict__ scale,
+                                                const float* __restrict__ bias,
+                                                u8* __restrict__ y, u32* __restrict__ ws,
+                                                u32* __restrict__ counters, const Residual res,
+                                                u8* smem) {
+  using namespace cfg;
+  const int tid = threadIdx.x;
+  const u32 sbase = WG ? (smem_addr(smem) + SMEM_ALIGN - 1) & ~(u32)(SMEM_ALIGN - 1)
+                       : smem_addr(smem);
+  const StageRing sr{sbase};
+  int nit = NIT;
+  if constexpr (WG) asm volatile("" : "+r"(nit));  // as in conv_block
+  int tile = blockIdx.x;
+  BlockLoader ld;
+  ld.init(x, w, (tile / TILES_N) * BM, (tile % TILES_N) * BN, tid);
+  multistage_prologue(ld, sr, 0, nit);
+#pragma unroll 1
+  for (; tile < TILES; tile += gridDim.x) {
+    const int m0 = (tile / TILES_N) * BM;
+    const int n0 = (tile % TILES_N) * BN;
+    Tile wt;
+    wt.init(m0, tid, ld);
+    multistage_body(ld, wt, sr, 0, nit);
+    __syncthreads();  // every warp is done with the stages the next prologue overwrites
+    const int next = tile + gridDim.x;
+    if (next < TILES) {
+      ld.init(x, w, (next / TILES_N) * BM, (next % TILES_N) * BN, tid);
+      multistage_prologue(ld, sr, 0, nit);
+    }
+    epilogue(wt, smem + EPI_OFF, m0, n0, tid, tile, 0, scale, bias, res, y, ws, counters);
+    __syncthreads();  // the epilogue's region is free for the next tile's
+  }
+  cp_async_wait<0>();
+}
+
 // TMA builds take the tensor maps as a by-value kernel parameter (param space, read by the TMA
 // unit without a trip to global memory).
-extern "C" __global__ void __launch_bounds__(cfg::THREADS, 1)
+extern "C" __global__ void __launch_bounds__(cfg::THREADS, cfg::PERSIST > 0 ? cfg::PERSIST : 1)
 tc_conv(const u8* __restrict__ x, const u8* __restrict__ w, const float* __restrict__ scale,
         const float* __restrict__ bias, u8* __restrict__ y, u32* __restrict__ ws,
         u32* __restrict__ counters
@@ -429,6 +338,7 @@ tc_conv(const u8* __restrict__ x, const u8* __restrict__ w, const float* __restr
 #else
   const TensorMaps* m = nullptr;
 #endif
-  conv_block<Pick<cfg::WG, GroupTile, WarpTile>::T>(x, w, scale, bias, y, ws, counters, r, m,
-                                                     smem);
+  using Tile = Pick<cfg::WG, GroupTile, WarpTile>::T;
+  if constexpr (cfg::PERSIST) conv_persistent<Tile>(x, w, scale, bias, y, ws, counters, r, smem);
+  else conv_block<Tile>(x, w, scale, bias, y, ws, counters, r, m, smem);
 }

@@ -34,9 +34,28 @@ def load_function(cubin: str | os.PathLike[str], meta: dict[str, Any]) -> tuple[
     return mod, fn
 
 
-def launch_dims(meta: dict[str, Any]) -> tuple[tuple[int, ...], tuple[int, ...], int]:
-    """(grid, block, dynamic shared bytes) of a build."""
-    return tuple(meta["grid"]), tuple(meta["block"]), int(meta["smem_bytes"])
+_SM_COUNT: dict[int, int] = {}
+
+
+def sm_count() -> int:
+    """Streaming multiprocessors of CuPy's current device."""
+    import cupy
+
+    dev = cupy.cuda.Device().id
+    if dev not in _SM_COUNT:
+        _SM_COUNT[dev] = int(cupy.cuda.Device(dev).attributes["MultiProcessorCount"])
+    return _SM_COUNT[dev]
+
+
+def launch_dims(meta: dict[str, Any], sms: int | None = None
+                ) -> tuple[tuple[int, ...], tuple[int, ...], int]:
+    """(grid, block, dynamic shared bytes) of a build. A persistent build's grid is PERSIST
+    blocks per SM (`sms`: the current device's count), at most one per tile."""
+    grid = tuple(meta["grid"])
+    if meta.get("persist"):
+        per_sm = int(meta["persist"]) * (sm_count() if sms is None else sms)
+        grid = (min(int(meta["tiles"]), per_sm), 1, 1)
+    return grid, tuple(meta["block"]), int(meta["smem_bytes"])
 
 
 def scratch_words(meta: dict[str, Any]) -> tuple[int, int]:

@@ -56,11 +56,16 @@ EXTRA_KNOBS: dict[str, tuple[Any, ...]] = {
     # 4 channels) instead of one whole 16-byte vector per filter tap, and loads taps, not
     # vectors (see fold_tap_bytes).
     "FOLD_TAPS": (0, 1),
+    # 0: one block per output tile. n >= 1: a persistent grid of n blocks per SM that walk
+    # the tiles; each block issues the next tile's first stages before the current tile's
+    # epilogue (which gets shared memory of its own), so loads overlap stores on layers
+    # whose tiles are short (1x1, few channels) and the last wave is not a partial one.
+    "PERSIST": (0, 1, 2),
 }
 # Knobs added after schedules were first stored, with the value that builds the kernel as it
 # was: a schedule that does not name such a knob means that value, and hashes as if the knob
 # were absent, so stored schedules, measurements and their hashes keep their meaning.
-KNOB_DEFAULTS: dict[str, Any] = {"MMA": "sync", "TMA": 0, "FOLD_TAPS": 0}
+KNOB_DEFAULTS: dict[str, Any] = {"MMA": "sync", "TMA": 0, "FOLD_TAPS": 0, "PERSIST": 0}
 # Each default is its knob's first value (tested): recorded datasets and stored prior
 # schedules that predate a knob read it as its first value (search/datasets.py, features.py).
 FP32_TC_KNOBS: dict[str, tuple[Any, ...]] = {
@@ -325,7 +330,9 @@ def geometry(shape: ConvShape, precision: Precision, target: Target,
     stage_bits = np.where(pack, ob, 32)
     epilogue = np.where(pack & (ob == 32), 0, bm * (bn * stage_bits // 8 + EPILOGUE_ROW_PAD))
     epilogue = epilogue * np.where(pack & residual, 2, 1)
-    smem = np.maximum(pipeline, epilogue)
+    # A persistent block's epilogue runs while the next tile's stages land: its own region.
+    persist = _knob(cols, "PERSIST", np.shape(brw)) > 0
+    smem = np.where(persist, pipeline + epilogue, np.maximum(pipeline, epilogue))
 
     n_it = np.where(fold, -(-(r * s) // tps),
                     np.where(dup, np.where(reorder, n_cb, r * n_cb), r * s * n_cb))
@@ -351,7 +358,9 @@ def register_slack(shape: ConvShape, precision: Precision, target: Target,
     registers; the model counts accumulators, fragments and a fixed part (see REG_OVERHEAD)."""
     p = Precision(precision)
     g = geometry(shape, p, target, cols) if g is None else g
-    cap = np.minimum(MAX_REGS_PER_THREAD, (REGS_PER_BLOCK // g.threads) // 8 * 8)
+    # PERSIST=n asks for n resident blocks per SM (__launch_bounds__' second argument).
+    blocks = np.maximum(_knob(cols, "PERSIST", np.shape(g.block_m)), 1)
+    cap = np.minimum(MAX_REGS_PER_THREAD, (REGS_PER_BLOCK // (g.threads * blocks)) // 8 * 8)
     chunk = np.asarray(cols["CHUNK"])
     if p is Precision.FP32_TC:
         fixed = REG_F32TC_BASE + REG_F32TC_PER_CHUNK * chunk + \
@@ -409,6 +418,16 @@ def validity(shape: ConvShape, precision: Precision, target: Target,
                        (np.asarray(cols["LAYOUT"], dtype=object) == "nhwc") &
                        (_knob(cols, "TMA", np.shape(g.block_m)) == 0) &
                        (g.threads % g.row_loads == 0))
+    # A persistent grid runs on the cp.async multistage pipeline (not TMA, not fp32_tc, not
+    # the register-staged loads of sm_75 or int4 via s8), without split-K, and its blocks
+    # per SM must fit the SM's shared memory (1 KB reserved per block) and threads.
+    persist = _knob(cols, "PERSIST", np.shape(g.block_m))
+    if target.sm < 80 or p is Precision.FP32_TC or int4_via_s8(p, target.sm):
+        ok &= persist == 0
+    ok &= (persist == 0) | ((_knob(cols, "TMA", np.shape(g.block_m)) == 0) &
+                            (np.asarray(cols["SPLIT_K"]) == 1) &
+                            ((g.smem_bytes + 1024) * persist <= target.smem_per_sm_kib * 1024) &
+                            (g.threads * persist <= target.max_threads_per_sm))
     # Pipelines deeper than 3 stages pay with wgmma (its loads and math overlap); on the
     # mma.sync path they gained 2-4% on int8 and lost beyond 4 (bench/RESULTS.md, H100 probe),
     # not worth a space twice the size.

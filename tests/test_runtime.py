@@ -343,6 +343,11 @@ def device_cases() -> dict[str, Conv2d]:
     fold_sync = {**INT8_BEST, "FOLD_TAPS": 1, "REORDER_INNER": 0, "DUP_AWARE": 0,
                  "LAYOUT": "nhwc", "SPLIT_K": 2}
     fold_wg = {**wg, "FOLD_TAPS": 1, "REORDER_INNER": 0, "DUP_AWARE": 0}
+    # PERSIST: blocks walk more tiles than the grid has blocks (1568 tiles; the stem's more)
+    expand = ConvShape(8, 56, 56, 64, 256, 1, 1)
+    persist = {**INT8_BEST, "BLK_ROW_WARPS": 1, "BLK_COL_WARPS": 4, "WARP_ROW_TILES": 2,
+               "WARP_COL_TILES": 4, "CHUNK": 2, "REORDER_INNER": 0, "DUP_AWARE": 0,
+               "PACK_OUT": 1, "LAYOUT": "nhwc", "STAGES": 3, "SPLIT_K": 1, "PERSIST": 2}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DefaultScheduleWarning)
         return {
@@ -359,6 +364,13 @@ def device_cases() -> dict[str, Conv2d]:
                                                    "h100", residual=True),
             "int8_stem_fold_sync": Conv2d(STEM, "int8", fold_sync, "h100", relu=True),
             "fp16_stem_fold_wgmma": Conv2d(STEM, "fp16", fold_wg, "h100"),
+            "int8_persist_residual": Conv2d(expand, "int8", persist, "h100", relu=True,
+                                            residual=True),
+            "fp16_persist_wgmma": Conv2d(expand, "fp16", {**wg, "PERSIST": 1}, "h100"),
+            "int8_persist_unpacked_acc": Conv2d(expand, "int8", {**persist, "PACK_OUT": 0},
+                                                "h100", epilogue="acc"),
+            "int8_stem_fold_persist": Conv2d(STEM, "int8", {**fold_sync, "SPLIT_K": 1,
+                                                            "PERSIST": 2}, "h100"),
             "int8_requant_relu": Conv2d(SMALL, "int8", INT8_BEST, "h100", epilogue="requant",
                                         relu=True),
             "int8_split_k": Conv2d(SMALL, "int8", split_k, "h100", epilogue="acc"),
@@ -483,7 +495,9 @@ def _run_torch(op: Conv2d, prob: ref.Problem, padded: bool = True) -> np.ndarray
                                   "int8_nhwcnc", "int4_requant", "int8_tma_requant",
                                   "fp16_tma_stem", "int8_residual_relu",
                                   "int8_residual_split_k_nhwcnc", "int8_residual_wgmma_unpacked",
-                                  "fp16_residual_relu", "fp16_residual_wgmma_unpacked"])
+                                  "fp16_residual_relu", "fp16_residual_wgmma_unpacked",
+                                  "int8_persist_residual", "fp16_persist_wgmma",
+                                  "int8_persist_unpacked_acc"])
 def test_on_gpu_cupy_and_torch_equal_the_reference(cases: dict[str, Conv2d], name: str) -> None:
     op = cases[name]
     for seed in (1, 2):  # fresh random inputs each time
@@ -502,7 +516,7 @@ def test_on_gpu_split_k_repeats_and_matches(cases: dict[str, Conv2d]) -> None:
 
 @on_gpu
 @pytest.mark.parametrize("name", ["int8_stem_acc", "fp16_stem", "int8_stem_fold_sync",
-                                  "fp16_stem_fold_wgmma"])
+                                  "fp16_stem_fold_wgmma", "int8_stem_fold_persist"])
 def test_on_gpu_narrow_channels_real_and_padded(cases: dict[str, Conv2d], name: str) -> None:
     op = cases[name]
     prob = _problem(op, 4)

@@ -1,0 +1,30 @@
+// What every main loop shares: the ring of shared-memory stages and the barrier before the
+// math on a stage. Each pipeline has its own header with one entry point, which conv.cu's
+// block function calls:
+//   pipeline_tma.cuh          mainloop_tma: TMA copies paced by mbarriers (wgmma, sm_90a)
+//   pipeline_split_async.cuh  mainloop_split_async: fp32_tc, cp.async into an fp32 staging
+//                             ring, split into hi/lo planes by the copying thread (sm_80+)
+//   pipeline_multistage.cuh   mainloop_multistage: cp.async, STAGES-1 stages in flight (sm_80+)
+//   pipeline_regstaged.cuh    mainloop_regstaged: loads staged through registers (sm_75, or a
+//                             transform on the way into shared memory), double-buffered at most
+#pragma once
+
+// Stage st holds its A tile, then its B tile.
+struct StageRing {
+  u32 base;
+  __device__ __forceinline__ u32 a(int st) const {
+    return base + (u32)(st * (cfg::A_STAGE + cfg::B_STAGE));
+  }
+  __device__ __forceinline__ u32 b(int st) const {
+    return base + (u32)(st * (cfg::A_STAGE + cfg::B_STAGE) + cfg::A_STAGE);
+  }
+};
+
+// The barrier before the math on a stage: with wgmma, the Tensor Cores read shared memory
+// through the async proxy, so every thread's own writes (cp.async, st.shared) are fenced first.
+__device__ __forceinline__ void stage_barrier() {
+#if TC_MMA
+  fence_proxy_async();
+#endif
+  __syncthreads();
+}
