@@ -207,8 +207,8 @@ static_assert(!WG || (!DUP && (PREC == 0 || PREC == 1)),
 static_assert(!WG || THREADS <= 1024, "a block holds at most 8 warpgroups");
 static_assert(!TMA || (WG && !LAYOUT && !DUP), "TMA loads whole NHWC im2col and weight tiles for wgmma");
 static_assert(!TMA || BN <= 256, "a TMA weight box spans at most 256 rows");
-static_assert(!PERSIST || (!TMA && !F32TC && !REGPATH && SPLITK == 1),
-              "a persistent grid runs the cp.async multistage pipeline without split-K");
+static_assert(!PERSIST || (!F32TC && !REGPATH && SPLITK == 1),
+              "a persistent grid runs the TMA or cp.async multistage pipeline without split-K");
 // Implied by the register rule and kernels/spec.py's shape limits (tests/test_kernels_build.py):
 static_assert(!TMA || (BM <= 1024 && SH <= 8 && SW <= 8 && PH <= 127 && PW <= 127 &&
                        (R - 1) * DH - PH <= 128 && (S - 1) * DW - PW <= 128),
@@ -274,8 +274,9 @@ __device__ __forceinline__ void conv_block(const u8* __restrict__ x, const u8* _
 }
 
 // PERSIST: one block walks the tiles blockIdx.x, + gridDim.x, ...; the next tile's first
-// STAGES-1 stages are issued before this tile's epilogue, which stages its output in a region
-// of its own, so the loads are in flight while the tile is stored.
+// stages are issued before this tile's epilogue, which stages its output in a region of its
+// own, so the loads are in flight while the tile is stored (TMA: pipeline_tma.cuh's
+// persistent_tma; cp.async: the multistage prologue of the next tile, then the epilogue).
 template <class Tile>
 __device__ __forceinline__ void conv_persistent(const u8* __restrict__ x,
                                                 const u8* __restrict__ w,
@@ -283,7 +284,7 @@ __device__ __forceinline__ void conv_persistent(const u8* __restrict__ x,
                                                 const float* __restrict__ bias,
                                                 u8* __restrict__ y, u32* __restrict__ ws,
                                                 u32* __restrict__ counters, const Residual res,
-                                                u8* smem) {
+                                                const TensorMaps* maps, u8* smem) {
   using namespace cfg;
   const int tid = threadIdx.x;
   const u32 sbase = WG ? (smem_addr(smem) + SMEM_ALIGN - 1) & ~(u32)(SMEM_ALIGN - 1)
@@ -291,6 +292,18 @@ __device__ __forceinline__ void conv_persistent(const u8* __restrict__ x,
   const StageRing sr{sbase};
   int nit = NIT;
   if constexpr (WG) asm volatile("" : "+r"(nit));  // as in conv_block
+  if constexpr (TMA) {
+    Tile wt;
+    BlockLoader ld;  // unused by the wgmma tile
+    wt.init(0, tid, ld);
+    persistent_tma(wt, sr, nit, tid, maps, [&](int tile) {
+      const int m0 = (tile / TILES_N) * BM, n0 = (tile % TILES_N) * BN;
+      epilogue(wt, smem + EPI_OFF, m0, n0, tid, tile, 0, scale, bias, res, y, ws, counters);
+      __syncthreads();  // the epilogue's region is free for the next tile's
+      wt.init(m0, tid, ld);
+    });
+    return;
+  }
   int tile = blockIdx.x;
   BlockLoader ld;
   ld.init(x, w, (tile / TILES_N) * BM, (tile % TILES_N) * BN, tid);
@@ -339,6 +352,6 @@ tc_conv(const u8* __restrict__ x, const u8* __restrict__ w, const float* __restr
   const TensorMaps* m = nullptr;
 #endif
   using Tile = Pick<cfg::WG, GroupTile, WarpTile>::T;
-  if constexpr (cfg::PERSIST) conv_persistent<Tile>(x, w, scale, bias, y, ws, counters, r, smem);
+  if constexpr (cfg::PERSIST) conv_persistent<Tile>(x, w, scale, bias, y, ws, counters, r, m, smem);
   else conv_block<Tile>(x, w, scale, bias, y, ws, counters, r, m, smem);
 }

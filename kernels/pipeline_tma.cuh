@@ -82,3 +82,88 @@ __device__ __forceinline__ void mainloop_tma(Tile& wt, const StageRing sr, const
   if (tid == 0)
     for (int s = 0; s < STAGES; ++s) { mbar_inval(full(s)); mbar_inval(empty(s)); }
 }
+
+// PERSIST: the block's tiles (blockIdx.x, + gridDim.x, ...) as one stream of stages. Thread 0
+// runs STAGES stages ahead across tile boundaries, so the next tile's first stages are in
+// flight while `finish_tile(tile)` (the epilogue, in shared memory of its own) stores this
+// one. `finish_tile` leaves the tile's accumulators zeroed for the next.
+template <class Tile, class Finish>
+__device__ __forceinline__ void persistent_tma(Tile& wt, const StageRing sr, const int nit,
+                                               const int tid, const TensorMaps* maps,
+                                               Finish&& finish_tile) {
+  using namespace cfg;
+  const u32 bars = sr.base + (u32)(STAGES * (A_STAGE + B_STAGE));
+  auto full = [&](int st) { return bars + 8u * (u32)st; };
+  auto empty = [&](int st) { return bars + 8u * (u32)(STAGES + st); };
+  const void* xmap = maps->x;
+  const void* wmap = maps->w;
+  // The grid has at most one block per tile (kernels/launch.py): every block has one.
+  const int total = ((TILES - 1 - (int)blockIdx.x) / (int)gridDim.x + 1) * nit;
+  auto tile_of = [&](int j) { return (int)blockIdx.x + (j / nit) * (int)gridDim.x; };
+  auto produce = [&](int j, int st) {
+    const int tile = tile_of(j);
+    const int m0 = (tile / TILES_N) * BM, n0 = (tile % TILES_N) * BN;
+    const int img = m0 / (P * Q), pq = m0 - img * (P * Q);
+    const int h0 = (pq / Q) * SH - PH, w0 = (pq % Q) * SW - PW;
+    const StageIdx sx = stage_idx(j - (j / nit) * nit);
+    mbar_arrive_expect_tx(full(st), (u32)(A_STAGE + B_STAGE));
+#pragma unroll
+    for (int a = 0; a < NATOM; ++a) {
+      const int c = sx.cb * BKC + a * (ATOM * 8 / ELEM_BITS);
+      tma_im2col(sr.a(st) + (u32)(a * BM * ATOM), xmap, full(st), c, w0, h0, img,
+                 (unsigned short)(sx.s * DW), (unsigned short)(sx.r * DH));
+      tma_tile3(sr.b(st) + (u32)(a * BN * ATOM), wmap, full(st), c, sx.r * S + sx.s, n0);
+    }
+  };
+  if (tid == 0) {
+    for (int st = 0; st < STAGES; ++st) {
+      mbar_init(full(st), 1);
+      mbar_init(empty(st), WARPS);
+    }
+    mbar_init_fence();
+    tmap_prefetch(xmap);
+    tmap_prefetch(wmap);
+  }
+  __syncthreads();
+  if (tid == 0)
+    for (int s = 0; s < STAGES && s < total; ++s) produce(s, s);
+  auto release = [&](int s, u32 p, int j) {  // as in mainloop_tma, over the whole stream
+    __syncwarp();
+    if ((tid & 31) == 0) mbar_arrive(empty(s));
+    if (tid == 0 && j + STAGES < total) {
+      mbar_wait(empty(s), p);
+      produce(j + STAGES, s);
+    }
+  };
+  constexpr bool INFLIGHT = STAGES >= 2;
+  int st = 0, pst = 0, i = 0;  // i: the stage's index within its tile
+  u32 ph = 0, pph = 0;
+#pragma unroll 1
+  for (int j = 0; j < total; ++j) {
+    mbar_wait(full(st), ph);
+    if constexpr (INFLIGHT) {
+      wt.issue(sr.a(st), sr.b(st));
+      if (i > 0) {
+        wgmma_wait<1>();
+        release(pst, pph, j - 1);
+      }
+    } else {
+      wt.compute_stage(sr.a(st), sr.b(st), i);
+      release(st, ph, j);
+    }
+    pst = st;
+    pph = ph;
+    if (++st == STAGES) { st = 0; ph ^= 1; }
+    if (++i == nit) {  // the tile's last stage: its MMAs, then its epilogue
+      if constexpr (INFLIGHT) {
+        wt.retire();
+        release(pst, pph, j);
+      }
+      finish_tile(tile_of(j));
+      i = 0;
+    }
+  }
+  __syncthreads();
+  if (tid == 0)
+    for (int s = 0; s < STAGES; ++s) { mbar_inval(full(s)); mbar_inval(empty(s)); }
+}

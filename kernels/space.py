@@ -57,9 +57,9 @@ EXTRA_KNOBS: dict[str, tuple[Any, ...]] = {
     # vectors (see fold_tap_bytes).
     "FOLD_TAPS": (0, 1),
     # 0: one block per output tile. n >= 1: a persistent grid of n blocks per SM that walk
-    # the tiles; each block issues the next tile's first stages before the current tile's
-    # epilogue (which gets shared memory of its own), so loads overlap stores on layers
-    # whose tiles are short (1x1, few channels) and the last wave is not a partial one.
+    # the tiles; each block issues the next tile's first stages (TMA or cp.async) before the
+    # current tile's epilogue (which gets shared memory of its own), so loads overlap stores
+    # on layers whose tiles are short (1x1, few channels) and no wave is a partial one.
     "PERSIST": (0, 1, 2),
 }
 # Knobs added after schedules were first stored, with the value that builds the kernel as it
@@ -418,14 +418,13 @@ def validity(shape: ConvShape, precision: Precision, target: Target,
                        (np.asarray(cols["LAYOUT"], dtype=object) == "nhwc") &
                        (_knob(cols, "TMA", np.shape(g.block_m)) == 0) &
                        (g.threads % g.row_loads == 0))
-    # A persistent grid runs on the cp.async multistage pipeline (not TMA, not fp32_tc, not
-    # the register-staged loads of sm_75 or int4 via s8), without split-K, and its blocks
-    # per SM must fit the SM's shared memory (1 KB reserved per block) and threads.
+    # A persistent grid runs on the TMA or the cp.async multistage pipeline (not fp32_tc,
+    # not the register-staged loads of sm_75 or int4 via s8), without split-K, and its
+    # blocks per SM must fit the SM's shared memory (1 KB reserved per block) and threads.
     persist = _knob(cols, "PERSIST", np.shape(g.block_m))
     if target.sm < 80 or p is Precision.FP32_TC or int4_via_s8(p, target.sm):
         ok &= persist == 0
-    ok &= (persist == 0) | ((_knob(cols, "TMA", np.shape(g.block_m)) == 0) &
-                            (np.asarray(cols["SPLIT_K"]) == 1) &
+    ok &= (persist == 0) | ((np.asarray(cols["SPLIT_K"]) == 1) &
                             ((g.smem_bytes + 1024) * persist <= target.smem_per_sm_kib * 1024) &
                             (g.threads * persist <= target.max_threads_per_sm))
     # Pipelines deeper than 3 stages pay with wgmma (its loads and math overlap); on the

@@ -1,5 +1,5 @@
-"""The persistent grid (PERSIST) on a CPU: where it is valid (kernels.space and the kernel's
-static_asserts agree), its shared memory and register rules, its launch grid, and its builds
+"""The persistent grid (PERSIST) on a CPU: where it is valid (the TMA and cp.async multistage
+pipelines; kernels.space and the kernel's static_asserts agree), its shared memory and register rules, its launch grid, and its builds
 for sm_80 and sm_90 with the instructions they should hold. The GPU checks are in
 test_runtime.py (`on_gpu`) and bench/kernels_check.py."""
 
@@ -34,14 +34,15 @@ def cols_of(schedule: dict) -> dict[str, np.ndarray]:
             for k, v in schedule.items()}
 
 
-def test_persist_is_valid_only_on_the_multistage_pipeline() -> None:
+def test_persist_is_valid_only_on_the_tma_and_multistage_pipelines() -> None:
     space = ScheduleSpace(EXPAND, Precision.INT8, H100)
     for n in (1, 2):
         assert space.is_valid({**SYNC, "PERSIST": n})
         assert space.is_valid({**WG, "PERSIST": n})
-    # no split-K, no TMA
+        assert space.is_valid({**WG, "PERSIST": n, "TMA": 1})
+    # no split-K
     assert not space.is_valid({**SYNC, "PERSIST": 1, "SPLIT_K": 2})
-    assert not space.is_valid({**WG, "PERSIST": 1, "TMA": 1})
+    assert not space.is_valid({**WG, "PERSIST": 1, "TMA": 1, "SPLIT_K": 2})
     # no register-staged pipeline (sm_75; int4 via s8 on sm_90) and no fp32_tc
     assert not ScheduleSpace(EXPAND, Precision.INT8, get_target("t4")).is_valid(
         {**SYNC, "STAGES": 2, "PERSIST": 1})
@@ -104,7 +105,7 @@ def test_persistent_schedules_compile_for_sm80_and_sm90(cache: Path) -> None:
         for shape in (EXPAND, ConvShape(3, 17, 19, 5, 24, 3, 3, pad=1)):
             for p in (Precision.INT8, Precision.FP16):
                 space = ScheduleSpace(shape, p, get_target(t), restrict={"PERSIST": [1, 2]})
-                for i in rng.choice(space.valid_indices, size=3, replace=False):
+                for i in rng.choice(space.valid_indices, size=4, replace=False):
                     jobs.append(BuildJob(shape, p, sm, space.schedule_at(int(i)),
                                          Epilogue(residual=bool(rng.random() < 0.5))))
     results = build_many(jobs, cache)
@@ -113,15 +114,16 @@ def test_persistent_schedules_compile_for_sm80_and_sm90(cache: Path) -> None:
     assert not bad, bad[:3]
 
 
-@pytest.mark.parametrize("precision,sm,schedule,mma", [
-    ("int8", 80, SYNC, "IMMA"), ("fp16", 90, SYNC, "HMMA"), ("int8", 90, WG, "GMMA"),
+@pytest.mark.parametrize("precision,sm,schedule,mma,copy", [
+    ("int8", 80, SYNC, "IMMA", "LDGSTS"), ("fp16", 90, SYNC, "HMMA", "LDGSTS"),
+    ("int8", 90, WG, "GMMA", "LDGSTS"), ("fp16", 90, {**WG, "TMA": 1}, "GMMA", "UTMALDG"),
 ])
 def test_persistent_builds_hold_the_intended_instructions(precision: str, sm: int,
-                                                          schedule: dict, mma: str,
+                                                          schedule: dict, mma: str, copy: str,
                                                           cache: Path) -> None:
     assert cuobjdump_path(), "cuobjdump comes with the dev extra (nvidia-cuda-cuobjdump)"
     res = build(BuildJob(EXPAND, Precision(precision), sm, {**schedule, "PERSIST": 2}), cache)
     assert res.status == "ok", res.log[-500:]
     summary = summarize(cubin_path(cache, res.key))
     assert any(mma in m for m in summary.mma) and not summary.spills
-    assert any("LDGSTS" in line for line in summary.text.splitlines())
+    assert any(copy in line for line in summary.text.splitlines())

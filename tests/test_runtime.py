@@ -369,6 +369,10 @@ def device_cases() -> dict[str, Conv2d]:
             "fp16_persist_wgmma": Conv2d(expand, "fp16", {**wg, "PERSIST": 1}, "h100"),
             "int8_persist_unpacked_acc": Conv2d(expand, "int8", {**persist, "PACK_OUT": 0},
                                                 "h100", epilogue="acc"),
+            "int8_persist_tma_residual": Conv2d(expand, "int8", {**tma, "PERSIST": 2},
+                                                "h100", relu=True, residual=True),
+            "fp16_persist_tma_one_stage": Conv2d(expand, "fp16", {**tma, "STAGES": 1,
+                                                                  "PERSIST": 1}, "h100"),
             "int8_stem_fold_persist": Conv2d(STEM, "int8", {**fold_sync, "SPLIT_K": 1,
                                                             "PERSIST": 2}, "h100"),
             "int8_requant_relu": Conv2d(SMALL, "int8", INT8_BEST, "h100", epilogue="requant",
@@ -497,7 +501,8 @@ def _run_torch(op: Conv2d, prob: ref.Problem, padded: bool = True) -> np.ndarray
                                   "int8_residual_split_k_nhwcnc", "int8_residual_wgmma_unpacked",
                                   "fp16_residual_relu", "fp16_residual_wgmma_unpacked",
                                   "int8_persist_residual", "fp16_persist_wgmma",
-                                  "int8_persist_unpacked_acc"])
+                                  "int8_persist_unpacked_acc", "int8_persist_tma_residual",
+                                  "fp16_persist_tma_one_stage"])
 def test_on_gpu_cupy_and_torch_equal_the_reference(cases: dict[str, Conv2d], name: str) -> None:
     op = cases[name]
     for seed in (1, 2):  # fresh random inputs each time
