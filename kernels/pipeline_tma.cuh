@@ -3,26 +3,46 @@
 // arrivals on its "empty" mbarrier tell the issuing thread when the slot can be refilled.
 #pragma once
 
-// Stages [it0, it0 + nit) of the block whose output tile starts at (m0, n0); the mbarriers
-// live after the stages and are invalidated before the epilogue reuses shared memory.
-template <class Tile>
-__device__ __forceinline__ void mainloop_tma(Tile& wt, const StageRing sr, const int it0,
-                                             const int nit, const int m0, const int n0,
-                                             const int tid, const TensorMaps* maps) {
-  using namespace cfg;
-  const u32 sbase = sr.base;
-  // Thread 0 issues each stage's copies STAGES ahead; every warp waits on the stage's full
-  // barrier, runs its MMAs, and releases the slot on its empty barrier (one arrival per
-  // warp); thread 0 refills a slot once all warps have released it.
-  const u32 bars = sbase + (u32)(STAGES * (A_STAGE + B_STAGE));
-  auto full = [&](int st) { return bars + 8u * (u32)st; };
-  auto empty = [&](int st) { return bars + 8u * (u32)(STAGES + st); };
-  const void* xmap = maps->x;
-  const void* wmap = maps->w;
-  // The block's first output pixel, as the input coordinate the im2col walk starts from.
-  const int img = m0 / (P * Q), pq = m0 - img * (P * Q);
-  const int h0 = (pq / Q) * SH - PH, w0 = (pq % Q) * SW - PW;
-  auto produce = [&](int it, int st) {
+// The stages' mbarriers (a full and an empty one per stage, after the stages) and the copies
+// that fill a stage: shared by the one-tile and the persistent main loop.
+struct TmaRing {
+  StageRing sr;
+  u32 bars;
+  const void* xmap;
+  const void* wmap;
+  __device__ __forceinline__ TmaRing(const StageRing s, const TensorMaps* maps)
+      : sr(s), bars(s.base + (u32)(cfg::STAGES * (cfg::A_STAGE + cfg::B_STAGE))),
+        xmap(maps->x), wmap(maps->w) {}
+  __device__ __forceinline__ u32 full(int st) const { return bars + 8u * (u32)st; }
+  __device__ __forceinline__ u32 empty(int st) const {
+    return bars + 8u * (u32)(cfg::STAGES + st);
+  }
+  // Thread 0, before a block-wide barrier: one arrival fills a stage, one per warp empties it.
+  __device__ __forceinline__ void init() const {
+    for (int st = 0; st < cfg::STAGES; ++st) {
+      mbar_init(full(st), 1);
+      mbar_init(empty(st), cfg::WARPS);
+    }
+    mbar_init_fence();
+    tmap_prefetch(xmap);
+    tmap_prefetch(wmap);
+  }
+  __device__ __forceinline__ void inval() const {
+    for (int st = 0; st < cfg::STAGES; ++st) { mbar_inval(full(st)); mbar_inval(empty(st)); }
+  }
+  // Where a tile's copies start: its first output pixel as the input coordinate the im2col
+  // walk starts from, and its first output channel.
+  struct Origin { int img, h0, w0, n0; };
+  __device__ __forceinline__ static Origin origin(int m0, int n0) {
+    using namespace cfg;
+    const int img = m0 / (P * Q), pq = m0 - img * (P * Q);
+    return {img, (pq / Q) * SH - PH, (pq % Q) * SW - PW, n0};
+  }
+  // Stage `it` of the tile at `o` into slot st: per swizzle atom, the im2col rows of A and
+  // the weight rows of B.
+  __device__ __forceinline__ void produce(int st, const Origin o, int it) const {
+    using namespace cfg;
+    const int img = o.img, h0 = o.h0, w0 = o.w0, n0 = o.n0;
     const StageIdx sx = stage_idx(it);
     mbar_arrive_expect_tx(full(st), (u32)(A_STAGE + B_STAGE));
 #pragma unroll
@@ -32,29 +52,35 @@ __device__ __forceinline__ void mainloop_tma(Tile& wt, const StageRing sr, const
                  (unsigned short)(sx.s * DW), (unsigned short)(sx.r * DH));
       tma_tile3(sr.b(st) + (u32)(a * BN * ATOM), wmap, full(st), c, sx.r * S + sx.s, n0);
     }
-  };
-  if (tid == 0) {
-    for (int st = 0; st < STAGES; ++st) {
-      mbar_init(full(st), 1);
-      mbar_init(empty(st), WARPS);
-    }
-    mbar_init_fence();
-    tmap_prefetch(xmap);
-    tmap_prefetch(wmap);
   }
+};
+
+// Stages [it0, it0 + nit) of the block whose output tile starts at (m0, n0); the mbarriers
+// are invalidated before the epilogue reuses shared memory.
+template <class Tile>
+__device__ __forceinline__ void mainloop_tma(Tile& wt, const StageRing sr, const int it0,
+                                             const int nit, const int m0, const int n0,
+                                             const int tid, const TensorMaps* maps) {
+  using namespace cfg;
+  // Thread 0 issues each stage's copies STAGES ahead; every warp waits on the stage's full
+  // barrier, runs its MMAs, and releases the slot on its empty barrier (one arrival per
+  // warp); thread 0 refills a slot once all warps have released it.
+  const TmaRing ring(sr, maps);
+  const TmaRing::Origin at = TmaRing::origin(m0, n0);
+  if (tid == 0) ring.init();
   __syncthreads();
   if (tid == 0)
-    for (int s = 0; s < STAGES && s < nit; ++s) produce(it0 + s, s);
+    for (int s = 0; s < STAGES && s < nit; ++s) ring.produce(s, at, it0 + s);
   // A stage's slot is released once its MMAs are done; thread 0 then refills it with the
   // stage STAGES later. With two or more stages the MMAs of a stage stay in flight while the
   // next stage's are issued: the slot of stage i-1 is released after stage i is issued
   // (against waiting for each stage's MMAs: median 0.88-1.00 per batch-8 layer and precision).
   auto release = [&](int s, u32 p, int j) {
     __syncwarp();
-    if ((tid & 31) == 0) mbar_arrive(empty(s));
+    if ((tid & 31) == 0) mbar_arrive(ring.empty(s));
     if (tid == 0 && j + STAGES < nit) {
-      mbar_wait(empty(s), p);
-      produce(it0 + j + STAGES, s);
+      mbar_wait(ring.empty(s), p);
+      ring.produce(s, at, it0 + j + STAGES);
     }
   };
   constexpr bool INFLIGHT = STAGES >= 2;
@@ -62,7 +88,7 @@ __device__ __forceinline__ void mainloop_tma(Tile& wt, const StageRing sr, const
   u32 ph = 0, pph = 0;
 #pragma unroll 1
   for (int i = 0; i < nit; ++i) {
-    mbar_wait(full(st), ph);
+    mbar_wait(ring.full(st), ph);
     if constexpr (INFLIGHT) {
       wt.issue(sr.a(st), sr.b(st));
       if (i > 0) {
@@ -79,8 +105,7 @@ __device__ __forceinline__ void mainloop_tma(Tile& wt, const StageRing sr, const
   }
   if constexpr (INFLIGHT) wt.retire();
   __syncthreads();  // every wait is done: the barriers' memory returns to the epilogue
-  if (tid == 0)
-    for (int s = 0; s < STAGES; ++s) { mbar_inval(full(s)); mbar_inval(empty(s)); }
+  if (tid == 0) ring.inval();
 }
 
 // PERSIST: the block's tiles (blockIdx.x, + gridDim.x, ...) as one stream of stages. Thread 0
@@ -92,46 +117,24 @@ __device__ __forceinline__ void persistent_tma(Tile& wt, const StageRing sr, con
                                                const int tid, const TensorMaps* maps,
                                                Finish&& finish_tile) {
   using namespace cfg;
-  const u32 bars = sr.base + (u32)(STAGES * (A_STAGE + B_STAGE));
-  auto full = [&](int st) { return bars + 8u * (u32)st; };
-  auto empty = [&](int st) { return bars + 8u * (u32)(STAGES + st); };
-  const void* xmap = maps->x;
-  const void* wmap = maps->w;
+  const TmaRing ring(sr, maps);
   // The grid has at most one block per tile (kernels/launch.py): every block has one.
   const int total = ((TILES - 1 - (int)blockIdx.x) / (int)gridDim.x + 1) * nit;
   auto tile_of = [&](int j) { return (int)blockIdx.x + (j / nit) * (int)gridDim.x; };
   auto produce = [&](int j, int st) {
     const int tile = tile_of(j);
-    const int m0 = (tile / TILES_N) * BM, n0 = (tile % TILES_N) * BN;
-    const int img = m0 / (P * Q), pq = m0 - img * (P * Q);
-    const int h0 = (pq / Q) * SH - PH, w0 = (pq % Q) * SW - PW;
-    const StageIdx sx = stage_idx(j - (j / nit) * nit);
-    mbar_arrive_expect_tx(full(st), (u32)(A_STAGE + B_STAGE));
-#pragma unroll
-    for (int a = 0; a < NATOM; ++a) {
-      const int c = sx.cb * BKC + a * (ATOM * 8 / ELEM_BITS);
-      tma_im2col(sr.a(st) + (u32)(a * BM * ATOM), xmap, full(st), c, w0, h0, img,
-                 (unsigned short)(sx.s * DW), (unsigned short)(sx.r * DH));
-      tma_tile3(sr.b(st) + (u32)(a * BN * ATOM), wmap, full(st), c, sx.r * S + sx.s, n0);
-    }
+    ring.produce(st, TmaRing::origin((tile / TILES_N) * BM, (tile % TILES_N) * BN),
+                 j - (j / nit) * nit);
   };
-  if (tid == 0) {
-    for (int st = 0; st < STAGES; ++st) {
-      mbar_init(full(st), 1);
-      mbar_init(empty(st), WARPS);
-    }
-    mbar_init_fence();
-    tmap_prefetch(xmap);
-    tmap_prefetch(wmap);
-  }
+  if (tid == 0) ring.init();
   __syncthreads();
   if (tid == 0)
     for (int s = 0; s < STAGES && s < total; ++s) produce(s, s);
   auto release = [&](int s, u32 p, int j) {  // as in mainloop_tma, over the whole stream
     __syncwarp();
-    if ((tid & 31) == 0) mbar_arrive(empty(s));
+    if ((tid & 31) == 0) mbar_arrive(ring.empty(s));
     if (tid == 0 && j + STAGES < total) {
-      mbar_wait(empty(s), p);
+      mbar_wait(ring.empty(s), p);
       produce(j + STAGES, s);
     }
   };
@@ -140,7 +143,7 @@ __device__ __forceinline__ void persistent_tma(Tile& wt, const StageRing sr, con
   u32 ph = 0, pph = 0;
 #pragma unroll 1
   for (int j = 0; j < total; ++j) {
-    mbar_wait(full(st), ph);
+    mbar_wait(ring.full(st), ph);
     if constexpr (INFLIGHT) {
       wt.issue(sr.a(st), sr.b(st));
       if (i > 0) {
@@ -164,6 +167,5 @@ __device__ __forceinline__ void persistent_tma(Tile& wt, const StageRing sr, con
     }
   }
   __syncthreads();
-  if (tid == 0)
-    for (int s = 0; s < STAGES; ++s) { mbar_inval(full(s)); mbar_inval(empty(s)); }
+  if (tid == 0) ring.inval();
 }

@@ -1,7 +1,7 @@
-"""The persistent grid (PERSIST) on a CPU: where it is valid (the TMA and cp.async multistage
-pipelines; kernels.space and the kernel's static_asserts agree), its shared memory and register rules, its launch grid, and its builds
-for sm_80 and sm_90 with the instructions they should hold. The GPU checks are in
-test_runtime.py (`on_gpu`) and bench/kernels_check.py."""
+"""The persistent grid (PERSIST) on a CPU: where it is valid (the TMA and cp.async
+multistage pipelines; kernels.space and the kernel's static_asserts agree), its shared memory
+and register rules, its launch grid, and its builds for sm_80 and sm_90 with the instructions
+they should hold. The GPU checks are in test_runtime.py (`on_gpu`) and bench/kernels_check.py."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from kernels.launch import launch_dims
 from kernels.sass import cuobjdump_path, summarize
 from kernels.space import ScheduleSpace, geometry, register_slack
 from kernels.spec import ConvShape, Precision, get_target
+from tests.test_kernels_fold_residual import cols_of
 
 EXPAND = ConvShape(8, 56, 56, 64, 256, 1, 1)  # ResNet-50's output-bound 1x1
 SYNC = dict(BLK_ROW_WARPS=1, BLK_COL_WARPS=4, WARP_ROW_TILES=2, WARP_COL_TILES=4, CHUNK=2,
@@ -27,11 +28,6 @@ H100 = get_target("h100")
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("persist")
-
-
-def cols_of(schedule: dict) -> dict[str, np.ndarray]:
-    return {k: np.array([v], dtype=object if isinstance(v, str) else np.int64)
-            for k, v in schedule.items()}
 
 
 def test_persist_is_valid_only_on_the_tma_and_multistage_pipelines() -> None:
