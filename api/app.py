@@ -7,8 +7,10 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
 
 from api.auth import RateLimiter
+from api.inputs import InputGuard, validation_error
 from api.limits import BodyLimit
 from api.metrics import Metrics, MetricsMiddleware
 from api.routes import (
@@ -55,6 +57,8 @@ def create_app(settings: Settings | None = None, dispatcher: bool = True) -> Fas
     app.state.tune_limiter = RateLimiter(cfg.tune_per_minute)
     app.add_middleware(BodyLimit, default=cfg.max_body_bytes,
                        overrides={"/import": cfg.max_import_bytes})
+    app.add_middleware(InputGuard)
+    app.add_exception_handler(RequestValidationError, validation_error)
     app.state.metrics = Metrics(cfg)
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
     for module in (tune, jobs, job_events, schedule, lookup, schedules, workers, tasks,

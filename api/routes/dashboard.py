@@ -10,6 +10,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import html
+import re
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -27,6 +28,8 @@ PLOTLY_JS = Path(plotly.__file__).resolve().parent / "package_data" / "plotly.mi
 
 MEDIA_TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8",
                ".svg": "image/svg+xml", ".png": "image/png"}
+
+ASSET_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,99}")
 
 # name -> (template, title, nav entry to highlight)
 PAGES = {"jobs": ("Jobs", "jobs"), "job": ("Job", "jobs"), "fleet": ("Fleet", "fleet"),
@@ -116,8 +119,11 @@ def plotly_js(request: Request) -> Response:
 
 @router.get("/ui/static/{name}")
 def static_file(name: str, request: Request) -> Response:
+    # Only plain files directly in api/static: no traversal, no directories; a name no asset
+    # has (too long for the file system, odd characters) is not even looked up.
+    if not ASSET_NAME.fullmatch(name):
+        raise HTTPException(404, detail="no such asset")
     path = (STATIC / name).resolve()
-    # Only plain files directly in api/static: no traversal, no directories.
     if path.parent != STATIC or not path.is_file() or path.suffix not in MEDIA_TYPES:
         raise HTTPException(404, detail=f"no asset {name}")
     return _serve_file(path, request, max_age=0)
