@@ -9,7 +9,6 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 
-from api.auth import RateLimiter
 from api.inputs import InputGuard, validation_error
 from api.limits import BodyLimit
 from api.metrics import Metrics, MetricsMiddleware
@@ -27,6 +26,7 @@ from api.routes import (
     tune,
     workers,
 )
+from store.ratelimit import RateLimit
 from store.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
@@ -54,7 +54,7 @@ def create_app(settings: Settings | None = None, dispatcher: bool = True) -> Fas
                   description="Autotuning of reduced-precision convolution on Tensor Cores")
     app.state.settings = cfg
     app.state.on_new_job = _new_job_notifier(cfg)
-    app.state.tune_limiter = RateLimiter(cfg.tune_per_minute)
+    app.state.tune_limit = RateLimit("tune", cfg.tune_per_minute)
     app.add_middleware(BodyLimit, default=cfg.max_body_bytes,
                        overrides={"/import": cfg.max_import_bytes})
     app.add_middleware(InputGuard)

@@ -19,6 +19,9 @@ import plotly
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
+from api.deps import DB, RowId
+from store.models import Job
+
 router = APIRouter(include_in_schema=False)
 
 HERE = Path(__file__).resolve().parent.parent
@@ -29,11 +32,24 @@ PLOTLY_JS = Path(plotly.__file__).resolve().parent / "package_data" / "plotly.mi
 MEDIA_TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8",
                ".svg": "image/svg+xml", ".png": "image/png"}
 
+# Pages load only the service's own scripts and talk only to the service; no other site may
+# frame them (clickjacking) and no browser may guess a type the server did not send.
+# 'unsafe-inline' styles: Plotly and the progress bars set style attributes.
+SECURITY_HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; script-src 'self'; "
+                               "style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
+                               "connect-src 'self'; object-src 'none'; base-uri 'none'; "
+                               "form-action 'self'; frame-ancestors 'none'",
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+}
+
 ASSET_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,99}")
 
 # name -> (template, title, nav entry to highlight)
 PAGES = {"jobs": ("Jobs", "jobs"), "job": ("Job", "jobs"), "fleet": ("Fleet", "fleet"),
-         "schedules": ("Schedules", "schedules")}
+         "schedules": ("Schedules", "schedules"), "missing": ("Not found", "")}
 
 
 @dataclass(frozen=True)
@@ -57,7 +73,7 @@ def _asset(path: Path, mtime_ns: int) -> Asset:
 def _serve_file(path: Path, request: Request, max_age: int) -> Response:
     asset = _asset(path, path.stat().st_mtime_ns)
     headers = {"ETag": asset.etag, "Cache-Control": f"public, max-age={max_age}",
-               "Vary": "Accept-Encoding"}
+               "Vary": "Accept-Encoding", **SECURITY_HEADERS}
     if asset.etag in request.headers.get("if-none-match", ""):
         return Response(status_code=304, headers=headers)
     if asset.gz is not None and "gzip" in request.headers.get("accept-encoding", ""):
@@ -71,7 +87,7 @@ def _template(name: str, mtime_ns: int) -> str:
     return (TEMPLATES / name).read_text(encoding="utf-8")
 
 
-def _render(page: str, **values: str) -> HTMLResponse:
+def _render(page: str, status_code: int = 200, **values: str) -> HTMLResponse:
     """The layout with the page's fragment and a few escaped values (no template engine)."""
     title, nav = PAGES[page]
     layout_path, page_path = TEMPLATES / "layout.html", TEMPLATES / f"{page}.html"
@@ -82,7 +98,8 @@ def _render(page: str, **values: str) -> HTMLResponse:
     for entry in ("jobs", "fleet", "schedules"):
         text = text.replace("{{nav_" + entry + "}}", "active" if entry == nav else "")
     # The pages revalidate on every load: an upgrade of the service shows at once.
-    return HTMLResponse(text, headers={"Cache-Control": "no-cache"})
+    return HTMLResponse(text, status_code=status_code,
+                        headers={"Cache-Control": "no-cache", **SECURITY_HEADERS})
 
 
 @router.get("/", response_class=HTMLResponse)
@@ -97,7 +114,12 @@ def ui_root() -> RedirectResponse:
 
 
 @router.get("/ui/jobs/{job_id}", response_class=HTMLResponse)
-def job_page(job_id: int) -> HTMLResponse:
+def job_page(job_id: RowId, session: DB) -> HTMLResponse:
+    # A page for a job that does not exist would poll for it forever: 404 (job ids are
+    # sequential, so this tells nobody more than the jobs list does).
+    if session.get(Job, job_id) is None:
+        return _render("missing", status_code=404, what=f"Job {job_id}",
+                       detail="No job has this id (it may have been deleted with its task).")
     return _render("job", job_id=str(job_id))
 
 

@@ -14,6 +14,10 @@ from store import repository as repo
 
 router = APIRouter(tags=["tune"], route_class=JsonBodyRoute)
 
+# When to ask again after the active-jobs limit: jobs take minutes, so a client that
+# retries sooner only adds load; one that waits this long often finds a slot.
+ACTIVE_JOBS_RETRY_S = 30
+
 
 @router.post("/tune", status_code=status.HTTP_202_ACCEPTED, response_model=TuneResponse,
              responses={200: {"model": TuneResponse,
@@ -21,11 +25,12 @@ router = APIRouter(tags=["tune"], route_class=JsonBodyRoute)
                         401: problem("no valid token"),
                         403: problem("the token's scope is not enough"),
                         422: {"description": "invalid layer, precision, target or strategy"},
-                        429: problem("rate or active-job limit of the token"),
+                        429: problem("rate or active-job limit of the token "
+                                     "(Retry-After: seconds to wait)"),
                         **BODY_ERRORS})
 def tune(req: TuneRequest, request: Request, response: Response, session: DB,
          caller: Tuner) -> TuneResponse:
-    wait_s = request.app.state.tune_limiter.take(caller.token_id)
+    wait_s = request.app.state.tune_limit.take(session, caller.token_id)
     if wait_s > 0:
         raise HTTPException(status.HTTP_429_TOO_MANY_REQUESTS,
                             "too many POST /tune for this token; slow down",
@@ -44,7 +49,8 @@ def tune(req: TuneRequest, request: Request, response: Response, session: DB,
         if caller.token_id is not None and repo.active_jobs_of(session, caller.token_id) >= limit:
             raise HTTPException(status.HTTP_429_TOO_MANY_REQUESTS,
                                 f"this token has {limit} queued or running jobs already; "
-                                "wait for some to finish or cancel them")
+                                "wait for some to finish or cancel them",
+                                headers={"Retry-After": str(ACTIVE_JOBS_RETRY_S)})
         job = repo.create_job(session, task, req.trials, req.strategy or DEFAULT_STRATEGY,
                               req.seed, submitted_by=caller.token_id)
         session.commit()  # the explorer must find the job when the message arrives
