@@ -6,10 +6,10 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 from fastapi.exceptions import RequestValidationError
 
-from api.inputs import InputGuard, validation_error
+from api.inputs import InputGuard, known_query_only, validation_error
 from api.limits import BodyLimit
 from api.metrics import Metrics, MetricsMiddleware
 from api.routes import (
@@ -51,6 +51,7 @@ def create_app(settings: Settings | None = None, dispatcher: bool = True) -> Fas
                 runner.stop()
 
     app = FastAPI(title="tctune", version="0.1.0", lifespan=lifespan,
+                  dependencies=[Depends(known_query_only)],
                   description="Autotuning of reduced-precision convolution on Tensor Cores")
     app.state.settings = cfg
     app.state.on_new_job = _new_job_notifier(cfg)

@@ -7,15 +7,23 @@ from __future__ import annotations
 
 import math
 from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
+from typing import Annotated, Any
 from urllib.parse import parse_qsl
 
-from fastapi import Request
+from fastapi import Depends, Query, Request
+from fastapi.dependencies.models import Dependant
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
 
 from store.jsoncheck import NUL_MSG, Loc
+from store.layer import (
+    PRECISION_PATTERN,
+    TARGET_PATTERN,
+    known_precision,
+    known_target,
+)
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -76,3 +84,61 @@ def nul_problems(path: str, query: bytes) -> list[tuple[Loc, str]]:
         if not problems:  # e.g. a NUL in a malformed pair that parse_qsl drops
             problems.append((("query",), NUL_MSG))
     return problems
+
+
+def _validated(kind: Callable[[str], Any], name: str, value: str | None) -> Any:
+    if value is None:
+        return None
+    try:
+        return kind(value)
+    except ValueError as exc:
+        raise RequestValidationError([{"type": "value_error", "loc": ["query", name],
+                                       "msg": str(exc), "input": value}]) from None
+
+
+# The layer filters of every read (GET /schedules, /export): the same names as everywhere,
+# case-insensitive, and an unknown one is a 422 (not an empty answer).
+def target_filter(target: Annotated[str | None, Query(
+        max_length=32, description="a target (case-insensitive)",
+        json_schema_extra={"pattern": TARGET_PATTERN})] = None) -> str | None:
+    return _validated(known_target, "target", target)  # type: ignore[no-any-return]
+
+
+def precision_filter(precision: Annotated[str | None, Query(
+        max_length=16, description="a precision (case-insensitive)",
+        json_schema_extra={"pattern": PRECISION_PATTERN})] = None) -> str | None:
+    found = _validated(known_precision, "precision", precision)
+    return None if found is None else str(found.value)
+
+
+TargetFilter = Annotated[str | None, Depends(target_filter)]
+PrecisionFilter = Annotated[str | None, Depends(precision_filter)]
+
+
+_allowed_by_route: dict[int, frozenset[str]] = {}
+
+
+def _query_names(dependant: Dependant) -> list[str]:
+    names = [p.alias for p in dependant.query_params]
+    for sub in dependant.dependencies:
+        names += _query_names(sub)
+    return names
+
+
+def known_query_only(request: Request) -> None:
+    """An API route's query may hold only the parameters it declares (and ?token=, which
+    auth judges): a misspelt filter (`?stat=running`) is a 422, never silently ignored."""
+    route = request.scope.get("route")
+    if not isinstance(route, APIRoute) or not route.include_in_schema:
+        return  # dashboard pages and the docs
+    allowed = _allowed_by_route.get(id(route))
+    if allowed is None:
+        allowed = frozenset(_query_names(route.dependant)) | {"token"}
+        _allowed_by_route[id(route)] = allowed
+    unknown = [k for k in request.query_params if k not in allowed]
+    if unknown:
+        known = ", ".join(sorted(allowed - {"token"})) or "none"
+        raise RequestValidationError([
+            {"type": "value_error", "loc": ["query", k[:64]],
+             "msg": f"unknown query parameter; this endpoint takes: {known}", "input": None}
+            for k in dict.fromkeys(unknown)])

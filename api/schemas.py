@@ -19,10 +19,9 @@ from kernels.spec import (
     MAX_CHANNELS,
     MAX_FILTER,
     MAX_SPATIAL,
-    Precision,
 )
 from search.registry import STRATEGIES
-from store.layer import ShapeIn, TargetName, documented
+from store.layer import PrecisionName, ShapeIn, TargetName, documented
 from store.repository import as_utc
 
 MAX_TRIALS = 20_000
@@ -34,7 +33,7 @@ UTC = Annotated[datetime, AfterValidator(as_utc)]
 class TuneRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     shape: ShapeIn
-    precision: Precision
+    precision: PrecisionName
     target: TargetName
     trials: StrictInt = Field(500, ge=1, le=MAX_TRIALS)
     strategy: str | None = Field(None, description="search strategy; default: the service's")
@@ -129,7 +128,7 @@ def _pair_query(default: str) -> Any:
 class ScheduleQuery(BaseModel):
     """The query of GET /schedule: a layer, its precision and the target GPU."""
 
-    model_config = ConfigDict(extra="ignore")  # e.g. ?token= (read_auth)
+    model_config = ConfigDict(extra="forbid")  # (?token= is taken out before)
     n: Annotated[int, documented(1, MAX_BATCH)]
     h: Annotated[int, documented(1, MAX_SPATIAL)]
     w: Annotated[int, documented(1, MAX_SPATIAL)]
@@ -140,7 +139,7 @@ class ScheduleQuery(BaseModel):
     stride: str = _pair_query("1")
     pad: str = _pair_query("0")
     dilation: str = _pair_query("1")
-    precision: Precision
+    precision: PrecisionName
     target: TargetName
 
 

@@ -3,6 +3,7 @@ shares: the API's request bodies and queries, and the JSON lines of POST /import
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Annotated, Any
 
 from pydantic import (
@@ -55,22 +56,40 @@ Padding = Annotated[Pair, _pair_schema(0, MAX_FILTER)]
 Dilation = Annotated[Pair, _pair_schema(1, MAX_DILATION)]
 
 
-# Accepted target names, case-insensitively, as a JSON Schema pattern (no inline flags there).
-TARGET_PATTERN = "^(" + "|".join(
-    "".join(f"[{ch}{ch.upper()}]" if ch.isalpha() else ch for ch in name) for name in TARGETS
-) + ")$"
+def any_case(names: Iterable[str]) -> str:
+    """A JSON Schema pattern accepting `names` in any case (JSON Schema has no flags)."""
+    return "^(" + "|".join("".join(f"[{ch}{ch.upper()}]" if ch.isalpha() else ch
+                                   for ch in name) for name in names) + ")$"
 
 
-def _known_target(v: str) -> str:
+# One rule for every input path (bodies, queries, import lines): names of targets and
+# precisions are case-insensitive and stored lowercased; an unknown one is a 422.
+TARGET_PATTERN = any_case(TARGETS)
+PRECISIONS = tuple(p.value for p in Precision)
+PRECISION_PATTERN = any_case(PRECISIONS)
+
+
+def known_target(v: str) -> str:
     if v.lower() not in TARGETS:
         raise ValueError(f"unknown target {v!r}; known: {', '.join(TARGETS)}")
     return v.lower()
 
 
+def known_precision(v: str) -> Precision:
+    if v.lower() not in PRECISIONS:
+        raise ValueError(f"unknown precision {v!r}; known: {', '.join(PRECISIONS)}")
+    return Precision(v.lower())
+
+
 # A GPU model the service knows, case-insensitive, lowercased once validated.
 TargetName = Annotated[str, Field(max_length=32, description=f"one of {', '.join(TARGETS)}",
                                   json_schema_extra={"pattern": TARGET_PATTERN}),
-                       AfterValidator(_known_target)]
+                       AfterValidator(known_target)]
+# A precision, case-insensitive; a Precision once validated.
+PrecisionName = Annotated[str, Field(max_length=16,
+                                     description=f"one of {', '.join(PRECISIONS)}",
+                                     json_schema_extra={"pattern": PRECISION_PATTERN}),
+                          AfterValidator(known_precision)]
 
 
 class ShapeIn(BaseModel):
@@ -97,9 +116,9 @@ class LayerIn(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     shape: ShapeIn
-    precision: Precision
+    precision: PrecisionName
     target: TargetName
 
     def problems(self) -> list[tuple[str, str]]:
         """What the schema cannot check: the layer as a whole on its target (field, why)."""
-        return self.shape.to_shape().problems(self.precision, TARGETS[self.target])
+        return self.shape.to_shape().problems(Precision(self.precision), TARGETS[self.target])

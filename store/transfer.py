@@ -131,7 +131,8 @@ class MeasurementLine(BaseModel):
     def _whole(self) -> MeasurementLine:
         problems = [f"task.shape.{f}: {m}" for f, m in self.task.problems()]
         problems += [f"schedule.{f}: {m}"
-                     for f, m in schedule_problems(self.task.precision, self.schedule)]
+                     for f, m in schedule_problems(Precision(self.task.precision),
+                                                     self.schedule)]
         if not problems and self.schedule_hash is not None \
                 and self.schedule_hash != schedule_hash(self.schedule):
             problems.append("schedule_hash does not match the schedule")
@@ -152,7 +153,7 @@ def parse_line(raw: str) -> Parsed:
         raise ValueError("; ".join(
             f"{_where(e['loc'])}{e['msg'].removeprefix('Value error, ')}"
             for e in exc.errors(include_url=False)[:5])) from None
-    return Parsed(line.task.shape.to_shape(), line.task.precision, line.task.target,
+    return Parsed(line.task.shape.to_shape(), Precision(line.task.precision), line.task.target,
                   line.schedule, line.status, line.median_us, line.iqr_us, line.backend,
                   line.worker, line.measured_at)
 

@@ -8,7 +8,7 @@ from api.auth import Tuner
 from api.deps import DB
 from api.errors import BODY_ERRORS, JsonBodyRoute, problem, unprocessable
 from api.schemas import TuneRequest, TuneResponse
-from kernels.spec import get_target
+from kernels.spec import Precision, get_target
 from search.registry import DEFAULT_STRATEGY
 from store import repository as repo
 
@@ -37,11 +37,12 @@ def tune(req: TuneRequest, request: Request, response: Response, session: DB,
                             headers={"Retry-After": str(max(1, round(wait_s)))})
     target = get_target(req.target)
     shape = req.shape.to_shape()
-    problems = shape.problems(req.precision, target)
+    precision = Precision(req.precision)
+    problems = shape.problems(precision, target)
     if problems:
         raise unprocessable(((("body", "shape", f) if f in type(req.shape).model_fields
                               else ("body", "shape")), msg) for f, msg in problems)
-    task = repo.get_or_create_task(session, shape, req.precision, target)
+    task = repo.get_or_create_task(session, shape, precision, target)
     job = repo.active_job_for_task(session, task.id)
     created = job is None
     if job is None:
