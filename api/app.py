@@ -14,6 +14,7 @@ from api.limits import BodyLimit
 from api.metrics import Metrics, MetricsMiddleware
 from api.routes import (
     dashboard,
+    docs,
     health,
     job_events,
     jobs,
@@ -50,6 +51,7 @@ def create_app(settings: Settings | None = None, dispatcher: bool = True) -> Fas
 
     app = FastAPI(title="tctune", version="0.1.0", lifespan=lifespan,
                   dependencies=[Depends(known_query_only)],
+                  docs_url=None, redoc_url=None,  # api/routes/docs.py: served offline
                   description="Autotuning of reduced-precision convolution on Tensor Cores")
     app.state.settings = cfg
     app.state.broker = None if cfg.embedded else Broker(cfg.broker_url)
@@ -62,7 +64,7 @@ def create_app(settings: Settings | None = None, dispatcher: bool = True) -> Fas
     app.state.metrics = Metrics(cfg, app.state.broker)
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
     for module in (tune, jobs, job_events, schedule, lookup, schedules, workers, tasks,
-                   transfer, health, metrics, dashboard):
+                   transfer, health, metrics, dashboard, docs):
         app.include_router(module.router)
     return app
 

@@ -144,3 +144,16 @@ def test_durations_never_show_60_seconds_or_minutes() -> None:
     out = subprocess.run(["node", "-e", script], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert dict(zip(DURATION_CASES, json.loads(out.stdout), strict=True)) == DURATION_CASES
+
+
+@pytest.mark.parametrize("page", ["/docs", "/redoc"])
+def test_api_docs_load_only_what_the_service_serves(client: TestClient, page: str) -> None:
+    resp = client.get(page)
+    assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/html")
+    refs = re.findall(r"""(?:src|href|url)\s*[=:]\s*['"]([^'"]+)['"]""", resp.text)
+    assert refs, resp.text
+    for ref in refs:
+        assert ref.startswith("/"), f"{page} loads {ref} from elsewhere"
+        assert client.get(ref).status_code == 200, ref
+    assert "cdn." not in resp.text and "fonts.googleapis" not in resp.text
+    assert "/openapi.json" in refs

@@ -70,7 +70,7 @@ def _asset(path: Path, mtime_ns: int) -> Asset:
     return Asset(body, gz, etag, MEDIA_TYPES.get(path.suffix, "application/octet-stream"))
 
 
-def _serve_file(path: Path, request: Request, max_age: int) -> Response:
+def serve_file(path: Path, request: Request, max_age: int) -> Response:
     asset = _asset(path, path.stat().st_mtime_ns)
     headers = {"ETag": asset.etag, "Cache-Control": f"public, max-age={max_age}",
                "Vary": "Accept-Encoding", **SECURITY_HEADERS}
@@ -136,7 +136,7 @@ def schedules_page() -> HTMLResponse:
 @router.get("/ui/static/plotly.min.js")
 def plotly_js(request: Request) -> Response:
     # Versioned by the package: a day of caching, revalidated by ETag after that.
-    return _serve_file(PLOTLY_JS, request, max_age=86400)
+    return serve_file(PLOTLY_JS, request, max_age=86400)
 
 
 @router.get("/ui/static/{name}")
@@ -148,9 +148,9 @@ def static_file(name: str, request: Request) -> Response:
     path = (STATIC / name).resolve()
     if path.parent != STATIC or not path.is_file() or path.suffix not in MEDIA_TYPES:
         raise HTTPException(404, detail=f"no asset {name}")
-    return _serve_file(path, request, max_age=0)
+    return serve_file(path, request, max_age=0)
 
 
 @router.get("/favicon.ico")
 def favicon(request: Request) -> Response:
-    return _serve_file(STATIC / "favicon.svg", request, max_age=86400)
+    return serve_file(STATIC / "favicon.svg", request, max_age=86400)
