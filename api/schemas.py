@@ -61,7 +61,10 @@ class TaskOut(BaseModel):
     shape: dict[str, Any]
     precision: str
     target: str
-    baseline_us: float | None = Field(None, description="cuDNN fp16 on the target, if timed")
+    baseline: str = Field(description="what baseline_us and every speedup of this task are "
+                                      "measured against: 'cuDNN fp32' (TF32 off) for fp32_tc, "
+                                      "'cuDNN fp16' for the other precisions")
+    baseline_us: float | None = Field(None, description="the baseline on the target, if timed")
     baseline_backend: str | None = None
 
 
@@ -95,7 +98,8 @@ class JobOut(BaseModel):
     started_at: UTC | None
     finished_at: UTC | None
     error: str | None
-    speedup: float | None = Field(None, description="baseline_us / best_us")
+    speedup: float | None = Field(None, description="task.baseline_us / best_us (against "
+                                                    "task.baseline)")
     insight: dict[str, Any] | None = Field(None, description="the cost model's last round")
     live_workers: int = Field(description="workers with a recent heartbeat for the target")
     warning: str | None = None

@@ -159,6 +159,7 @@ def test_job_page_updates_live_and_shows_the_best_schedule(
     names = browser.execute_script(
         "return document.getElementById('chart-latency').data.map(t => t.name)")
     assert "best so far" in names and any(n.startswith("cuDNN fp16") for n in names)
+    assert "cuDNN fp16 / best" in browser.find_element(By.ID, "job-cards").text
     bars = browser.execute_script(
         "return document.querySelectorAll('#chart-importance .bars path').length")
     assert bars == len(best["schedule"])

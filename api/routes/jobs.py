@@ -10,6 +10,7 @@ from api.deps import DB, MAX_ID, RowId
 from api.errors import READ_ERRORS, problem, unprocessable
 from api.schemas import JobOut, JobSummary, MeasurementOut, TaskOut
 from store import repository as repo
+from store.baselines import baseline_name
 from store.layer import any_case
 from store.models import ACTIVE_JOB_STATES, JOB_STATES, Job, Task
 
@@ -18,7 +19,8 @@ router = APIRouter(tags=["jobs"])
 
 def task_out(task: Task) -> TaskOut:
     return TaskOut(id=task.id, key=task.key, shape=task.shape, precision=task.precision,
-                   target=task.target, baseline_us=task.baseline_us,
+                   target=task.target, baseline=baseline_name(task.precision),
+                   baseline_us=task.baseline_us,
                    baseline_backend=task.baseline_backend)
 
 
