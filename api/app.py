@@ -27,6 +27,7 @@ from api.routes import (
     tune,
     workers,
 )
+from api.schemas import InputProblems
 from store.ratelimit import RateLimit
 from store.settings import Settings, get_settings
 
@@ -52,6 +53,11 @@ def create_app(settings: Settings | None = None, dispatcher: bool = True) -> Fas
     app = FastAPI(title="tctune", version="0.1.0", lifespan=lifespan,
                   dependencies=[Depends(known_query_only)],
                   docs_url=None, redoc_url=None,  # api/routes/docs.py: served offline
+                  # Any endpoint may refuse its input (api/inputs.py: an unknown query
+                  # parameter, a NUL byte in the path or query), in FastAPI's format.
+                  responses={422: {"description": "invalid input: each problem names its "
+                                                  "field (loc) and says why (msg)",
+                                   "model": InputProblems}},
                   description="Autotuning of reduced-precision convolution on Tensor Cores")
     app.state.settings = cfg
     app.state.broker = None if cfg.embedded else Broker(cfg.broker_url)

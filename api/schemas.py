@@ -187,6 +187,18 @@ class BestOut(BaseModel):
     measured_at: UTC
 
 
+class InputProblem(BaseModel):
+    loc: list[str | int] = Field(description="where: ['query', name], ['path'], ['body', ...]")
+    msg: str
+    type: str
+
+
+class InputProblems(BaseModel):
+    """A 422 of the input rules (api/inputs.py), in FastAPI's validation-error format."""
+
+    detail: list[InputProblem]
+
+
 class Problem(BaseModel):
     """The body of an error other than a validation error."""
 

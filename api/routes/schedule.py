@@ -223,10 +223,7 @@ def _lookup(db_url: str, key: str) -> repo.BestRow | ScheduleMissing:
 
 @router.get("/schedule", response_model=ScheduleOut,
             responses={**READ_ERRORS,
-                       404: {"model": ScheduleMissing, "description": "nothing verified yet"},
-                       422: {"description": "Validation Error", "content": {
-                           "application/json": {"schema": {
-                               "$ref": "#/components/schemas/HTTPValidationError"}}}}},
+                       404: {"model": ScheduleMissing, "description": "nothing verified yet"}},
             openapi_extra={"parameters": _query_parameters()})
 async def get_schedule(request: Request) -> Response:
     # The query is parsed here rather than by FastAPI (see DirectRoute): a query string

@@ -34,7 +34,7 @@
       TC.card("Running", String(count("running")), `${count("queued")} queued`),
       TC.card("Done", String(count("done")), `${count("failed")} failed`),
       TC.card("Trials measured", String(jobs.reduce((a, j) => a + j.trials_done, 0))),
-      TC.card("Best speedup", TC.speedup(best), "over cuDNN fp16"),
+      TC.card("Best speedup", TC.speedup(best), "over its task's baseline (cuDNN fp16; fp32 for fp32_tc)"),
     ];
   }
 
