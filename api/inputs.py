@@ -30,6 +30,8 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
 def _safe(value: Any) -> Any:
     """A JSON-serialisable copy: non-finite floats and unknown objects become strings."""
     if isinstance(value, float) and not math.isfinite(value):

@@ -35,7 +35,9 @@ def json_problems(value: Any, loc: Loc = ("body",), depth: int = 0) -> list[tupl
         if isinstance(key, str) and "\x00" in key:
             found.append((loc, "has a key with a NUL byte (\\x00)"))
             continue
-        found.extend(json_problems(item, (*loc, key), depth + 1))
+        # (a key as long as the body would make the answer as long)
+        name = key[:64] if isinstance(key, str) else key
+        found.extend(json_problems(item, (*loc, name), depth + 1))
         if len(found) >= 20:  # enough to fix the request; bounds the answer's size
             break
     return found
