@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
+from fastapi.exceptions import RequestValidationError
 
-from api.auth import RateLimiter
+from api.broker import Broker
+from api.inputs import InputGuard, known_query_only, validation_error
 from api.limits import BodyLimit
 from api.metrics import Metrics, MetricsMiddleware
 from api.routes import (
     dashboard,
+    docs,
     health,
     job_events,
     jobs,
@@ -25,9 +27,9 @@ from api.routes import (
     tune,
     workers,
 )
+from api.schemas import InputProblems
+from store.ratelimit import RateLimit
 from store.settings import Settings, get_settings
-
-log = logging.getLogger(__name__)
 
 
 def create_app(settings: Settings | None = None, dispatcher: bool = True) -> FastAPI:
@@ -49,32 +51,40 @@ def create_app(settings: Settings | None = None, dispatcher: bool = True) -> Fas
                 runner.stop()
 
     app = FastAPI(title="tctune", version="0.1.0", lifespan=lifespan,
+                  dependencies=[Depends(known_query_only)],
+                  docs_url=None, redoc_url=None,  # api/routes/docs.py: served offline
+                  # Any endpoint may refuse its input (api/inputs.py: an unknown query
+                  # parameter, a NUL byte in the path or query), in FastAPI's format.
+                  responses={422: {"description": "invalid input: each problem names its "
+                                                  "field (loc) and says why (msg)",
+                                   "model": InputProblems}},
                   description="Autotuning of reduced-precision convolution on Tensor Cores")
     app.state.settings = cfg
-    app.state.on_new_job = _new_job_notifier(cfg)
-    app.state.tune_limiter = RateLimiter(cfg.tune_per_minute)
+    app.state.broker = None if cfg.embedded else Broker(cfg.broker_url)
+    app.state.on_new_job = _new_job_notifier(cfg, app.state.broker)
+    app.state.tune_limit = RateLimit("tune", cfg.tune_per_minute)
     app.add_middleware(BodyLimit, default=cfg.max_body_bytes,
                        overrides={"/import": cfg.max_import_bytes})
-    app.state.metrics = Metrics(cfg)
+    app.add_middleware(InputGuard)
+    app.add_exception_handler(RequestValidationError, validation_error)
+    app.state.metrics = Metrics(cfg, app.state.broker)
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
     for module in (tune, jobs, job_events, schedule, lookup, schedules, workers, tasks,
-                   transfer, health, metrics, dashboard):
+                   transfer, health, metrics, dashboard, docs):
         app.include_router(module.router)
     return app
 
 
-def _new_job_notifier(cfg: Settings) -> Callable[[int], None]:
-    """Distributed mode: tell the explorer at once (its sweeper finds the job anyway, so a
-    broker that is down only delays it). Embedded: the dispatcher polls the database."""
-    if cfg.embedded:
+def _new_job_notifier(cfg: Settings, broker: Broker | None) -> Callable[[int], None]:
+    """Distributed mode: tell the explorer at once, from a background thread (its sweeper
+    finds the job anyway, so a broker that is down only delays it; api/broker.py).
+    Embedded: the dispatcher polls the database."""
+    if broker is None:
         return lambda job_id: None
 
-    def notify(job_id: int) -> None:
-        try:
-            from workers.app import EXPLORE_QUEUE, explore_task
+    def send(job_id: int) -> None:
+        from workers.app import EXPLORE_QUEUE, explore_task
 
-            explore_task.apply_async((job_id,), queue=EXPLORE_QUEUE, retry=False)
-        except Exception as exc:
-            log.warning("could not notify the explorer of job %s: %s", job_id, exc)
+        explore_task.apply_async((job_id,), queue=EXPLORE_QUEUE, retry=False)
 
-    return notify
+    return lambda job_id: broker.announce(job_id, send)

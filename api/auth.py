@@ -2,6 +2,12 @@
 
 Mutating endpoints depend on `require("tune")` / `require("admin")`; reads on
 `require_read`, which lets everyone in unless the service is configured with read_auth.
+
+A mutation looks its token up in the database on every request, so a revocation stops it
+at once in every API process; reads (which may come many a second, e.g. a dashboard) may
+use an answer at most TOKEN_CACHE_S old. Mutations take the token from the Authorization
+header only: a token in a URL ends up in logs, histories and Referer headers; reads accept
+`?token=` as well (a link that opens a protected read).
 """
 
 from __future__ import annotations
@@ -18,8 +24,8 @@ from store.db import session_scope
 from store.settings import Settings
 
 SCOPES = ("read", "tune", "admin")
-# A token's scope is looked up at most this often (reads may need it on every request).
-TOKEN_CACHE_S = 10.0
+# How stale a read's token lookup may be (a revoked token keeps reading this long at most).
+TOKEN_CACHE_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -38,12 +44,13 @@ _cache: dict[str, tuple[float, Caller | None]] = {}
 _cache_lock = threading.Lock()
 
 
-def _lookup(settings: Settings, token: str) -> Caller | None:
+def _lookup(settings: Settings, token: str, cached: bool) -> Caller | None:
     now = time.monotonic()
-    with _cache_lock:
-        hit = _cache.get(token)
-        if hit and now - hit[0] < TOKEN_CACHE_S:
-            return hit[1]
+    if cached:
+        with _cache_lock:
+            hit = _cache.get(token)
+            if hit and now - hit[0] < TOKEN_CACHE_S:
+                return hit[1]
     with session_scope(settings.db_url) as s:
         row = repo.find_token(s, token)
         caller = Caller(row.id, row.scope) if row else None
@@ -54,11 +61,13 @@ def _lookup(settings: Settings, token: str) -> Caller | None:
     return caller
 
 
-def _bearer(request: Request) -> str | None:
+def _bearer(request: Request, mutation: bool) -> str | None:
     header = request.headers.get("authorization", "")
     scheme, _, value = header.partition(" ")
     if scheme.lower() == "bearer" and value.strip():
         return value.strip()
+    if mutation:
+        return None
     return request.query_params.get("token") or None
 
 
@@ -71,11 +80,15 @@ def _authenticate(request: Request, scope: str, needed: bool) -> Caller:
         return OPEN
     if not needed:
         return ANYONE
-    token = _bearer(request)
+    mutation = scope != "read"
+    token = _bearer(request, mutation)
     if token is None:
-        raise HTTPException(status.HTTP_401_UNAUTHORIZED, "a bearer token is required",
+        where = ("in the Authorization header (`Authorization: Bearer <token>`; "
+                 "?token= is accepted for reads only)" if mutation else
+                 "(Authorization: Bearer <token>)")
+        raise HTTPException(status.HTTP_401_UNAUTHORIZED, f"a bearer token is required {where}",
                             headers={"WWW-Authenticate": "Bearer"})
-    caller = _lookup(settings, token)
+    caller = _lookup(settings, token, cached=not mutation)
     if caller is None:
         raise HTTPException(status.HTTP_401_UNAUTHORIZED, "unknown or revoked token",
                             headers={"WWW-Authenticate": "Bearer"})
@@ -101,25 +114,3 @@ def require_read(request: Request) -> Caller:
 Reader = Annotated[Caller, Depends(require_read)]
 Tuner = Annotated[Caller, Depends(require("tune"))]
 Admin = Annotated[Caller, Depends(require("admin"))]
-
-
-class RateLimiter:
-    """Token bucket per caller: `per_minute` requests, refilled continuously."""
-
-    def __init__(self, per_minute: int) -> None:
-        self.rate = per_minute / 60.0
-        self.capacity = float(per_minute)
-        self._buckets: dict[int | None, tuple[float, float]] = {}
-        self._lock = threading.Lock()
-
-    def take(self, key: int | None) -> float:
-        """0 if allowed, else the seconds until the next request would be."""
-        now = time.monotonic()
-        with self._lock:
-            level, last = self._buckets.get(key, (self.capacity, now))
-            level = min(self.capacity, level + (now - last) * self.rate)
-            if level >= 1.0:
-                self._buckets[key] = (level - 1.0, now)
-                return 0.0
-            self._buckets[key] = (level, now)
-            return (1.0 - level) / self.rate

@@ -9,6 +9,7 @@ from typing import Any
 
 import click
 
+from api.cli_errors import OneLineErrors, explain
 from kernels.spec import ConvShape
 
 
@@ -36,7 +37,7 @@ def _parse_shape(text: str) -> ConvShape:
     return ConvShape(**fields)
 
 
-@click.group()
+@click.group(cls=OneLineErrors)
 def main() -> None:
     """tctune: autotuning of reduced-precision convolution on NVIDIA Tensor Cores."""
 
@@ -75,6 +76,7 @@ def serve(host: str, port: int, data: str | None, workers: int) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     mode = "embedded" if settings.embedded else f"distributed (broker {settings.broker_url})"
     click.echo(f"tctune: {mode}, database {url.split('@')[-1]}", err=True)
+    _how_to_reach(settings, host, port)
     if workers == 1:
         uvicorn.run(_frozen(create_app(settings)), host=host, port=port, log_level="warning")
         return
@@ -92,6 +94,21 @@ def serve(host: str, port: int, data: str | None, workers: int) -> None:
     finally:
         if runner is not None:
             runner.stop()
+
+
+def _how_to_reach(settings: Any, host: str, port: int) -> None:
+    """Where the service listens, and how to point the CLI (of this or another shell) at it."""
+    shown = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    base = f"http://{shown}:{port}"
+    click.echo(f"tctune: listening on {base} (dashboard {base}/, API docs {base}/docs)",
+               err=True)
+    point = "" if base == "http://127.0.0.1:8000" else f"TCTUNE_SERVER={base} "
+    token_file = (settings.data_dir / "token").resolve()
+    if settings.auth == "required" and token_file.is_file():
+        point += f"TCTUNE_TOKEN=$(cat {token_file}) "
+    elif settings.auth == "required":
+        point += "TCTUNE_TOKEN=<a token of `tctune token create`> "
+    click.echo(f"tctune: CLI: {point}tctune tune ...", err=True)
 
 
 def api_only_app() -> Any:
@@ -275,9 +292,23 @@ def db_downgrade(revision: str) -> None:
 
 server_option = click.option("--server", default=None, envvar="TCTUNE_SERVER",
                              help="API address [default http://127.0.0.1:8000]")
-token_option = click.option("--token", default=None, envvar="TCTUNE_TOKEN",
-                            help="API token [default: the embedded default's "
-                                 "./tctune-data/token when present]")
+
+
+def _data_dir(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    # Read by _client through the environment, like the service's own TCTUNE_DATA_DIR.
+    if value:
+        os.environ["TCTUNE_DATA_DIR"] = value
+
+
+def token_option(command: Any) -> Any:
+    """--token, and --data DIR: where `tctune serve --data DIR` keeps its admin token."""
+    command = click.option("--data", default=None, type=click.Path(file_okay=False),
+                           expose_value=False, callback=_data_dir, is_eager=True,
+                           help="data directory of the service (`tctune serve --data`): "
+                                "its token is DIR/token [env TCTUNE_DATA_DIR]")(command)
+    return click.option("--token", default=None, envvar="TCTUNE_TOKEN",
+                        help="API token [default: DATA/token, ./tctune-data/token when "
+                             "present]")(command)
 
 
 def _client(server: str | None, token: str | None) -> Any:
@@ -304,16 +335,14 @@ def _client(server: str | None, token: str | None) -> Any:
 def tune(shape_text: str, precision: str, target: str, trials: int, strategy: str | None,
          seed: int, wait: bool, server: str | None, token: str | None) -> None:
     """Submit a layer for tuning."""
-    from api.client import DEFAULT_SERVER, TctuneError
+    from api.client import TctuneError
 
     shape = _parse_shape(shape_text)
     client = _client(server, token)
     try:
         resp = client.tune(shape, precision, target, trials, strategy, seed)
     except TctuneError as err:
-        raise click.ClickException(_explain(err.body)) from None
-    except Exception as err:  # connection refused and the like
-        raise click.ClickException(f"cannot reach {server or DEFAULT_SERVER}: {err}") from None
+        raise click.ClickException(explain(err.body)) from None
     verb = "queued" if resp["created"] else "already active"
     click.echo(f"job {resp['job_id']} {verb} for {resp['task_key']}", err=True)
     if not wait:
@@ -343,15 +372,6 @@ def _wait_with_progress(client: Any, job_id: int) -> dict[str, Any]:
         return client.wait(job_id, on_update=update)  # type: ignore[no-any-return]
 
 
-def _explain(body: Any) -> str:
-    if isinstance(body, dict) and isinstance(body.get("detail"), list):
-        return "; ".join(f"{'.'.join(str(x) for x in e.get('loc', [])[1:])}: {e.get('msg')}"
-                         for e in body["detail"])
-    if isinstance(body, dict) and "detail" in body:
-        return str(body["detail"])
-    return str(body)
-
-
 @main.command()
 @click.option("--shape", "shape_text", required=True)
 @click.option("--precision", required=True, type=click.Choice(["fp16", "int8", "int4", "fp32_tc"]))
@@ -367,7 +387,7 @@ def schedule(shape_text: str, precision: str, target: str, server: str | None,
     try:
         best = client.schedule(_parse_shape(shape_text), precision, target)
     except TctuneError as err:
-        raise click.ClickException(_explain(err.body)) from None
+        raise click.ClickException(explain(err.body)) from None
     if best is None:
         click.echo("no verified schedule yet", err=True)
         sys.exit(1)
@@ -389,7 +409,7 @@ def export_cmd(out_path: str, target: str | None, precision: str | None, server:
     try:
         text = _client(server, token).export(target, precision)
     except TctuneError as err:
-        raise click.ClickException(_explain(err.body)) from None
+        raise click.ClickException(explain(err.body)) from None
     with click.open_file(out_path, "w") as fh:
         fh.write(text)
     click.echo(f"exported {text.count(chr(10))} lines", err=True)
@@ -412,7 +432,7 @@ def import_cmd(path: str, server: str | None, token: str | None) -> None:
         if isinstance(body, dict) and "errors" in body:
             raise click.ClickException(
                 body["msg"] + ":\n  " + "\n  ".join(body["errors"])) from None
-        raise click.ClickException(_explain(err.body)) from None
+        raise click.ClickException(explain(err.body)) from None
     click.echo(json.dumps(report))
 
 
@@ -439,7 +459,7 @@ def plan_cmd(model: str, trials: int, strategy: str | None, dry_run: bool, serve
     except ValueError as err:
         raise click.ClickException(f"{model}: {err}") from None
     except TctuneError as err:
-        raise click.ClickException(_explain(err.body)) from None
+        raise click.ClickException(explain(err.body)) from None
     table = Table("layer", "task", "state", "latency (us)")
     for row in cov.rows:
         lat = "" if row["latency_us"] is None else f"{row['latency_us']:.2f}"

@@ -12,6 +12,7 @@ from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException
 
 from api.schemas import Problem
+from store.jsoncheck import Loc, parse_json
 
 
 def unprocessable(problems: Iterable[tuple[tuple[str | int, ...], str]]) -> RequestValidationError:
@@ -35,13 +36,17 @@ BODY_ERRORS: dict[int | str, dict[str, Any]] = {
 
 
 class JsonBodyRoute(APIRoute):
-    """A route whose JSON body that is not even UTF-8 gets a 422 naming the body, like any
-    other malformed JSON (FastAPI answers such a body with a bare 400)."""
+    """A route with a JSON body checked by api/inputs.py first; a body that is not even
+    UTF-8 gets a 422 naming the body, like any other malformed JSON (FastAPI answers such a
+    body with a bare 400)."""
 
     def get_route_handler(self) -> Callable[[Request], Awaitable[Response]]:
         handler = super().get_route_handler()
 
         async def route(request: Request) -> Response:
+            problems = await _body_problems(request)
+            if problems:
+                raise unprocessable(problems)
             try:
                 return await handler(request)
             except HTTPException as exc:  # Starlette's: what FastAPI's body parsing raises
@@ -53,3 +58,16 @@ class JsonBodyRoute(APIRoute):
                 raise
 
         return route
+
+
+async def _body_problems(request: Request) -> list[tuple[Loc, str]]:
+    """NaN/Infinity, NUL bytes and extreme nesting in a JSON body (api/inputs.py); the
+    parse is repeated by FastAPI, cheap next to a request, and its syntax errors are left
+    to FastAPI's own 422."""
+    body = await request.body()
+    if not body:
+        return []
+    try:
+        return parse_json(body)[1]
+    except ValueError:  # not JSON (or not UTF-8): FastAPI's parsing reports it
+        return []

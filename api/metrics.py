@@ -13,6 +13,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 from sqlalchemy import func, select
 
+from api.broker import Broker
 from store.db import session_scope
 from store.models import Candidate, Job, Measurement
 from store.settings import Settings
@@ -21,8 +22,9 @@ LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 
 
 class FleetCollector(Collector):
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, broker: Broker | None) -> None:
         self.settings = settings
+        self.broker = broker
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         jobs = GaugeMetricFamily("tctune_jobs", "Jobs by state", labels=["state"])
@@ -44,33 +46,31 @@ class FleetCollector(Collector):
         yield jobs
         yield meas
         yield cands
-        if not self.settings.embedded:
-            yield self._queues()
+        if self.broker is not None:
+            yield self._queues(self.broker)
 
-    def _queues(self) -> GaugeMetricFamily:
+    def _queues(self, broker: Broker) -> GaugeMetricFamily:
+        from kernels.spec import TARGETS
+        from workers.fleet import queue_depths
+
         depth = GaugeMetricFamily("tctune_queue_depth", "Messages waiting in a broker queue",
                                   labels=["queue"])
-        try:
-            from kernels.spec import TARGETS
-            from workers.fleet import queue_depths
-
-            names = ["explore", "build"] + [f"measure.{t}" for t in TARGETS]
-            for name, n in queue_depths(names).items():
-                depth.add_metric([name], n)
-        except Exception:  # the broker is away: report no depths rather than fail
-            pass
+        names = ["explore", "build"] + [f"measure.{t}" for t in TARGETS]
+        # The broker away: no depths rather than a scrape that waits for it.
+        for name, n in (broker.queue_depths(names, queue_depths) or {}).items():
+            depth.add_metric([name], n)
         return depth
 
 
 class Metrics:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, broker: Broker | None = None) -> None:
         self.registry = CollectorRegistry()
         self.requests = Counter("tctune_http_requests", "HTTP requests",
                                 ["method", "route", "status"], registry=self.registry)
         self.latency = Histogram("tctune_http_request_seconds", "HTTP request latency",
                                  ["method", "route"], buckets=LATENCY_BUCKETS,
                                  registry=self.registry)
-        self.registry.register(FleetCollector(settings))
+        self.registry.register(FleetCollector(settings, broker))
 
 
 class MetricsMiddleware:

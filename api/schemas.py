@@ -8,26 +8,20 @@ from typing import Annotated, Any, Literal
 from pydantic import (
     AfterValidator,
     BaseModel,
-    BeforeValidator,
     ConfigDict,
     Field,
     StrictInt,
-    WithJsonSchema,
     field_validator,
 )
 
 from kernels.spec import (
     MAX_BATCH,
     MAX_CHANNELS,
-    MAX_DILATION,
     MAX_FILTER,
     MAX_SPATIAL,
-    MAX_STRIDE,
-    TARGETS,
-    ConvShape,
-    Precision,
 )
 from search.registry import STRATEGIES
+from store.layer import PrecisionName, ShapeIn, TargetName, documented
 from store.repository import as_utc
 
 MAX_TRIALS = 20_000
@@ -36,74 +30,10 @@ MAX_TRIALS = 20_000
 UTC = Annotated[datetime, AfterValidator(as_utc)]
 
 
-def _as_pair(v: Any) -> Any:
-    return [v, v] if isinstance(v, int) and not isinstance(v, bool) else v
-
-
-def _documented(lo: int, hi: int) -> Any:
-    """Bounds shown in the schema but checked by ConvShape.problems, whose messages say which
-    field and why (and which also checks what a schema cannot: the layer as a whole)."""
-    return Field(json_schema_extra={"minimum": lo, "maximum": hi})
-
-
-def _pair_schema(lo: int, hi: int) -> WithJsonSchema:
-    one = {"type": "integer", "minimum": lo, "maximum": hi}
-    return WithJsonSchema({"anyOf": [one, {"type": "array", "items": one,
-                                           "minItems": 2, "maxItems": 2}]})
-
-
-Batch = Annotated[StrictInt, _documented(1, MAX_BATCH)]
-Spatial = Annotated[StrictInt, _documented(1, MAX_SPATIAL)]
-Channels = Annotated[StrictInt, _documented(1, MAX_CHANNELS)]
-Filter = Annotated[StrictInt, _documented(1, MAX_FILTER)]
-# One int for both axes, or [vertical, horizontal].
-Pair = Annotated[list[StrictInt], Field(min_length=2, max_length=2), BeforeValidator(_as_pair)]
-Stride = Annotated[Pair, _pair_schema(1, MAX_STRIDE)]
-Padding = Annotated[Pair, _pair_schema(0, MAX_FILTER)]
-Dilation = Annotated[Pair, _pair_schema(1, MAX_DILATION)]
-
-
-# Accepted target names, case-insensitively, as a JSON Schema pattern (no inline flags there).
-TARGET_PATTERN = "^(" + "|".join(
-    "".join(f"[{ch}{ch.upper()}]" if ch.isalpha() else ch for ch in name) for name in TARGETS
-) + ")$"
-
-
-def _known_target(v: str) -> str:
-    if v.lower() not in TARGETS:
-        raise ValueError(f"unknown target {v!r}; known: {', '.join(TARGETS)}")
-    return v.lower()
-
-
-# A GPU model the service knows, case-insensitive, lowercased once validated.
-TargetName = Annotated[str, Field(max_length=32, description=f"one of {', '.join(TARGETS)}",
-                                  json_schema_extra={"pattern": TARGET_PATTERN}),
-                       AfterValidator(_known_target)]
-
-
-class ShapeIn(BaseModel):
-    """A conv layer. Integers only; stride/pad/dilation as one int or [vertical, horizontal]."""
-
-    model_config = ConfigDict(extra="forbid")
-    n: Batch
-    h: Spatial
-    w: Spatial
-    c: Channels
-    k: Channels
-    r: Filter
-    s: Filter
-    stride: Stride = [1, 1]
-    pad: Padding = [0, 0]
-    dilation: Dilation = [1, 1]
-
-    def to_shape(self) -> ConvShape:
-        return ConvShape.from_dict(self.model_dump())
-
-
 class TuneRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     shape: ShapeIn
-    precision: Precision
+    precision: PrecisionName
     target: TargetName
     trials: StrictInt = Field(500, ge=1, le=MAX_TRIALS)
     strategy: str | None = Field(None, description="search strategy; default: the service's")
@@ -131,7 +61,10 @@ class TaskOut(BaseModel):
     shape: dict[str, Any]
     precision: str
     target: str
-    baseline_us: float | None = Field(None, description="cuDNN fp16 on the target, if timed")
+    baseline: str = Field(description="what baseline_us and every speedup of this task are "
+                                      "measured against: 'cuDNN fp32' (TF32 off) for fp32_tc, "
+                                      "'cuDNN fp16' for the other precisions")
+    baseline_us: float | None = Field(None, description="the baseline on the target, if timed")
     baseline_backend: str | None = None
 
 
@@ -165,7 +98,8 @@ class JobOut(BaseModel):
     started_at: UTC | None
     finished_at: UTC | None
     error: str | None
-    speedup: float | None = Field(None, description="baseline_us / best_us")
+    speedup: float | None = Field(None, description="task.baseline_us / best_us (against "
+                                                    "task.baseline)")
     insight: dict[str, Any] | None = Field(None, description="the cost model's last round")
     live_workers: int = Field(description="workers with a recent heartbeat for the target")
     warning: str | None = None
@@ -198,18 +132,18 @@ def _pair_query(default: str) -> Any:
 class ScheduleQuery(BaseModel):
     """The query of GET /schedule: a layer, its precision and the target GPU."""
 
-    model_config = ConfigDict(extra="ignore")  # e.g. ?token= (read_auth)
-    n: Annotated[int, _documented(1, MAX_BATCH)]
-    h: Annotated[int, _documented(1, MAX_SPATIAL)]
-    w: Annotated[int, _documented(1, MAX_SPATIAL)]
-    c: Annotated[int, _documented(1, MAX_CHANNELS)]
-    k: Annotated[int, _documented(1, MAX_CHANNELS)]
-    r: Annotated[int, _documented(1, MAX_FILTER)]
-    s: Annotated[int, _documented(1, MAX_FILTER)]
+    model_config = ConfigDict(extra="forbid")  # (?token= is taken out before)
+    n: Annotated[int, documented(1, MAX_BATCH)]
+    h: Annotated[int, documented(1, MAX_SPATIAL)]
+    w: Annotated[int, documented(1, MAX_SPATIAL)]
+    c: Annotated[int, documented(1, MAX_CHANNELS)]
+    k: Annotated[int, documented(1, MAX_CHANNELS)]
+    r: Annotated[int, documented(1, MAX_FILTER)]
+    s: Annotated[int, documented(1, MAX_FILTER)]
     stride: str = _pair_query("1")
     pad: str = _pair_query("0")
     dilation: str = _pair_query("1")
-    precision: Precision
+    precision: PrecisionName
     target: TargetName
 
 
@@ -251,6 +185,18 @@ class BestOut(BaseModel):
     simulated: bool
     job_id: int
     measured_at: UTC
+
+
+class InputProblem(BaseModel):
+    loc: list[str | int] = Field(description="where: ['query', name], ['path'], ['body', ...]")
+    msg: str
+    type: str
+
+
+class InputProblems(BaseModel):
+    """A 422 of the input rules (api/inputs.py), in FastAPI's validation-error format."""
+
+    detail: list[InputProblem]
 
 
 class Problem(BaseModel):

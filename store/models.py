@@ -69,6 +69,18 @@ class ApiToken(Base):
     revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
 
 
+class RateBucket(Base):
+    """A token bucket of one limit and caller (store/ratelimit.py), shared by every API
+    process: `level` requests were left at `at` (Unix seconds); `granted` says whether the
+    last take was allowed (what the take's RETURNING reads)."""
+
+    __tablename__ = "rate_bucket"
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    level: Mapped[float] = mapped_column(Float)
+    at: Mapped[float] = mapped_column(Float)
+    granted: Mapped[int] = mapped_column(Integer)
+
+
 class Job(Base):
     """One tuning run of a task with a trial budget and a strategy."""
 

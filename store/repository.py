@@ -367,28 +367,45 @@ def best_schedules(session: Session, target: str | None = None, precision: str |
 # --- workers ----------------------------------------------------------------------------
 
 def heartbeat(session: Session, name: str, gpu_model: str, sm: int, target: str, backend: str,
-              state: str = "idle") -> None:
-    heartbeat_many(session, {name: state}, gpu_model, sm, target, backend)
+              state: str = "idle", started: bool = False) -> None:
+    heartbeat_many(session, {name: state}, gpu_model, sm, target, backend, started)
 
 
 def heartbeat_many(session: Session, states: dict[str, str], gpu_model: str, sm: int,
-                   target: str, backend: str) -> None:
+                   target: str, backend: str, started: bool = False) -> None:
     """Heartbeat of several workers of one node (name -> state) in one statement: a
-    simulated node hosts dozens, and one upsert each was a statement per slot per beat."""
+    simulated node hosts dozens, and one upsert each was a statement per slot per beat.
+    `started`: the first beat of a process, which restarts the worker's start time (a
+    restarted worker keeps its name)."""
     if not states:
         return
     now = utcnow()
     stmt = insert_for(session, Worker)
-    stmt = stmt.on_conflict_do_update(
-        index_elements=["name"],
-        set_={"gpu_model": stmt.excluded.gpu_model, "sm": stmt.excluded.sm,
-              "target": stmt.excluded.target, "backend": stmt.excluded.backend,
-              "state": stmt.excluded.state, "last_heartbeat": stmt.excluded.last_heartbeat},
-    )
+    updated = {"gpu_model": stmt.excluded.gpu_model, "sm": stmt.excluded.sm,
+               "target": stmt.excluded.target, "backend": stmt.excluded.backend,
+               "state": stmt.excluded.state, "last_heartbeat": stmt.excluded.last_heartbeat}
+    if started:
+        updated["started_at"] = stmt.excluded.started_at
+    stmt = stmt.on_conflict_do_update(index_elements=["name"], set_=updated)
     session.execute(stmt, [
         {"name": n, "gpu_model": gpu_model, "sm": sm, "target": target, "backend": backend,
          "state": st, "started_at": now, "last_heartbeat": now}
         for n, st in sorted(states.items())])
+
+
+def release_dead_leases(session: Session, overdue_s: float) -> int:
+    """Free the leases of workers whose heartbeat is more than `overdue_s` late (or that
+    said they stopped): a dead worker measures nothing, and its leases would otherwise
+    hold their candidates for the whole lease time. They are marked as not sent, so the
+    sweeper re-sends them. Returns how many were freed."""
+    dead = select(Worker.name).where(
+        (Worker.last_heartbeat < utcnow() - timedelta(seconds=overdue_s))
+        | (Worker.state == "stopped"))
+    res = session.execute(
+        update(Candidate).where(Candidate.state != "done", Candidate.lease_owner.in_(dead))
+        .values(lease_owner=None, lease_expires_at=None, dispatched_at=None)
+        .execution_options(**NO_SYNC))
+    return int(res.rowcount or 0)
 
 
 def all_workers(session: Session) -> Sequence[Worker]:

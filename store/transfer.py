@@ -17,23 +17,30 @@ every line first and writes nothing if one is bad; a valid file is imported idem
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from datetime import datetime
-from typing import Any
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
 
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictFloat,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from kernels.space import schedule_hash, schedule_problems
-from kernels.spec import TARGETS, ConvShape, Precision, get_target
+from kernels.spec import ConvShape, Precision, get_target
 from store import repository as repo
+from store.jsoncheck import parse_json
+from store.layer import LayerIn
 from store.models import BestSchedule, Job, Measurement, Task, utcnow
 
-KINDS = ("measurement", "best")
-STATUSES = ("ok", "wrong", "compile_error", "runtime_error", "timeout")
-BACKENDS = ("cuda", "simulated")
 IMPORT_STRATEGY = "import"
 
 
@@ -86,51 +93,73 @@ class ImportReport:
     errors: list[str] = field(default_factory=list)
 
 
-def _num(d: dict[str, Any], name: str, required: bool) -> float | None:
-    v = d.get(name)
-    if v is None:
-        if required:
-            raise ValueError(f"{name} is required for status ok")
-        return None
-    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
-        raise ValueError(f"{name} must be a finite number >= 0, got {v!r}")
-    return float(v)
+# Import refuses times it could not store or compare (year 1 or 9999 with an offset
+# overflows on conversion to UTC).
+EARLIEST, LATEST = datetime(1970, 1, 1, tzinfo=UTC), datetime(2200, 1, 1, tzinfo=UTC)
+Microseconds = Annotated[StrictFloat, Field(ge=0)]  # ints pass; strings do not
+
+
+class MeasurementLine(BaseModel):
+    """One line of an export, validated like the API's input: the task is a LayerIn."""
+
+    model_config = ConfigDict(extra="forbid")
+    kind: Literal["measurement", "best"] = "measurement"
+    task: LayerIn
+    schedule: dict[str, Any]
+    schedule_hash: str | None = Field(None, max_length=64)
+    status: Literal["ok", "wrong", "compile_error", "runtime_error", "timeout"]
+    median_us: Microseconds | None = None
+    iqr_us: Microseconds | None = None
+    backend: Literal["cuda", "simulated"]
+    worker: str | None = Field(None, max_length=128)
+    measured_at: datetime | None = None
+
+    @field_validator("measured_at")
+    @classmethod
+    def _storable(cls, v: datetime | None) -> datetime | None:
+        if v is None:
+            return None
+        try:
+            utc = v.astimezone(UTC) if v.tzinfo else v.replace(tzinfo=UTC)
+        except OverflowError:
+            raise ValueError("is out of range once converted to UTC") from None
+        if not EARLIEST <= utc < LATEST:
+            raise ValueError(f"must lie between {EARLIEST.year} and {LATEST.year}")
+        return utc
+
+    @model_validator(mode="after")
+    def _whole(self) -> MeasurementLine:
+        problems = [f"task.shape.{f}: {m}" for f, m in self.task.problems()]
+        problems += [f"schedule.{f}: {m}"
+                     for f, m in schedule_problems(Precision(self.task.precision),
+                                                     self.schedule)]
+        if not problems and self.schedule_hash is not None \
+                and self.schedule_hash != schedule_hash(self.schedule):
+            problems.append("schedule_hash does not match the schedule")
+        if self.status == "ok" and self.median_us is None:
+            problems.append("median_us is required for status ok")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
 
 
 def parse_line(raw: str) -> Parsed:
-    d = json.loads(raw)
-    if not isinstance(d, dict):
-        raise ValueError("a line must be a JSON object")
-    if d.get("kind", "measurement") not in KINDS:
-        raise ValueError(f"kind must be one of {KINDS}")
-    task = d.get("task")
-    if not isinstance(task, dict) or not isinstance(task.get("shape"), dict):
-        raise ValueError("task.shape is required")
-    shape = ConvShape.from_dict(task["shape"])
-    precision = Precision(task.get("precision"))
-    if str(task.get("target", "")).lower() not in TARGETS:
-        raise ValueError(f"unknown target {task.get('target')!r}")
-    target = get_target(task["target"])
-    if problems := shape.problems(precision, target):
-        raise ValueError("; ".join(f"shape.{f}: {m}" for f, m in problems))
-    schedule = d.get("schedule")
-    if not isinstance(schedule, dict):
-        raise ValueError("schedule must be an object")
-    if problems := schedule_problems(precision, schedule):
-        raise ValueError("; ".join(f"schedule.{f}: {m}" for f, m in problems))
-    if "schedule_hash" in d and d["schedule_hash"] != schedule_hash(schedule):
-        raise ValueError("schedule_hash does not match the schedule")
-    status = d.get("status")
-    if status not in STATUSES:
-        raise ValueError(f"status must be one of {STATUSES}")
-    backend = d.get("backend")
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}")
-    when = d.get("measured_at")
-    return Parsed(shape, precision, target.name, schedule, status,
-                  _num(d, "median_us", status == "ok"), _num(d, "iqr_us", False), backend,
-                  str(d["worker"])[:128] if d.get("worker") else None,
-                  datetime.fromisoformat(when) if when else None)
+    value, problems = parse_json(raw, loc=())
+    if problems:
+        raise ValueError("; ".join(f"{_where(loc)}{msg}" for loc, msg in problems))
+    try:
+        line = MeasurementLine.model_validate(value)
+    except ValidationError as exc:
+        raise ValueError("; ".join(
+            f"{_where(e['loc'])}{e['msg'].removeprefix('Value error, ')}"
+            for e in exc.errors(include_url=False)[:5])) from None
+    return Parsed(line.task.shape.to_shape(), Precision(line.task.precision), line.task.target,
+                  line.schedule, line.status, line.median_us, line.iqr_us, line.backend,
+                  line.worker, line.measured_at)
+
+
+def _where(loc: tuple[Any, ...]) -> str:
+    return ".".join(str(p) for p in loc) + ": " if loc else ""
 
 
 def parse_all(lines: Iterable[str], max_errors: int = 20) -> tuple[list[Parsed], list[str]]:
@@ -154,34 +183,43 @@ def import_lines(session: Session, lines: Iterable[str]) -> ImportReport:
     report = ImportReport(lines=len(parsed), errors=errors)
     if errors:
         return report
-    tasks: dict[str, tuple[Task, Job]] = {}
+    tasks: dict[str, tuple[Task, Job | None]] = {}
     seen: set[tuple[str, str, str, str]] = set()
     for p in parsed:
-        ident = (p.shape.key(), p.precision.value, p.target, schedule_hash(p.schedule))
+        digest = schedule_hash(p.schedule)
+        ident = (p.shape.key(), p.precision.value, p.target, digest)
         if ident in seen:  # a "best" line repeats its measurement line
             continue
         seen.add(ident)
         task = repo.get_or_create_task(session, p.shape, p.precision, get_target(p.target))
         if task.key not in tasks:
-            job = session.scalars(select(Job).where(
-                Job.task_id == task.id, Job.strategy == IMPORT_STRATEGY)).first()
-            if job is None:  # imported rows hang off one finished "import" job per task
-                job = repo.create_job(session, task, 0, IMPORT_STRATEGY, 0)
-                repo.set_job_status(session, job, "done")
-            tasks[task.key] = (task, job)
+            tasks[task.key] = (task, session.scalars(select(Job).where(
+                Job.task_id == task.id, Job.strategy == IMPORT_STRATEGY)).first())
         task, job = tasks[task.key]
+        if session.scalar(select(Measurement.id).where(
+                Measurement.task_id == task.id, Measurement.schedule_hash == digest)):
+            report.already_present += 1
+            continue
+        if job is None:  # imported rows hang off one finished "import" job per task,
+            # created only when a row is new (a re-import adds no empty job)
+            job = repo.create_job(session, task, 0, IMPORT_STRATEGY, 0)
+            repo.set_job_status(session, job, "done")
+            tasks[task.key] = (task, job)
+        # RETURNING says whether the row was written (rowcount is -1 on some drivers); a
+        # concurrent import may have written it since the check above.
         stmt = repo.insert_for(session, Measurement).values(
-            task_id=task.id, job_id=job.id, schedule=p.schedule,
-            schedule_hash=schedule_hash(p.schedule), status=p.status, median_us=p.median_us,
-            iqr_us=p.iqr_us, backend=p.backend, worker=p.worker,
-            created_at=p.measured_at or utcnow(),
-        ).on_conflict_do_nothing(index_elements=["task_id", "schedule_hash"])
-        if session.execute(stmt).rowcount:
+            task_id=task.id, job_id=job.id, schedule=p.schedule, schedule_hash=digest,
+            status=p.status, median_us=p.median_us, iqr_us=p.iqr_us, backend=p.backend,
+            worker=p.worker, created_at=p.measured_at or utcnow(),
+        ).on_conflict_do_nothing(index_elements=["task_id", "schedule_hash"]
+                                 ).returning(Measurement.id)
+        if session.execute(stmt).scalar() is not None:
             report.imported += 1
         else:
             report.already_present += 1
     for task, job in tasks.values():
-        job.trials = repo.job_progress(session, job.id).measured
+        if job is not None:
+            job.trials = repo.job_progress(session, job.id).measured
         repo.refresh_best(session, task.id)
     report.tasks = len(tasks)
     return report

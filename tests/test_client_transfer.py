@@ -88,7 +88,7 @@ def test_invalid_import_imports_nothing(make_service: Callable[..., Service],
     assert res.returncode == 1
     assert "nothing was imported" in res.stderr
     assert "line 1: schedule.BLK_COL_WARPS: missing" in res.stderr
-    assert "line 2:" in res.stderr and "line 3: status must be one of" in res.stderr
+    assert "line 2:" in res.stderr and "line 3: status: Input should be 'ok'" in res.stderr
     assert "Traceback" not in res.stderr
     with pytest.raises(TctuneError) as err:
         Client(svc.url).import_lines(json.dumps(good))  # no token

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import re
+import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,6 +14,11 @@ import pytest
 from fastapi.testclient import TestClient
 
 from api.app import create_app
+from api.routes.dashboard import SECURITY_HEADERS
+from kernels.spec import TARGETS, ConvShape, Precision
+from store import migrate
+from store import repository as repo
+from store.db import session_scope
 from store.settings import Settings
 
 PAGES = {"/": "jobs", "/ui/jobs/7": "job", "/ui/fleet": "fleet", "/ui/schedules": "schedules"}
@@ -20,8 +28,17 @@ TEMPLATES = STATIC.parent / "templates"
 
 @pytest.fixture
 def client(tmp_path: Path) -> Iterator[TestClient]:
-    # The pages need no database: no dispatcher, no migration.
-    app = create_app(Settings(data_dir=tmp_path), dispatcher=False)
+    # No dispatcher; the database holds job 7 only (a job page looks its job up).
+    cfg = Settings(data_dir=tmp_path)
+    migrate.upgrade(cfg.db_url)
+    with session_scope(cfg.db_url) as s:
+        task = repo.get_or_create_task(s, ConvShape(1, 8, 8, 16, 16, 1, 1), Precision.FP16,
+                                       TARGETS["h100"])
+        for _ in range(7):
+            job = repo.create_job(s, task, 1, "random", 0)
+        s.flush()
+        assert job.id == 7
+    app = create_app(cfg, dispatcher=False)
     with TestClient(app) as c:
         yield c
 
@@ -41,6 +58,12 @@ def test_pages_are_html_and_reference_only_served_assets(client: TestClient, pat
         assert client.get(ref).status_code == 200, ref
     if page == "job":
         assert 'data-job-id="7"' in body and "/ui/static/plotly.min.js" in refs
+    for name, value in SECURITY_HEADERS.items():
+        assert resp.headers[name] == value
+    csp = resp.headers["content-security-policy"]
+    assert "script-src 'self'" in csp and "frame-ancestors 'none'" in csp
+    assert resp.headers["x-frame-options"] == "DENY"
+    assert resp.headers["x-content-type-options"] == "nosniff"
 
 
 def test_plotly_is_served_from_the_pip_package(client: TestClient) -> None:
@@ -85,6 +108,9 @@ def test_ui_redirects_and_bad_job_ids(client: TestClient) -> None:
     resp = client.get("/ui", follow_redirects=False)
     assert resp.status_code == 307 and resp.headers["location"] == "/"
     assert client.get("/ui/jobs/abc").status_code == 422
+    missing = client.get("/ui/jobs/8")
+    assert missing.status_code == 404 and "Job 8 not found" in missing.text
+    assert client.get("/ui/jobs/99999999999").status_code == 422
     assert client.get("/favicon.ico").headers["content-type"].startswith("image/svg+xml")
 
 
@@ -100,3 +126,34 @@ def test_nothing_is_loaded_from_the_internet() -> None:
         hits = [u for u in re.findall(r"https?://[^\s\"')]+", text)
                 if not u.startswith("http://www.w3.org/")]  # the SVG namespace is no fetch
         assert not hits, f"{path.name} refers to {hits}"
+
+
+DURATION_CASES = {1199.6: "20 min 0 s", 1199.4: "19 min 59 s", 59.7: "1 min 0 s",
+                  9.96: "10 s", 3.25: "3.3 s", 7199.9: "2 h 0 min", 3629.9: "1 h 0 min",
+                  5399: "1 h 30 min", 90000: "1 d"}
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="needs node to run the page script")
+def test_durations_never_show_60_seconds_or_minutes() -> None:
+    stubs = ("globalThis.window = {location: {href: 'http://x/'}};"
+             "globalThis.localStorage = {getItem() { return ''; }};"
+             "globalThis.history = {replaceState() {}};"
+             "globalThis.document = {addEventListener() {}};")
+    script = (stubs + (STATIC / "dashboard.js").read_text()
+              + f";console.log(JSON.stringify({list(DURATION_CASES)}.map(TC.duration)));")
+    out = subprocess.run(["node", "-e", script], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert dict(zip(DURATION_CASES, json.loads(out.stdout), strict=True)) == DURATION_CASES
+
+
+@pytest.mark.parametrize("page", ["/docs", "/redoc"])
+def test_api_docs_load_only_what_the_service_serves(client: TestClient, page: str) -> None:
+    resp = client.get(page)
+    assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/html")
+    refs = re.findall(r"""(?:src|href|url)\s*[=:]\s*['"]([^'"]+)['"]""", resp.text)
+    assert refs, resp.text
+    for ref in refs:
+        assert ref.startswith("/"), f"{page} loads {ref} from elsewhere"
+        assert client.get(ref).status_code == 200, ref
+    assert "cdn." not in resp.text and "fonts.googleapis" not in resp.text
+    assert "/openapi.json" in refs

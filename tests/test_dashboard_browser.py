@@ -159,6 +159,7 @@ def test_job_page_updates_live_and_shows_the_best_schedule(
     names = browser.execute_script(
         "return document.getElementById('chart-latency').data.map(t => t.name)")
     assert "best so far" in names and any(n.startswith("cuDNN fp16") for n in names)
+    assert "cuDNN fp16 / best" in browser.find_element(By.ID, "job-cards").text
     bars = browser.execute_script(
         "return document.querySelectorAll('#chart-importance .bars path').length")
     assert bars == len(best["schedule"])
@@ -272,9 +273,9 @@ def test_jobs_fleet_and_schedules_pages(make_service: Callable[..., Service], br
     assert browser.find_element(By.ID, "schedules-empty").is_displayed()
     assert console_errors(browser) == []
 
-    # An unknown job says so (its 404 is the one expected console error).
+    # An unknown job's page is a 404 that says so.
     browser.get(f"{svc.url}/ui/jobs/9999")
-    wait_for(lambda: "No job 9999" in browser.find_element(By.TAG_NAME, "main").text,
+    wait_for(lambda: "Job 9999 not found" in browser.find_element(By.TAG_NAME, "main").text,
              what="the missing-job message")
 
 

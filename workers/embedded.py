@@ -85,6 +85,7 @@ class EmbeddedDispatcher:
         self._meta: dict[Future[Any], tuple[str, int, int]] = {}  # future -> (stage, cand, job)
         self._inflight: dict[int, int] = {}  # job id -> futures outstanding
         self._last_beat = 0.0
+        self._beaten = False  # the first heartbeat restarts the fleet page's start time
         # job id -> (monotonic time before which it is not re-explored, failures in a row)
         self._backoff: dict[int, tuple[float, int]] = {}
 
@@ -131,7 +132,9 @@ class EmbeddedDispatcher:
                 backend = "simulated" if target == "*" else "cuda"
                 model = gpu.model if (gpu and target != "*") else "analytical model"
                 repo.heartbeat(s, name, model, gpu.sm if gpu and target != "*" else 0,
-                               target, backend, state="busy" if self._meta else "idle")
+                               target, backend, state="busy" if self._meta else "idle",
+                               started=not self._beaten)
+        self._beaten = True
 
     def _explore_idle_jobs(self) -> None:
         with session_scope(self.settings.db_url) as s:

@@ -26,6 +26,14 @@ from store.settings import Settings
 log = logging.getLogger(__name__)
 
 
+# A worker this many heartbeat periods late is dead, not slow (a beat is one statement).
+DEAD_AFTER_BEATS = 4
+
+
+def dead_after_s(settings: Settings) -> float:
+    return DEAD_AFTER_BEATS * settings.heartbeat_s
+
+
 def sweep_once(settings: Settings, last_explore: dict[int, float]) -> tuple[int, int]:
     """Start rounds for jobs with fewer rounds in flight than allowed (a new job, or a lost
     explore message) and re-send stale candidates. Returns (explore messages, re-sent
@@ -35,6 +43,9 @@ def sweep_once(settings: Settings, last_explore: dict[int, float]) -> tuple[int,
     explores, resent = 0, 0
     now = time.monotonic()
     with session_scope(settings.db_url) as s:
+        freed = repo.release_dead_leases(s, dead_after_s(settings))
+        if freed:
+            log.warning("freed %d candidates leased by workers without a heartbeat", freed)
         for job_id, rounds in hp.open_rounds_per_job(s).items():  # one query for all jobs
             if rounds >= max(1, settings.rounds_in_flight):
                 continue
@@ -166,6 +177,8 @@ def run_worker(settings: Settings, gpu: int | None, simulate: str | None,
     os.environ["TCTUNE_WORKER_SLOTS"] = str(slots)
     names = [name] if slots <= 1 else [f"{name}#{i}" for i in range(slots)]
 
+    first = [True]
+
     def beat() -> None:
         from workers.app import last_measured
 
@@ -179,7 +192,8 @@ def run_worker(settings: Settings, gpu: int | None, simulate: str | None,
                     Measurement.worker.in_(names), Measurement.created_at >= after)
                     .distinct())}
             repo.heartbeat_many(s, {n: "busy" if n in busy else "idle" for n in names},
-                                model, sm, target.name, backend)
+                                model, sm, target.name, backend, started=first[0])
+        first[0] = False
 
     _loop(settings.heartbeat_s, beat, "heartbeat")
     pool = ["-P", "prefork", "-c", "1"] if slots <= 1 else ["-P", "threads", "-c", str(slots)]

@@ -389,7 +389,8 @@ def _write(s: Any, groups: Sequence[WriteGroup]) -> set[tuple[int, str]]:
 
 
 def _baseline(spec: TaskSpec, backend: Backend) -> float | None:
-    """cuDNN fp16 latency of the layer, once per task, where the backend can time it."""
+    """The layer's baseline latency (cuDNN fp16, or fp32 for fp32_tc: store/baselines.py),
+    once per task, where the backend can time it."""
     timer = getattr(backend, "baseline_us", None)
     if timer is None:
         return None

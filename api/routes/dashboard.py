@@ -10,6 +10,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import html
+import re
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -17,6 +18,9 @@ from pathlib import Path
 import plotly
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
+
+from api.deps import DB, RowId
+from store.models import Job
 
 router = APIRouter(include_in_schema=False)
 
@@ -28,9 +32,24 @@ PLOTLY_JS = Path(plotly.__file__).resolve().parent / "package_data" / "plotly.mi
 MEDIA_TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8",
                ".svg": "image/svg+xml", ".png": "image/png"}
 
+# Pages load only the service's own scripts and talk only to the service; no other site may
+# frame them (clickjacking) and no browser may guess a type the server did not send.
+# 'unsafe-inline' styles: Plotly and the progress bars set style attributes.
+SECURITY_HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; script-src 'self'; "
+                               "style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
+                               "connect-src 'self'; object-src 'none'; base-uri 'none'; "
+                               "form-action 'self'; frame-ancestors 'none'",
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+}
+
+ASSET_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,99}")
+
 # name -> (template, title, nav entry to highlight)
 PAGES = {"jobs": ("Jobs", "jobs"), "job": ("Job", "jobs"), "fleet": ("Fleet", "fleet"),
-         "schedules": ("Schedules", "schedules")}
+         "schedules": ("Schedules", "schedules"), "missing": ("Not found", "")}
 
 
 @dataclass(frozen=True)
@@ -51,10 +70,10 @@ def _asset(path: Path, mtime_ns: int) -> Asset:
     return Asset(body, gz, etag, MEDIA_TYPES.get(path.suffix, "application/octet-stream"))
 
 
-def _serve_file(path: Path, request: Request, max_age: int) -> Response:
+def serve_file(path: Path, request: Request, max_age: int) -> Response:
     asset = _asset(path, path.stat().st_mtime_ns)
     headers = {"ETag": asset.etag, "Cache-Control": f"public, max-age={max_age}",
-               "Vary": "Accept-Encoding"}
+               "Vary": "Accept-Encoding", **SECURITY_HEADERS}
     if asset.etag in request.headers.get("if-none-match", ""):
         return Response(status_code=304, headers=headers)
     if asset.gz is not None and "gzip" in request.headers.get("accept-encoding", ""):
@@ -68,7 +87,7 @@ def _template(name: str, mtime_ns: int) -> str:
     return (TEMPLATES / name).read_text(encoding="utf-8")
 
 
-def _render(page: str, **values: str) -> HTMLResponse:
+def _render(page: str, status_code: int = 200, **values: str) -> HTMLResponse:
     """The layout with the page's fragment and a few escaped values (no template engine)."""
     title, nav = PAGES[page]
     layout_path, page_path = TEMPLATES / "layout.html", TEMPLATES / f"{page}.html"
@@ -79,7 +98,8 @@ def _render(page: str, **values: str) -> HTMLResponse:
     for entry in ("jobs", "fleet", "schedules"):
         text = text.replace("{{nav_" + entry + "}}", "active" if entry == nav else "")
     # The pages revalidate on every load: an upgrade of the service shows at once.
-    return HTMLResponse(text, headers={"Cache-Control": "no-cache"})
+    return HTMLResponse(text, status_code=status_code,
+                        headers={"Cache-Control": "no-cache", **SECURITY_HEADERS})
 
 
 @router.get("/", response_class=HTMLResponse)
@@ -94,7 +114,12 @@ def ui_root() -> RedirectResponse:
 
 
 @router.get("/ui/jobs/{job_id}", response_class=HTMLResponse)
-def job_page(job_id: int) -> HTMLResponse:
+def job_page(job_id: RowId, session: DB) -> HTMLResponse:
+    # A page for a job that does not exist would poll for it forever: 404 (job ids are
+    # sequential, so this tells nobody more than the jobs list does).
+    if session.get(Job, job_id) is None:
+        return _render("missing", status_code=404, what=f"Job {job_id}",
+                       detail="No job has this id (it may have been deleted with its task).")
     return _render("job", job_id=str(job_id))
 
 
@@ -111,18 +136,21 @@ def schedules_page() -> HTMLResponse:
 @router.get("/ui/static/plotly.min.js")
 def plotly_js(request: Request) -> Response:
     # Versioned by the package: a day of caching, revalidated by ETag after that.
-    return _serve_file(PLOTLY_JS, request, max_age=86400)
+    return serve_file(PLOTLY_JS, request, max_age=86400)
 
 
 @router.get("/ui/static/{name}")
 def static_file(name: str, request: Request) -> Response:
+    # Only plain files directly in api/static: no traversal, no directories; a name no asset
+    # has (too long for the file system, odd characters) is not even looked up.
+    if not ASSET_NAME.fullmatch(name):
+        raise HTTPException(404, detail="no such asset")
     path = (STATIC / name).resolve()
-    # Only plain files directly in api/static: no traversal, no directories.
     if path.parent != STATIC or not path.is_file() or path.suffix not in MEDIA_TYPES:
         raise HTTPException(404, detail=f"no asset {name}")
-    return _serve_file(path, request, max_age=0)
+    return serve_file(path, request, max_age=0)
 
 
 @router.get("/favicon.ico")
 def favicon(request: Request) -> Response:
-    return _serve_file(STATIC / "favicon.svg", request, max_age=86400)
+    return serve_file(STATIC / "favicon.svg", request, max_age=86400)

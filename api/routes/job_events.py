@@ -117,7 +117,8 @@ async def job_events(job_id: RowId, request: Request, cfg: Config, _: FastReader
                      ) -> StreamingResponse:
     if last_event_id is not None:
         text = last_event_id.strip()
-        if not text.isdigit() or int(text) > MAX_ID:
+        # isdigit() alone admits '²' and other digits int() refuses
+        if not (text.isascii() and text.isdigit()) or int(text) > MAX_ID:
             raise HTTPException(422, detail=[{
                 "loc": ["header", "last-event-id"], "type": "value_error",
                 "msg": f"must be a measurement id (an integer 0..{MAX_ID}), got {text[:40]!r}"}])

@@ -7,9 +7,11 @@ from sqlalchemy import select
 
 from api.auth import Reader, Tuner
 from api.deps import DB, MAX_ID, RowId
-from api.errors import READ_ERRORS, problem
+from api.errors import READ_ERRORS, problem, unprocessable
 from api.schemas import JobOut, JobSummary, MeasurementOut, TaskOut
 from store import repository as repo
+from store.baselines import baseline_name
+from store.layer import any_case
 from store.models import ACTIVE_JOB_STATES, JOB_STATES, Job, Task
 
 router = APIRouter(tags=["jobs"])
@@ -17,7 +19,8 @@ router = APIRouter(tags=["jobs"])
 
 def task_out(task: Task) -> TaskOut:
     return TaskOut(id=task.id, key=task.key, shape=task.shape, precision=task.precision,
-                   target=task.target, baseline_us=task.baseline_us,
+                   target=task.target, baseline=baseline_name(task.precision),
+                   baseline_us=task.baseline_us,
                    baseline_backend=task.baseline_backend)
 
 
@@ -39,7 +42,7 @@ def measurements_after(session: DB, job_id: int, after: int) -> list[Measurement
             for i, m in enumerate(rows)]
 
 
-STATUS_PATTERN = "^(" + "|".join(JOB_STATES) + ")$"
+STATUS_PATTERN = any_case(JOB_STATES)
 
 
 @router.post("/jobs/{job_id}/cancel", response_model=JobSummary,
@@ -61,11 +64,18 @@ def cancel_job(job_id: RowId, session: DB, caller: Tuner) -> JobSummary:
 
 
 @router.get("/jobs", response_model=list[JobSummary], responses=READ_ERRORS)
-def list_jobs(session: DB, _: Reader, state: str | None = Query(None, pattern=STATUS_PATTERN),
+def list_jobs(session: DB, _: Reader,
+              status: str | None = Query(None, pattern=STATUS_PATTERN, description=(
+                  "only jobs in this state (the `status` field of a job), case-insensitive")),
+              state: str | None = Query(None, pattern=STATUS_PATTERN,
+                                        description="the same as `status` (its old name)"),
               limit: int = Query(100, ge=1, le=1000)) -> list[JobSummary]:
+    wanted = {s.lower() for s in (status, state) if s}
+    if len(wanted) > 1:
+        raise unprocessable([(("query", "state"), "gives another state than `status`")])
     stmt = select(Job, Task).join(Task, Task.id == Job.task_id).order_by(Job.id.desc())
-    if state:
-        stmt = stmt.where(Job.status == state)
+    if wanted:
+        stmt = stmt.where(Job.status == wanted.pop())
     return [_summary(session, job, task) for job, task in session.execute(stmt.limit(limit))]
 
 

@@ -11,23 +11,16 @@ from pydantic import BaseModel, ConfigDict, Field
 from api.auth import Reader
 from api.deps import DB
 from api.errors import READ_ERRORS, JsonBodyRoute, unprocessable
-from api.schemas import ShapeIn, TargetName
-from kernels.spec import TARGETS, Precision, task_key
+from kernels.spec import TARGETS, task_key
 from store import repository as repo
+from store.layer import LayerIn
 
 router = APIRouter(tags=["schedule"], route_class=JsonBodyRoute)
 
 
-class Layer(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    shape: ShapeIn
-    precision: Precision
-    target: TargetName
-
-
 class LookupIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    layers: list[Layer] = Field(min_length=1, max_length=1000)
+    layers: list[LayerIn] = Field(min_length=1, max_length=1000)
 
 
 class LookupItem(BaseModel):
@@ -51,7 +44,7 @@ class LookupOut(BaseModel):
 def lookup(req: LookupIn, session: DB, _: Reader) -> LookupOut:
     problems = []
     for i, layer in enumerate(req.layers):
-        for f, msg in layer.shape.to_shape().problems(layer.precision, TARGETS[layer.target]):
+        for f, msg in layer.problems():
             problems.append((("body", "layers", i, "shape", f), msg))
     if problems:
         raise unprocessable(problems)

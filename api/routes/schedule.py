@@ -24,7 +24,7 @@ from starlette.concurrency import run_in_threadpool
 from api.deps import read_access
 from api.errors import READ_ERRORS, unprocessable
 from api.schemas import ScheduleMissing, ScheduleOut, ScheduleQuery
-from kernels.spec import TARGETS, ConvShape, task_key
+from kernels.spec import TARGETS, ConvShape, Precision, task_key
 from store import repository as repo
 from store.db import get_engine, session_scope
 from store.settings import Settings
@@ -82,6 +82,7 @@ def _query_parameters() -> list[dict[str, Any]]:
 
 def task_key_of(query: dict[str, str]) -> str:
     """Validate a GET /schedule query (422 naming each bad field) into its task key."""
+    query.pop("token", None)  # read_auth's ?token= is not part of the layer
     try:
         q = ScheduleQuery.model_validate(query)
     except ValidationError as exc:
@@ -93,10 +94,11 @@ def task_key_of(query: dict[str, str]) -> str:
     tgt = TARGETS[q.target]
     shape = ConvShape(q.n, q.h, q.w, q.c, q.k, q.r, q.s, stride=_pair("stride", q.stride),
                       pad=_pair("pad", q.pad), dilation=_pair("dilation", q.dilation))
-    problems = shape.problems(q.precision, tgt)
+    precision = Precision(q.precision)
+    problems = shape.problems(precision, tgt)
     if problems:
         raise unprocessable((("query", f), msg) for f, msg in problems)
-    return task_key(shape, q.precision, tgt)
+    return task_key(shape, precision, tgt)
 
 
 class BestCache:
@@ -221,10 +223,7 @@ def _lookup(db_url: str, key: str) -> repo.BestRow | ScheduleMissing:
 
 @router.get("/schedule", response_model=ScheduleOut,
             responses={**READ_ERRORS,
-                       404: {"model": ScheduleMissing, "description": "nothing verified yet"},
-                       422: {"description": "Validation Error", "content": {
-                           "application/json": {"schema": {
-                               "$ref": "#/components/schemas/HTTPValidationError"}}}}},
+                       404: {"model": ScheduleMissing, "description": "nothing verified yet"}},
             openapi_extra={"parameters": _query_parameters()})
 async def get_schedule(request: Request) -> Response:
     # The query is parsed here rather than by FastAPI (see DirectRoute): a query string

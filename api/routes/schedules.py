@@ -10,6 +10,7 @@ from fastapi.responses import Response
 from api.auth import Reader
 from api.deps import DB
 from api.errors import READ_ERRORS
+from api.inputs import PrecisionFilter, TargetFilter
 from api.routes.jobs import task_out
 from api.schemas import BestOut
 from store import repository as repo
@@ -19,8 +20,7 @@ router = APIRouter(tags=["schedules"])
 
 @router.get("/schedules", response_model=list[BestOut],
             responses={**READ_ERRORS, 200: {"content": {"application/x-ndjson": {}}}})
-def list_schedules(session: DB, _: Reader, target: str | None = Query(None, max_length=32),
-                   precision: str | None = Query(None, max_length=16),
+def list_schedules(session: DB, _: Reader, target: TargetFilter, precision: PrecisionFilter,
                    format: str = Query("json", pattern="^(json|jsonl)$"),
                    limit: int = Query(1000, ge=1, le=100_000)) -> list[BestOut] | Response:
     rows = [BestOut(task=task_out(t), schedule=m.schedule, latency_us=m.median_us,

@@ -3,7 +3,7 @@ is documented in store/transfer.py and the README)."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, HTTPException, Query, Request, status
+from fastapi import APIRouter, HTTPException, Request, status
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
@@ -11,6 +11,7 @@ from starlette.concurrency import run_in_threadpool
 from api.auth import Admin, Reader
 from api.deps import DB
 from api.errors import READ_ERRORS
+from api.inputs import PrecisionFilter, TargetFilter
 from store import transfer
 from store.db import session_scope
 
@@ -29,8 +30,8 @@ class ImportOut(BaseModel):
 @router.get("/export", response_class=StreamingResponse,
             responses={**READ_ERRORS,
                        200: {"content": {NDJSON: {}}, "description": "JSON lines"}})
-def export(session: DB, _: Reader, target: str | None = Query(None, max_length=32),
-           precision: str | None = Query(None, max_length=16)) -> StreamingResponse:
+def export(session: DB, _: Reader, target: TargetFilter,
+           precision: PrecisionFilter) -> StreamingResponse:
     lines = list(transfer.export_lines(session, target, precision))  # read inside the session
     return StreamingResponse(iter(lines), media_type=NDJSON,
                              headers={"Content-Disposition":

@@ -8,11 +8,15 @@ from api.auth import Tuner
 from api.deps import DB
 from api.errors import BODY_ERRORS, JsonBodyRoute, problem, unprocessable
 from api.schemas import TuneRequest, TuneResponse
-from kernels.spec import get_target
+from kernels.spec import Precision, get_target
 from search.registry import DEFAULT_STRATEGY
 from store import repository as repo
 
 router = APIRouter(tags=["tune"], route_class=JsonBodyRoute)
+
+# When to ask again after the active-jobs limit: jobs take minutes, so a client that
+# retries sooner only adds load; one that waits this long often finds a slot.
+ACTIVE_JOBS_RETRY_S = 30
 
 
 @router.post("/tune", status_code=status.HTTP_202_ACCEPTED, response_model=TuneResponse,
@@ -21,22 +25,24 @@ router = APIRouter(tags=["tune"], route_class=JsonBodyRoute)
                         401: problem("no valid token"),
                         403: problem("the token's scope is not enough"),
                         422: {"description": "invalid layer, precision, target or strategy"},
-                        429: problem("rate or active-job limit of the token"),
+                        429: problem("rate or active-job limit of the token "
+                                     "(Retry-After: seconds to wait)"),
                         **BODY_ERRORS})
 def tune(req: TuneRequest, request: Request, response: Response, session: DB,
          caller: Tuner) -> TuneResponse:
-    wait_s = request.app.state.tune_limiter.take(caller.token_id)
+    wait_s = request.app.state.tune_limit.take(session, caller.token_id)
     if wait_s > 0:
         raise HTTPException(status.HTTP_429_TOO_MANY_REQUESTS,
                             "too many POST /tune for this token; slow down",
                             headers={"Retry-After": str(max(1, round(wait_s)))})
     target = get_target(req.target)
     shape = req.shape.to_shape()
-    problems = shape.problems(req.precision, target)
+    precision = Precision(req.precision)
+    problems = shape.problems(precision, target)
     if problems:
         raise unprocessable(((("body", "shape", f) if f in type(req.shape).model_fields
                               else ("body", "shape")), msg) for f, msg in problems)
-    task = repo.get_or_create_task(session, shape, req.precision, target)
+    task = repo.get_or_create_task(session, shape, precision, target)
     job = repo.active_job_for_task(session, task.id)
     created = job is None
     if job is None:
@@ -44,7 +50,8 @@ def tune(req: TuneRequest, request: Request, response: Response, session: DB,
         if caller.token_id is not None and repo.active_jobs_of(session, caller.token_id) >= limit:
             raise HTTPException(status.HTTP_429_TOO_MANY_REQUESTS,
                                 f"this token has {limit} queued or running jobs already; "
-                                "wait for some to finish or cancel them")
+                                "wait for some to finish or cancel them",
+                                headers={"Retry-After": str(ACTIVE_JOBS_RETRY_S)})
         job = repo.create_job(session, task, req.trials, req.strategy or DEFAULT_STRATEGY,
                               req.seed, submitted_by=caller.token_id)
         session.commit()  # the explorer must find the job when the message arrives

@@ -118,11 +118,16 @@ const TC = (() => {
     return duration((Date.now() - Date.parse(iso)) / 1000) + " ago";
   }
 
+  // Rounded once to the unit shown, then split: rounding the parts ("19 min 59.6 s") would
+  // show "19 min 60 s".
   function duration(s) {
     s = Math.max(0, s);
-    if (s < 60) return s.toFixed(s < 10 ? 1 : 0) + " s";
-    if (s < 3600) return Math.floor(s / 60) + " min " + Math.round(s % 60) + " s";
-    if (s < 86400) return Math.floor(s / 3600) + " h " + Math.round((s % 3600) / 60) + " min";
+    if (s < 9.95) return s.toFixed(1) + " s";
+    if (s < 59.5) return Math.round(s) + " s";
+    const secs = Math.round(s);
+    if (secs < 3600) return Math.floor(secs / 60) + " min " + (secs % 60) + " s";
+    const mins = Math.round(s / 60);
+    if (mins < 1440) return Math.floor(mins / 60) + " h " + (mins % 60) + " min";
     return Math.floor(s / 86400) + " d";
   }
 

@@ -82,9 +82,9 @@
     const lines = [];
     if (task.baseline_us) {
       const sim = task.baseline_backend === "simulated" ? ", simulated" : "";
-      lines.push({ name: `cuDNN fp16${sim}`, y: task.baseline_us, dash: "dash", color: "#495057" });
+      lines.push({ name: `${task.baseline}${sim}`, y: task.baseline_us, dash: "dash", color: "#495057" });
       if (task.precision === "int8") {
-        lines.push({ name: "goal: ½ × cuDNN fp16", y: task.baseline_us / 2, dash: "dot", color: "#868e96" });
+        lines.push({ name: `goal: ½ × ${task.baseline}`, y: task.baseline_us / 2, dash: "dot", color: "#868e96" });
       }
     }
     if (task.baselines && typeof task.baselines === "object") {
@@ -279,8 +279,11 @@
     const key = top.map((m) => m.id).join(",");
     if (key === state.parcoordsKey) return; // WebGL redraws are costly: only when the set changes
     state.parcoordsKey = key;
-    // Axis ticks from every value the job has tried, so an axis shows the explored range.
-    const dims = Object.keys(top[0].schedule).map((knob) => {
+    // Axis ticks from every value the job has tried, so an axis shows the explored range. A
+    // knob the job never varied says nothing here: no axis for it (fewer, wider-spaced labels).
+    const varied = Object.keys(top[0].schedule)
+      .filter((knob) => new Set(state.ms.map((m) => m.schedule[knob])).size > 1);
+    const dims = varied.map((knob) => {
       const seen = [...new Set(state.ms.map((m) => m.schedule[knob]))];
       const numeric = seen.every((v) => typeof v === "number");
       seen.sort((a, b) => (numeric ? a - b : String(a).localeCompare(String(b))));
@@ -295,8 +298,9 @@
     dims.push({ label: "latency µs", values: lat });
     plot(div, [{ type: "parcoords", dimensions: dims,
       line: { color: lat, colorscale: "Viridis", reversescale: true },
-      labelangle: -20, labelside: "top", labelfont: { size: 11 }, tickfont: { size: 10 } }],
-    base({ margin: { l: 60, r: 60, t: 60, b: 24 } }), { displayModeBar: false });
+      // Labels slanted steeply enough that long knob names clear their neighbours.
+      labelangle: -45, labelside: "top", labelfont: { size: 10 }, tickfont: { size: 10 } }],
+    base({ margin: { l: 60, r: 90, t: 110, b: 24 } }), { displayModeBar: false });
   }
 
   // --- header, cards, best schedule -----------------------------------------------------------
@@ -328,8 +332,8 @@
     const rate = elapsed ? (60 * job.trials_done) / elapsed : null;
     document.getElementById("job-cards").replaceChildren(
       TC.card("Best latency", TC.us(job.best_us), TC.simBadge(job.simulated)),
-      TC.card("cuDNN fp16 baseline", TC.us(t.baseline_us), t.baseline_backend || "not timed yet"),
-      TC.card("Speedup", TC.speedup(job.speedup), "baseline / best"),
+      TC.card(`${t.baseline} baseline`, TC.us(t.baseline_us), t.baseline_backend || "not timed yet"),
+      TC.card("Speedup", TC.speedup(job.speedup), `${t.baseline} / best`),
       TC.card("Failed candidates", String(failed),
         Object.entries(counts).filter(([s]) => s !== "ok").map(([s, n]) => `${n} ${s}`).join(", ") || "none"),
       TC.card("Elapsed", elapsed === null ? "–" : TC.duration(elapsed),

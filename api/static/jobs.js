@@ -11,7 +11,7 @@
     const t = job.task;
     const href = `/ui/jobs/${job.id}`;
     const base = t.baseline_us
-      ? h("span", { title: `cuDNN fp16 (${t.baseline_backend || "?"})` }, TC.us(t.baseline_us)) : "–";
+      ? h("span", { title: `${t.baseline} (${t.baseline_backend || "?"})` }, TC.us(t.baseline_us)) : "–";
     return h("tr", { class: "clickable", dataset: { jobId: job.id, href }, onclick: () => { window.location.href = href; } },
       h("td", {}, h("a", { href }, `#${job.id}`)),
       h("td", { class: "mono", title: t.key }, TC.shape(t.shape)),
@@ -21,7 +21,7 @@
       h("td", {}, TC.progress(job.trials_done, job.trials)),
       h("td", { class: "num best" }, TC.us(job.best_us), " ", TC.simBadge(job.simulated)),
       h("td", { class: "num" }, base),
-      h("td", { class: "num speedup" + (job.speedup >= 1 ? " good" : "") }, TC.speedup(job.speedup)),
+      h("td", { class: "num speedup" + (job.speedup >= 1 ? " good" : "") }, h("span", { title: `against ${t.baseline}` }, TC.speedup(job.speedup))),
       h("td", {}, job.strategy),
       h("td", { title: job.created_at }, TC.ago(job.created_at)));
   }
@@ -34,7 +34,7 @@
       TC.card("Running", String(count("running")), `${count("queued")} queued`),
       TC.card("Done", String(count("done")), `${count("failed")} failed`),
       TC.card("Trials measured", String(jobs.reduce((a, j) => a + j.trials_done, 0))),
-      TC.card("Best speedup", TC.speedup(best), "over cuDNN fp16"),
+      TC.card("Best speedup", TC.speedup(best), "over its task's baseline (cuDNN fp16; fp32 for fp32_tc)"),
     ];
   }
 

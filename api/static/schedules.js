@@ -27,8 +27,9 @@
       h("td", {}, t.precision),
       h("td", {}, t.target),
       h("td", { class: "num best" }, TC.us(r.latency_us), " ", TC.simBadge(r.simulated)),
-      h("td", { class: "num" }, TC.us(t.baseline_us)),
-      h("td", { class: "num speedup" + (sp >= 1 ? " good" : "") }, TC.speedup(sp)),
+      h("td", { class: "num", title: t.baseline }, TC.us(t.baseline_us),
+        t.baseline_us ? h("span", { class: "muted small" }, ` ${t.baseline}`) : null),
+      h("td", { class: "num speedup" + (sp >= 1 ? " good" : ""), title: `against ${t.baseline}` }, TC.speedup(sp)),
       h("td", {}, h("a", { href: `/ui/jobs/${r.job_id}` }, `#${r.job_id}`)),
       h("td", { title: r.measured_at }, TC.ago(r.measured_at)),
       h("td", { class: "mono small knobs", title: JSON.stringify(r.schedule, null, 1) }, knobs(r.schedule)));

@@ -41,6 +41,23 @@ NOISE_SIGMA = 0.015  # relative spread of repeated timings on a real GPU
 FP32_TC_PRODUCTS = {"scaled3": 3.0, "binomial4": 4.0, "karatsuba": 3.3}
 
 
+# FP32 lanes (FFMA per clock) of one SM, by compute capability.
+FP32_LANES = {75: 64, 80: 64, 86: 128, 89: 128, 90: 128}
+# The share of the FFMA peak cuDNN fp32 (TF32 off) reached on H100 for ResNet-50's stage-2
+# and stage-3 3x3 layers at batch 8 (78 and 83 us: bench/RESULTS.md, fp32_tc).
+CUDNN_FP32_EFFICIENCY = 0.35
+LAUNCH_US = 3.0
+
+
+def cudnn_fp32_us(shape: ConvShape, target: Target) -> float:
+    """Modelled cuDNN fp32 (TF32 off): FFMA on the CUDA cores, or the memory traffic of
+    fp32 tensors if that takes longer."""
+    peak = target.sms * FP32_LANES.get(target.sm, 128) * 2 * target.boost_mhz * 1e6
+    compute_s = shape.flops / (peak * CUDNN_FP32_EFFICIENCY)
+    memory_s = shape.tensor_bytes(Precision.FP32_TC) / (target.bandwidth_gbs * 1e9 * 0.8)
+    return round(max(compute_s, memory_s) * 1e6 + LAUNCH_US, 3)
+
+
 def simulate_latency_us(shape: ConvShape, precision: Precision, target: Target,
                         cols: Mapping[str, np.ndarray]) -> np.ndarray:
     """Noise-free modelled latency in microseconds for each schedule in `cols`."""
@@ -230,8 +247,15 @@ class SimulatedBackend:
         return simulated_result(task, schedule)
 
     def baseline_us(self, task: TaskSpec) -> float:
-        """Modelled cuDNN fp16 for the layer: the best fp16 schedule of a library kernel
-        without the paper's three optimizations (plain loads, 32-bit epilogue, NHWC)."""
+        """The layer's baseline (store/baselines.py), modelled: cuDNN fp32 for fp32_tc,
+        cuDNN fp16 for every other precision."""
+        if task.precision == Precision.FP32_TC:
+            return cudnn_fp32_us(task.shape, task.target)
+        return self._cudnn_fp16_us(task)
+
+    def _cudnn_fp16_us(self, task: TaskSpec) -> float:
+        """The best fp16 schedule of a library kernel without the paper's three
+        optimizations (plain loads, 32-bit epilogue, NHWC)."""
         space = ScheduleSpace(task.shape, Precision.FP16, task.target,
                               restrict={"DUP_AWARE": [0], "PACK_OUT": [0], "LAYOUT": ["nhwc"]})
         lat = simulate_latency_us(task.shape, Precision.FP16, task.target,

@@ -1,0 +1,13 @@
+"""What each precision's speedup is measured against. The tuned kernels of fp16, int8 and
+int4 are compared with cuDNN fp16 (the paper's convention: the fastest library conv of the
+same accuracy class or better); fp32_tc promises FP32-level accuracy, so its reference is
+cuDNN in fp32 with TF32 off, the library conv of that accuracy."""
+
+from __future__ import annotations
+
+BASELINE_PRECISION = {"fp16": "fp16", "int8": "fp16", "int4": "fp16", "fp32_tc": "fp32"}
+
+
+def baseline_name(precision: str) -> str:
+    """'cuDNN fp16' or 'cuDNN fp32': the name shown with every baseline and speedup."""
+    return f"cuDNN {BASELINE_PRECISION.get(str(precision), 'fp16')}"
