@@ -387,7 +387,9 @@ def _gpu() -> bool:
         return False
 
 
-on_gpu = pytest.mark.skipif(not _gpu(), reason="needs CuPy and a CUDA GPU")
+def on_gpu(test: Any) -> Any:
+    """Marked `gpu`; skipped here too, because the GPU run may go without the conftest."""
+    return pytest.mark.gpu(pytest.mark.skipif(not _gpu(), reason="needs CuPy and a CUDA GPU")(test))
 
 
 @pytest.fixture(scope="module")
