@@ -176,7 +176,9 @@ def import_lines(session: Session, lines: Iterable[str]) -> ImportReport:
             iqr_us=p.iqr_us, backend=p.backend, worker=p.worker,
             created_at=p.measured_at or utcnow(),
         ).on_conflict_do_nothing(index_elements=["task_id", "schedule_hash"])
-        if session.execute(stmt).rowcount:
+        # RETURNING, not rowcount: PostgreSQL's driver reports -1 here (true) whether or
+        # not the row went in.
+        if session.execute(stmt.returning(Measurement.id)).first() is not None:
             report.imported += 1
         else:
             report.already_present += 1
