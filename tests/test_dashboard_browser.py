@@ -130,17 +130,29 @@ def test_job_page_updates_live_and_shows_the_best_schedule(
         make_service: Callable[..., Service], browser: Any, tmp_path: Path) -> None:
     from selenium.webdriver.common.by import By
 
-    # Slow simulated measurements: the job runs for ~20 s while the page watches it.
-    svc = make_service(TCTUNE_SIM_DELAY_S="0.1", TCTUNE_BATCH_SIZE="16").start()
+    # The simulated GPU measures only as many candidates as the gate allows: the job is
+    # held at 16, then at 40 measurements while the page watches it, whatever the load.
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    allow = gate / "allow"
+
+    def let(n: int) -> None:  # atomically: the backend never reads a half-written count
+        (gate / "allow.tmp").write_text(str(n))
+        os.replace(gate / "allow.tmp", allow)
+
+    let(16)
+    svc = make_service(TCTUNE_SIM_GATE_DIR=str(gate), TCTUNE_BATCH_SIZE="16").start()
     job_id = submit(svc, STAGE2, "int8", "h200", 64)
     browser.get(f"{svc.url}/ui/jobs/{job_id}")
     # Survives only if the page is never reloaded.
     browser.execute_script("window.__sameDocument = true;")
 
-    first = wait_for(lambda: drawn_points(browser), what="the first points")
-    assert job_state(svc, job_id)["status"] == "running", "the job ended before the page drew"
-    more = wait_for(lambda: (n := drawn_points(browser)) > first and n, what="more points")
-    assert first < more < 64, "the chart grew while measurements were still arriving"
+    wait_for(lambda: drawn_points(browser) == 16, what="the first 16 points")
+    assert job_state(svc, job_id)["status"] == "running"
+    let(40)
+    wait_for(lambda: drawn_points(browser) == 40, what="24 more points, on the same page")
+    assert job_state(svc, job_id)["status"] == "running"
+    allow.unlink()  # no gate: the job runs to its end
 
     # Finished: every measurement drawn, status and best schedule shown, no reload.
     wait_for(lambda: browser.find_element(By.ID, "job-status").text == "done", timeout=120,
