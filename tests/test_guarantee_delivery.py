@@ -25,7 +25,7 @@ from kernels.spec import RESNET50_3X3, TARGETS, Precision
 from store import hotpath as hp
 from store import repository as repo
 from store.db import session_scope
-from store.models import Candidate, Measurement, utcnow
+from store.models import Candidate, Job, Measurement, utcnow
 from store.settings import Settings
 from workers import fleet, tasks
 from workers.backends.base import BuildOutcome, MeasureOutcome, TaskSpec
@@ -181,3 +181,22 @@ def test_a_candidate_is_given_up_after_max_attempts(db: str) -> None:
     assert "gave up after 3 attempts" in (gave_up.error or "")
     assert backend.calls[hashes[doomed]] == 0, "a given-up candidate is not measured again"
     assert rows[hashes[lucky]].status == "ok" and backend.calls[hashes[lucky]] == 1
+
+
+def test_a_schedule_measured_for_the_task_is_not_measured_for_another_job(db: str) -> None:
+    """Two jobs of one task propose the same schedules: one measurement per schedule."""
+    backend = CountingBackend()
+    first, second = _job(db, 8), _job(db, 8)
+    ids = tasks.explore_round(db, first, 8).ids
+    with session_scope(db) as s:
+        scheds = [c.schedule for c in s.scalars(select(Candidate).where(Candidate.id.in_(ids)))]
+        task_id = s.get(Job, first).task_id  # type: ignore[union-attr]
+        assert s.get(Job, second).task_id == task_id  # type: ignore[union-attr]
+        again = hp.add_candidates(s, second, task_id, scheds, 1, [None] * len(scheds),
+                                  dispatched=True)
+    assert tasks.measure_chunk(db, ids, backend, "A", 60).written == 8
+    assert tasks.measure_chunk(db, again, backend, "B", 60).written == 0
+    assert sum(backend.calls.values()) == 8, backend.calls
+    with session_scope(db) as s:
+        assert all(c.state == "done" for c in
+                   s.scalars(select(Candidate).where(Candidate.id.in_(again))))
