@@ -180,7 +180,7 @@ def run_tests(root: Path, timeout: float) -> tuple[int, float, str]:
     t0 = time.monotonic()
     try:
         proc = subprocess.run(
-            [sys.executable, "-m", "pytest", "-m", "guarantee", "-x", "-q", "-p",
+            [sys.executable, "-m", "pytest", "-m", "guarantee", "-x", "-q", "-rfE", "-p",
              "no:cacheprovider", *TEST_FILES], cwd=root, env=env, capture_output=True,
             text=True, timeout=timeout)
         rc, out = proc.returncode, proc.stdout + proc.stderr
