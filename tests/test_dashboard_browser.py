@@ -296,7 +296,6 @@ def test_pages_ask_for_the_token_when_reads_need_one(
         make_service: Callable[..., Service], browser: Any) -> None:
     from selenium.webdriver.common.by import By
 
-    pytest.importorskip("api.auth", reason="API tokens are not in this tree yet")
     svc = make_service(TCTUNE_READ_AUTH="true").start()
     token = admin_token(svc)
     assert token, "the embedded default wrote its admin token"
