@@ -64,11 +64,11 @@ def _import(client: TestClient, token: str, lines: list[str]) -> tuple[int, dict
 
 
 @pytest.mark.parametrize("bad", [
-    _line(5, status="fast"),  # an unknown status
-    _line(5, median_us=None),  # ok without a time
-    _line(5, schedule={**SCHEDULES[5], "CHUNK": 3}),  # a knob value outside the space
+    _line(5, status="fast"),
+    _line(5, median_us=None),
+    _line(5, schedule={**SCHEDULES[5], "CHUNK": 3}),
     "{not json",
-])
+], ids=["unknown status", "ok without a time", "knob outside the space", "not JSON"])
 def test_an_import_with_one_bad_line_writes_nothing(
         api: tuple[TestClient, str, str], bad: str) -> None:
     client, admin, db = api
