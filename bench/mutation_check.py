@@ -204,8 +204,10 @@ def main() -> int:
     ap.add_argument("--skip-baseline", action="store_true")
     a = ap.parse_args()
     chosen = [m for m in MUTANTS if not a.only or m.name in a.only]
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
+                            capture_output=True, text=True).stdout.strip()
     report: dict[str, object] = {"command": " ".join(["python3", *sys.argv]),
-                                 "tests": TEST_FILES, "mutants": []}
+                                 "commit": commit, "tests": TEST_FILES, "mutants": []}
     with tempfile.TemporaryDirectory(prefix="tctune-mut-") as tmp:
         if not a.skip_baseline:
             base = Path(tmp) / "baseline"
