@@ -24,6 +24,7 @@ import sys
 import time
 import traceback
 from collections import OrderedDict
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -135,34 +136,51 @@ class DeviceSession:
             launch_kernel(fn, meta, dev["x"][i], dev["w"][i], dev["scale"], dev["bias"], ys[i],
                           ws, counters, dev["res"], dev["res_scale"])
 
-        # Correctness: poisoned output, one launch, exact / tolerance compare.
-        ys[0].fill(POISON)
-        launch(0)
-        cp.cuda.runtime.deviceSynchronize()
-        got = from_device_output(cp.asnumpy(ys[0]), shape, out_bits, prec, layout)
-        want = prob.expected(epi["mode"], bool(epi["relu"]), residual)
-        if prec is Precision.FP32_TC:  # against float64, within twice FP32's error
-            ok, stats = check_output(got, want, prec, out_bits, gemm_k=shape.gemm_k,
-                                     abs_ref=fp32_tc_abs_ref(prob, epi["mode"]))
-        else:
-            ok, stats = check_output(got, want, prec, out_bits)
-        detail: dict[str, Any] = {"gpu": self.gpu_name, "check": stats, "n_sets": n_sets}
-        if not ok:
-            return {"status": "wrong", "median_us": None, "iqr_us": None,
-                    "error": f"output differs from the reference: {stats}", "detail": detail}
-        if not time_it:
-            return {"status": "ok", "median_us": None, "iqr_us": None, "error": None,
-                    "detail": detail}
+        def check() -> tuple[bool, dict[str, Any]]:
+            # Correctness: poisoned output, one launch, exact / tolerance compare.
+            ys[0].fill(POISON)
+            launch(0)
+            cp.cuda.runtime.deviceSynchronize()
+            got = from_device_output(cp.asnumpy(ys[0]), shape, out_bits, prec, layout)
+            want = prob.expected(epi["mode"], bool(epi["relu"]), residual)
+            abs_ref = fp32_tc_abs_ref(prob, epi["mode"]) if prec is Precision.FP32_TC else None
+            return verify_output(got, want, prec, out_bits, shape.gemm_k, abs_ref)
+
         kw = {"samples": samples} if samples else {}
-        t = time_launches(launch, n_sets, api="cupy", **kw)
-        detail.update(t.to_dict())
-        return {"status": "ok", "median_us": round(t.median_us, 4), "iqr_us": round(t.iqr_us, 4),
-                "error": None, "detail": detail}
+        timer = (lambda: time_launches(launch, n_sets, api="cupy", **kw)) if time_it else None
+        return check_then_time(check, timer, {"gpu": self.gpu_name, "n_sets": n_sets})
 
     @staticmethod
     def _set_bytes(prob: Problem, layout: str, y_bytes: int, c_padded: int) -> int:
         xb, wb = prob.device_inputs(layout, c_padded)
         return int(xb.nbytes + wb.nbytes + y_bytes)
+
+
+def verify_output(got: Any, want: Any, precision: Precision, out_bits: int, gemm_k: int,
+                  abs_ref: Any = None) -> tuple[bool, dict[str, Any]]:
+    """The output check of one candidate: fp32_tc against float64 within twice FP32's error
+    (with the per-element bound of `abs_ref`), the others as `check_output` says."""
+    if precision is Precision.FP32_TC:
+        return check_output(got, want, precision, out_bits, gemm_k=gemm_k, abs_ref=abs_ref)
+    return check_output(got, want, precision, out_bits)
+
+
+def check_then_time(check: Callable[[], tuple[bool, dict[str, Any]]],
+                    timer: Callable[[], Any] | None, detail: dict[str, Any]) -> dict[str, Any]:
+    """Check, then time: `timer` (returning a kernels.timing result) runs only after `check`
+    passed, so a wrong kernel never gets a latency. None: check only."""
+    ok, stats = check()
+    detail = {**detail, "check": stats}
+    if not ok:
+        return {"status": "wrong", "median_us": None, "iqr_us": None,
+                "error": f"output differs from the reference: {stats}", "detail": detail}
+    if timer is None:
+        return {"status": "ok", "median_us": None, "iqr_us": None, "error": None,
+                "detail": detail}
+    t = timer()
+    detail.update(t.to_dict())
+    return {"status": "ok", "median_us": round(t.median_us, 4), "iqr_us": round(t.iqr_us, 4),
+            "error": None, "detail": detail}
 
 
 def fp32_tc_abs_ref(prob: Problem, epilogue_mode: str) -> Any:

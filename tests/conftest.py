@@ -20,7 +20,26 @@ PG_ADMIN_URL = os.environ.get("TCTUNE_TEST_PG",
                               "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
 REPO = Path(__file__).resolve().parent.parent
 
-__all__ = ["PG_ADMIN_URL", "REPO", "Service", "free_port"]
+__all__ = ["PG_ADMIN_URL", "REPO", "Service", "free_port", "has_gpu"]
+
+
+def has_gpu() -> bool:
+    """CuPy imports and sees a CUDA device (what a `gpu` test needs)."""
+    try:
+        import cupy
+
+        return bool(cupy.cuda.runtime.getDeviceCount() > 0)
+    except Exception:  # no CuPy, no driver, no device
+        return False
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """`gpu` tests run where there is a GPU and are skipped, with the reason, elsewhere."""
+    if any(item.get_closest_marker("gpu") for item in items) and not has_gpu():
+        skip = pytest.mark.skip(reason="needs CuPy and a CUDA GPU (marked gpu)")
+        for item in items:
+            if item.get_closest_marker("gpu"):
+                item.add_marker(skip)
 
 
 @dataclass
@@ -62,6 +81,19 @@ class Service:
     @property
     def db_url(self) -> str:
         return f"sqlite:///{(self.data_dir / 'tctune.db').resolve()}"
+
+
+SASS_MISSING = ("cuobjdump/nvdisasm not found: they come with the dev extra "
+                "(pip install -e '.[dev]': nvidia-cuda-cuobjdump, nvidia-cuda-nvdisasm)")
+
+
+@pytest.fixture
+def sass_tools() -> None:
+    """SASS checks need cuobjdump and nvdisasm; .ci/run installs them, so missing is a
+    failure, never a silent pass."""
+    from kernels.sass import cuobjdump_path, nvdisasm_path
+
+    assert cuobjdump_path() and nvdisasm_path(), SASS_MISSING
 
 
 @pytest.fixture

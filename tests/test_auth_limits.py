@@ -20,6 +20,9 @@ from store.models import Job, Measurement, Task
 from store.settings import Settings
 from tests.conftest import Service
 
+# Scopes, revocation and the per-token limits are guarantees of the README.
+pytestmark = pytest.mark.guarantee
+
 STAGE2 = {"n": 8, "h": 56, "w": 56, "c": 64, "k": 64, "r": 3, "s": 3, "pad": [1, 1]}
 
 

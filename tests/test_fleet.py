@@ -79,7 +79,32 @@ class Fleet:
                 "TCTUNE_BROKER_URL": f"redis://127.0.0.1:{self.redis_port}/0",
                 "TCTUNE_BACKEND": "simulated", "TCTUNE_SIM_DELAY_S": "0.03",
                 "TCTUNE_BATCH_SIZE": "16", "TCTUNE_LEASE_S": "4", "TCTUNE_REDISPATCH_S": "3",
-                "TCTUNE_SWEEP_S": "0.5", "TCTUNE_HEARTBEAT_S": "1"}
+                "TCTUNE_SWEEP_S": "0.5", "TCTUNE_HEARTBEAT_S": "1",
+                # No `allow` file: never held; every simulated measurement is logged there.
+                "TCTUNE_SIM_GATE_DIR": str(self.gate)}
+
+    @property
+    def gate(self) -> Path:
+        path = self.tmp / "gate"
+        path.mkdir(exist_ok=True)
+        return path
+
+    def measured(self) -> list[tuple[int, str]]:
+        """(pid, task|schedule) of every measurement a simulated GPU made, in order."""
+        log = self.gate / "measured.log"
+        lines = log.read_text().splitlines() if log.exists() else []
+        return [(int(pid), key) for pid, key in (line.split(" ", 1) for line in lines)]
+
+    def assert_measured_once(self, crashed: frozenset[int] | set[int] = frozenset()) -> None:
+        """Each candidate ran on a (simulated) GPU once; a second run only of one whose
+        first run was in a process that was SIGKILLed (`crashed`) before it wrote."""
+        runs: dict[str, list[int]] = {}
+        for pid, key in self.measured():
+            runs.setdefault(key, []).append(pid)
+        assert runs, "no measurement was logged at the gate"
+        twice = {k: p for k, p in runs.items() if len(p) > 1}
+        bad = {k: p for k, p in twice.items() if len(p) > 2 or p[0] not in crashed}
+        assert not bad, f"measured more than once on a GPU: {bad}"
 
     @property
     def url(self) -> str:
@@ -159,6 +184,14 @@ class Fleet:
             self.redis.kill()
 
 
+def _in_group(pid: int, pgid: int) -> bool:
+    """The process `pid` is alive and in process group `pgid` (a worker's pool child)."""
+    try:
+        return os.getpgid(pid) == pgid
+    except ProcessLookupError:
+        return False
+
+
 def _get(url: str) -> Any:
     try:
         resp = httpx.get(url, timeout=5)
@@ -193,26 +226,38 @@ def test_job_runs_through_celery_workers(fleet: Fleet) -> None:
     state = fleet.wait(job_id, lambda s: s["status"] == "done")
     assert state["trials_done"] == 48 and state["simulated"] is True
     rows = fleet.assert_exact(job_id, 48)
+    fleet.assert_measured_once()
     assert {m.worker for m in rows} <= {w["name"] for w in httpx.get(f"{fleet.url}/workers").json()}
     workers = httpx.get(f"{fleet.url}/workers").json()
     assert len(workers) == 2
     assert all(w["gpu_model"] == "NVIDIA H200 (simulated)" and w["target"] == "h200"
-               and w["heartbeat_age_s"] < 10 for w in workers)
+               for w in workers)
+    # Heartbeats every second: each worker's turns fresh (polled, not a wall-clock bound
+    # on one reading, which a loaded machine can miss).
+    _until(lambda: all(w["heartbeat_age_s"] < 5
+                       for w in httpx.get(f"{fleet.url}/workers").json()), 60,
+           lambda: f"workers: {httpx.get(f'{fleet.url}/workers').json()}")
     best = httpx.get(f"{fleet.url}/schedule", params=dict(
         n=8, h=56, w=56, c=64, k=64, r=3, s=3, pad=1, precision="int8", target="h200"))
     assert best.status_code == 200
     assert best.json()["latency_us"] == min(m.median_us for m in rows if m.status == "ok")
 
 
+@pytest.mark.guarantee
 def test_sigkill_measure_worker_mid_batch(fleet: Fleet) -> None:
     fleet.start(workers=1, TCTUNE_SIM_DELAY_S="0.15")
     job_id = fleet.submit(40)
     fleet.wait(job_id, lambda s: s["trials_done"] >= 6)
+    victim = fleet.workers[0]
+    assert victim.popen is not None
+    crashed = {pid for pid, _ in fleet.measured() if _in_group(pid, victim.popen.pid)}
     fleet.workers[0].kill()  # SIGKILL: its leased candidate and prefetched message are lost
     assert fleet.job(job_id)["status"] == "running"
     fleet.worker("replacement")
     fleet.wait(job_id, lambda s: s["status"] == "done")
     fleet.assert_exact(job_id, 40)
+    assert crashed, "the killed worker had measured"
+    fleet.assert_measured_once(crashed)
 
 
 def test_restart_explorer_mid_job(fleet: Fleet) -> None:
@@ -224,8 +269,10 @@ def test_restart_explorer_mid_job(fleet: Fleet) -> None:
     fleet.explorer = fleet.run("explorer2", "explorer")
     fleet.wait(job_id, lambda s: s["status"] == "done")
     fleet.assert_exact(job_id, 48)
+    fleet.assert_measured_once()
 
 
+@pytest.mark.guarantee
 def test_restart_redis_mid_job(fleet: Fleet) -> None:
     fleet.start(workers=1, TCTUNE_SIM_DELAY_S="0.1")
     job_id = fleet.submit(48)
@@ -237,6 +284,7 @@ def test_restart_redis_mid_job(fleet: Fleet) -> None:
     state = fleet.wait(job_id, lambda s: s["status"] == "done", timeout=240)
     assert state["trials_done"] == 48
     fleet.assert_exact(job_id, 48)
+    fleet.assert_measured_once()  # the sweeper's re-sends measured nothing twice
 
 
 def test_crashing_measurement_is_a_runtime_error_and_the_worker_goes_on(fleet: Fleet) -> None:
@@ -256,7 +304,6 @@ def test_job_without_a_live_worker_says_so(fleet: Fleet) -> None:
                                                  "target": "t4", "trials": 8},
                       headers=fleet.headers)
     job_id = resp.json()["job_id"]
-    time.sleep(3)
-    state = fleet.job(job_id)
+    state = fleet.wait(job_id, lambda s: "no live worker" in (s["warning"] or ""), timeout=60)
     assert state["live_workers"] == 0
-    assert "no live worker for target t4" in (state["warning"] or "")
+    assert "no live worker for target t4" in state["warning"]

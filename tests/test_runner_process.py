@@ -1,5 +1,6 @@
 """The measurement child starts as a plain subprocess, also from a daemonic pool process
-(a Celery worker's), and reports plainly when there is no GPU."""
+(a Celery worker's): on a GPU machine it reports the GPU, elsewhere it says plainly why
+there is none."""
 
 from __future__ import annotations
 
@@ -8,6 +9,10 @@ import multiprocessing as mp
 import pytest
 
 from kernels.runner import Runner
+from tests.conftest import has_gpu
+
+GPU = has_gpu()
+without_gpu = pytest.mark.skipif(GPU, reason="a GPU is present: the no-GPU path cannot run")
 
 
 def _start_runner(_: int) -> tuple[bool, str | None]:
@@ -17,16 +22,35 @@ def _start_runner(_: int) -> tuple[bool, str | None]:
     return ok, r.start_error
 
 
+@without_gpu
 def test_runner_without_gpu_says_why() -> None:
     ok, err = _start_runner(0)
     assert ok is False
     assert err  # e.g. "ModuleNotFoundError: No module named 'cupy'" or a driver error
 
 
-def test_runner_starts_inside_a_daemonic_process() -> None:
+@without_gpu
+def test_runner_starts_inside_a_daemonic_process_without_gpu() -> None:
     with mp.get_context("fork").Pool(1) as pool:  # pool processes are daemonic
         ok, err = pool.apply(_start_runner, (0,))
     assert ok is False and err and "daemonic" not in err
+
+
+@pytest.mark.gpu
+def test_runner_on_a_gpu_reports_it() -> None:
+    r = Runner(device=0)
+    try:
+        assert r.ensure_started(), r.start_error
+        assert r.gpu_name and r.sm and r.sm >= 70
+    finally:
+        r.close()
+
+
+@pytest.mark.gpu
+def test_runner_starts_inside_a_daemonic_process_on_a_gpu() -> None:
+    with mp.get_context("spawn").Pool(1) as pool:  # spawn: no CUDA state forked
+        ok, err = pool.apply(_start_runner, (0,))
+    assert ok is True, err
 
 
 def test_the_measuring_child_runs_one_thread_per_pool(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -151,3 +151,42 @@ def test_concurrent_writers_of_one_task_keep_its_fastest_as_best(db: str) -> Non
                           key=lambda m: (m.median_us, m.id))
             best = s.get(BestSchedule, task_id)
             assert best is not None and best.measurement_id == fastest.id
+
+
+def test_groups_waiting_together_share_one_transaction(db: str) -> None:
+    """While one transaction is being written, the groups that arrive wait and then go in
+    one transaction together (batching on; with it off each would take its own)."""
+    import time
+
+    backend = SimulatedBackend(H200)
+    job = _jobs(db, 1, 32)[0]
+    ids = tasks.explore_round(db, job, 32).ids
+    release = threading.Event()
+    sizes: list[int] = []
+
+    def held(url: str, groups: Sequence[WriteGroup]) -> list[tuple[int, set[int]]]:
+        sizes.append(len(groups))
+        if len(sizes) == 1:
+            assert release.wait(60), "the test never released the first transaction"
+        return tasks.write_groups(url, groups)
+
+    batcher = WriteBatcher(db, held)
+    threads = [threading.Thread(target=tasks.measure_chunk,
+                                args=(db, ids[i:i + 8], backend, f"node#{i}", 60, 10.0),
+                                kwargs={"writer": batcher}) for i in range(0, 32, 8)]
+    threads[0].start()
+    deadline = time.monotonic() + 60
+    while not sizes:  # the first group's transaction has started
+        assert time.monotonic() < deadline, "the first group never reached the batcher"
+        time.sleep(0.01)
+    for t in threads[1:]:
+        t.start()
+    while len(batcher._queue) < 3:  # the other three wait behind it
+        assert time.monotonic() < deadline, f"{len(batcher._queue)} of 3 groups queued"
+        time.sleep(0.01)
+    release.set()
+    for t in threads:
+        t.join(60)
+    assert sizes == [1, 3] and batcher.transactions == 2 and batcher.groups == 4
+    with session_scope(db) as s:
+        assert len(s.scalars(select(Measurement)).all()) == 32

@@ -72,13 +72,13 @@ def sweep_once(settings: Settings, last_explore: dict[int, float]) -> tuple[int,
             key = (cand.job_id, cand.state, targets[cand.task_id])
             groups.setdefault(key, []).append(cand.id)
         for (_, state, target), ids in groups.items():
+            resent += len(ids)  # unbuilt ones too: each is a candidate sent again
             if state == "pending":
                 celery_app.dispatch(ids, target)
                 continue
             for chunk in celery_app.chunks(ids, settings.chunk_size):
                 celery_app.send(celery_app.measure_task, chunk,
                                 celery_app.measure_queue(target), target)
-            resent += len(ids)
         repo.mark_dispatched(s, [c.id for c in stale])
     if resent:
         log.warning("re-sent %d candidates whose messages were lost", resent)

@@ -18,6 +18,7 @@ import os
 import time
 from collections.abc import Mapping
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -208,6 +209,45 @@ def _measure_in_child(task: TaskSpec, schedule: dict[str, Any], crash: bool) -> 
     return os.waitpid(pid, 0)[1]
 
 
+# Tests hold simulated measurements at a gate, so that a job is still running when they
+# look (instead of guessing how long it takes on a loaded machine), and count every
+# measurement across processes. The directory's `allow` file, while it exists, holds how
+# many measurements may start in all; each start takes a numbered ticket file (O_EXCL:
+# one per number, whichever process asks) and waits while there is none left. Each start
+# also appends "pid key" to `measured.log` (O_APPEND writes of one short line are whole).
+GATE_ENV = "TCTUNE_SIM_GATE_DIR"
+GATE_POLL_S = 0.02
+
+
+def _allowed(gate: str) -> int | None:
+    try:
+        return int((Path(gate) / "allow").read_text().strip() or 0)
+    except FileNotFoundError:
+        return None
+    except ValueError:  # being rewritten: read again
+        return 0
+
+
+def pass_gate(gate: str, key: str) -> None:
+    """Wait for a ticket of the gate directory, then log the measurement's key."""
+    n = 0
+    while True:
+        allowed = _allowed(gate)
+        if allowed is not None and n >= allowed:
+            time.sleep(GATE_POLL_S)
+            continue
+        try:
+            os.close(os.open(Path(gate) / f"ticket-{n}", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            break
+        except FileExistsError:
+            n += 1
+    fd = os.open(Path(gate) / "measured.log", os.O_CREAT | os.O_APPEND | os.O_WRONLY)
+    try:
+        os.write(fd, f"{os.getpid()} {key}\n".encode())
+    finally:
+        os.close(fd)
+
+
 class SimulatedBackend:
     """Measures nothing: asks the analytical model. `delay_s` imitates a measurement's time.
 
@@ -236,6 +276,10 @@ class SimulatedBackend:
                 build: BuildOutcome) -> MeasureOutcome:
         if build.status != "ok":
             return MeasureOutcome(build.status, error=build.log[-2000:] or None)
+        gate = os.environ.get(GATE_ENV)
+        if gate:
+            pass_gate(gate, f"{task.shape.key()}|{task.precision.value}|"
+                            f"{task.target.name}|{schedule_hash(schedule)}")
         if self.delay_s:
             time.sleep(self.delay_s)
         if self.crash_rate > 0:
