@@ -29,6 +29,7 @@ REPO = Path(__file__).resolve().parent.parent
 TEST_FILES = ["tests/test_guarantee_check.py", "tests/test_guarantee_serving.py",
               "tests/test_guarantee_delivery.py", "tests/test_guarantee_migrations.py",
               "tests/test_guarantee_import_tokens.py", "tests/test_auth_limits.py",
+              "tests/test_shared_limits.py",
               "tests/test_fleet.py"]
 
 
@@ -135,10 +136,13 @@ MUTANTS = [
             ("api/routes/transfer.py", "raise _Invalid(report)  # rolls the transaction back",
              "pass")]),
     Mutant("import-not-idempotent",
-           "each import makes a new import job per task",
+           "a line already present is not recognised: the re-import makes an import job and "
+           "counts the line as imported",
            [("store/transfer.py",
-             "Job.task_id == task.id, Job.strategy == IMPORT_STRATEGY)).first()",
-             "Job.task_id == task.id, Job.strategy == IMPORT_STRATEGY)).first() and None")]),
+             "Measurement.task_id == task.id, Measurement.schedule_hash == digest)):",
+             "Measurement.task_id == task.id, Measurement.schedule_hash == digest + '?')):"),
+            ("store/transfer.py", "if session.execute(stmt).scalar() is not None:",
+             "if session.execute(stmt) is not None:")]),
     Mutant("revoked-token-accepted",
            "a revoked token is still found",
            [("store/repository.py",

@@ -64,6 +64,7 @@ def _revoke(db: str, token_id: int) -> None:
         assert repo.revoke_token(s, token_id)
 
 
+@pytest.mark.guarantee
 def test_a_revoked_token_mutates_nothing_at_once(apps: Any, db: str) -> None:
     a, b = apps(2)
     token, token_id = _token(db)
@@ -75,6 +76,7 @@ def test_a_revoked_token_mutates_nothing_at_once(apps: Any, db: str) -> None:
         assert refused.status_code == 401 and "revoked" in refused.json()["detail"]
 
 
+@pytest.mark.guarantee
 def test_a_revoked_token_reads_for_at_most_the_documented_second(apps: Any, db: str) -> None:
     assert auth_module.TOKEN_CACHE_S <= 1.0
     a, b = apps(2, read_auth=True)
