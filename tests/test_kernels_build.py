@@ -41,9 +41,9 @@ def sample_jobs(precision: Precision, sm: int, count: int, seed: int) -> list[Bu
     rng = np.random.default_rng(seed)
     target = get_target(SM_TARGET[sm])
     jobs = []
+    spaces = [ScheduleSpace(shape, precision, target) for shape in SHAPES]  # one enumeration each
     for i in range(count):
-        shape = SHAPES[i % len(SHAPES)]
-        space = ScheduleSpace(shape, precision, target)
+        shape, space = SHAPES[i % len(SHAPES)], spaces[i % len(SHAPES)]
         sched = space.schedule_at(int(rng.choice(space.valid_indices)))
         epi = Epilogue(str(rng.choice(["acc", "default"])), bool(rng.random() < 0.3))
         jobs.append(BuildJob(shape, precision, sm, sched, epi))
