@@ -165,6 +165,20 @@ def retire_candidates(session: Session, ids: Sequence[int]) -> None:
                     .values(state="done", lease_owner=None, lease_expires_at=None))
 
 
+def renew_leases(session: Session, ids: Sequence[int], owner: str, seconds: float) -> set[int]:
+    """Extend `owner`'s lease on the open candidates of `ids` it still holds; returns them.
+    One whose lease ran out and was taken by another worker is not renewed: its holder
+    measures it, this one must not."""
+    if not ids:
+        return set()
+    got = session.execute(
+        update(Candidate.__table__)
+        .where(C.id.in_(list(ids)), C.state != "done", C.lease_owner == owner)
+        .values(lease_expires_at=utcnow() + timedelta(seconds=seconds))
+        .returning(C.id))
+    return set(got.scalars().all())
+
+
 # Statements built once per dialect: building one costs more CPU than running it.
 _statements: dict[tuple[str, str], Any] = {}
 

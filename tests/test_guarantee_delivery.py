@@ -200,3 +200,52 @@ def test_a_schedule_measured_for_the_task_is_not_measured_for_another_job(db: st
     with session_scope(db) as s:
         assert all(c.state == "done" for c in
                    s.scalars(select(Candidate).where(Candidate.id.in_(again))))
+
+
+class SlowBackend(CountingBackend):
+    """A busy host: each measurement takes `seconds`; `during(n)` runs inside the n-th."""
+
+    def __init__(self, seconds: float, during: dict[int, Any]) -> None:
+        super().__init__()
+        self.seconds, self.during = seconds, during
+
+    def measure(self, task: TaskSpec, schedule: dict[str, Any],
+                build: BuildOutcome) -> MeasureOutcome:
+        import time
+
+        n = sum(self.calls.values()) + 1
+        out = super().measure(task, schedule, build)
+        time.sleep(self.seconds)
+        if n in self.during:
+            self.during[n]()
+        return out
+
+
+def test_a_slow_worker_keeps_its_lease_and_a_stalled_one_skips_what_was_taken(
+        db: str) -> None:
+    # A chunk that outlasts its lease (6 x 0.5 s against 1.2 s) on a live worker: its lease
+    # is renewed as it goes, so the sweeper's re-send of its message, delivered to B after
+    # the first lease would have run out, measures nothing.
+    job_id = _job(db, 12)
+    ids = tasks.explore_round(db, job_id, 12).ids
+    first, second = ids[:6], ids[6:]
+    other = CountingBackend()
+    taken: list[int] = []
+    slow = SlowBackend(0.5, {4: lambda: taken.append(
+        tasks.measure_chunk(db, first, other, "B", 1.2, flush_s=100).written)})
+    assert tasks.measure_chunk(db, first, slow, "A", 1.2, flush_s=100).written == 6
+    assert taken == [0] and not other.calls
+    # A worker that stalls past its lease (its host froze while it measured the first
+    # candidate): B takes the rest and measures it; A, going on, measures none of it.
+    def stall() -> None:
+        _expire_leases(db, second[1:])
+        taken.append(tasks.measure_chunk(db, second[1:], other, "B", 60).written)
+
+    stalled = SlowBackend(0.0, {1: stall})
+    assert tasks.measure_chunk(db, second, stalled, "A", 0.0, flush_s=0).written == 1
+    assert taken[-1] == 5
+    rows = _measurements(db, job_id)
+    assert len(rows) == 12
+    both = slow.calls + other.calls + stalled.calls
+    twice = {h: n for h, n in both.items() if n > 1}
+    assert not twice, f"measured more than once on the GPU: {twice}"

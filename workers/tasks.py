@@ -315,6 +315,11 @@ def measure_chunk(db_url: str, candidate_ids: Sequence[int], backend: Backend, w
             if (db_url, row.task_id) not in _baselined:
                 baselines_needed[row.task_id] = spec
             leased.append(item)
+    # The lease is renewed as the chunk makes progress, so that a worker slowed down (a
+    # busy host, a long baseline or build) keeps what it holds and no live worker's
+    # candidate is taken by another; one that stalls past its lease skips what another
+    # worker took meanwhile.
+    renew_at = time.monotonic() + lease_s / 2
     baselines = {tid: b for tid, spec in baselines_needed.items()
                  if (b := _baseline(spec, backend)) is not None}
 
@@ -322,7 +327,14 @@ def measure_chunk(db_url: str, candidate_ids: Sequence[int], backend: Backend, w
     pending: list[tuple[_Leased, MeasureOutcome]] = []
     last_flush = time.monotonic()
     cache_dir = getattr(backend, "cache_dir", None)
+    held = {item.cand_id for item in leased}
     for k, item in enumerate(leased):
+        if time.monotonic() >= renew_at:
+            with session_scope(db_url) as s:
+                held = hp.renew_leases(s, [i.cand_id for i in leased], worker, lease_s)
+            renew_at = time.monotonic() + lease_s / 2
+        if item.cand_id not in held:
+            continue
         built = item.built
         if not built.status or (cache_dir and built.status == "ok" and built.artifact
                                 and not artifacts.fetch(db_url, cache_dir, built.artifact)):
