@@ -5,7 +5,8 @@ bench/gpu/runtime_defaults.py on their layers' own tensors).
 
 Per variant, in the order given: random inputs in [-1, 1) from one CPU generator seeded 1234
 (so the order decides each variant's data), NCHW tensors in channels_last, as many input
-sets as it takes to exceed L2, then `F.conv2d` through `time_launches(api="torch")`.
+sets as it takes to exceed L2 (outputs rotating with them), then `F.conv2d` through
+`time_launches(api="torch")`.
 """
 
 from __future__ import annotations
@@ -35,8 +36,15 @@ def time_cudnn_conv(shape: Any, x0: Any, w0: Any, l2_bytes: int) -> tuple[Any, l
     xl = [x0] + [x0.clone() for _ in range(n_sets - 1)]
     wl = [w0] + [w0.clone() for _ in range(n_sets - 1)]
 
+    # The outputs rotate too, as ours do (kernels.runner): a result dropped at once would be
+    # freed and its buffer handed to the next launch (in a graph capture as well), so every
+    # launch would write the same L2-resident lines and never pay for its output's DRAM
+    # writes. Slot i holds set i's output until set i runs again.
+    ys: list[Any] = [None] * n_sets
+
     def conv(i: int) -> None:
-        F.conv2d(xl[i], wl[i], stride=shape.stride, padding=shape.pad, dilation=shape.dilation)
+        ys[i] = F.conv2d(xl[i], wl[i], stride=shape.stride, padding=shape.pad,
+                         dilation=shape.dilation)
 
     return time_launches(conv, n_sets, api="torch"), xl, n_sets
 

@@ -112,8 +112,12 @@ def baselines(shape: ConvShape, l2_bytes: int) -> dict[str, float]:
     al = [a0] + [a0.clone() for _ in range(n_sets - 1)]
     bl = [b0] + [b0.clone() for _ in range(n_sets - 1)]
     try:
-        out["int_mm_us"] = round(time_launches(lambda i: torch._int_mm(al[i], bl[i]), n_sets,
-                                               api="torch").median_us, 4)
+        yl: list[Any] = [None] * n_sets  # outputs rotate as in bench/_cudnn.py
+
+        def int_mm(i: int) -> None:
+            yl[i] = torch._int_mm(al[i], bl[i])
+
+        out["int_mm_us"] = round(time_launches(int_mm, n_sets, api="torch").median_us, 4)
     except RuntimeError as e:  # shape limits of _int_mm (M > 16, K, N multiples of 8)
         log(f"  _int_mm unavailable for {shape.key()}: {e}")
         out["int_mm_us"] = float("nan")

@@ -84,13 +84,19 @@ def random_valid(space: ScheduleSpace, rng: np.random.Generator, tries: int = 40
     return space.schedule_at(int(rng.choice(valid))) if len(valid) else None
 
 
-def plan(count: int, seed: int, target_name: str, mma: str | None = None, ptx: bool = False
-         ) -> list[dict[str, Any]]:
-    """`mma` restricts the MMA knob (e.g. "wgmma": only the warpgroup path, fp16 and int8);
-    `ptx`: the candidates are built as PTX of the target's sm (see the module's doc)."""
+# `prebuild --tma-store-count`: the space of TMA stores (wgmma with TMA loads, PACK_OUT=2).
+TMA_STORES: dict[str, list[Any]] = {"MMA": ["wgmma"], "TMA": [1], "PACK_OUT": [2]}
+
+
+def plan(count: int, seed: int, target_name: str, mma: str | None = None, ptx: bool = False,
+         restrict: dict[str, list[Any]] | None = None) -> list[dict[str, Any]]:
+    """`mma` restricts the MMA knob (e.g. "wgmma": only the warpgroup path, fp16 and int8),
+    `restrict` any knobs; `ptx`: the candidates are built as PTX of the target's sm (see the
+    module's doc)."""
     rng = np.random.default_rng(seed)
-    restrict: dict[str, list[Any]] = {"MMA": [mma]} if mma else {}
-    precisions = PRECISIONS if mma != "wgmma" else (Precision.FP16, Precision.INT8)
+    restrict = {**(restrict or {}), **({"MMA": [mma]} if mma else {})}
+    wgmma_only = restrict.get("MMA") == ["wgmma"]
+    precisions = PRECISIONS if not wgmma_only else (Precision.FP16, Precision.INT8)
     target = get_target(target_name)
     items: list[dict[str, Any]] = []
     shapes = fixed_shapes()
@@ -105,10 +111,11 @@ def plan(count: int, seed: int, target_name: str, mma: str | None = None, ptx: b
         sched = random_valid(ScheduleSpace(shape, prec, target, {**restrict, **fold}), rng)
         if sched is None:
             continue
-        if prec.is_integer:
-            mode = str(rng.choice(["acc", "requant"]))
-        else:
-            mode = str(rng.choice(["acc", "bias"]))
+        # TMA stores write the 8- and 16-bit outputs only (kernels.runtime.schedule_fits).
+        modes = ["requant" if prec.is_integer else "bias"]
+        if sched.get("PACK_OUT") != 2:
+            modes.append("acc")
+        mode = str(rng.choice(modes))
         residual = mode in ("requant", "bias") and prec is not Precision.INT4 and \
             bool(rng.random() < 1 / 3)
         epi = Epilogue(mode, bool(rng.random() < 0.3), residual)
@@ -126,6 +133,8 @@ def jobs_of(items: list[dict[str, Any]]) -> list[BuildJob]:
 
 def cmd_prebuild(a: argparse.Namespace) -> int:
     items = plan(a.count, a.seed, a.target, a.mma)
+    if a.tma_store_count:
+        items += plan(a.tma_store_count, a.seed + 2, a.target, restrict=TMA_STORES)
     for name in filter(None, (a.ptx_targets or "").split(",")):
         items += plan(a.ptx_count, a.seed + 1, name.strip(), ptx=True)
     res = build_many(jobs_of(items), a.cache, a.workers)
@@ -195,6 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--workers", type=int, default=None)
     b.add_argument("--mma", choices=("sync", "wgmma"), default=None,
                    help="only schedules of this instruction path")
+    b.add_argument("--tma-store-count", type=int, default=0,
+                   help="more candidates drawn from the TMA-store schedules (PACK_OUT=2)")
     b.add_argument("--ptx-targets", default="",
                    help="comma-separated targets (t4,a100) whose code paths are built as PTX")
     b.add_argument("--ptx-count", type=int, default=150, help="candidates per PTX target")

@@ -5,9 +5,11 @@ residual epilogue of a bottleneck's last 1x1.
 Runs on the GPU machine (builds there too, on all cores):
   python -m bench.layer_classes search --out-dir DIR [--precisions int8,fp16] [--layers ...]
       per (layer, precision): a random sample of each instruction path (mma.sync, and wgmma
-      where the GPU has it; for few-channel layers half of each sample folded, FOLD_TAPS=1),
-      then one-knob local search around the fastest, then the best schedule with every value
-      of PACK_OUT and PERSIST (PAIRED) -> DIR/layer_classes_<precisions>.json with every
+      where the GPU has it, and wgmma with TMA loads and TMA stores, PACK_OUT=2; for
+      few-channel layers half of each sample folded, FOLD_TAPS=1), then one-knob local search
+      around the fastest, then the best schedule with every value of PACK_OUT and PERSIST
+      (PAIRED), and the best TMA schedule with 16-byte and with TMA stores (PACK_OUT 1 / 2)
+      -> DIR/layer_classes_<precisions>.json with every
       measurement, the best overall and per FOLD_TAPS value, the pairs, and cuDNN fp16
       (channels_last) timed in the same run with the same harness (kernels.timing).
   python -m bench.layer_classes residual --search DIR/layer_classes_*.json --out-dir DIR
@@ -57,7 +59,14 @@ LAYERS: dict[str, tuple[str, ConvShape]] = {
 # Knobs whose every value is measured on the best schedule: the epilogue staged through
 # shared memory with 16-byte stores (PACK_OUT=1) against stores from registers, and the
 # persistent grid (PERSIST) against one block per tile.
-PAIRED: dict[str, tuple[int, ...]] = {"PACK_OUT": (0, 1), "PERSIST": (0, 1, 2)}
+PAIRED: dict[str, tuple[int, ...]] = {"PACK_OUT": (0, 1, 2), "PERSIST": (0, 1, 2)}
+# The stores of the best TMA schedule (PACK_OUT=2 needs TMA=1, which the best may lack).
+TMA_STORES = (1, 2)
+
+# The sampled paths: the space restricted to each (mma.sync, wgmma, wgmma with TMA stores).
+PATHS: dict[str, dict[str, list[Any]]] = {
+    "sync": {"MMA": ["sync"]}, "wgmma": {"MMA": ["wgmma"]},
+    "tma_store": {"MMA": ["wgmma"], "TMA": [1], "PACK_OUT": [2]}}
 
 
 def _us_of(g: GroupSearch, sched: dict[str, Any]) -> float | None:
@@ -88,13 +97,13 @@ def _l2() -> int:
 
 def start_sample(space: ScheduleSpace, rng: np.random.Generator, per_path: dict[str, int]
                  ) -> list[dict[str, Any]]:
-    """A random sample of each instruction path; where taps fold, half of it folded."""
+    """A random sample of each path (PATHS); where taps fold, half of it folded."""
     shape, prec, tgt = space.shape, space.precision, space.target
     folds = [[0], [1]] if fold_tap_bytes(shape, prec) else [[0]]
     out: list[dict[str, Any]] = []
-    for mma, count in per_path.items():
+    for path, count in per_path.items():
         for fold in folds:
-            sub = ScheduleSpace(shape, prec, tgt, {"MMA": [mma], "FOLD_TAPS": fold})
+            sub = ScheduleSpace(shape, prec, tgt, {**PATHS[path], "FOLD_TAPS": fold})
             idx = sub.valid_indices
             k = count // len(folds)
             if len(idx) and k:
@@ -118,6 +127,7 @@ def cmd_search(a: argparse.Namespace) -> int:
     per_path = {"sync": a.sample_sync}
     if tgt.sm >= 90:
         per_path["wgmma"] = a.sample_wgmma
+        per_path["tma_store"] = a.sample_tma_store
     for name in names:
         what, shape = LAYERS[name]
         for prec in precs:
@@ -131,6 +141,9 @@ def cmd_search(a: argparse.Namespace) -> int:
             b = best(list(g.seen.values()))
             if b is not None:
                 g.run([{**b["schedule"], k: v} for k, vals in PAIRED.items() for v in vals])
+            bt = best([r for r in g.seen.values() if r["schedule"].get("TMA", 0) == 1])
+            if bt is not None:
+                g.run([{**bt["schedule"], "PACK_OUT": v} for v in TMA_STORES])
             rows = list(g.seen.values())
             if name not in base:
                 base[name] = baselines(shape, l2)
@@ -146,6 +159,8 @@ def cmd_search(a: argparse.Namespace) -> int:
                      "best_us": b and b["median_us"], "best_schedule": b and b["schedule"],
                      "best_by_fold_us": {k: v and v["median_us"] for k, v in by_fold.items()},
                      "paired_us": paired,
+                     "tma_stores_us": {str(v): _us_of(g, {**bt["schedule"], "PACK_OUT": v})
+                                       for v in TMA_STORES} if bt else {},
                      **base[name], "rows": rows}
             doc["groups"].append(group)
             log(f"{name} {prec.value}: best {group['best_us']} us vs cuDNN fp16 "
@@ -208,9 +223,9 @@ def _fmt(v: float | None) -> str:
 
 def render(paths: list[str]) -> str:
     lines = ["| layer | shape (batch 8) | precision | cuDNN fp16 us | tuned us | speedup | "
-             "unfolded / folded us | PACK_OUT 0 / 1 us | PERSIST 0 / 1 / 2 us | "
-             "measured (wrong) |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "unfolded / folded us | PACK_OUT 0 / 1 / 2 us | PERSIST 0 / 1 / 2 us | "
+             "best TMA: PACK_OUT 1 / 2 us | measured (wrong) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     resid = []
     for p in paths:
         d = json.loads(Path(p).read_text())
@@ -231,6 +246,7 @@ def render(paths: list[str]) -> str:
                 f"{s['r']}x{s['s']}/{s['stride'][0]} | {g['precision']} | "
                 f"{_fmt(g['cudnn_fp16_us'])} | {_fmt(g['best_us'])} | "
                 f"{_fmt(speed)}x | {fold_cell} | {pcells[0]} | {pcells[1]} | "
+                f"{' / '.join(_fmt(v) for v in g.get('tma_stores_us', {}).values()) or '-'} | "
                 f"{g['measured']} ({g['wrong']}) |")
     for d in resid:
         lines += ["", "| precision | conv+ReLU us | conv+residual+ReLU fused us | "
@@ -254,6 +270,8 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--precisions", default="int8,fp16")
     s.add_argument("--sample-sync", type=int, default=24)
     s.add_argument("--sample-wgmma", type=int, default=40)
+    s.add_argument("--sample-tma-store", type=int, default=16,
+                   help="random wgmma schedules with TMA loads and TMA stores (PACK_OUT=2)")
     s.add_argument("--rounds", type=int, default=1)
     s.add_argument("--top", type=int, default=2)
     s.add_argument("--seed", type=int, default=7)

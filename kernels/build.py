@@ -23,6 +23,7 @@ import numpy as np
 
 from kernels.space import (
     NHWCNC_BATCH_BLOCK,
+    TMA_STORE_BOX_ROWS,
     WGMMA_N_PER_TILE,
     Geometry,
     channel_vector,
@@ -293,7 +294,9 @@ def launch_meta(job: BuildJob, d: Mapping[str, int]) -> dict[str, Any]:
         "channel_vector": channel_vector(p), "batch_block": NHWCNC_BATCH_BLOCK,
         "int4_s8": bool(d["TC_INT4_S8"]), "defines": dict(d),
         "tma": tma_maps(sh, p, int(d["TC_C"]), int(g.block_m[0]), int(g.block_n[0]),
-                        int(g.block_k[0])) if s.get("TMA") else None,
+                        int(g.block_k[0]),
+                        epi.out_bits(p) if s["PACK_OUT"] == 2 else None) if s.get("TMA")
+        else None,
     }
 
 
@@ -302,15 +305,23 @@ TMA_ATOM_BYTES = 128
 
 
 def tma_maps(sh: ConvShape, p: Precision, c_padded: int, bm: int, bn: int,
-             bk: int) -> dict[str, Any]:
+             bk: int, store_bits: int | None = None) -> dict[str, Any]:
     """What kernels/launch.py needs to encode a TMA build's two tensor maps (cuTensorMapEncode*)
     for any x and w of this shape: dimensions innermost first, byte strides, boxes, swizzle.
     x: NHWC as (C, W, H, N) walked im2col-wise, BM pixels per box from the block's first output
     pixel, corners such that the walk covers exactly the P x Q output positions (as CUTLASS
-    does: lower = -pad, upper = pad - (filter - 1) * dilation). w: KRSC as (C, R*S, K)."""
+    does: lower = -pad, upper = pad - (filter - 1) * dilation). w: KRSC as (C, R*S, K).
+    `store_bits` (PACK_OUT=2): y as bytes (K * store_bits / 8, N*P*Q), boxes of the widest
+    swizzle dividing the tile's row bytes x 64 rows (conv.cu: SWB, BOX_ROWS)."""
     es = p.input_bits // 8
     atom = min(bk * es, TMA_ATOM_BYTES)
     (sh_, sw_), (ph, pw), (dh, dw) = sh.stride, sh.pad, sh.dilation
+    out: dict[str, Any] = {}
+    if store_bits is not None:
+        row, tile_row = sh.k * store_bits // 8, bn * store_bits // 8
+        swb = next(b for b in (128, 64, 32) if tile_row % b == 0)
+        out["y"] = {"dims": [row, sh.gemm_m], "strides": [row], "box": [swb, TMA_STORE_BOX_ROWS],
+                    "element_strides": [1, 1], "swizzle_bytes": swb}
     return {
         "dtype": "float16" if p is Precision.FP16 else "uint8",
         "swizzle_bytes": atom,
@@ -321,6 +332,7 @@ def tma_maps(sh: ConvShape, p: Precision, c_padded: int, bm: int, bn: int,
         "w": {"dims": [c_padded, sh.r * sh.s, sh.k],
               "strides": [c_padded * es, sh.r * sh.s * c_padded * es],
               "box": [atom // es, 1, bn], "element_strides": [1, 1, 1]},
+        **out,
     }
 
 

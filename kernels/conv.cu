@@ -16,6 +16,7 @@
 //   warp_tile.cuh         shared -> register fragments and the warp's mma loop
 //   warpgroup_tile.cuh    the same for wgmma (MMA=wgmma): warpgroup tiles read from shared
 //   epilogue.cuh          split-K fix-up, requantize / bias / residual / ReLU, packing, stores
+//                         (16-byte vectors, or bulk tensor stores with PACK_OUT=2)
 //
 // Tensor contracts (kernels/reference.py builds them):
 //   x: NHWC [N][H][W][Cp] or NHWCnc [N/8][H][W][Cp/c][8][c]; Cp = C rounded up to the
@@ -27,7 +28,8 @@
 //      and type added in the epilogue, y = act(acc * scale + bias + res * res_scale) (int8;
 //      fp16: + res, res_scale unused).
 //   maps (TMA=1 builds only, by value after the other arguments): the tensor maps of x
-//      (im2col) and w, 128 bytes each (kernels/launch.py encodes them per input pointer).
+//      (im2col) and w, and with PACK_OUT=2 of y (tiled, bytes), 128 bytes each
+//      (kernels/launch.py encodes them per tensor pointer).
 //   fp32_tc (PREC 3): x, w and y are float32; `scale` points to two floats {amax_x, amax_w}
 //      (max |x|, max |w|, or any bounds of them) from which every thread derives the same
 //      per-tensor power-of-two exponents (tc_exp_for, below); 0 means "do not scale".
@@ -163,10 +165,18 @@ constexpr int STAGE_BITS = PACK ? OUT_BITS : 32;
 constexpr bool DIRECT_OUT = PACK && OUT_BITS == 32;  // raw int32: registers -> global
 constexpr int TB = BN * OUT_BITS / 8;                // output tile row bytes
 constexpr int E_ROW = BN * STAGE_BITS / 8 + 16;      // staging row (+16 B against conflicts)
+// PACK_OUT=2: the staged tile is written by bulk tensor stores (TMA) instead of the threads'
+// 16-byte stores: column boxes of SWB bytes x 64 rows, each stored dense and swizzled as
+// the tensor map's SWB-byte swizzle reads it (no padding, few bank conflicts), from a
+// 1024-byte-aligned base (the slack is part of the region).
+constexpr bool TMA_ST = PACK == 2;
+constexpr int SWB = TB % 128 == 0 ? 128 : TB % 64 == 0 ? 64 : 32;
+constexpr int NBOX = TB / SWB, BOX_ROWS = 64;
+constexpr int STG_SMEM = TMA_ST ? BM * TB + 1024 : BM * E_ROW;
 // The residual epilogue with PACK_OUT stages the block's residual tile beside the output tile
 // (coalesced loads; the register epilogue then reads it from shared memory).
 constexpr int RES_SMEM = (RES && PACK) ? BM * E_ROW : 0;
-constexpr int EPI_SMEM = DIRECT_OUT ? 0 : BM * E_ROW + RES_SMEM;
+constexpr int EPI_SMEM = DIRECT_OUT ? 0 : STG_SMEM + RES_SMEM;
 // F32_ASYNC: two hi/lo plane buffers, then STAGES fp32 staging slots of the same size.
 // wgmma: room to round the base up to the 1024-byte alignment of its swizzled tiles.
 // TMA: a full and an empty mbarrier per stage after the stages.
@@ -207,6 +217,10 @@ static_assert(!WG || (!DUP && (PREC == 0 || PREC == 1)),
 static_assert(!WG || THREADS <= 1024, "a block holds at most 8 warpgroups");
 static_assert(!TMA || (WG && !LAYOUT && !DUP), "TMA loads whole NHWC im2col and weight tiles for wgmma");
 static_assert(!TMA || BN <= 256, "a TMA weight box spans at most 256 rows");
+static_assert(!TMA_ST || (TMA && !LAYOUT && SPLITK == 1 && (OUT_BITS == 8 || OUT_BITS == 16) &&
+                          (K * OUT_BITS / 8) % 16 == 0 && TB % 32 == 0 && BM % BOX_ROWS == 0),
+              "TMA stores write NHWC int8 / fp16 tiles whose rows are 16-byte multiples, "
+              "through the TMA build's tensor maps, without split-K");
 static_assert(!PERSIST || (!F32TC && !REGPATH && SPLITK == 1),
               "a persistent grid runs the TMA or cp.async multistage pipeline without split-K");
 // Implied by the register rule and kernels/spec.py's shape limits (tests/test_kernels_build.py):
@@ -270,7 +284,7 @@ __device__ __forceinline__ void conv_block(const u8* __restrict__ x, const u8* _
   else mainloop_regstaged(ld, wt, sr, it0, nit);
   __syncthreads();  // shared memory is reused by the epilogue
   if constexpr (F32TC) wt.finalize(scale);  // the accumulator sets -> one fp32 value each
-  epilogue(wt, smem, m0, n0, tid, tile, split, scale, bias, res, y, ws, counters);
+  epilogue(wt, smem, m0, n0, tid, tile, split, scale, bias, res, y, ws, counters, maps);
 }
 
 // PERSIST: one block walks the tiles blockIdx.x, + gridDim.x, ...; the next tile's first
@@ -298,7 +312,8 @@ __device__ __forceinline__ void conv_persistent(const u8* __restrict__ x,
     wt.init(0, tid, ld);
     persistent_tma(wt, sr, nit, tid, maps, [&](int tile) {
       const int m0 = (tile / TILES_N) * BM, n0 = (tile % TILES_N) * BN;
-      epilogue(wt, smem + EPI_OFF, m0, n0, tid, tile, 0, scale, bias, res, y, ws, counters);
+      epilogue(wt, smem + EPI_OFF, m0, n0, tid, tile, 0, scale, bias, res, y, ws, counters,
+               maps);
       __syncthreads();  // the epilogue's region is free for the next tile's
       wt.init(m0, tid, ld);
     });
@@ -321,7 +336,8 @@ __device__ __forceinline__ void conv_persistent(const u8* __restrict__ x,
       ld.init(x, w, (next / TILES_N) * BM, (next % TILES_N) * BN, tid);
       multistage_prologue(ld, sr, 0, nit);
     }
-    epilogue(wt, smem + EPI_OFF, m0, n0, tid, tile, 0, scale, bias, res, y, ws, counters);
+    epilogue(wt, smem + EPI_OFF, m0, n0, tid, tile, 0, scale, bias, res, y, ws, counters,
+             maps);
     __syncthreads();  // the epilogue's region is free for the next tile's
   }
   cp_async_wait<0>();
@@ -354,4 +370,6 @@ tc_conv(const u8* __restrict__ x, const u8* __restrict__ w, const float* __restr
   using Tile = Pick<cfg::WG, GroupTile, WarpTile>::T;
   if constexpr (cfg::PERSIST) conv_persistent<Tile>(x, w, scale, bias, y, ws, counters, r, m, smem);
   else conv_block<Tile>(x, w, scale, bias, y, ws, counters, r, m, smem);
+  // The block's shared memory must outlive the reads of its last bulk stores.
+  if constexpr (cfg::TMA_ST) if (threadIdx.x == 0) bulk_wait();
 }

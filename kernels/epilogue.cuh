@@ -8,6 +8,9 @@
 // PACK_OUT=1 (paper 3.2): the epilogue runs in registers; int8 / int4 values are packed into
 //   32-bit words across the quad with warp shuffles before the (4-8x smaller) shared store;
 //   raw int32 output goes straight from registers to global memory.
+// PACK_OUT=2: as 1, but the staged tile is swizzled for the TMA unit, and one thread writes
+//   it with bulk tensor stores that drain while the block goes on (the next tile's main
+//   loop, with PERSIST); no second pass through the threads.
 #pragma once
 
 namespace cfg {
@@ -52,6 +55,20 @@ __device__ __forceinline__ float res_tile(const u8* rs, const Residual& res, int
   }
 }
 
+// Byte offset of (row, byte column) in the staging tile. PACK_OUT=2: column boxes of SWB
+// bytes x BM rows, each row's 16-byte chunks permuted as the tensor map's SWB-byte swizzle
+// expects (chunk ^ address bits 7.., relative to the 1024-byte-aligned base).
+__device__ __forceinline__ int stg_off(int row, int colb) {
+  using namespace cfg;
+  if constexpr (TMA_ST) {
+    const int box = colb / SWB, inb = colb % SWB;
+    const int swz = SWB == 128 ? (row & 7) : SWB == 64 ? ((row >> 1) & 3) : ((row >> 2) & 1);
+    return box * (BM * SWB) + row * SWB + ((((inb >> 4) ^ swz)) << 4) + (inb & 15);
+  } else {
+    return row * E_ROW + colb;
+  }
+}
+
 // VW bytes from src to dst (both VW-aligned).
 template <int VW_>
 __device__ __forceinline__ void copy_vw(u8* dst, const u8* src) {
@@ -89,7 +106,8 @@ __device__ __forceinline__ void half_pos(int h, int& j, int& rh) {
 template <class WT>
 __device__ __forceinline__ void epilogue(WT& wt, u8* smem, int m0, int n0, int tid, int tile,
                                          int split, const float* scale, const float* bias,
-                                         const Residual& res, u8* y, u32* ws, u32* counters) {
+                                         const Residual& res, u8* y, u32* ws, u32* counters,
+                                         const TensorMaps* maps) {
   using namespace cfg;
   const int lane = tid & 31, g = lane >> 2, t = lane & 3;
 
@@ -140,7 +158,7 @@ __device__ __forceinline__ void epilogue(WT& wt, u8* smem, int m0, int n0, int t
   constexpr int VPRO = TB / VW;  // vectors per output row of the tile
   constexpr int EV = VW * 8 / OUT_BITS;  // elements per vector
   // ---- residual tile (PACK_OUT): rows of the output tile's layout, after the staging tile.
-  u8* const rs = smem + BM * E_ROW;
+  u8* const rs = smem + STG_SMEM;
   if constexpr (RES && PACK) {
 #pragma unroll 1
     for (int v = tid; v < BM * VPRO; v += THREADS) {
@@ -182,6 +200,14 @@ __device__ __forceinline__ void epilogue(WT& wt, u8* smem, int m0, int n0, int t
   }
 
   // ---- stage the tile in shared memory
+  // PACK_OUT=2: the 1024-byte-aligned staging tile, once the previous tile's bulk stores
+  // (this block's, PERSIST) have read it.
+  u8* const stg = TMA_ST ? smem + ((((smem_addr(smem) + 1023u) & ~1023u)) - smem_addr(smem))
+                         : smem;
+  if constexpr (TMA_ST) {
+    if (tid == 0) bulk_wait_read();
+    __syncthreads();
+  }
   if constexpr (!PACK) {
 #pragma unroll
     for (int i = 0; i < WRT; ++i)
@@ -207,7 +233,7 @@ __device__ __forceinline__ void epilogue(WT& wt, u8* smem, int m0, int n0, int t
           const int row = wt.wm0 + i * ROWSTEP + rh * 8 + g;
           float r0 = 0.f, r1 = 0.f;
           if constexpr (RES) { r0 = res_tile(rs, res, row, col); r1 = res_tile(rs, res, row, col + 1); }
-          *reinterpret_cast<u32*>(smem + row * E_ROW + col * 2) =
+          *reinterpret_cast<u32*>(stg + stg_off(row, col * 2)) =
               pack_f16x2(fp_epi(wt.acc[i][j][2 * rh], b0, r0),
                          fp_epi(wt.acc[i][j][2 * rh + 1], b1, r1));
         }
@@ -255,7 +281,7 @@ __device__ __forceinline__ void epilogue(WT& wt, u8* smem, int m0, int n0, int t
             half_pos(h, j, rh);
             const int row = wt.wm0 + i * ROWSTEP + rh * 8 + g;
             const int colb = wt.wn0 + j * 8 + 4 * (t >> 1);  // bytes == channels for int8
-            *reinterpret_cast<u32*>(smem + row * E_ROW + colb) = word;
+            *reinterpret_cast<u32*>(stg + stg_off(row, colb)) = word;
           }
         } else {
           // 4x4 byte transpose across the quad: thread t gathers half t's 8 channels.
@@ -272,11 +298,30 @@ __device__ __forceinline__ void epilogue(WT& wt, u8* smem, int m0, int n0, int t
             half_pos(h, j, rh);
             const int row = wt.wm0 + i * ROWSTEP + rh * 8 + g;
             const int colb = (wt.wn0 + j * 8) / 2;
-            *reinterpret_cast<u32*>(smem + row * E_ROW + colb) = word;
+            *reinterpret_cast<u32*>(stg + stg_off(row, colb)) = word;
           }
         }
       }
     }
+  }
+  if constexpr (TMA_ST) {
+    // ---- bulk tensor stores: one thread, one box per (column box, 64 rows); the map clips
+    // rows past M and columns past K.
+    fence_proxy_async_smem();
+    __syncthreads();
+#if TC_PACK_OUT == 2  // only these builds' TensorMaps hold y's map
+    if (tid == 0) {
+      const u32 base = smem_addr(stg);
+#pragma unroll 1
+      for (int b = 0; b < NBOX; ++b)
+#pragma unroll 1
+        for (int r0 = 0; r0 < BM; r0 += BOX_ROWS)
+          tma_store2(maps->y, base + (u32)(b * BM * SWB + r0 * SWB), n0 * (OUT_BITS / 8) + b * SWB,
+                     m0 + r0);
+      bulk_commit();
+    }
+#endif
+    return;
   }
   __syncthreads();
 

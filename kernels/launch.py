@@ -3,8 +3,8 @@
 The build's launch metadata (`kernels.build.launch_meta`) says everything: kernel name,
 grid, block, dynamic shared memory, split-K workspace and counters, and for TMA builds the
 tensor maps' parameters. The kernel's arguments are `(x, w, scale, bias, y, workspace,
-counters)`, then for residual builds `(res, res_scale)`, and for TMA builds the two tensor
-maps by value after them (kernels/conv.cu).
+counters)`, then for residual builds `(res, res_scale)`, and for TMA builds the tensor maps
+by value after them (x and w; y's too for TMA stores, PACK_OUT=2) (kernels/conv.cu).
 CuPy and the driver bindings are imported only inside functions, so `kernels` imports
 without a GPU.
 """
@@ -74,17 +74,19 @@ def alloc_scratch(meta: dict[str, Any]) -> tuple[Any, Any]:
     return cupy.zeros(ws_words, dtype=cupy.uint32), cupy.zeros(counter_words, dtype=cupy.uint32)
 
 
-def encode_tensor_maps(tma: dict[str, Any], x_ptr: int, w_ptr: int) -> bytes:
-    """The 256 bytes a TMA build reads: x's im2col map, then w's tiled map (kernels/tma.cuh),
-    encoded by the driver from `launch_meta`'s "tma" parameters and the two device pointers."""
+def encode_tensor_maps(tma: dict[str, Any], x_ptr: int, w_ptr: int, y_ptr: int = 0) -> bytes:
+    """The bytes a TMA build reads: x's im2col map, then w's tiled map, then for TMA stores
+    (PACK_OUT=2, "y" in the parameters) y's tiled map (kernels/tma.cuh), 128 bytes each,
+    encoded by the driver from `launch_meta`'s "tma" parameters and the device pointers."""
     from cuda.bindings import driver as drv
 
     dtype = (drv.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT16 if tma["dtype"] == "float16"
              else drv.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_UINT8)
-    swizzle = {32: drv.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_32B,
-               64: drv.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_64B,
-               128: drv.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B}[int(tma["swizzle_bytes"])]
-    common = (drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
+    swizzles = {32: drv.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_32B,
+                64: drv.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_64B,
+                128: drv.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B}
+    common = (drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+              swizzles[int(tma["swizzle_bytes"])],
               drv.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
               drv.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)  # zeros
     xs, ws = tma["x"], tma["w"]
@@ -105,7 +107,17 @@ def encode_tensor_maps(tma: dict[str, Any], x_ptr: int, w_ptr: int) -> bytes:
         u32(ws["element_strides"]), *common)
     if err != drv.CUresult.CUDA_SUCCESS:
         raise RuntimeError(f"cuTensorMapEncodeTiled: {err} ({tma})")
-    return b"".join(np.array(m.opaque, dtype=np.uint64).tobytes() for m in (xmap, wmap))
+    maps = [xmap, wmap]
+    if "y" in tma:  # bytes, so one map serves int8 and fp16 outputs
+        ys = tma["y"]
+        err, ymap = drv.cuTensorMapEncodeTiled(
+            drv.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, y_ptr, u64(ys["dims"]),
+            u64(ys["strides"]), u32(ys["box"]), u32(ys["element_strides"]),
+            common[0], swizzles[int(ys["swizzle_bytes"])], *common[2:])
+        if err != drv.CUresult.CUDA_SUCCESS:
+            raise RuntimeError(f"cuTensorMapEncodeTiled (y): {err} ({tma})")
+        maps.append(ymap)
+    return b"".join(np.array(m.opaque, dtype=np.uint64).tobytes() for m in maps)
 
 
 # Encoded maps per (build, x pointer, w pointer): a map holds its tensor's address, so each
@@ -115,13 +127,15 @@ _MAPS: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
 MAX_CACHED_MAPS = 4096
 
 
-def tensor_maps(meta: dict[str, Any], x_ptr: int, w_ptr: int) -> Any:
-    """The by-value kernel argument of a TMA build (ctypes, 256 bytes) for these pointers."""
-    key = (repr(meta["tma"]), x_ptr, w_ptr)
+def tensor_maps(meta: dict[str, Any], x_ptr: int, w_ptr: int, y_ptr: int = 0) -> Any:
+    """The by-value kernel argument of a TMA build (ctypes, 128 bytes a map) for these
+    pointers (y's only where the build stores through a map)."""
+    stores = "y" in meta["tma"]
+    key = (repr(meta["tma"]), x_ptr, w_ptr, y_ptr if stores else 0)
     arg = _MAPS.get(key)
     if arg is None:
-        arg = (ctypes.c_uint64 * 32).from_buffer_copy(
-            encode_tensor_maps(meta["tma"], x_ptr, w_ptr))
+        raw = encode_tensor_maps(meta["tma"], x_ptr, w_ptr, y_ptr)
+        arg = (ctypes.c_uint64 * (len(raw) // 8)).from_buffer_copy(raw)
         _MAPS[key] = arg
         while len(_MAPS) > MAX_CACHED_MAPS:
             _MAPS.popitem(last=False)
@@ -144,7 +158,7 @@ def _launch_with_maps(fn: Any, meta: dict[str, Any], ptrs: list[int],
     args: list[Any] = [ctypes.c_void_p(p) for p in ptrs]
     if res is not None:
         args += [ctypes.c_void_p(res[0]), ctypes.c_float(res[1])]
-    args.append(tensor_maps(meta, ptrs[0], ptrs[1]))
+    args.append(tensor_maps(meta, ptrs[0], ptrs[1], ptrs[4]))
     params = (ctypes.c_void_p * len(args))(*(ctypes.addressof(a) for a in args))
     stream = cupy.cuda.get_current_stream().ptr
     func = fn.kernel.ptr  # CuPy's RawKernel -> its cupy.cuda.Function -> CUfunction

@@ -194,9 +194,19 @@ def schedule_fits(shape: ConvShape, precision: Precision, target: Target,
         return ("breaks a rule of kernels.space.validity (registers per thread, pipeline "
                 "stages on this arch, or NHWCnc needs N % 8 == 0 and whole channel vectors)")
     cols = space.columns(np.array([space.index_of(schedule)]))
+    if not _stores_ok(cols, epilogue.resolved(p), p)[0]:
+        return (f"PACK_OUT=2 (TMA stores) writes int8 or fp16 outputs, not the "
+                f"{epilogue.resolved(p).mode!r} epilogue's 32-bit values")
     if not _epilogue_smem_ok(shape, p, target, cols, epilogue.resolved(p))[0]:
         return f"its {epilogue.resolved(p).mode!r} epilogue tile does not fit in shared memory"
     return None
+
+
+def _stores_ok(cols: Mapping[str, np.ndarray], epilogue: Epilogue,
+               precision: Precision) -> np.ndarray:
+    """`is_valid` admits TMA stores for the tuned 8- or 16-bit output; raw 32-bit outputs
+    leave the kernel from registers (conv.cu static_asserts)."""
+    return (np.asarray(cols["PACK_OUT"]) != 2) | (epilogue.out_bits(precision) != 32)
 
 
 def default_schedule(shape: ConvShape, precision: Precision | str, target: Target | str,
@@ -233,7 +243,8 @@ def default_schedule(shape: ConvShape, precision: Precision | str, target: Targe
     space = ScheduleSpace(shape, p, t)
     idx = space.valid_indices
     if len(idx):
-        idx = idx[_epilogue_smem_ok(shape, p, t, space.columns(idx), epi)]
+        cols = space.columns(idx)
+        idx = idx[_epilogue_smem_ok(shape, p, t, cols, epi) & _stores_ok(cols, epi, p)]
     if not len(idx):
         raise ValueError(f"no schedule of the space is valid for {shape.key()} {p.value} "
                          f"on {t.name}")

@@ -41,7 +41,9 @@ PAPER_KNOBS: dict[str, tuple[Any, ...]] = {
 }
 EXTRA_KNOBS: dict[str, tuple[Any, ...]] = {
     "DUP_AWARE": (0, 1),  # load the block's receptive field once (paper 3.1)
-    "PACK_OUT": (0, 1),  # epilogue and packing in registers before the smem store (3.2)
+    # 1: epilogue and packing in registers before the smem store (3.2), then 16-byte stores;
+    # 2: the same tile swizzled and written by TMA bulk tensor stores (TMA builds).
+    "PACK_OUT": (0, 1, 2),
     "LAYOUT": ("nhwc", "nhwcnc"),  # activations in the blocked layout (3.3)
     "STAGES": (1, 2, 3, 4, 6, 8),  # shared-memory pipeline depth (4-8: wgmma only)
     "SPLIT_K": (1, 2, 4),  # blocks that share one output tile's reduction
@@ -107,6 +109,10 @@ WGMMA_SMEM_ALIGN = 1024
 # block_m <= 1024 and kernels/spec.py bounds strides, pads and dilated filters; tested.)
 TMA_MBAR_BYTES = 16
 TMA_MAX_BOX_ROWS = 256
+# PACK_OUT=2: the staging tile's alignment (its swizzle pattern is taken from address bits),
+# and the rows of one bulk store box.
+TMA_STORE_ALIGN = 1024
+TMA_STORE_BOX_ROWS = 64
 SYNC_MAX_STAGES = 3
 # Register model of the wgmma path, calibrated on ~480 sm_90a builds: no fragments; the
 # loader keeps 4 registers of address state per unrolled 16-byte job (block_tile.cuh unrolls a
@@ -253,7 +259,8 @@ def geometry(shape: ConvShape, precision: Precision, target: Target,
     wrt, wct = np.asarray(cols["WARP_ROW_TILES"], i64), np.asarray(cols["WARP_COL_TILES"], i64)
     chunk, stages = np.asarray(cols["CHUNK"], i64), np.asarray(cols["STAGES"], i64)
     dup = np.asarray(cols["DUP_AWARE"], i64) == 1
-    pack = np.asarray(cols["PACK_OUT"], i64) == 1
+    pack_out = np.asarray(cols["PACK_OUT"], i64)
+    pack, tma_store = pack_out >= 1, pack_out == 2
     reorder = np.asarray(cols["REORDER_INNER"], i64) == 1
     split_k = np.asarray(cols["SPLIT_K"], i64)
     blocked = np.asarray(cols["LAYOUT"], dtype=object) == "nhwcnc"
@@ -328,8 +335,11 @@ def geometry(shape: ConvShape, precision: Precision, target: Target,
     pipeline = pipeline + np.where(tma, TMA_MBAR_BYTES * stages, 0)
     ob = p.output_bits if out_bits is None else out_bits
     stage_bits = np.where(pack, ob, 32)
-    epilogue = np.where(pack & (ob == 32), 0, bm * (bn * stage_bits // 8 + EPILOGUE_ROW_PAD))
-    epilogue = epilogue * np.where(pack & residual, 2, 1)
+    padded_tile = bm * (bn * stage_bits // 8 + EPILOGUE_ROW_PAD)
+    # PACK_OUT=2 stages the tile dense (swizzled) from a 1024-byte-aligned base.
+    staging = np.where(tma_store, bm * bn * ob // 8 + TMA_STORE_ALIGN, padded_tile)
+    epilogue = np.where(pack & (ob == 32), 0,
+                        staging + np.where(pack & residual, padded_tile, 0))
     # A persistent block's epilogue runs while the next tile's stages land: its own region.
     persist = _knob(cols, "PERSIST", np.shape(brw)) > 0
     smem = np.where(persist, pipeline + epilogue, np.maximum(pipeline, epilogue))
@@ -406,6 +416,16 @@ def validity(shape: ConvShape, precision: Precision, target: Target,
         ok &= ~tma | (wg & (np.asarray(cols["DUP_AWARE"]) == 0) &
                       (np.asarray(cols["LAYOUT"], dtype=object) == "nhwc") &
                       (g.block_n <= TMA_MAX_BOX_ROWS))
+    # TMA stores (PACK_OUT=2) write through the TMA build's tensor maps (NHWC, no split-K)
+    # whole 16-byte rows of the output (K * its bytes a multiple of 16: the map's stride),
+    # in boxes of 64 rows (the kernel static_asserts these).
+    tma_store = np.asarray(cols["PACK_OUT"]) == 2
+    out_row_bytes = shape.k * Precision(p).output_bits // 8
+    ok &= ~tma_store | ((_knob(cols, "TMA", np.shape(g.block_m)) == 1) &
+                        (np.asarray(cols["SPLIT_K"]) == 1) &
+                        (g.block_m % TMA_STORE_BOX_ROWS == 0))
+    if out_row_bytes % 16 or p not in (Precision.FP16, Precision.INT8):
+        ok &= ~tma_store
     # FOLD_TAPS packs (r, s, c) of a layer with few channels; its loader keeps one tap slot
     # per thread (threads a multiple of the taps per stage row) and reads plain NHWC im2col
     # rows (no duplicate-aware rows, no NHWCnc, no TMA; REORDER_INNER has no meaning: 0).

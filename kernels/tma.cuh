@@ -9,12 +9,16 @@
 // shared memory through the same (async) proxy.
 //
 // The tensor maps arrive as a kernel parameter (kernels/launch.py encodes them on the host
-// per input pointer): the activations' im2col map, then the weights' tiled map.
+// per input pointer): the activations' im2col map, then the weights' tiled map, then with
+// PACK_OUT=2 the output's tiled map, which the epilogue's bulk tensor stores write through.
 #pragma once
 
 struct __align__(64) TensorMaps {
   u64 x[16];
   u64 w[16];
+#if TC_PACK_OUT == 2
+  u64 y[16];  // the output's tiled map: the epilogue's bulk tensor stores (PACK_OUT=2)
+#endif
 };
 
 __device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
@@ -65,4 +69,26 @@ __device__ __forceinline__ void tma_tile3(u32 dst, const void* map, u32 bar, int
       "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
       " [%0], [%1, {%2, %3, %4}], [%5];\n"
       :: "r"(dst), "l"(map), "r"(c), "r"(tap), "r"(k), "r"(bar) : "memory");
+}
+
+// PACK_OUT=2: a box of the staged output tile (shared) -> y at (byte column c, row m). The
+// copies of one tile form a bulk group: the issuing thread commits it, and waits for the
+// group to have read shared memory before the staging tile is written again.
+__device__ __forceinline__ void tma_store2(const void* map, u32 src, int c, int m) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];\n"
+      :: "l"(map), "r"(c), "r"(m), "r"(src) : "memory");
+}
+__device__ __forceinline__ void bulk_commit() {
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+__device__ __forceinline__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
+__device__ __forceinline__ void bulk_wait() {
+  asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+}
+// Generic-proxy writes to shared memory, made visible to the async proxy (the TMA unit).
+__device__ __forceinline__ void fence_proxy_async_smem() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }

@@ -345,6 +345,7 @@ def device_cases() -> dict[str, Conv2d]:
     fold_wg = {**wg, "FOLD_TAPS": 1, "REORDER_INNER": 0, "DUP_AWARE": 0}
     # PERSIST: blocks walk more tiles than the grid has blocks (1568 tiles; the stem's more)
     expand = ConvShape(8, 56, 56, 64, 256, 1, 1)
+    tails = ConvShape(2, 17, 17, 64, 96, 3, 3, pad=1)
     persist = {**INT8_BEST, "BLK_ROW_WARPS": 1, "BLK_COL_WARPS": 4, "WARP_ROW_TILES": 2,
                "WARP_COL_TILES": 4, "CHUNK": 2, "REORDER_INNER": 0, "DUP_AWARE": 0,
                "PACK_OUT": 1, "LAYOUT": "nhwc", "STAGES": 3, "SPLIT_K": 1, "PERSIST": 2}
@@ -373,6 +374,18 @@ def device_cases() -> dict[str, Conv2d]:
                                                 "h100", relu=True, residual=True),
             "fp16_persist_tma_one_stage": Conv2d(expand, "fp16", {**tma, "STAGES": 1,
                                                                   "PERSIST": 1}, "h100"),
+            # PACK_OUT=2: the tile leaves through TMA stores (128-, 64- and 32-byte swizzles;
+            # row and column tails clipped by the map: 578 rows, 96 channels)
+            "int8_tma_store_persist_residual": Conv2d(
+                expand, "int8", {**tma, "PACK_OUT": 2, "PERSIST": 2}, "h100", relu=True,
+                residual=True),
+            "fp16_tma_store": Conv2d(expand, "fp16", {**tma, "PACK_OUT": 2}, "h100"),
+            "int8_tma_store_tails": Conv2d(tails, "int8", {**tma, "PACK_OUT": 2, "PERSIST": 1},
+                                           "h100"),
+            "int8_tma_store_narrow": Conv2d(tails, "int8", {**tma, "PACK_OUT": 2,
+                                                            "WARP_COL_TILES": 1}, "h100"),
+            "fp16_tma_store_tails_residual": Conv2d(tails, "fp16", {**tma, "PACK_OUT": 2},
+                                                    "h100", residual=True),
             "int8_stem_fold_persist": Conv2d(STEM, "int8", {**fold_sync, "SPLIT_K": 1,
                                                             "PERSIST": 2}, "h100"),
             "int8_requant_relu": Conv2d(SMALL, "int8", INT8_BEST, "h100", epilogue="requant",

@@ -69,7 +69,7 @@ def simulate_latency_us(shape: ConvShape, precision: Precision, target: Target,
     clock_hz = target.boost_mhz * 1e6
     wrt, wct = cols["WARP_ROW_TILES"].astype(f64), cols["WARP_COL_TILES"].astype(f64)
     stages, split_k = cols["STAGES"].astype(f64), cols["SPLIT_K"].astype(f64)
-    dup, pack = cols["DUP_AWARE"] == 1, cols["PACK_OUT"] == 1
+    dup, pack = cols["DUP_AWARE"] == 1, cols["PACK_OUT"] >= 1
     reorder = cols["REORDER_INNER"] == 1
     nhwcnc = cols["LAYOUT"] == "nhwcnc"
     bits = p.operand_bits
