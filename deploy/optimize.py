@@ -119,6 +119,10 @@ def optimize(model: nn.Module, example_inputs: Any, precision: str = "fp16",
         if why:
             lp.reason = why
             del candidates[node]
+        elif rec is not None and rec.slower_than_baseline():
+            # int8 has no PyTorch conv of its precision to fall back to: say so, run it.
+            lp.notes.append(f"tuned int8 kernel slower than its fp16 baseline per its "
+                            f"record (speedup {rec.speedup})")
 
     fused: dict[fx.Node, FusedConv] = {}
     defaults: list[str] = []

@@ -184,6 +184,7 @@ def choose_schedule(shape: ConvShape, precision: Precision, target: Target,
             why = schedule_fits(shape, precision, target, sched, epilogue)
             if why is None:
                 return sched, record.source, False, notes
-            notes.append(f"tuned schedule does not fit the fused epilogue ({why})")
+            notes.append(f"tuned schedule is not valid for this layer and its fused epilogue "
+                         f"({why})")
     sched, src = default_schedule(shape, precision, target, epilogue)
     return sched, f"default: {src}", True, notes
