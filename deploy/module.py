@@ -200,6 +200,11 @@ class FusedConv(nn.Module):
             y = v.to(torch.float16)
         return y.contiguous(memory_format=torch.channels_last)
 
+    def reference(self, x: torch.Tensor, residual: torch.Tensor | None = None
+                  ) -> torch.Tensor:
+        """The reference executor's output, whatever the backend (to check the kernel)."""
+        return self._run_reference(x, residual)
+
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         want = torch.int8 if self.precision is Precision.INT8 else torch.float16
         if x.dtype != want or (residual is not None and residual.dtype != want):
@@ -306,6 +311,14 @@ class OptimizedModel(nn.Module):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         with torch.no_grad():  # inference only: the kernels have no backward
             return self.graph_module(*args, **kwargs)
+
+    def set_backend(self, backend: str) -> None:
+        """Run every fused layer on this executor from now on ("cuda" or "reference")."""
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        for m in self.modules_of(FusedConv):
+            m.backend = backend  # type: ignore[assignment]
+        self.backend = backend
 
     def modules_of(self, kind: type[nn.Module]) -> list[nn.Module]:
         return [m for m in self.graph_module.modules() if isinstance(m, kind)]

@@ -108,10 +108,11 @@ def optimize(model: nn.Module, example_inputs: Any, precision: str = "fp16",
     calibrate.observe(gm, batches if p is Precision.INT8 else batches[:1], percentile)
 
     layers, candidates = _candidates(gm, p, tgt)
-    records = planning.lookup_records(
-        schedules, [(lp.name, shape) for shape, lp in candidates.values()], p, tgt)
+    records = dict(zip(candidates, planning.lookup_records(
+        schedules, [(lp.name, shape) for shape, lp in candidates.values()], p, tgt),
+        strict=True))
     for node, (_, lp) in list(candidates.items()):
-        rec = records[lp.name]
+        rec = records[node]
         if rec is not None:
             lp.latency_us, lp.baseline_us, lp.speedup = rec.latency_us, rec.baseline_us, \
                 rec.speedup
@@ -131,7 +132,7 @@ def optimize(model: nn.Module, example_inputs: Any, precision: str = "fp16",
         epi = Epilogue("default", chain.relu is not None, chain.residual is not None)
         try:
             sched, source, is_default, notes = planning.choose_schedule(
-                shape, p, tgt, records[lp.name], epi)
+                shape, p, tgt, records[chain.conv], epi)
         except ValueError as exc:
             lp.reason = f"no valid schedule: {exc}"
             continue
@@ -149,7 +150,9 @@ def optimize(model: nn.Module, example_inputs: Any, precision: str = "fp16",
                         backend=backend, target=tgt, schedule=sched, cache_dir=cache_dir)
         if backend == "cuda":
             mod.build(chain.conv.args[0].meta["deploy_shape"])  # type: ignore[union-attr]
-        name = "tctune_" + re.sub(r"\W", "_", lp.name)
+        name = base = "tctune_" + re.sub(r"\W", "_", lp.name)
+        while hasattr(gm, name):  # a conv module called more than once
+            name = f"{base}_{len(fused)}"
         fused[graph.fuse(gm, chain, name, mod)] = mod
         if is_default:
             defaults.append(lp.name)

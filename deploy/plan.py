@@ -76,23 +76,23 @@ def record_from_dict(d: Mapping[str, Any], source: str) -> Record | None:
 
 
 def lookup_records(schedules: Any, layers: Sequence[tuple[str, ConvShape]],
-                   precision: Precision, target: Target) -> dict[str, Record | None]:
-    """layer name -> its record (None: none known), for each (name, shape).
+                   precision: Precision, target: Target) -> list[Record | None]:
+    """The record of each (name, shape), in order (None: none known).
 
     schedules: None; a dict keyed by layer name, task key (`shape|precision|target`) or
     ConvShape.key() (looked up in that order) of records; an `api.client.Client` (anything
     with `.lookup`, or `.schedule`); or a service URL (read with $TCTUNE_TOKEN if set)."""
     if schedules is None:
-        return {name: None for name, _ in layers}
+        return [None for _ in layers]
     if isinstance(schedules, Mapping):
-        out: dict[str, Record | None] = {}
+        out: list[Record | None] = []
         for name, shape in layers:
             for key in (name, task_key(shape, precision, target), shape.key()):
                 if key in schedules:
-                    out[name] = record_from_dict(schedules[key], f"given ({key})")
+                    out.append(record_from_dict(schedules[key], f"given ({key})"))
                     break
             else:
-                out[name] = None
+                out.append(None)
         return out
     if isinstance(schedules, str):
         from api.client import Client
@@ -106,7 +106,7 @@ def lookup_records(schedules: Any, layers: Sequence[tuple[str, ConvShape]],
 
 
 def _from_client(client: Any, layers: Sequence[tuple[str, ConvShape]], precision: Precision,
-                 target: Target) -> dict[str, Record | None]:
+                 target: Target) -> list[Record | None]:
     shapes = list(dict.fromkeys(shape for _, shape in layers))  # each distinct layer once
     found: list[Mapping[str, Any] | None] = []
     if hasattr(client, "lookup"):
@@ -120,7 +120,7 @@ def _from_client(client: Any, layers: Sequence[tuple[str, ConvShape]], precision
                         f"client with .lookup/.schedule, got {type(client).__name__}")
     by_shape = {sh: None if res is None else record_from_dict(res, "service")
                 for sh, res in zip(shapes, found, strict=True)}
-    return {name: by_shape[shape] for name, shape in layers}
+    return [by_shape[shape] for _, shape in layers]
 
 
 @dataclass

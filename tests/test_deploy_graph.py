@@ -217,3 +217,28 @@ def test_the_original_model_is_not_changed_and_errors_are_clear() -> None:
         optimize(m, torch.randn(1, 16, 8, 8), "fp16", "h100", backend="tpu")
     with pytest.raises(ValueError, match="unknown target"):
         optimize(m, torch.randn(1, 16, 8, 8), "fp16", "v100", backend="reference")
+
+
+class Shared(nn.Module):
+    """One conv module called twice, at two input sizes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(16, 16, 3, padding=1)
+        self.pool = nn.AvgPool2d(2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.relu(self.conv(x))
+        return self.conv(self.pool(y))
+
+
+def test_a_module_called_twice_is_two_fused_layers() -> None:
+    torch.manual_seed(6)
+    m = Shared().eval()
+    x = torch.randn(2, 16, 8, 8)
+    o = opt(m, x)
+    assert [(lp.name, lp.replaced, lp.relu) for lp in o.plan] == \
+        [("conv", True, True), ("conv", True, False)]
+    assert o.plan[0].shape_key != o.plan[1].shape_key
+    assert len(o.modules_of(FusedConv)) == 2
+    assert rel_err(o(x), m(x)) < 2e-3

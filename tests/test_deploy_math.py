@@ -167,6 +167,34 @@ def test_fp16_reference_matches_kernels_reference(relu: bool, residual: bool) ->
     want = ref.fp_epilogue(acc, mod.bias.numpy(), relu, None if r is None else _nhwc(r))
     ok, stats = ref.check_output(_nhwc(y).astype(np.float64), want, Precision.FP16, 16)
     assert ok, stats
+    # One rounding to fp16 at the end, as the kernel's epilogue (float32 sums before it):
+    # equal to the exact result rounded to fp16 but where float32 rounding straddles an fp16
+    # rounding boundary (rare); rounding the accumulator to fp16 first would miss ~15%.
+    got, exact = _nhwc(y), want.astype(np.float16)
+    assert np.count_nonzero(got != exact) <= got.size // 1000
+    ulp = np.spacing(np.abs(exact)).astype(np.float64)
+    assert np.all(np.abs(got.astype(np.float64) - exact.astype(np.float64)) <= ulp)
+
+
+def test_int8_ties_round_to_even_like_the_kernel() -> None:
+    """acc * 0.5 of odd accumulators is exactly n + 0.5: the kernel's cvt.rni (and
+    kernels.reference.requantize) round it to the even neighbour."""
+    shape = ConvShape(1, 4, 4, 16, 16, 1, 1)
+    w = torch.zeros(16, 16, 1, 1, dtype=torch.float64)
+    w[:, 0, 0, 0] = 127.0  # weight scale 1: the int8 weights are these values
+    w[:, 1, 0, 0] = torch.arange(16, dtype=torch.float64) - 8
+    mod = FusedConv(LayerPlan("ties", shape.key()), Precision.INT8, w,
+                    torch.zeros(16, dtype=torch.float64), shape, relu=False, residual=False,
+                    backend="reference", target=H100, schedule={})
+    mod.set_scales(0.5, 1.0)  # scale[k] = 0.5 * 1 / 1
+    assert mod.scale.tolist() == [0.5] * 16
+    x = torch.zeros(1, 16, 4, 4, dtype=torch.int8)
+    x[0, 1] = torch.arange(16, dtype=torch.int8).view(4, 4) - 8  # acc = x1 * w1: odd values
+    y = mod(x)
+    acc = ref.conv_ref(_nhwc(x), mod.weight.permute(0, 2, 3, 1).numpy(), shape, Precision.INT8)
+    assert np.count_nonzero(acc % 2) > 50  # many ties
+    want = ref.requantize(acc, mod.scale.numpy(), mod.bias.numpy(), 8, False)
+    assert np.array_equal(_nhwc(y).astype(np.int64), want)
 
 
 def test_fused_layer_refuses_wrong_inputs() -> None:

@@ -176,14 +176,14 @@ def test_record_rules() -> None:
 
 # ---- records from the service ------------------------------------------------------------
 @pytest.fixture
-def service(tmp_path: Path) -> Iterator[TestClient]:
+def service(tmp_path: Path) -> Iterator[tuple[TestClient, str]]:
+    """The app in process on a migrated SQLite database, and the database's URL."""
     url = f"sqlite:///{tmp_path / 'svc.db'}"
     migrate.upgrade(url)
     cfg = Settings(data_dir=tmp_path, database_url=url, backend="simulated",
                    schedule_cache_s=0)
     with TestClient(create_app(cfg, dispatcher=False)) as c:
-        c.app.state.test_db = url  # type: ignore[attr-defined]
-        yield c
+        yield c, url
 
 
 def _store(db: str, shape: ConvShape, schedule: dict[str, Any], us: float,
@@ -199,14 +199,15 @@ def _store(db: str, shape: ConvShape, schedule: dict[str, Any], us: float,
             repo.set_baseline(s, task.id, baseline_us, "cuda")
 
 
-def test_service_bulk_lookup_gives_schedules_and_baselines(service: TestClient) -> None:
-    db = service.app.state.test_db  # type: ignore[attr-defined]
+def test_service_bulk_lookup_gives_schedules_and_baselines(
+        service: tuple[TestClient, str]) -> None:
+    app, db = service
     sa, sb = a_schedule(SHAPE_A), a_schedule(SHAPE_B)
     _store(db, SHAPE_A, sa, 20.0, 10.0)  # 2x slower than cuDNN: keep PyTorch's conv
     _store(db, SHAPE_B, sb, 4.0, 6.0)
     client = Client("http://testserver")
     client.http.close()
-    client.http = service  # the app's real routes, in process
+    client.http = app  # the app's real routes, in process
     bulk = client.lookup([(SHAPE_A, "fp16", "h100")])[0]
     assert (bulk["baseline"], bulk["baseline_us"], bulk["speedup"]) == ("cuDNN fp16", 10.0, 0.5)
     o, warned = run(client)
