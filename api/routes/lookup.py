@@ -13,6 +13,7 @@ from api.deps import DB
 from api.errors import READ_ERRORS, JsonBodyRoute, unprocessable
 from kernels.spec import TARGETS, task_key
 from store import repository as repo
+from store.baselines import baseline_name
 from store.layer import LayerIn
 
 router = APIRouter(tags=["schedule"], route_class=JsonBodyRoute)
@@ -30,6 +31,12 @@ class LookupItem(BaseModel):
     latency_us: float | None = None
     simulated: bool | None = None
     job_id: int | None = None
+    # The task's baseline, so that a deploy can keep the library conv where the tuned kernel
+    # is not faster (deploy.optimize does for fp16).
+    baseline: str | None = Field(None, description="what baseline_us and speedup are measured "
+                                                   "against ('cuDNN fp16', 'cuDNN fp32')")
+    baseline_us: float | None = Field(None, description="the baseline on the target, if timed")
+    speedup: float | None = Field(None, description="baseline_us / latency_us, if timed")
 
 
 class LookupOut(BaseModel):
@@ -55,9 +62,12 @@ def lookup(req: LookupIn, session: DB, _: Reader) -> LookupOut:
         if found is None:
             results.append(LookupItem(task_key=key, found=False))
         else:
-            m, _task = found
-            results.append(LookupItem(task_key=key, found=True, schedule=m.schedule,
-                                      latency_us=m.median_us, simulated=m.backend == "simulated",
-                                      job_id=m.job_id))
+            m, task = found
+            base = task.baseline_us
+            results.append(LookupItem(
+                task_key=key, found=True, schedule=m.schedule, latency_us=m.median_us,
+                simulated=m.backend == "simulated", job_id=m.job_id,
+                baseline=baseline_name(task.precision), baseline_us=base,
+                speedup=round(base / m.median_us, 3) if base and m.median_us else None))
     hits = sum(r.found for r in results)
     return LookupOut(results=results, found=hits, missing=len(results) - hits)

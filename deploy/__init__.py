@@ -1,0 +1,16 @@
+"""Deploy a whole PyTorch model on tuned tctune kernels: `optimize(model, example_inputs)`.
+
+    from deploy import optimize
+    fast = optimize(model, x, precision="int8", target="h100", schedules="http://tctune:8000")
+    y = fast(x)
+    print(fast.report())
+
+deploy uses `kernels` (the runtime) and `api.client` (schedule lookup); neither imports it.
+"""
+
+from deploy.module import Dequantize, FusedConv, KernelMaxPool2d, OptimizedModel, Quantize
+from deploy.optimize import optimize
+from deploy.plan import LayerPlan, Record
+
+__all__ = ["Dequantize", "FusedConv", "KernelMaxPool2d", "LayerPlan", "OptimizedModel",
+           "Quantize", "Record", "optimize"]

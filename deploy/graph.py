@@ -1,0 +1,214 @@
+"""The model as a torch.fx graph: which convs the kernel can run, and the patterns it fuses.
+
+A chain starts at an `nn.Conv2d` call and extends, while each value has exactly one user
+(otherwise another op still needs it), through:
+    conv -> [BatchNorm2d] -> [add(residual)] -> [ReLU]
+The kernel's epilogue computes exactly this: the BN folds into weights and bias, the add is
+its residual input (added before the ReLU), the ReLU its clamp. conv -> bn -> relu -> add
+(the add after the ReLU) fuses up to the ReLU; the add stays a PyTorch op.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import fx, nn
+
+from kernels.spec import ConvShape, Precision, Target
+
+_RELU_FUNCS: set[Callable[..., object]] = {F.relu, torch.relu, torch.relu_}
+_RELU_METHODS = {"relu", "relu_"}
+_ADD_FUNCS: set[Callable[..., object]] = {operator.add, operator.iadd, torch.add}
+_ADD_METHODS = {"add", "add_"}
+
+
+def trace(model: nn.Module) -> fx.GraphModule:
+    try:
+        return fx.symbolic_trace(model)
+    except Exception as exc:  # noqa: BLE001 - any tracing failure is reported the same way
+        raise ValueError(f"the model cannot be traced by torch.fx ({exc}); deploy needs a "
+                         f"traceable forward (no data-dependent control flow)") from exc
+
+
+def module_of(gm: fx.GraphModule, node: fx.Node) -> nn.Module | None:
+    if node.op != "call_module":
+        return None
+    return gm.get_submodule(str(node.target))
+
+
+def is_conv(gm: fx.GraphModule, node: fx.Node) -> bool:
+    m = module_of(gm, node)
+    # Exactly nn.Conv2d's forward: a subclass may compute something else (weight
+    # standardization, a quantized conv); those stay in PyTorch.
+    return isinstance(m, nn.Conv2d) and type(m).forward is nn.Conv2d.forward
+
+
+def is_relu(gm: fx.GraphModule, node: fx.Node) -> bool:
+    if node.op == "call_module":
+        return type(module_of(gm, node)) is nn.ReLU
+    if node.op == "call_function":
+        return node.target in _RELU_FUNCS and len(node.args) == 1
+    if node.op == "call_method":
+        return node.target in _RELU_METHODS and len(node.args) == 1 and not node.kwargs
+    return False
+
+
+def add_operands(node: fx.Node) -> tuple[fx.Node, fx.Node] | None:
+    """The two tensor operands of a plain a + b (no alpha, no broadcast scalar), else None."""
+    plain = (node.op == "call_function" and node.target in _ADD_FUNCS) or \
+        (node.op == "call_method" and node.target in _ADD_METHODS)
+    if not plain or node.kwargs or len(node.args) != 2:
+        return None
+    a, b = node.args
+    if isinstance(a, fx.Node) and isinstance(b, fx.Node) and a is not b:
+        return a, b
+    return None
+
+
+def foldable_bn(gm: fx.GraphModule, node: fx.Node, channels: int) -> bool:
+    m = module_of(gm, node)
+    return (type(m) is nn.BatchNorm2d and m.running_mean is not None
+            and m.num_features == channels and not m.training)
+
+
+def _pair(v: int | tuple[int, ...]) -> tuple[int, int]:
+    if isinstance(v, int):
+        return (v, v)
+    return (int(v[0]), int(v[-1]))
+
+
+def conv_shape(conv: nn.Conv2d, in_shape: tuple[int, ...] | None
+               ) -> tuple[ConvShape | None, str]:
+    """The layer as the kernel sees it (NHWC/KRSC, batch and size of the example input), or
+    None and why PyTorch's conv has no counterpart (before the kernel's own limits)."""
+    if in_shape is None or len(in_shape) != 4:
+        return None, f"input is not a 4-D batch (shape {in_shape})"
+    if conv.padding_mode != "zeros":
+        return None, f"padding_mode={conv.padding_mode!r} (the kernel pads with zeros)"
+    r, s = _pair(conv.kernel_size)
+    dil = _pair(conv.dilation)
+    if isinstance(conv.padding, str):
+        if conv.padding == "valid":
+            pad = (0, 0)
+        else:  # 'same': symmetric only where the filter's span is odd
+            spans = (dil[0] * (r - 1), dil[1] * (s - 1))
+            if spans[0] % 2 or spans[1] % 2:
+                return None, "padding='same' would be asymmetric (the kernel pads symmetrically)"
+            pad = (spans[0] // 2, spans[1] // 2)
+    else:
+        pad = _pair(conv.padding)
+    n, c, h, w = in_shape
+    return ConvShape(n, h, w, c, int(conv.out_channels), r, s, stride=_pair(conv.stride),
+                     pad=pad, dilation=dil, groups=int(conv.groups)), ""
+
+
+def kernel_problems(shape: ConvShape, precision: Precision, target: Target) -> str:
+    """Why the kernel cannot run this layer ('' if it can): ConvShape.problems' reasons."""
+    return "; ".join(f"{k}: {v}" for k, v in shape.problems(precision, target))
+
+
+@dataclass
+class Chain:
+    """One fusable conv pattern: the nodes it covers, in order."""
+
+    conv: fx.Node
+    bn: fx.Node | None = None
+    add: fx.Node | None = None
+    relu: fx.Node | None = None
+
+    @property
+    def residual(self) -> fx.Node | None:
+        """The add's other operand, as the graph has it now (another chain fused before
+        this one may have replaced the node that computes it)."""
+        if self.add is None:
+            return None
+        pre = self.bn if self.bn is not None else self.conv
+        ops = add_operands(self.add)
+        assert ops is not None
+        return ops[1] if ops[0] is pre else ops[0]
+
+    @property
+    def name(self) -> str:
+        return str(self.conv.target)
+
+    @property
+    def nodes(self) -> list[fx.Node]:
+        return [n for n in (self.conv, self.bn, self.add, self.relu) if n is not None]
+
+    @property
+    def last(self) -> fx.Node:
+        return self.nodes[-1]
+
+
+def _single_user(node: fx.Node) -> fx.Node | None:
+    users = list(node.users)
+    return users[0] if len(users) == 1 else None
+
+
+def find_chains(gm: fx.GraphModule, convs: Iterable[fx.Node]) -> list[Chain]:
+    """The chains of the given conv nodes (those that will be replaced), in graph order.
+
+    Two chains can meet at one add (a bottleneck's main path and its downsample conv): the
+    first in graph order takes it, the other ends before it and its value is the residual.
+    """
+    wanted = set(convs)
+    taken: set[fx.Node] = set()
+    chains: list[Chain] = []
+    for node in gm.graph.nodes:
+        if node not in wanted:
+            continue
+        ch = Chain(node)
+        out_ch = int(module_of(gm, node).out_channels)  # type: ignore[union-attr]
+        cur = node
+        nxt = _single_user(cur)
+        if nxt is not None and nxt not in taken and foldable_bn(gm, nxt, out_ch):
+            ch.bn = cur = nxt
+            nxt = _single_user(cur)
+        ops = add_operands(nxt) if nxt is not None and nxt not in taken else None
+        if ops is not None and nxt is not None:
+            res = ops[1] if ops[0] is cur else ops[0]
+            if cur.meta.get("deploy_shape") is not None and \
+                    res.meta.get("deploy_shape") == cur.meta.get("deploy_shape") and \
+                    nxt.meta.get("deploy_shape") == cur.meta.get("deploy_shape"):
+                ch.add = nxt
+                cur = nxt
+                nxt = _single_user(cur)
+        if nxt is not None and nxt not in taken and is_relu(gm, nxt):
+            ch.relu = nxt
+        taken.update(ch.nodes)
+        chains.append(ch)
+    return chains
+
+
+def fuse(gm: fx.GraphModule, chain: Chain, name: str, module: nn.Module) -> fx.Node:
+    """Replace the chain's nodes by one call of `module` (registered as `name`) on
+    (conv input[, residual]), placed where the chain's last node was: every input exists
+    there, the residual included."""
+    gm.add_submodule(name, module)
+    x = chain.conv.args[0]
+    args = (x,) if chain.residual is None else (x, chain.residual)
+    last = chain.last
+    with gm.graph.inserting_before(last):
+        new = gm.graph.call_module(name, args)
+    new.meta.update({k: v for k, v in last.meta.items() if k.startswith("deploy_")})
+    last.replace_all_uses_with(new)
+    for n in reversed(chain.nodes):
+        gm.graph.erase_node(n)
+    return new
+
+
+def is_max_pool(gm: fx.GraphModule, node: fx.Node) -> bool:
+    """A max-pool of one tensor with constant arguments (commutes with a positive scale,
+    so it may run on int8 / fp16 values)."""
+    if node.op == "call_module":
+        m = module_of(gm, node)
+        return type(m) is nn.MaxPool2d and not m.return_indices and len(node.args) == 1
+    if node.op == "call_function" and node.target is F.max_pool2d:
+        rest = list(node.args[1:]) + list(node.kwargs.values())
+        return not any(isinstance(a, fx.Node) for a in rest) and \
+            not node.kwargs.get("return_indices", False)
+    return False

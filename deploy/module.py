@@ -1,0 +1,356 @@
+"""The modules of an optimized model: fused conv layers, the conversions at the edges of the
+kernel's domain, and the model that holds them with its plan.
+
+Tensors keep PyTorch's logical NCHW shape in channels_last memory, which is the kernel's NHWC
+storage: `t.permute(0, 2, 3, 1)` of a channels_last tensor is the contiguous NHWC tensor the
+runtime takes (no copy), and the runtime's NHWC output permuted back is channels_last. So
+consecutive fused convs hand their outputs on without a layout change, and PyTorch ops in
+between (pooling, adds) keep channels_last.
+
+Two executors run a `FusedConv`:
+  "cuda"       kernels.runtime.Conv2d, the tuned kernel (CUDA tensors; CuPy needed);
+  "reference"  the same math with torch ops on any device: the exact integer accumulation
+               (a float64 conv of int8 values, exact below 2**53) and the kernel epilogue's
+               float32 steps in its order, so int8 outputs equal the kernel's bit for bit;
+               fp16 accumulates in float64 rounded to float32 once (the kernel sums in
+               float32), then the epilogue's float32 steps and the fp16 rounding.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import fx, nn
+
+from deploy import calibrate
+from deploy.plan import LayerPlan
+from kernels.build import Epilogue
+from kernels.runtime import schedule_fits
+from kernels.spec import ConvShape, Precision, Target
+
+BACKENDS = ("cuda", "reference")
+_ALIGN = 16  # the runtime reads 16-byte vectors: tensors must start on such a boundary
+
+
+def _f32(v: float) -> float:
+    """v rounded to float32, as the kernel receives a float argument."""
+    return float(np.float32(v))
+
+
+def nhwc_view(t: torch.Tensor) -> torch.Tensor:
+    """A [N][C][H][W] tensor as the contiguous NHWC [N][H][W][C] tensor the runtime takes:
+    a view where it already is channels_last (the case between fused layers), else a copy."""
+    v = t.contiguous(memory_format=torch.channels_last).permute(0, 2, 3, 1)
+    if not v.is_contiguous() or v.data_ptr() % _ALIGN:
+        v = v.contiguous().clone()
+    return v
+
+
+def _to_blocked(t: torch.Tensor, vector: int) -> torch.Tensor:
+    """NHWC [N][H][W][C] -> NHWCnc [N/8][H][W][C/v][8][v] (a residual of an NHWCnc op)."""
+    n, h, w, c = (int(v) for v in t.shape)
+    return t.reshape(n // 8, 8, h, w, c // vector, vector).permute(0, 2, 3, 4, 1, 5).contiguous()
+
+
+class FusedConv(nn.Module):
+    """conv (+ folded BN) (+ residual) (+ ReLU) as one tctune kernel call.
+
+    Buffers: `weight` KCRS (int8 quantized per output channel, or fp16), `bias` float32 [K]
+    (the epilogue's), and for int8 `scale` float32 [K] and the per-channel `weight_scale`
+    (float64), with `res_scale` a float: the requant epilogue then computes
+    y = clamp(round(acc*scale[k] + bias[k] + residual*res_scale)) with
+    scale[k] = s_in * s_w[k] / s_out, bias[k] = b[k] / s_out, res_scale = s_res / s_out
+    (`set_scales`). fp16: y = fp16(acc + bias[k] (+ residual)), ReLU before the rounding.
+    """
+
+    def __init__(self, layer: LayerPlan, precision: Precision, weight: torch.Tensor,
+                 bias: torch.Tensor, shape: ConvShape, *, relu: bool, residual: bool,
+                 backend: str, target: Target, schedule: dict[str, Any],
+                 cache_dir: str | Path | None = None) -> None:
+        super().__init__()
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        self.layer = layer
+        self.precision = Precision(precision)
+        self.stride, self.padding, self.dilation = shape.stride, shape.pad, shape.dilation
+        self.out_channels = int(weight.shape[0])
+        self.relu, self.residual = relu, residual
+        self.backend, self.target = backend, target
+        self.schedule, self.cache_dir = dict(schedule), cache_dir
+        self.epilogue = Epilogue("default", relu, residual).resolved(self.precision)
+        self.res_scale: float | None = None
+        if self.precision is Precision.INT8:
+            ws = calibrate.weight_scales(weight)
+            self.register_buffer("weight", calibrate.quantize_weight(weight, ws))
+            self.register_buffer("weight_scale", ws)
+            self.register_buffer("bias_real", bias.to(torch.float64))
+            self.register_buffer("scale", torch.zeros(self.out_channels, dtype=torch.float32,
+                                                      device=weight.device))
+            self.register_buffer("bias", torch.zeros_like(self.scale))
+            self.calibrated = False
+            layer.weight_scale_range = (float(ws.min()), float(ws.max()))
+        else:
+            self.register_buffer("weight", weight.to(torch.float16))
+            self.register_buffer("bias", bias.to(torch.float32))
+            self.calibrated = True
+        self._ops: dict[tuple[int, ...], Any] = {}
+        self._weights: dict[tuple[str, str], torch.Tensor] = {}
+
+    def set_scales(self, in_scale: float, out_scale: float,
+                   residual_scale: float | None = None) -> None:
+        """int8: the epilogue's scale, bias and residual scale from the activation scales of
+        the input, the output and the residual (computed in float64, stored as float32)."""
+        if self.precision is not Precision.INT8:
+            raise ValueError("scales are for int8 layers")
+        if (residual_scale is None) == self.residual:
+            raise ValueError("residual_scale is needed exactly when the layer adds a residual")
+        for v in (in_scale, out_scale, residual_scale or 1.0):
+            if not (math.isfinite(v) and v > 0):
+                raise ValueError(f"activation scales must be positive and finite, got {v}")
+        self.scale.copy_((in_scale * self.weight_scale / out_scale).to(torch.float32))
+        self.bias.copy_((self.bias_real / out_scale).to(torch.float32))
+        self.res_scale = None if residual_scale is None else _f32(residual_scale / out_scale)
+        self.calibrated = True
+        self.layer.in_scale, self.layer.out_scale = in_scale, out_scale
+        self.layer.residual_scale = residual_scale
+
+    def shape_for(self, x_shape: tuple[int, ...] | torch.Size) -> ConvShape:
+        n, c, h, w = (int(v) for v in x_shape)
+        _, _, r, s = self.weight.shape
+        return ConvShape(n, h, w, c, self.out_channels, int(r), int(s), stride=self.stride,
+                         pad=self.padding, dilation=self.dilation)
+
+    # ---- the kernel --------------------------------------------------------------------
+    def build(self, x_shape: tuple[int, ...] | torch.Size) -> Any:
+        """The runtime op for inputs of this NCHW shape, built once (NVRTC; no GPU needed).
+        A shape other than the planned one reuses the schedule where it is valid there, else
+        takes the default (DefaultScheduleWarning)."""
+        key = tuple(int(v) for v in x_shape)
+        op = self._ops.get(key)
+        if op is None:
+            from kernels.runtime import Conv2d
+
+            shape = self.shape_for(key)
+            fits = schedule_fits(shape, self.precision, self.target, self.schedule,
+                                 self.epilogue) is None
+            op = Conv2d(shape, self.precision, self.schedule if fits else None, self.target,
+                        epilogue=self.epilogue, cache_dir=self.cache_dir)
+            if fits:
+                op.schedule_source = self.layer.schedule_source
+            self._ops[key] = op
+        return op
+
+    def _weight_for(self, op: Any) -> torch.Tensor:
+        k = (str(op.key), str(self.weight.device))
+        if k not in self._weights:
+            self._weights[k] = op.prepare_weight(self.weight, layout="kcrs")
+        return self._weights[k]
+
+    def kernel_call(self, x: torch.Tensor, residual: torch.Tensor | None = None
+                    ) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
+        """(op, args, kwargs) of the runtime call for these inputs: x and the residual as
+        NHWC views (NHWCnc where the schedule says so), the prepared weight, the epilogue's
+        scale / bias / res_scale."""
+        op = self.build(x.shape)
+        xin = op.to_input_layout(nhwc_view(x))
+        res = None
+        if residual is not None:
+            res = nhwc_view(residual)
+            if op.layout == "nhwcnc":
+                res = _to_blocked(res, op.output_shape[-1])
+        int8 = self.precision is Precision.INT8
+        return op, (xin, self._weight_for(op), self.scale if int8 else None, self.bias), \
+            {"residual": res, "res_scale": self.res_scale if int8 else None}
+
+    def _run_cuda(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
+        op, args, kwargs = self.kernel_call(x, residual)
+        y = op(*args, **kwargs)
+        return op.from_output_layout(y).permute(0, 3, 1, 2)
+
+    # ---- the reference -----------------------------------------------------------------
+    def _conv64(self, x: torch.Tensor) -> torch.Tensor:
+        # cuDNN may pick inexact (FFT, Winograd) algorithms even in float64; the native
+        # im2col path sums exactly for integer values.
+        with torch.backends.cudnn.flags(enabled=False):
+            return F.conv2d(x.to(torch.float64), self.weight.to(torch.float64), None,
+                            self.stride, self.padding, self.dilation)
+
+    def _run_reference(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
+        k = (1, -1, 1, 1)
+        if self.precision is Precision.INT8:
+            acc = self._conv64(x).round().to(torch.int32)
+            v = acc.to(torch.float32) * self.scale.view(k)
+            v = v + self.bias.view(k)
+            if residual is not None:
+                rs = torch.tensor(self.res_scale, dtype=torch.float32, device=v.device)
+                v = v + residual.to(torch.float32) * rs
+            v = v.clamp(0.0 if self.relu else float(calibrate.QMIN_ACT), float(calibrate.QMAX))
+            y = torch.round(v).to(torch.int8)  # half to even, as the kernel's cvt.rni
+        else:
+            v = self._conv64(x).to(torch.float32) + self.bias.view(k)
+            if residual is not None:
+                v = v + residual.to(torch.float32)
+            if self.relu:
+                v = torch.clamp_min(v, 0.0)
+            y = v.to(torch.float16)
+        return y.contiguous(memory_format=torch.channels_last)
+
+    def reference(self, x: torch.Tensor, residual: torch.Tensor | None = None
+                  ) -> torch.Tensor:
+        """The reference executor's output, whatever the backend (to check the kernel)."""
+        return self._run_reference(x, residual)
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        want = torch.int8 if self.precision is Precision.INT8 else torch.float16
+        if x.dtype != want or (residual is not None and residual.dtype != want):
+            raise TypeError(f"{self.layer.name}: the fused layer takes {want} activations, got "
+                            f"{x.dtype}" + ("" if residual is None else f" / {residual.dtype}"))
+        if (residual is not None) != self.residual:
+            raise ValueError(f"{self.layer.name}: residual is "
+                             f"{'required' if self.residual else 'not taken'}")
+        if not self.calibrated:
+            raise RuntimeError(f"{self.layer.name}: int8 scales were never set")
+        if self.backend == "cuda":
+            return self._run_cuda(x, residual)
+        return self._run_reference(x, residual)
+
+    def extra_repr(self) -> str:
+        return (f"{self.layer.name}, {self.precision.value}, fused={self.layer.fused}, "
+                f"backend={self.backend}")
+
+
+class Quantize(nn.Module):
+    """Into the kernel's domain: float -> int8 with a per-tensor scale, or -> fp16; the
+    output is channels_last (the kernel's NHWC)."""
+
+    def __init__(self, precision: Precision, scale: float | None = None) -> None:
+        super().__init__()
+        self.precision = Precision(precision)
+        self.scale = scale
+        if self.precision is Precision.INT8 and scale is None:
+            raise ValueError("an int8 quantize needs a scale")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.precision is Precision.INT8:
+            assert self.scale is not None
+            q = calibrate.quantize(x, self.scale)
+        else:
+            q = x.to(torch.float16)
+        return q.contiguous(memory_format=torch.channels_last) if q.dim() == 4 else q
+
+    def extra_repr(self) -> str:
+        return f"{self.precision.value}" + (f", scale={self.scale:.6g}" if self.scale else "")
+
+
+class Dequantize(nn.Module):
+    """Out of the kernel's domain, where a PyTorch op needs float: int8 * scale, or fp16 ->
+    the model's float dtype."""
+
+    def __init__(self, precision: Precision, scale: float | None = None,
+                 dtype: torch.dtype = torch.float32) -> None:
+        super().__init__()
+        self.precision = Precision(precision)
+        self.scale = scale
+        self.dtype = dtype
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.precision is Precision.INT8:
+            assert self.scale is not None
+            return calibrate.dequantize(x, self.scale, self.dtype)
+        return x.to(self.dtype)
+
+    def extra_repr(self) -> str:
+        return f"{self.precision.value}" + (f", scale={self.scale:.6g}" if self.scale else "")
+
+
+class KernelMaxPool2d(nn.Module):
+    """Max-pool on the kernel's int8 / fp16 values: it commutes with a positive scale (and
+    with rounding), so it needs no dequantization."""
+
+    def __init__(self, kernel_size: Any, stride: Any = None, padding: Any = 0,
+                 dilation: Any = 1, ceil_mode: bool = False) -> None:
+        super().__init__()
+        self.args = (kernel_size, stride, padding, dilation, ceil_mode)
+        self._native = True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        k, s, p, d, c = self.args
+        if self._native:
+            try:
+                return F.max_pool2d(x, k, s, p, d, ceil_mode=c)
+            except (RuntimeError, NotImplementedError):
+                if x.dtype is not torch.int8:
+                    raise
+                self._native = False  # a build without an int8 max-pool on this device
+        # int8 values are exact in fp16: the same result through fp16.
+        return F.max_pool2d(x.to(torch.float16), k, s, p, d, ceil_mode=c).to(torch.int8)
+
+    def extra_repr(self) -> str:
+        k, s, p, d, c = self.args
+        return f"kernel_size={k}, stride={s}, padding={p}, dilation={d}, ceil_mode={c}"
+
+
+class OptimizedModel(nn.Module):
+    """The rewritten model: `graph_module` runs it; `plan` lists every nn.Conv2d's fate and
+    `report()` prints it."""
+
+    def __init__(self, graph_module: fx.GraphModule, plan: list[LayerPlan],
+                 precision: Precision, target: Target, backend: str) -> None:
+        super().__init__()
+        self.graph_module = graph_module
+        self.plan = plan
+        self.precision = Precision(precision)
+        self.target = target
+        self.backend = backend
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        with torch.no_grad():  # inference only: the kernels have no backward
+            return self.graph_module(*args, **kwargs)
+
+    def set_backend(self, backend: str) -> None:
+        """Run every fused layer on this executor from now on ("cuda" or "reference")."""
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        for m in self.modules_of(FusedConv):
+            m.backend = backend  # type: ignore[assignment]
+        self.backend = backend
+
+    def modules_of(self, kind: type[nn.Module]) -> list[nn.Module]:
+        return [m for m in self.graph_module.modules() if isinstance(m, kind)]
+
+    def conversions(self) -> dict[str, int]:
+        """Quantize / dequantize (fp16: casts) ops in the graph."""
+        counts = {"quantize": 0, "dequantize": 0}
+        for node in self.graph_module.graph.nodes:
+            if node.op == "call_module":
+                m = self.graph_module.get_submodule(str(node.target))
+                if isinstance(m, Quantize):
+                    counts["quantize"] += 1
+                elif isinstance(m, Dequantize):
+                    counts["dequantize"] += 1
+        return counts
+
+    def report(self) -> str:
+        replaced = sum(lp.replaced for lp in self.plan)
+        conv = self.conversions()
+        lines = [f"tctune deploy: {self.precision.value} on {self.target.name} "
+                 f"({self.backend} executor): {replaced} of {len(self.plan)} conv layers "
+                 f"replaced; {conv['quantize']} quantize, {conv['dequantize']} dequantize"]
+        for lp in self.plan:
+            if lp.replaced:
+                what = f"replaced  fused={lp.fused}  schedule: {lp.schedule_source}"
+                if lp.out_scale is not None:
+                    what += (f"  scales in={lp.in_scale:.4g} out={lp.out_scale:.4g}"
+                             + (f" res={lp.residual_scale:.4g}" if lp.residual_scale else "")
+                             + (" w=[{:.3g}, {:.3g}]".format(*lp.weight_scale_range)
+                                if lp.weight_scale_range else ""))
+            else:
+                what = f"kept      {lp.reason}"
+            lines.append(f"  {lp.name:<28} {lp.shape_key or '-':<44} {what}")
+            lines += [f"  {'':<28} note: {n}" for n in lp.notes]
+        return "\n".join(lines)

@@ -1,0 +1,308 @@
+"""optimize(): a PyTorch model -> the same model with its convs on tuned tctune kernels."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import re
+import warnings
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import fx, nn
+
+from deploy import calibrate, fold, graph
+from deploy import plan as planning
+from deploy.module import (
+    BACKENDS,
+    Dequantize,
+    FusedConv,
+    KernelMaxPool2d,
+    OptimizedModel,
+    Quantize,
+)
+from deploy.plan import LayerPlan
+from kernels.build import Epilogue
+from kernels.runtime import DefaultScheduleWarning
+from kernels.spec import TARGETS, Precision, Target, get_target, target_for_gpu_model
+
+
+def gpu_available() -> bool:
+    """A CUDA device for torch and CuPy to launch the kernels."""
+    return torch.cuda.is_available() and importlib.util.find_spec("cupy") is not None
+
+
+def resolve_target(target: Target | str | None) -> Target:
+    if isinstance(target, Target):
+        return target
+    if target is not None:
+        return get_target(target)
+    if not torch.cuda.is_available():
+        raise ValueError("target=None means 'this GPU', but torch sees none; name one: "
+                         + ", ".join(TARGETS))
+    name = torch.cuda.get_device_name()
+    t = target_for_gpu_model(name)
+    if t is None:
+        raise ValueError(f"GPU {name!r} is not a known target; name one: {', '.join(TARGETS)}")
+    return t
+
+
+def _as_args(inputs: Any) -> tuple[Any, ...]:
+    return tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
+
+
+def _float_dtype(model: nn.Module) -> torch.dtype:
+    for p in model.parameters():
+        if p.is_floating_point():
+            return p.dtype
+    return torch.float32
+
+
+def optimize(model: nn.Module, example_inputs: Any, precision: str = "fp16",
+             target: Target | str | None = None, schedules: Any = None, *,
+             backend: str = "auto", percentile: float = 100.0,
+             calibration_inputs: Iterable[Any] | None = None,
+             cache_dir: str | Path | None = None) -> OptimizedModel:
+    """The model with its groups=1 nn.Conv2d layers on tuned tctune kernels (eval mode).
+
+    model          a torch.fx-traceable nn.Module (copied: the original is not changed)
+    example_inputs the forward's argument(s) (a tensor or a tuple): the kernels are built
+                   for their shapes, and int8 scales are calibrated on them
+    precision      "fp16" or "int8"
+    target         "h100", a Target, or None for the current GPU
+    schedules      a tctune service (`api.client.Client` or its URL: one bulk lookup), a
+                   dict {layer name | task key | ConvShape.key(): record as the service
+                   answers it}, or None (every layer on the runtime's default schedule)
+    backend        "cuda" (the kernels; CuPy and a GPU), "reference" (the kernels' math in
+                   torch ops, any device: what CPU tests run), "auto" (cuda where possible)
+    percentile     int8 activation calibration: scale = P-th percentile of |x| / 127 over the
+                   calibration inputs (100: the maximum); weights are per output channel,
+                   max|W[k]| / 127
+    calibration_inputs  more batches (each the forward's arguments) to calibrate on, after
+                   example_inputs; their shapes do not matter
+
+    Fused: conv -> BatchNorm2d (folded into weights and bias) -> residual add -> ReLU, each
+    part optional (deploy.graph). Activations stay channels_last (NHWC) end to end; int8
+    values go from fused layer to fused layer (and through max-pools) as int8, each written
+    by the epilogue with its consumers' scale, and are dequantized only where a PyTorch op
+    needs float. Layers the kernel cannot run, fp16 layers whose record says the kernel is
+    slower than its baseline, and every other op stay in PyTorch; `.plan` / `.report()`
+    say what happened to each conv. A layer without a record runs the runtime's default
+    schedule (one DefaultScheduleWarning names them all).
+    """
+    p = Precision(precision)
+    if p not in (Precision.FP16, Precision.INT8):
+        raise ValueError(f"precision must be 'fp16' or 'int8', got {precision!r}")
+    if backend == "auto":
+        backend = "cuda" if gpu_available() else "reference"
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be 'auto' or one of {BACKENDS}, got {backend!r}")
+    tgt = resolve_target(target)
+    model = copy.deepcopy(model).eval()
+    float_dtype = _float_dtype(model)
+    gm = graph.trace(model)
+    batches = [_as_args(example_inputs)] + [_as_args(b) for b in calibration_inputs or ()]
+    calibrate.observe(gm, batches if p is Precision.INT8 else batches[:1], percentile)
+
+    layers, candidates = _candidates(gm, p, tgt)
+    records = dict(zip(candidates, planning.lookup_records(
+        schedules, [(lp.name, shape) for shape, lp in candidates.values()], p, tgt),
+        strict=True))
+    for node, (_, lp) in list(candidates.items()):
+        rec = records[node]
+        if rec is not None:
+            lp.latency_us, lp.baseline_us, lp.speedup = rec.latency_us, rec.baseline_us, \
+                rec.speedup
+        why = planning.keep_for_record(rec, p)
+        if why:
+            lp.reason = why
+            del candidates[node]
+        elif rec is not None and rec.slower_than_baseline():
+            # int8 has no PyTorch conv of its precision to fall back to: say so, run it.
+            lp.notes.append(f"tuned int8 kernel slower than its fp16 baseline per its "
+                            f"record (speedup {rec.speedup})")
+
+    fused: dict[fx.Node, FusedConv] = {}
+    defaults: list[str] = []
+    for chain in graph.find_chains(gm, candidates):
+        shape, lp = candidates[chain.conv]
+        epi = Epilogue("default", chain.relu is not None, chain.residual is not None)
+        try:
+            sched, source, is_default, notes = planning.choose_schedule(
+                shape, p, tgt, records[chain.conv], epi)
+        except ValueError as exc:
+            lp.reason = f"no valid schedule: {exc}"
+            continue
+        conv = gm.get_submodule(str(chain.conv.target))
+        bn = gm.get_submodule(str(chain.bn.target)) if chain.bn is not None else None
+        assert isinstance(conv, nn.Conv2d)
+        w, b = fold.fold_conv_bn(conv.weight, conv.bias, bn)  # type: ignore[arg-type]
+        lp.replaced, lp.schedule, lp.schedule_source = True, sched, source
+        lp.default_schedule, lp.notes = is_default, lp.notes + notes
+        lp.bn = str(chain.bn.target) if chain.bn is not None else None
+        lp.relu = chain.relu is not None
+        res = chain.residual
+        lp.residual = res.name if res is not None else None
+        mod = FusedConv(lp, p, w, b, shape, relu=lp.relu, residual=res is not None,
+                        backend=backend, target=tgt, schedule=sched, cache_dir=cache_dir)
+        if backend == "cuda":
+            mod.build(chain.conv.args[0].meta["deploy_shape"])  # type: ignore[union-attr]
+        name = base = "tctune_" + re.sub(r"\W", "_", lp.name)
+        while hasattr(gm, name):  # a conv module called more than once
+            name = f"{base}_{len(fused)}"
+        fused[graph.fuse(gm, chain, name, mod)] = mod
+        if is_default:
+            defaults.append(lp.name)
+    if defaults:
+        warnings.warn(f"no tuned schedule for {len(defaults)} layer(s) ({', '.join(defaults)}) "
+                      f"{p.value} on {tgt.name}: they run the runtime's default schedule; tune "
+                      f"them (tctune plan / POST /tune) for their best", DefaultScheduleWarning,
+                      stacklevel=2)
+
+    _place_conversions(gm, fused, p, float_dtype)
+    gm.delete_all_unused_submodules()
+    gm.graph.lint()
+    gm.recompile()
+    return OptimizedModel(gm, layers, p, tgt, backend)
+
+
+def _candidates(gm: fx.GraphModule, p: Precision, tgt: Target
+                ) -> tuple[list[LayerPlan], dict[fx.Node, tuple[Any, LayerPlan]]]:
+    """Every nn.Conv2d call's plan, and those the kernel can run (node -> (shape, plan))."""
+    layers: list[LayerPlan] = []
+    out: dict[fx.Node, tuple[Any, LayerPlan]] = {}
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target in (F.conv2d, torch.conv2d):
+            layers.append(LayerPlan(node.name, None, reason="a functional conv2d call (deploy "
+                                    "replaces nn.Conv2d modules)"))
+            continue
+        if not isinstance(graph.module_of(gm, node), nn.Conv2d):
+            continue
+        lp = LayerPlan(str(node.target), None)
+        layers.append(lp)
+        if not graph.is_conv(gm, node):
+            lp.reason = "a Conv2d subclass with its own forward"
+            continue
+        x = node.args[0]
+        meta = x.meta if isinstance(x, fx.Node) else {}
+        dtype = meta.get("deploy_dtype")
+        if dtype is None or not dtype.is_floating_point:
+            lp.reason = f"input is not a float tensor ({dtype})"
+            continue
+        shape, why = graph.conv_shape(gm.get_submodule(str(node.target)),  # type: ignore[arg-type]
+                                      meta.get("deploy_shape"))
+        if shape is None:
+            lp.reason = why
+            continue
+        lp.shape_key = shape.key()
+        why = graph.kernel_problems(shape, p, tgt)
+        if why:
+            lp.reason = f"the kernel cannot run it: {why}"
+            continue
+        out[node] = (shape, lp)
+    return layers, out
+
+
+def _place_conversions(gm: fx.GraphModule, fused: dict[fx.Node, FusedConv], p: Precision,
+                       float_dtype: torch.dtype) -> None:
+    """Give every value a domain (the kernel's int8/fp16, or float) and insert one Quantize
+    per float value a fused layer reads and one Dequantize per kernel value a PyTorch op
+    reads; max-pools of kernel values stay in the kernel's domain. int8: set every fused
+    layer's epilogue scales from the activation scales of its input, residual and output."""
+    g = gm.graph
+    int8 = p is Precision.INT8
+    kernel: dict[fx.Node, float | None] = {}  # kernel-domain value -> its int8 scale
+
+    def scale_of(v: fx.Node) -> float | None:
+        if not int8:
+            return None
+        amax = v.meta.get("deploy_amax")
+        if amax is None:
+            raise ValueError(f"no calibrated magnitude for {v.name}")
+        return calibrate.activation_scale(float(amax))
+
+    for node in list(g.nodes):
+        if node in fused:
+            kernel[node] = scale_of(node)
+        elif graph.is_max_pool(gm, node) and node.args[0] in kernel:
+            kernel[_kernel_max_pool(gm, node)] = kernel[node.args[0]]  # type: ignore[index]
+
+    quant: dict[fx.Node, fx.Node] = {}
+    dequant: dict[fx.Node, fx.Node] = {}
+    count = [0]
+
+    def add_module(prefix: str, mod: nn.Module, after: fx.Node, arg: fx.Node) -> fx.Node:
+        count[0] += 1
+        name = f"tctune_{prefix}_{count[0]}"
+        gm.add_submodule(name, mod)
+        if after.op == "placeholder":  # placeholders stay first
+            first = next(n for n in g.nodes if n.op != "placeholder")
+            ctx = g.inserting_before(first)
+        else:
+            ctx = g.inserting_after(after)
+        with ctx:
+            return g.call_module(name, (arg,))
+
+    for node in list(g.nodes):
+        if node in fused:
+            for v in node.all_input_nodes:
+                if v in kernel:
+                    continue
+                if v not in quant:
+                    s = scale_of(v)
+                    quant[v] = add_module("quantize", Quantize(p, s), v, v)
+                    kernel[quant[v]] = s
+                node.replace_input_with(v, quant[v])
+        elif node in kernel:
+            continue  # a max-pool of a kernel value
+        else:
+            for v in node.all_input_nodes:
+                if v in kernel:
+                    if v not in dequant:
+                        dequant[v] = add_module("dequantize", Dequantize(p, kernel[v],
+                                                                          float_dtype), v, v)
+                    node.replace_input_with(v, dequant[v])
+    for node, mod in fused.items():
+        ins = node.args
+        if len(ins) > 1:
+            mod.layer.residual = _describe(gm, ins[1], fused)  # type: ignore[arg-type]
+        if int8:
+            mod.set_scales(kernel[ins[0]], kernel[node],  # type: ignore[index, arg-type]
+                           kernel[ins[1]] if len(ins) > 1 else None)  # type: ignore[index]
+
+
+def _describe(gm: fx.GraphModule, v: fx.Node, fused: dict[fx.Node, FusedConv]) -> str:
+    """A residual for the report: the fused layer that computes it, else the original
+    graph's value (seen through the Quantize in front of it)."""
+    if v.op == "call_module" and isinstance(gm.get_submodule(str(v.target)), Quantize):
+        v = v.args[0]  # type: ignore[assignment]
+    if v in fused:
+        return fused[v].layer.name
+    return str(v.meta.get("deploy_origin", v.name))
+
+
+def _kernel_max_pool(gm: fx.GraphModule, node: fx.Node) -> fx.Node:
+    """The max-pool node as a KernelMaxPool2d call (same arguments)."""
+    if node.op == "call_module":
+        m = gm.get_submodule(str(node.target))
+        assert isinstance(m, nn.MaxPool2d)
+        mod = KernelMaxPool2d(m.kernel_size, m.stride, m.padding, m.dilation, m.ceil_mode)
+    else:
+        assert node.target is F.max_pool2d
+        names = ("kernel_size", "stride", "padding", "dilation", "ceil_mode")
+        vals: dict[str, Any] = dict(zip(names, node.args[1:], strict=False))
+        vals.update({k: v for k, v in node.kwargs.items() if k in names})
+        mod = KernelMaxPool2d(**vals)
+    name = f"tctune_maxpool_{node.name}"
+    gm.add_submodule(name, mod)
+    with gm.graph.inserting_before(node):
+        new = gm.graph.call_module(name, (node.args[0],))
+    new.meta.update(node.meta)
+    new.meta["deploy_origin"] = node.name
+    node.replace_all_uses_with(new)
+    gm.graph.erase_node(node)
+    return new
+

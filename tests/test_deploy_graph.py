@@ -1,0 +1,244 @@
+"""deploy's rewrite (CPU, reference executor): which modules are replaced, what each fused
+layer takes in, and what stays in PyTorch."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from deploy import FusedConv, KernelMaxPool2d, OptimizedModel, optimize
+from kernels.runtime import DefaultScheduleWarning
+from tests.deploy_nets import Bottleneck, randomize_bn
+
+
+def opt(model: nn.Module, x: torch.Tensor, precision: str = "fp16", **kw: Any
+        ) -> OptimizedModel:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DefaultScheduleWarning)
+        return optimize(model, x, precision, "h100", backend="reference", **kw)
+
+
+def plan_of(o: OptimizedModel) -> dict[str, Any]:
+    return {lp.name: lp for lp in o.plan}
+
+
+def fused(o: OptimizedModel) -> dict[str, FusedConv]:
+    return {m.layer.name: m for m in o.modules_of(FusedConv)}  # type: ignore[attr-defined]
+
+
+def call_targets(o: OptimizedModel) -> list[str]:
+    return [str(n.target) for n in o.graph_module.graph.nodes if n.op == "call_module"]
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.detach().double(), b.detach().double()
+    return float((a - b).norm() / b.norm())
+
+
+class ConvBnRelu(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(16, 32, 3, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(32)
+        self.relu = nn.ReLU(inplace=True)
+        self.conv2 = nn.Conv2d(32, 32, 1)  # conv -> bn (none) -> nothing: bias only
+        self.bn2 = nn.BatchNorm2d(32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.bn2(self.conv2(self.relu(self.bn(self.conv(x)))))
+
+
+def test_conv_bn_relu_and_conv_bn_are_each_one_fused_layer() -> None:
+    torch.manual_seed(0)
+    m = randomize_bn(ConvBnRelu()).eval()
+    x = torch.randn(2, 16, 12, 12)
+    o = opt(m, x)
+    p = plan_of(o)
+    assert p["conv"].replaced and p["conv"].bn == "bn" and p["conv"].relu
+    assert p["conv"].residual is None
+    assert p["conv2"].replaced and p["conv2"].bn == "bn2" and not p["conv2"].relu
+    # Nothing of the original convs, BNs or ReLU runs: two fused layers and the casts.
+    targets = call_targets(o)
+    assert [t for t in targets if not t.startswith("tctune_")] == []
+    assert [t for t in targets if t.startswith("tctune_") and "quantize" not in t] == \
+        ["tctune_conv", "tctune_conv2"]
+    f = fused(o)
+    assert f["conv"].relu and f["conv"].epilogue.mode == "bias"
+    assert rel_err(o(x), m(x)) < 2e-3
+
+
+def test_bottleneck_fuses_residual_add_and_relu_into_one_conv() -> None:
+    torch.manual_seed(1)
+    m = randomize_bn(Bottleneck(32, 16, stride=2)).eval()  # with a downsample branch
+    x = torch.randn(2, 32, 10, 10)
+    o = opt(m, x, "int8")
+    p = plan_of(o)
+    assert all(lp.replaced for lp in o.plan), o.report()
+    # The first conv in graph order at the add takes it; the downsample's conv+bn is its
+    # residual, the block's final ReLU its clamp.
+    assert p["conv3"].bn == "bn3" and p["conv3"].relu
+    assert p["conv3"].residual == "downsample.0"
+    assert p["downsample.0"].bn == "downsample.1" and not p["downsample.0"].relu
+    assert p["downsample.0"].residual is None
+    assert p["conv1"].relu and p["conv2"].relu and p["conv1"].residual is None
+    f = fused(o)
+    assert f["conv3"].epilogue.residual and f["conv3"].epilogue.relu
+    assert f["conv3"].epilogue.mode == "requant"
+    # No add, no ReLU left in the graph: the epilogue did both.
+    left = [n for n in o.graph_module.graph.nodes if n.op in ("call_function", "call_method")]
+    assert left == []
+    with torch.no_grad():
+        want = m(x)
+    assert float(F.cosine_similarity(o(x).flatten(), want.flatten(), dim=0)) > 0.99
+
+
+def test_identity_residual_block() -> None:
+    """A block without downsample adds its input: the residual is the block's input, quantized
+    once and shared by conv1 (its input) and conv3 (its residual)."""
+    torch.manual_seed(2)
+    m = randomize_bn(Bottleneck(64, 16)).eval()
+    x = torch.randn(2, 64, 8, 8).relu()
+    o = opt(m, x, "int8")
+    p = plan_of(o)
+    assert p["conv3"].residual == "x" and p["conv3"].relu
+    assert o.conversions() == {"quantize": 1, "dequantize": 1}
+
+
+class Odd(nn.Module):
+    """Layers the kernel cannot run next to ones it can, and non-conv ops."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 32, 3, padding=1)
+        self.grouped = nn.Conv2d(32, 32, 3, padding=1, groups=4)
+        self.depthwise = nn.Conv2d(32, 32, 3, padding=1, groups=32)
+        self.dilated = nn.Conv2d(32, 32, 3, padding=2, dilation=2)  # the kernel has it
+        self.wide_dilation = nn.Conv2d(32, 32, 3, padding=10, dilation=10)  # > MAX_DILATION
+        self.reflect = nn.Conv2d(32, 32, 3, padding=1, padding_mode="reflect")
+        self.pool = nn.AvgPool2d(2)
+        self.fc = nn.Linear(32 * 8 * 8, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.relu(self.stem(x))
+        x = self.depthwise(self.grouped(x))
+        x = self.reflect(self.wide_dilation(self.dilated(x)))
+        return self.fc(torch.flatten(self.pool(x), 1))
+
+
+def test_layers_the_kernel_cannot_run_stay_in_pytorch() -> None:
+    torch.manual_seed(3)
+    m = Odd().eval()
+    x = torch.randn(2, 3, 16, 16)
+    o = opt(m, x)
+    p = plan_of(o)
+    assert p["stem"].replaced and p["stem"].relu  # F.relu fuses like nn.ReLU
+    assert p["dilated"].replaced and "d2x2" in (p["dilated"].shape_key or "")
+    for name, why in (("grouped", "groups"), ("depthwise", "groups"),
+                      ("wide_dilation", "dilation"), ("reflect", "padding_mode")):
+        assert not p[name].replaced and why in p[name].reason, (name, p[name].reason)
+    targets = call_targets(o)
+    for kept in ("grouped", "depthwise", "wide_dilation", "reflect", "pool", "fc"):
+        assert kept in targets
+        assert type(o.graph_module.get_submodule(kept)) is type(m.get_submodule(kept))
+    # fp16 in and out of the kernel's domain around each kept run of layers.
+    assert o.conversions() == {"quantize": 2, "dequantize": 2}
+    assert rel_err(o(x), m(x)) < 2e-3
+
+
+class AddAfterRelu(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Conv2d(16, 16, 3, padding=1)
+        self.b = nn.Conv2d(16, 16, 3, padding=1)
+        self.bn = nn.BatchNorm2d(16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.a(x)
+        z = self.bn(y) + y  # y has two users: its BN cannot fold into `a`
+        return torch.relu(self.b(z)) + z  # ReLU before the add: the add stays in PyTorch
+
+
+def test_fusion_stops_where_a_value_has_other_users_or_the_order_differs() -> None:
+    torch.manual_seed(4)
+    m = randomize_bn(AddAfterRelu()).eval()
+    x = torch.randn(2, 16, 8, 8)
+    o = opt(m, x)
+    p = plan_of(o)
+    assert p["a"].replaced and p["a"].bn is None and not p["a"].relu
+    assert p["b"].replaced and p["b"].relu and p["b"].residual is None
+    ops = [n.target for n in o.graph_module.graph.nodes if n.op == "call_function"]
+    assert len(ops) == 2  # both adds stay
+    assert "bn" in call_targets(o)
+    assert rel_err(o(x), m(x)) < 2e-3
+
+
+class Sub(nn.Conv2d):
+    """Traced through (not a torch.nn leaf): its conv is a functional call."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x) * 2
+
+
+def test_functional_convs_are_listed_and_kept() -> None:
+    m = nn.Sequential(Sub(16, 16, 3, padding=1)).eval()
+    x = torch.randn(1, 16, 8, 8)
+    o = opt(m, x)
+    assert len(o.plan) == 1 and not o.plan[0].replaced
+    assert "functional" in o.plan[0].reason
+    with torch.no_grad():
+        assert torch.equal(o(x), m(x))
+
+
+def test_max_pool_between_convs_stays_in_the_kernel_domain() -> None:
+    torch.manual_seed(5)
+    m = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(3, 2, 1),
+                      nn.Conv2d(16, 16, 3, padding=1)).eval()
+    x = torch.randn(2, 3, 16, 16)
+    for precision in ("fp16", "int8"):
+        o = opt(m, x, precision)
+        assert len(o.modules_of(KernelMaxPool2d)) == 1
+        assert o.conversions() == {"quantize": 1, "dequantize": 1}
+
+
+def test_the_original_model_is_not_changed_and_errors_are_clear() -> None:
+    m = ConvBnRelu().eval()
+    before = {k: v.clone() for k, v in m.state_dict().items()}
+    opt(m, torch.randn(1, 16, 8, 8), "int8")
+    assert all(torch.equal(before[k], v) for k, v in m.state_dict().items())
+    assert type(m.conv) is nn.Conv2d
+    with pytest.raises(ValueError, match="precision"):
+        opt(m, torch.randn(1, 16, 8, 8), "int4")
+    with pytest.raises(ValueError, match="backend"):
+        optimize(m, torch.randn(1, 16, 8, 8), "fp16", "h100", backend="tpu")
+    with pytest.raises(ValueError, match="unknown target"):
+        optimize(m, torch.randn(1, 16, 8, 8), "fp16", "v100", backend="reference")
+
+
+class Shared(nn.Module):
+    """One conv module called twice, at two input sizes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(16, 16, 3, padding=1)
+        self.pool = nn.AvgPool2d(2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.relu(self.conv(x))
+        return self.conv(self.pool(y))
+
+
+def test_a_module_called_twice_is_two_fused_layers() -> None:
+    torch.manual_seed(6)
+    m = Shared().eval()
+    x = torch.randn(2, 16, 8, 8)
+    o = opt(m, x)
+    assert [(lp.name, lp.replaced, lp.relu) for lp in o.plan] == \
+        [("conv", True, True), ("conv", True, False)]
+    assert o.plan[0].shape_key != o.plan[1].shape_key
+    assert len(o.modules_of(FusedConv)) == 2
+    assert rel_err(o(x), m(x)) < 2e-3
