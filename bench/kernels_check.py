@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from kernels.build import BuildJob, Epilogue, build_many
+from kernels.runtime import schedule_fits
 from kernels.space import ScheduleSpace, fold_tap_bytes
 from kernels.spec import RESNET50_3X3, ConvShape, Precision, get_target
 
@@ -119,6 +120,10 @@ def plan(count: int, seed: int, target_name: str, mma: str | None = None, ptx: b
         residual = mode in ("requant", "bias") and prec is not Precision.INT4 and \
             bool(rng.random() < 1 / 3)
         epi = Epilogue(mode, bool(rng.random() < 0.3), residual)
+        # The space sizes shared memory for the tuned output; a residual or 32-bit output
+        # stages more, which the runtime refuses where it does not fit: so does the plan.
+        if schedule_fits(shape, prec, target, sched, epi) is not None:
+            continue
         items.append({"shape": shape.to_dict(), "precision": prec.value, "schedule": sched,
                       "epilogue": epi.to_dict(), "sm": target.sm, "target": target.name,
                       "ptx": ptx})
