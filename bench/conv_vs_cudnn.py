@@ -92,7 +92,7 @@ def best(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
 def baselines(shape: ConvShape, l2_bytes: int) -> dict[str, float]:
     import torch
 
-    from bench._cudnn import cudnn_conv_times
+    from kernels.cudnn import cudnn_conv_times
     from kernels.reference import im2col
     from kernels.timing import sets_for_l2, time_launches
 

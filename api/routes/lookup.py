@@ -11,8 +11,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from api.auth import Reader
 from api.deps import DB
 from api.errors import READ_ERRORS, JsonBodyRoute, unprocessable
+from api.schemas import BASELINE_BACKEND_DOC, BASELINE_DOC, BASELINE_US_DOC, SPEEDUP_DOC
 from kernels.spec import TARGETS, task_key
 from store import repository as repo
+from store.baselines import baseline_name, speedup
 from store.layer import LayerIn
 
 router = APIRouter(tags=["schedule"], route_class=JsonBodyRoute)
@@ -30,6 +32,10 @@ class LookupItem(BaseModel):
     latency_us: float | None = None
     simulated: bool | None = None
     job_id: int | None = None
+    baseline: str = Field(description=BASELINE_DOC)
+    baseline_us: float | None = Field(None, description=BASELINE_US_DOC)
+    baseline_backend: str | None = Field(None, description=BASELINE_BACKEND_DOC)
+    speedup: float | None = Field(None, description=SPEEDUP_DOC)
 
 
 class LookupOut(BaseModel):
@@ -51,13 +57,16 @@ def lookup(req: LookupIn, session: DB, _: Reader) -> LookupOut:
     results = []
     for layer in req.layers:
         key = task_key(layer.shape.to_shape(), layer.precision, TARGETS[layer.target])
+        name = baseline_name(layer.precision)
         found = repo.best_for_key(session, key)
         if found is None:
-            results.append(LookupItem(task_key=key, found=False))
+            results.append(LookupItem(task_key=key, found=False, baseline=name))
         else:
-            m, _task = found
-            results.append(LookupItem(task_key=key, found=True, schedule=m.schedule,
-                                      latency_us=m.median_us, simulated=m.backend == "simulated",
-                                      job_id=m.job_id))
+            m, task = found
+            results.append(LookupItem(
+                task_key=key, found=True, schedule=m.schedule, latency_us=m.median_us,
+                simulated=m.backend == "simulated", job_id=m.job_id, baseline=name,
+                baseline_us=task.baseline_us, baseline_backend=task.baseline_backend,
+                speedup=speedup(task.baseline_us, m.median_us)))
     hits = sum(r.found for r in results)
     return LookupOut(results=results, found=hits, missing=len(results) - hits)
