@@ -604,8 +604,8 @@ def _wait_for_jobs(client: Any, jobs: dict[int, list[str]], console: Any,
 
         # A pass asks each active job once: a longer period for many jobs.
         poll = min(2.0, 0.25 + 0.05 * len(jobs))
-        return client.wait_many(list(jobs), poll_s=poll, on_update=update,  # type: ignore
-                                timeout_s=timeout)
+        return client.wait_many(  # type: ignore[no-any-return]
+            list(jobs), poll_s=poll, on_update=update, timeout_s=timeout)
 
 
 def _results_table(results: list[dict[str, Any]], states: dict[int, dict[str, Any]]) -> Any:
