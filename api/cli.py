@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 import click
@@ -437,40 +438,204 @@ def import_cmd(path: str, server: str | None, token: str | None) -> None:
 
 
 @main.command("plan")
-@click.argument("model", type=click.Path(exists=True, dir_okay=False))
-@click.option("--trials", default=500, show_default=True, type=int)
-@click.option("--strategy", default=None)
-@click.option("--dry-run", is_flag=True, help="report coverage, submit nothing")
+@click.argument("model")
+@click.option("--input-shape", default=None, metavar="N,C,H,W",
+              help="the example input a module model is traced with (e.g. 8,3,224,224); "
+                   "N is the batch the layers are tuned for")
+@click.option("--precision", default=None, type=click.Choice(["fp16", "int8", "int4", "fp32_tc"]),
+              help="of every layer of a module model; of a model file's layers that name none")
+@click.option("--target", default=None,
+              help="t4, a100, a10, l4, h100, h200: as --precision")
+@click.option("--trials", default=500, show_default=True, type=click.IntRange(1),
+              help="trial budget of each submitted layer")
+@click.option("--strategy", default=None, help="search strategy (default: the service's)")
+@click.option("--submit/--dry-run", default=True, show_default=True,
+              help="submit the untuned layers, or only report coverage")
+@click.option("--wait", is_flag=True,
+              help="after submitting, show the progress of every job until all have ended, "
+                   "then each layer's best latency and speedup")
+@click.option("--timeout", default=None, type=click.FloatRange(0), metavar="SECONDS",
+              help="with --wait: give up waiting after this long (the jobs go on)")
 @server_option
 @token_option
-def plan_cmd(model: str, trials: int, strategy: str | None, dry_run: bool, server: str | None,
-             token: str | None) -> None:
-    """Submit a model's untuned conv layers and report its coverage."""
+def plan_cmd(model: str, input_shape: str | None, precision: str | None, target: str | None,
+             trials: int, strategy: str | None, submit: bool, wait: bool,
+             timeout: float | None, server: str | None, token: str | None) -> None:
+    """Tune a whole model: look its conv layers up, submit each distinct untuned one once
+    (layers of the same shape share a task and its job), report coverage.
+
+    MODEL is a JSON model file ({"precision", "target", "layers": [{"name", "shape"},
+    ...]}), or a PyTorch module built here with random weights and traced once with a
+    random input of --input-shape: `torchvision:NAME` (e.g. torchvision:resnet50) or
+    `module.path:factory` (a function returning a torch.nn.Module, imported from the
+    working directory or the environment); a module model needs --precision and --target.
+    Grouped convolutions are left out (the kernel does groups=1).
+
+    \b
+    Examples:
+      tctune plan model.json --dry-run
+      tctune plan torchvision:resnet50 --input-shape 8,3,224,224 --precision int8 \\
+          --target h100 --trials 200 --submit --wait
+
+    The summary goes to stderr and a JSON object to stdout: layers, distinct, tuned,
+    submitted, running, and with --wait the jobs' end states and every layer's best
+    latency, baseline and speedup.
+    """
     from rich.console import Console
-    from rich.table import Table
 
     from api.client import TctuneError
-    from api.plan import load_model, plan
+    from api.plan import is_module_spec, load_model, load_module_model, parse_input_shape, plan
 
+    # Usage errors too are one line here (a model's problems are the common ones).
+    if wait and not submit:
+        raise click.ClickException("--wait follows the jobs --submit starts; drop --dry-run")
+    module_model = not Path(model).exists() and is_module_spec(model)
+    if not module_model and not Path(model).is_file():
+        raise click.ClickException(f"{model}: no such file, nor torchvision:NAME or "
+                                   "module.path:factory")
+    if module_model:
+        missing = [f"--{n.replace('_', '-')}" for n, v in (
+            ("input_shape", input_shape), ("precision", precision), ("target", target)) if not v]
+        if missing:
+            raise click.ClickException(f"{model}: a module model needs {', '.join(missing)}")
     try:
-        layers = load_model(model)
-        cov = plan(_client(server, token), layers, trials, submit=not dry_run,
-                   strategy=strategy)
+        if module_model:
+            assert input_shape and precision and target
+            layers = load_module_model(model, parse_input_shape(input_shape), precision,
+                                       target.lower())
+        else:
+            layers = load_model(model, precision, target and target.lower())
     except ValueError as err:
         raise click.ClickException(f"{model}: {err}") from None
+    client = _client(server, token)
+    try:
+        cov = plan(client, layers, trials, submit=submit, strategy=strategy)
     except TctuneError as err:
         raise click.ClickException(explain(err.body)) from None
-    table = Table("layer", "task", "state", "latency (us)")
-    for row in cov.rows:
-        lat = "" if row["latency_us"] is None else f"{row['latency_us']:.2f}"
-        table.add_row(row["name"], row["task_key"], row["state"], lat)
     console = Console(stderr=True)
-    console.print(table)
+    console.print(_coverage_table(cov.rows))
     console.print(f"coverage: {cov.tuned}/{cov.distinct} distinct layers tuned "
                   f"({cov.layers} layers); submitted {cov.submitted}, already running "
                   f"{cov.running}")
-    click.echo(json.dumps({"layers": cov.layers, "distinct": cov.distinct, "tuned": cov.tuned,
-                           "submitted": cov.submitted, "running": cov.running}))
+    out: dict[str, Any] = {"layers": cov.layers, "distinct": cov.distinct, "tuned": cov.tuned,
+                           "submitted": cov.submitted, "running": cov.running}
+    if not wait:
+        click.echo(json.dumps(out))
+        return
+    try:
+        states = _wait_for_jobs(client, cov.jobs, console, timeout)
+        final = client.lookup([(la.shape, la.precision, la.target) for la in layers])
+    except TctuneError as err:
+        raise click.ClickException(explain(err.body)) from None
+    except TimeoutError as err:
+        raise click.ClickException(f"{err}; `tctune plan {model} --dry-run` shows "
+                                   "coverage later") from None
+    results = [{"name": la.name, "task_key": res["task_key"],
+                "job_id": row["job_id"], "found": res["found"],
+                "latency_us": res.get("latency_us"), "simulated": res.get("simulated"),
+                "baseline": res.get("baseline"), "baseline_us": res.get("baseline_us"),
+                "speedup": res.get("speedup")}
+               for la, res, row in zip(layers, final, cov.rows, strict=True)]
+    console.print(_results_table(results, states))
+    ended: dict[str, int] = {}
+    for state in states.values():
+        ended[state["status"]] = ended.get(state["status"], 0) + 1
+    tuned = len({r["task_key"] for r in results if r["found"]})
+    jobs_line = ", ".join(f"{n} {st}" for st, n in sorted(ended.items())) or "none"
+    console.print(f"done: {tuned}/{cov.distinct} distinct layers tuned; jobs: {jobs_line}")
+    click.echo(json.dumps({**out, "jobs": ended, "results": results}))
+    bad = sorted((j, s) for j, s in states.items() if s["status"] != "done")
+    if bad:
+        first_id, first = bad[0]
+        why = f": {first['error']}" if first.get("error") else ""
+        raise click.ClickException(f"{len(bad)} of {len(states)} jobs did not finish (job "
+                                   f"{first_id} {first['status']}{why})")
+
+
+def _coverage_table(rows: list[dict[str, Any]]) -> Any:
+    from rich.table import Table
+
+    table = Table("layer", "task", "state", "latency (us)")
+    for row in rows:
+        lat = "" if row["latency_us"] is None else f"{row['latency_us']:.2f}"
+        table.add_row(row["name"], row["task_key"], row["state"], lat)
+    return table
+
+
+def _layer_label(names: list[str], width: int = 24) -> str:
+    """A job's layers in one short label: the first name, and how many more share it."""
+    more = f" +{len(names) - 1}" if len(names) > 1 else ""
+    first = names[0] if len(names[0]) + len(more) <= width else \
+        names[0][:max(1, width - len(more) - 1)] + "…"
+    return first + more
+
+
+def _wait_for_jobs(client: Any, jobs: dict[int, list[str]], console: Any,
+                   timeout: float | None) -> dict[int, dict[str, Any]]:
+    """One progress display for all the jobs of a plan: the model's trials and jobs ended
+    on top, a row per job below (its layers; trials; state, best so far and speedup)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    if not jobs:
+        return {}
+    # Narrow columns: a log or CI console is 80 wide, and rich drops what does not fit.
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(bar_width=16),
+                  MofNCompleteColumn(), TextColumn("{task.fields[info]}"), TimeElapsedColumn(),
+                  console=console, transient=False) as bar:
+        total = bar.add_task(f"model, {len(jobs)} jobs", total=None, info="")
+        rows = {job_id: bar.add_task(f"{job_id:>4} {_layer_label(names)}", total=None,
+                                     info="queued")
+                for job_id, names in jobs.items()}
+
+        def update(states: dict[int, dict[str, Any]]) -> None:
+            for job_id, st in states.items():
+                best, speedup = st["best_us"], st.get("speedup")
+                info = st["status"] + ("" if best is None else f" {best:.2f}us") + (
+                    "" if not speedup else f" {speedup:.2f}x")
+                bar.update(rows[job_id], total=st["trials"], completed=st["trials_done"],
+                           info=info)
+            ended = sum(st["status"] in ("done", "failed", "cancelled")
+                        for st in states.values())
+            simulated = any(st["simulated"] for st in states.values())
+            bar.update(total, total=sum(st["trials"] for st in states.values()),
+                       completed=sum(min(st["trials_done"], st["trials"])
+                                     for st in states.values()),
+                       info=f"{ended}/{len(jobs)} jobs ended" + (" (sim)" if simulated else ""))
+
+        # A pass asks each active job once: a longer period for many jobs.
+        poll = min(2.0, 0.25 + 0.05 * len(jobs))
+        return client.wait_many(  # type: ignore[no-any-return]
+            list(jobs), poll_s=poll, on_update=update, timeout_s=timeout)
+
+
+def _results_table(results: list[dict[str, Any]], states: dict[int, dict[str, Any]]) -> Any:
+    """Each distinct layer once: its layers, job and end state, best latency, baseline
+    and speedup."""
+    from rich.table import Table
+
+    names = {r["baseline"] for r in results}
+    one_baseline = names.pop() if len(names) == 1 else None
+    simulated = {bool(r["simulated"]) for r in results if r["found"]}
+    table = Table("layers", "job", "state", "best (us)",
+                  f"{one_baseline} (us)" if one_baseline else "baseline (us)", "speedup",
+                  caption="simulated: latencies of the analytical model"
+                  if simulated == {True} else None)
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for r in results:
+        groups.setdefault(r["task_key"], []).append(r)
+    for group in groups.values():
+        r = group[0]
+        job = "" if r["job_id"] is None else str(r["job_id"])
+        state = states[r["job_id"]]["status"] if r["job_id"] in states else \
+            ("tuned" if r["found"] else "untuned")
+        best = "" if r["latency_us"] is None else f"{r['latency_us']:.2f}" + (
+            " sim" if r["simulated"] and len(simulated) > 1 else "")
+        base = "" if r["baseline_us"] is None else f"{r['baseline_us']:.2f}" + (
+            "" if one_baseline else f" {r['baseline']}")
+        speedup = "" if r["speedup"] is None else f"{r['speedup']:.2f}x"
+        table.add_row(_layer_label([g["name"] for g in group], 32), job, state, best, base,
+                      speedup)
+    return table
 
 
 # --- benchmarks -------------------------------------------------------------------------

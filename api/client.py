@@ -70,6 +70,32 @@ class Client:
                 raise TimeoutError(f"job {job_id} still {state['status']} after {timeout_s} s")
             time.sleep(poll_s)
 
+    def wait_many(self, job_ids: list[int], poll_s: float = 1.0,
+                  on_update: Callable[[dict[int, dict[str, Any]]], None] | None = None,
+                  timeout_s: float | None = None) -> dict[int, dict[str, Any]]:
+        """Poll every job until all have ended; `on_update` sees the latest state of each
+        (by job id) after every pass. Only the jobs still active are asked again, each for
+        its new measurements only, which are not kept: a state is the job's summary."""
+        after = dict.fromkeys(job_ids, 0)
+        states: dict[int, dict[str, Any]] = {}
+        start = time.monotonic()
+        while True:
+            for job_id in job_ids:
+                if job_id in states and states[job_id]["status"] in TERMINAL:
+                    continue
+                state = self.job(job_id, after=after[job_id])
+                after[job_id] = state["next_after"]
+                states[job_id] = {**state, "measurements": []}
+            if on_update:
+                on_update(states)
+            if all(s["status"] in TERMINAL for s in states.values()):
+                return states
+            if timeout_s is not None and time.monotonic() - start > timeout_s:
+                active = sorted(j for j, s in states.items() if s["status"] not in TERMINAL)
+                raise TimeoutError(f"{len(active)} of {len(job_ids)} jobs still active after "
+                                   f"{timeout_s:g} s (jobs {', '.join(map(str, active))})")
+            time.sleep(poll_s)
+
     def schedule(self, shape: ConvShape, precision: str, target: str) -> dict[str, Any] | None:
         """The best schedule, or None when there is none yet."""
         params = {**shape_query(shape), "precision": precision, "target": target}

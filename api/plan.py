@@ -5,14 +5,18 @@ A model is a JSON file (`tctune plan model.json`):
     {"precision": "int8", "target": "h100",
      "layers": [{"name": "layer1.0.conv2", "shape": {"n": 8, "h": 56, ...}}, ...]}
 
-(each layer may override precision/target), or it comes from a PyTorch module traced for
-its Conv2d layers with `conv_layers()`.
+(each layer may override precision/target), or a PyTorch module (`tctune plan
+torchvision:resnet50 --input-shape 8,3,224,224` or `module.path:factory`), built here with
+random weights and traced once for its Conv2d layers with `conv_layers()`.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
-from dataclasses import dataclass
+import os
+import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,22 +31,110 @@ class Layer:
     target: str
 
 
-def load_model(path: str | Path) -> list[Layer]:
-    spec = json.loads(Path(path).read_text())
+def load_model(path: str | Path, precision: str | None = None,
+               target: str | None = None) -> list[Layer]:
+    """The layers of a model file; `precision` and `target` apply where the file names
+    none (neither per layer nor at the top)."""
+    try:
+        spec = json.loads(Path(path).read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not JSON: {exc}") from None
     if not isinstance(spec, dict) or not isinstance(spec.get("layers"), list):
         raise ValueError("a model file is an object with a list 'layers'")
     out = []
     for i, item in enumerate(spec["layers"]):
         try:
             shape = ConvShape.from_dict(item["shape"])
-            precision = item.get("precision", spec.get("precision"))
-            target = item.get("target", spec.get("target"))
+            prec = item.get("precision", spec.get("precision", precision))
+            tgt = item.get("target", spec.get("target", target))
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"layer {i}: {exc!r}") from None
-        if not precision or not target:
-            raise ValueError(f"layer {i}: precision and target are needed (per layer or top)")
-        out.append(Layer(str(item.get("name", f"conv{i}")), shape, precision, target))
+        if not prec or not tgt:
+            raise ValueError(f"layer {i}: precision and target are needed (per layer or top, "
+                             "or --precision/--target)")
+        out.append(Layer(str(item.get("name", f"conv{i}")), shape, prec, tgt))
     return out
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__
+
+
+def is_module_spec(model: str) -> bool:
+    """'torchvision:NAME' or 'module.path:factory' (and not a file that exists)."""
+    mod, sep, attr = model.partition(":")
+    return bool(sep and attr.isidentifier()
+                and all(part.isidentifier() for part in mod.split(".")))
+
+
+def parse_input_shape(text: str) -> tuple[int, ...]:
+    """'8,3,224,224' -> (8, 3, 224, 224): N, C, H, W, each a positive integer."""
+    try:
+        dims = tuple(int(x) for x in text.replace("x", ",").split(","))
+    except ValueError:
+        raise ValueError(f"{text!r} is not N,C,H,W (e.g. 8,3,224,224)") from None
+    if len(dims) != 4 or min(dims) < 1:
+        raise ValueError(f"{text!r} is not N,C,H,W of positive integers (e.g. 8,3,224,224)")
+    return dims
+
+
+def build_module(spec: str) -> Any:
+    """The torch.nn.Module of 'torchvision:NAME' (randomly initialised: weights=None) or of
+    'module.path:factory' (called without arguments)."""
+    try:
+        import torch
+    except ImportError:
+        raise ValueError("a module model needs PyTorch (pip install torch)") from None
+    mod_name, _, attr = spec.partition(":")
+    if mod_name == "torchvision":
+        try:
+            import torchvision.models as tvm
+        except ImportError:
+            raise ValueError(f"{spec} needs torchvision (pip install torchvision)") from None
+        factory = getattr(tvm, attr, None)
+        if not callable(factory):
+            raise ValueError(f"torchvision.models has no model {attr!r}")
+        model = factory(weights=None)
+    else:
+        # The installed `tctune` script does not search the working directory; a user's
+        # own model package usually lives there.
+        if os.getcwd() not in sys.path:
+            sys.path.insert(0, os.getcwd())
+        try:
+            module = importlib.import_module(mod_name)
+        except ImportError as exc:
+            raise ValueError(f"cannot import {mod_name!r}: {_first_line(exc)}") from None
+        factory = getattr(module, attr, None)
+        if not callable(factory):
+            raise ValueError(f"{mod_name} has no callable {attr!r}")
+        try:
+            model = factory()
+        except Exception as exc:  # the user's code: say where it failed, in one line
+            raise ValueError(f"{spec}() failed: {type(exc).__name__}: {_first_line(exc)}"
+                             ) from None
+    if not isinstance(model, torch.nn.Module):
+        raise ValueError(f"{spec} returned a {type(model).__name__}, not a torch.nn.Module")
+    return model
+
+
+def load_module_model(spec: str, input_shape: tuple[int, ...], precision: str,
+                      target: str) -> list[Layer]:
+    """The Conv2d layers of a module model (build_module), traced with a random input of
+    `input_shape` (N, C, H, W)."""
+    import torch
+
+    module = build_module(spec)
+    example = torch.randn(*input_shape, generator=torch.Generator().manual_seed(0))
+    try:
+        found = conv_layers(module, example)
+    except RuntimeError as exc:  # the input does not fit the model (channels, size)
+        raise ValueError(f"{spec} does not run on an input of {input_shape}: "
+                         f"{_first_line(exc)}") from None
+    if not found:
+        raise ValueError(f"{spec} has no Conv2d layer with groups=1")
+    return [Layer(f["name"], ConvShape.from_dict(f["shape"]), precision, target)
+            for f in found]
 
 
 def conv_layers(module: Any, example_input: Any) -> list[dict[str, Any]]:
@@ -79,6 +171,8 @@ class Coverage:
     running: int
     submitted: int
     rows: list[dict[str, Any]]
+    # job id -> names of the layers it tunes (each distinct untuned layer has one job)
+    jobs: dict[int, list[str]] = field(default_factory=dict)
 
 
 def plan(client: Any, layers: list[Layer], trials: int, submit: bool = True,
@@ -98,8 +192,14 @@ def plan(client: Any, layers: list[Layer], trials: int, submit: bool = True,
                 else:
                     running += 1
             state = f"job {submitted_keys[key]['job_id']}"
+        job_id = submitted_keys[res["task_key"]]["job_id"] \
+            if res["task_key"] in submitted_keys else None
         rows.append({"name": layer.name, "task_key": res["task_key"], "state": state,
-                     "latency_us": res.get("latency_us")})
+                     "latency_us": res.get("latency_us"), "job_id": job_id})
     distinct = len({r["task_key"] for r in rows})
     tuned = len({r["task_key"] for r, res in zip(rows, results, strict=True) if res["found"]})
-    return Coverage(len(layers), distinct, tuned, running, submitted, rows)
+    jobs: dict[int, list[str]] = {}
+    for r in rows:
+        if r["job_id"] is not None:
+            jobs.setdefault(r["job_id"], []).append(r["name"])
+    return Coverage(len(layers), distinct, tuned, running, submitted, rows, jobs)

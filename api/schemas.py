@@ -30,6 +30,9 @@ MAX_TRIALS = 20_000
 UTC = Annotated[datetime, AfterValidator(as_utc)]
 
 
+BASELINE_BACKEND_DOC = "'cuda' (timed on the GPU) or 'simulated' (modelled)"
+
+
 class TuneRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     shape: ShapeIn
@@ -65,7 +68,7 @@ class TaskOut(BaseModel):
                                       "measured against: 'cuDNN fp32' (TF32 off) for fp32_tc, "
                                       "'cuDNN fp16' for the other precisions")
     baseline_us: float | None = Field(None, description="the baseline on the target, if timed")
-    baseline_backend: str | None = None
+    baseline_backend: str | None = Field(None, description=BASELINE_BACKEND_DOC)
 
 
 class MeasurementOut(BaseModel):
@@ -147,6 +150,12 @@ class ScheduleQuery(BaseModel):
     target: TargetName
 
 
+BASELINE_DOC = ("what baseline_us and speedup are measured against: 'cuDNN fp32' (TF32 off) "
+                "for fp32_tc, 'cuDNN fp16' for the other precisions")
+BASELINE_US_DOC = "the baseline's latency on the target (null until timed)"
+SPEEDUP_DOC = "baseline_us / latency_us (null until the baseline is timed)"
+
+
 class ScheduleOut(BaseModel):
     schedule: dict[str, Any]
     latency_us: float
@@ -156,6 +165,10 @@ class ScheduleOut(BaseModel):
     job_id: int
     measured_at: UTC
     task_key: str
+    baseline: str = Field(description=BASELINE_DOC)
+    baseline_us: float | None = Field(None, description=BASELINE_US_DOC)
+    baseline_backend: str | None = Field(None, description=BASELINE_BACKEND_DOC)
+    speedup: float | None = Field(None, description=SPEEDUP_DOC)
 
 
 class ScheduleMissing(BaseModel):
@@ -185,6 +198,8 @@ class BestOut(BaseModel):
     simulated: bool
     job_id: int
     measured_at: UTC
+    speedup: float | None = Field(None, description="task.baseline_us / latency_us (against "
+                                                    "task.baseline; null until it is timed)")
 
 
 class InputProblem(BaseModel):

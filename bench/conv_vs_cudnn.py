@@ -92,7 +92,7 @@ def best(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
 def baselines(shape: ConvShape, l2_bytes: int) -> dict[str, float]:
     import torch
 
-    from bench._cudnn import cudnn_conv_times
+    from kernels.cudnn import cudnn_conv_times
     from kernels.reference import im2col
     from kernels.timing import sets_for_l2, time_launches
 
@@ -112,7 +112,7 @@ def baselines(shape: ConvShape, l2_bytes: int) -> dict[str, float]:
     al = [a0] + [a0.clone() for _ in range(n_sets - 1)]
     bl = [b0] + [b0.clone() for _ in range(n_sets - 1)]
     try:
-        yl: list[Any] = [None] * n_sets  # outputs rotate as in bench/_cudnn.py
+        yl: list[Any] = [None] * n_sets  # outputs rotate as in kernels/cudnn.py
 
         def int_mm(i: int) -> None:
             yl[i] = torch._int_mm(al[i], bl[i])

@@ -285,7 +285,7 @@ def cudnn_times(shape: ConvShape, l2_bytes: int) -> dict[str, float]:
     all with kernels.timing.time_launches."""
     import torch
 
-    from bench._cudnn import cudnn_conv_times
+    from kernels.cudnn import cudnn_conv_times
     from kernels.timing import time_launches
 
     def amax_time(name: str, xl: list[Any], n_sets: int) -> dict[str, float]:

@@ -37,8 +37,8 @@ from typing import Any
 
 import numpy as np
 
-from bench._cudnn import time_cudnn_conv
 from kernels.build import BuildJob, Epilogue, build_many
+from kernels.cudnn import time_cudnn_conv
 from kernels.runtime import RECORDED_BESTS, Conv2d, DefaultScheduleWarning, default_schedule
 from kernels.space import ScheduleSpace
 from kernels.spec import RESNET50_3X3, ConvShape, Precision, get_target

@@ -12,7 +12,8 @@ to the exact requantization of the exact accumulators), fp16 within a relative e
 float64 reference, fp32_tc within twice FP32's error of the float64 reference
 (kernels.reference.fp32_tc_rel_tol); then timing with `kernels.timing.time_launches` (CUDA
 graph of back-to-back launches over rotating input sets that exceed L2, >= 5 samples of >= 1
-ms).
+ms). A task's cuDNN baseline (`Runner.baseline`, kernels.cudnn) is timed in the same child
+with the same harness, on the same GPU as its candidates.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ class DeviceSession:
         import cupy
 
         self.cp = cupy
+        self.device = device
         cupy.cuda.Device(device).use()
         props = cupy.cuda.runtime.getDeviceProperties(device)
         name = props["name"]
@@ -150,6 +152,22 @@ class DeviceSession:
         timer = (lambda: time_launches(launch, n_sets, api="cupy", **kw)) if time_it else None
         return check_then_time(check, timer, {"gpu": self.gpu_name, "n_sets": n_sets})
 
+    def baseline(self, shape: ConvShape, dtype: str) -> dict[str, Any]:
+        """cuDNN's latency of the layer in `dtype` ('fp16' or 'fp32', TF32 off) on this
+        session's GPU (kernels.cudnn.cudnn_baseline). Returns {status, median_us, iqr_us,
+        error, detail}; status 'unavailable' where torch cannot be imported."""
+        try:
+            import torch  # noqa: F401
+
+            from kernels.cudnn import cudnn_baseline
+        except ImportError as e:
+            return {"status": "unavailable", "median_us": None, "iqr_us": None,
+                    "error": f"{type(e).__name__}: {e}", "detail": {}}
+        t = cudnn_baseline(shape, dtype, self.l2_bytes, self.device)
+        return {"status": "ok", "median_us": round(t.median_us, 4),
+                "iqr_us": round(t.iqr_us, 4), "error": None,
+                "detail": {"gpu": self.gpu_name, **t.to_dict()}}
+
     @staticmethod
     def _set_bytes(prob: Problem, layout: str, y_bytes: int, c_padded: int) -> int:
         xb, wb = prob.device_inputs(layout, c_padded)
@@ -212,13 +230,31 @@ def child_env() -> dict[str, str]:
     return env
 
 
-def _child_main(conn: Any, device: int) -> None:
+def _import_torch() -> str | None:
+    """Import torch (for cuDNN baselines) before CuPy: on some installs torch's own import
+    fails once CuPy is loaded (bench/RESULTS.md). Returns why it is not available, or None."""
+    try:
+        import torch  # noqa: F401
+    except Exception as e:  # missing, or a broken install: baselines are skipped, not fatal
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+def _serve(sess: DeviceSession, req: dict[str, Any]) -> dict[str, Any]:
+    if req.get("op") == "baseline":
+        return sess.baseline(ConvShape.from_dict(req["shape"]), req["dtype"])
+    return sess.measure(req["cache_dir"], req["key"], seed=req.get("seed"),
+                        time_it=req.get("time_it", True), samples=req.get("samples"))
+
+
+def _child_main(conn: Any, device: int, with_torch: bool = False) -> None:
+    torch_error = _import_torch() if with_torch else "torch not loaded (Runner(with_torch=False))"
     try:
         sess = DeviceSession(device)
     except Exception as e:  # no GPU / no CuPy: say so and stop
         conn.send({"ready": False, "error": f"{type(e).__name__}: {e}"})
         return
-    conn.send({"ready": True, "gpu": sess.gpu_name, "sm": sess.sm})
+    conn.send({"ready": True, "gpu": sess.gpu_name, "sm": sess.sm, "torch_error": torch_error})
     while True:
         try:
             req = conn.recv()
@@ -227,9 +263,7 @@ def _child_main(conn: Any, device: int) -> None:
         if req is None:
             return
         try:
-            res = sess.measure(req["cache_dir"], req["key"], seed=req.get("seed"),
-                               time_it=req.get("time_it", True), samples=req.get("samples"))
-            conn.send(res)
+            conn.send(_serve(sess, req))
         except Exception as e:
             msg = f"{type(e).__name__}: {e}"
             conn.send({"status": "runtime_error", "median_us": None, "iqr_us": None,
@@ -240,11 +274,18 @@ def _child_main(conn: Any, device: int) -> None:
 
 
 class Runner:
-    """Parent side: one measurement child, re-spawned whenever it dies or hangs."""
+    """Parent side: one measurement child, re-spawned whenever it dies or hangs.
 
-    def __init__(self, device: int = 0, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    `with_torch`: the child imports torch at its start, before CuPy, so that it can time
+    cuDNN baselines (`baseline`); without torch it still measures, and says why in
+    `torch_error`."""
+
+    def __init__(self, device: int = 0, timeout_s: float = DEFAULT_TIMEOUT_S,
+                 with_torch: bool = False) -> None:
         self.device = device
         self.timeout_s = timeout_s
+        self.with_torch = with_torch
+        self.torch_error: str | None = None
         self._proc: Any = None
         self._conn: Any = None
         self.gpu_name: str | None = None
@@ -255,8 +296,9 @@ class Runner:
         # A plain subprocess, not multiprocessing: the caller may itself be a daemonic pool
         # process (a Celery worker's), and those may not have multiprocessing children.
         parent_sock, child_sock = socket.socketpair()
-        proc = subprocess.Popen([sys.executable, "-m", "kernels.runner", str(self.device),
-                                 str(child_sock.fileno())], pass_fds=(child_sock.fileno(),),
+        argv = [sys.executable, "-m", "kernels.runner", str(self.device),
+                str(child_sock.fileno())] + (["torch"] if self.with_torch else [])
+        proc = subprocess.Popen(argv, pass_fds=(child_sock.fileno(),),
                                 stdin=subprocess.DEVNULL, env=child_env())
         child_sock.close()
         parent = Connection(parent_sock.detach())
@@ -275,6 +317,7 @@ class Runner:
             return False
         self._proc, self._conn = proc, parent
         self.gpu_name, self.sm = msg["gpu"], msg["sm"]
+        self.torch_error = msg.get("torch_error")
         return True
 
     def _stop(self) -> None:
@@ -297,13 +340,27 @@ class Runner:
         if not Path(cubin_path(cache_dir, key)).exists():
             return {"status": "compile_error", "median_us": None, "iqr_us": None,
                     "error": f"no cubin for {key}", "detail": {}}
+        return self._request({"cache_dir": str(cache_dir), "key": key, "seed": seed,
+                              "time_it": time_it, "samples": samples})
+
+    def baseline(self, shape: ConvShape, dtype: str) -> dict[str, Any]:
+        """cuDNN's latency of `shape` in `dtype` ('fp16', or 'fp32' with TF32 off) on the
+        child's GPU, timed as candidates are (DeviceSession.baseline). Status 'ok',
+        'unavailable' (no torch in the child: its reason in `error`), or a failure's."""
+        if self.ensure_started() and self.torch_error is not None:
+            return {"status": "unavailable", "median_us": None, "iqr_us": None,
+                    "error": self.torch_error, "detail": {}}
+        return self._request({"op": "baseline", "shape": shape.to_dict(), "dtype": dtype})
+
+    def _request(self, req: dict[str, Any]) -> dict[str, Any]:
+        """Send one request to the child and wait for its answer (at most timeout_s); a
+        crash, hang or fatal error restarts the child and comes back as a status."""
         if not self.ensure_started():
             return {"status": "runtime_error", "median_us": None, "iqr_us": None,
                     "error": f"no measurement process: {self.start_error}", "detail": {}}
         t0 = time.monotonic()
         try:
-            self._conn.send({"cache_dir": str(cache_dir), "key": key, "seed": seed,
-                             "time_it": time_it, "samples": samples})
+            self._conn.send(req)
             if not self._conn.poll(self.timeout_s):
                 self._stop()
                 return {"status": "timeout", "median_us": None, "iqr_us": None,
@@ -328,5 +385,5 @@ class Runner:
         self._stop()
 
 
-if __name__ == "__main__":  # the measurement child: python -m kernels.runner DEVICE FD
-    _child_main(Connection(int(sys.argv[2])), int(sys.argv[1]))
+if __name__ == "__main__":  # the measurement child: python -m kernels.runner DEVICE FD [torch]
+    _child_main(Connection(int(sys.argv[2])), int(sys.argv[1]), "torch" in sys.argv[3:])

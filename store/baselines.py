@@ -11,3 +11,10 @@ BASELINE_PRECISION = {"fp16": "fp16", "int8": "fp16", "int4": "fp16", "fp32_tc":
 def baseline_name(precision: str) -> str:
     """'cuDNN fp16' or 'cuDNN fp32': the name shown with every baseline and speedup."""
     return f"cuDNN {BASELINE_PRECISION.get(str(precision), 'fp16')}"
+
+
+def speedup(baseline_us: float | None, latency_us: float | None) -> float | None:
+    """baseline / latency, rounded to 3 places; None until both are known."""
+    if baseline_us and latency_us:
+        return round(baseline_us / latency_us, 3)
+    return None

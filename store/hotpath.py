@@ -486,6 +486,17 @@ def tasks_with_baseline(session: Session, task_ids: Iterable[int]) -> set[int]:
         select(t.id).where(t.id.in_(ids), t.baseline_us.is_not(None)))}
 
 
+def first_open_candidates(session: Session, job_ids: Iterable[int]) -> dict[int, int]:
+    """job id -> the lowest id among its open (not done) candidates; jobs with none are
+    left out. Reads the open candidates' partial index (a few rows per job)."""
+    ids = sorted(set(job_ids))
+    if not ids:
+        return {}
+    return {j: c for j, c in session.execute(
+        select(C.job_id, func.min(C.id)).where(C.job_id.in_(ids), C.state != "done")
+        .group_by(C.job_id))}
+
+
 def task_of_candidate(session: Session, candidate_id: int) -> int | None:
     return session.scalar(select(C.task_id).where(C.id == candidate_id))
 

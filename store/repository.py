@@ -312,6 +312,9 @@ class BestRow:
     backend: str
     job_id: int
     measured_at: datetime
+    precision: str
+    baseline_us: float | None
+    baseline_backend: str | None
 
 
 # GET /schedule's read, the service's hottest query: one lookup by the unique (indexed)
@@ -319,7 +322,8 @@ class BestRow:
 _BEST_ROW = (
     select(Task.id, Task.key, BestSchedule.measurement_id, BestSchedule.updated_at,
            Measurement.schedule, Measurement.median_us, Measurement.iqr_us,
-           Measurement.backend, Measurement.job_id, Measurement.created_at)
+           Measurement.backend, Measurement.job_id, Measurement.created_at, Task.precision,
+           Task.baseline_us, Task.baseline_backend)
     .select_from(Task)
     .join(BestSchedule, BestSchedule.task_id == Task.id)
     .join(Measurement, Measurement.id == BestSchedule.measurement_id)
@@ -334,8 +338,8 @@ def best_row_for_key(conn: Connection, key: str) -> BestRow | None:
 
 def best_fingerprint(conn: Connection) -> tuple[Any, ...]:
     """Changes whenever a task's best schedule is set, moved or deleted: a better schedule
-    has a new measurement id and every refresh stamps updated_at; a deletion changes the
-    count. Cheap (one aggregate over best_schedule)."""
+    has a new measurement id and every refresh (and a baseline's arrival) stamps updated_at;
+    a deletion changes the count. Cheap (one aggregate over best_schedule)."""
     return tuple(conn.execute(select(
         func.count(), func.coalesce(func.sum(BestSchedule.measurement_id), 0),
         func.max(BestSchedule.updated_at))).one())
@@ -351,6 +355,10 @@ def set_baseline(session: Session, task_id: int, us: float, backend: str) -> Non
     session.execute(update(Task).where(Task.id == task_id)
                     .values(baseline_us=us, baseline_backend=backend)
                     .execution_options(**NO_SYNC))
+    # GET /schedule's answer carries the baseline, and its per-process cache notices only
+    # changes of best_schedule rows (best_fingerprint): stamp the task's row, if it has one.
+    session.execute(update(BestSchedule).where(BestSchedule.task_id == task_id)
+                    .values(updated_at=utcnow()).execution_options(**NO_SYNC))
 
 
 def best_schedules(session: Session, target: str | None = None, precision: str | None = None,

@@ -173,7 +173,12 @@ def test_job_page_updates_live_and_shows_the_best_schedule(
     names = browser.execute_script(
         "return document.getElementById('chart-latency').data.map(t => t.name)")
     assert "best so far" in names and any(n.startswith("cuDNN fp16") for n in names)
-    assert "cuDNN fp16 / best" in browser.find_element(By.ID, "job-cards").text
+    cards = browser.find_element(By.ID, "job-cards").text  # titles upper-cased by CSS
+    final = job_state(svc, job_id)
+    assert "CUDNN FP16 BASELINE" in cards.upper() and "cuDNN fp16 / best" in cards
+    base = final["task"]["baseline_us"]
+    assert f"{base:.{3 if base < 10 else 2}f} µs\nsimulated" in cards
+    assert f"{final['speedup']:.2f}×" in cards
     bars = browser.execute_script(
         "return document.querySelectorAll('#chart-importance .bars path').length")
     assert bars == len(best["schedule"])
@@ -272,6 +277,14 @@ def test_jobs_fleet_and_schedules_pages(make_service: Callable[..., Service], br
     browser.get(f"{svc.url}/ui/schedules")
     wait_for(lambda: len(browser.find_elements(By.CSS_SELECTOR, "#schedules-table tbody tr"))
              == 2, what="two schedules")
+    # Each row's baseline (named) and the speedup the API computed.
+    bests = {r["task"]["key"]: r for r in httpx.get(f"{svc.url}/schedules").json()}
+    for tr in browser.find_elements(By.CSS_SELECTOR, "#schedules-table tbody tr"):
+        best = bests[tr.get_attribute("data-task-key")]
+        cells = tr.find_elements(By.TAG_NAME, "td")
+        assert "µs" in cells[4].text and "cuDNN fp16" in cells[4].text
+        assert cells[4].get_attribute("title") == "cuDNN fp16, simulated"
+        assert cells[5].text == f"{best['speedup']:.2f}×"
     Select(browser.find_element(By.ID, "f-precision")).select_by_value("int8")
     shown = browser.find_elements(By.CSS_SELECTOR, "#schedules-table tbody tr")
     assert [r.find_elements(By.TAG_NAME, "td")[1].text for r in shown] == ["int8"]

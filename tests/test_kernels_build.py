@@ -326,5 +326,5 @@ def test_kernels_import_without_cupy() -> None:
     import importlib
 
     for mod in ("kernels.build", "kernels.runner", "kernels.reference", "kernels.timing",
-                "workers.backends.cuda"):
+                "kernels.cudnn", "workers.backends.cuda"):
         importlib.import_module(mod)

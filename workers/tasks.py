@@ -298,8 +298,7 @@ def measure_chunk(db_url: str, candidate_ids: Sequence[int], backend: Backend, w
     baselines_needed: dict[int, TaskSpec] = {}
     with session_scope(db_url) as s:
         rows, rounds = hp.lease_chunk(s, candidate_ids, worker, lease_s)
-        unknown = {r.task_id for r in rows if (db_url, r.task_id) not in _baselined}
-        _baselined.update((db_url, t) for t in hp.tasks_with_baseline(s, unknown))
+        baseline_here = baselines_to_time(s, db_url, rows, backend)
         for row in rows:
             spec = spec_of(s, db_url, row.task_id)
             assert spec is not None  # a candidate's task is deleted with it
@@ -312,7 +311,7 @@ def measure_chunk(db_url: str, candidate_ids: Sequence[int], backend: Backend, w
                     "runtime_error", error=f"gave up after {row.attempts} attempts "
                                            "without a result")))
                 continue
-            if (db_url, row.task_id) not in _baselined:
+            if row.task_id in baseline_here:
                 baselines_needed[row.task_id] = spec
             leased.append(item)
     # The lease is renewed as the chunk makes progress, so that a worker slowed down (a
@@ -400,14 +399,35 @@ def _write(s: Any, groups: Sequence[WriteGroup]) -> set[tuple[int, str]]:
     return wrote
 
 
+def baselines_to_time(session: Any, db_url: str, rows: Sequence[hp.ChunkRow],
+                      backend: Backend) -> set[int]:
+    """The tasks of a leased chunk whose baseline this worker times: those without one
+    whose job's first open candidate is in the chunk. The chunks of a task's first round
+    go to several workers at once, before any has written a baseline; this way one of them
+    times it instead of each. If it gets none (a failure, no torch), the chunk holding the
+    next first open candidate tries again."""
+    if getattr(backend, "baseline_us", None) is None:
+        return set()
+    unknown = {r.task_id for r in rows if (db_url, r.task_id) not in _baselined}
+    if not unknown:
+        return set()
+    _baselined.update((db_url, t) for t in hp.tasks_with_baseline(session, unknown))
+    wanted = [r for r in rows if (db_url, r.task_id) not in _baselined]
+    if not wanted:
+        return set()
+    first = hp.first_open_candidates(session, {r.job_id for r in wanted})
+    return {r.task_id for r in wanted if first.get(r.job_id) == r.id}
+
+
 def _baseline(spec: TaskSpec, backend: Backend) -> float | None:
     """The layer's baseline latency (cuDNN fp16, or fp32 for fp32_tc: store/baselines.py),
-    once per task, where the backend can time it."""
+    where the backend can time it; None where it cannot (or did not)."""
     timer = getattr(backend, "baseline_us", None)
     if timer is None:
         return None
     try:
-        return float(timer(spec))
+        us = timer(spec)
     except Exception:  # a baseline is nice to have; its failure must not lose the result
         log.exception("baseline timing failed for %s", spec.shape.key())
         return None
+    return None if us is None else float(us)

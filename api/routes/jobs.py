@@ -10,7 +10,7 @@ from api.deps import DB, MAX_ID, RowId
 from api.errors import READ_ERRORS, problem, unprocessable
 from api.schemas import JobOut, JobSummary, MeasurementOut, TaskOut
 from store import repository as repo
-from store.baselines import baseline_name
+from store.baselines import baseline_name, speedup
 from store.layer import any_case
 from store.models import ACTIVE_JOB_STATES, JOB_STATES, Job, Task
 
@@ -25,9 +25,7 @@ def task_out(task: Task) -> TaskOut:
 
 
 def _speedup(task: Task, best_us: float | None) -> float | None:
-    if task.baseline_us and best_us:
-        return round(task.baseline_us / best_us, 3)
-    return None
+    return speedup(task.baseline_us, best_us)
 
 
 def measurements_after(session: DB, job_id: int, after: int) -> list[MeasurementOut]:

@@ -11,9 +11,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from api.auth import Reader
 from api.deps import DB
 from api.errors import READ_ERRORS, JsonBodyRoute, unprocessable
+from api.schemas import BASELINE_BACKEND_DOC, BASELINE_DOC, BASELINE_US_DOC, SPEEDUP_DOC
 from kernels.spec import TARGETS, task_key
 from store import repository as repo
-from store.baselines import baseline_name
+from store.baselines import baseline_name, speedup
 from store.layer import LayerIn
 
 router = APIRouter(tags=["schedule"], route_class=JsonBodyRoute)
@@ -31,12 +32,10 @@ class LookupItem(BaseModel):
     latency_us: float | None = None
     simulated: bool | None = None
     job_id: int | None = None
-    # The task's baseline, so that a deploy can keep the library conv where the tuned kernel
-    # is not faster (deploy.optimize does for fp16).
-    baseline: str | None = Field(None, description="what baseline_us and speedup are measured "
-                                                   "against ('cuDNN fp16', 'cuDNN fp32')")
-    baseline_us: float | None = Field(None, description="the baseline on the target, if timed")
-    speedup: float | None = Field(None, description="baseline_us / latency_us, if timed")
+    baseline: str = Field(description=BASELINE_DOC)
+    baseline_us: float | None = Field(None, description=BASELINE_US_DOC)
+    baseline_backend: str | None = Field(None, description=BASELINE_BACKEND_DOC)
+    speedup: float | None = Field(None, description=SPEEDUP_DOC)
 
 
 class LookupOut(BaseModel):
@@ -58,16 +57,16 @@ def lookup(req: LookupIn, session: DB, _: Reader) -> LookupOut:
     results = []
     for layer in req.layers:
         key = task_key(layer.shape.to_shape(), layer.precision, TARGETS[layer.target])
+        name = baseline_name(layer.precision)
         found = repo.best_for_key(session, key)
         if found is None:
-            results.append(LookupItem(task_key=key, found=False))
+            results.append(LookupItem(task_key=key, found=False, baseline=name))
         else:
             m, task = found
-            base = task.baseline_us
             results.append(LookupItem(
                 task_key=key, found=True, schedule=m.schedule, latency_us=m.median_us,
-                simulated=m.backend == "simulated", job_id=m.job_id,
-                baseline=baseline_name(task.precision), baseline_us=base,
-                speedup=round(base / m.median_us, 3) if base and m.median_us else None))
+                simulated=m.backend == "simulated", job_id=m.job_id, baseline=name,
+                baseline_us=task.baseline_us, baseline_backend=task.baseline_backend,
+                speedup=speedup(task.baseline_us, m.median_us)))
     hits = sum(r.found for r in results)
     return LookupOut(results=results, found=hits, missing=len(results) - hits)

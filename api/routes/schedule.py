@@ -26,6 +26,7 @@ from api.errors import READ_ERRORS, unprocessable
 from api.schemas import ScheduleMissing, ScheduleOut, ScheduleQuery
 from kernels.spec import TARGETS, ConvShape, Precision, task_key
 from store import repository as repo
+from store.baselines import baseline_name, speedup
 from store.db import get_engine, session_scope
 from store.settings import Settings
 
@@ -107,7 +108,8 @@ class BestCache:
     Staleness bound: a request is answered from the cache only if the cache was checked
     against the database at most `max_age_s` before; otherwise the request first waits for
     a check. A check reads a fingerprint of best_schedule (row count, sum of measurement ids,
-    latest updated_at: a better schedule, a refresh or a deletion moves it) and, only when it
+    latest updated_at: a better schedule, a refresh, a deletion or the task's baseline moves
+    it) and, only when it
     moved, every task's (best measurement id, updated_at) to drop the entries that changed.
     So an answer is never older than the database `max_age_s` before the request arrived.
     Absent schedules (404) are not cached: their body reports live job progress.
@@ -198,6 +200,8 @@ def _body(row: repo.BestRow) -> bytes:
         schedule=row.schedule, latency_us=row.median_us or 0.0, iqr_us=row.iqr_us,
         simulated=row.backend == "simulated", backend=row.backend, job_id=row.job_id,
         measured_at=row.measured_at, task_key=row.task_key,
+        baseline=baseline_name(row.precision), baseline_us=row.baseline_us,
+        baseline_backend=row.baseline_backend, speedup=speedup(row.baseline_us, row.median_us),
     ).model_dump_json().encode()
 
 

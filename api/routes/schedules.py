@@ -14,6 +14,7 @@ from api.inputs import PrecisionFilter, TargetFilter
 from api.routes.jobs import task_out
 from api.schemas import BestOut
 from store import repository as repo
+from store.baselines import speedup
 
 router = APIRouter(tags=["schedules"])
 
@@ -24,7 +25,8 @@ def list_schedules(session: DB, _: Reader, target: TargetFilter, precision: Prec
                    format: str = Query("json", pattern="^(json|jsonl)$"),
                    limit: int = Query(1000, ge=1, le=100_000)) -> list[BestOut] | Response:
     rows = [BestOut(task=task_out(t), schedule=m.schedule, latency_us=m.median_us,
-                    simulated=m.backend == "simulated", job_id=m.job_id, measured_at=m.created_at)
+                    simulated=m.backend == "simulated", job_id=m.job_id, measured_at=m.created_at,
+                    speedup=speedup(t.baseline_us, m.median_us))
             for t, m in repo.best_schedules(session, target, precision, limit)]
     if format == "jsonl":
         body = "".join(json.dumps(r.model_dump(mode="json")) + "\n" for r in rows)

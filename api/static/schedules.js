@@ -21,13 +21,14 @@
 
   function row(r) {
     const t = r.task;
-    const sp = t.baseline_us && r.latency_us ? t.baseline_us / r.latency_us : null;
+    const sp = r.speedup;
+    const timed = t.baseline_backend ? `${t.baseline}, ${t.baseline_backend}` : `${t.baseline}, not timed yet`;
     return h("tr", { dataset: { taskKey: t.key } },
       h("td", { class: "mono", title: t.key }, TC.shape(t.shape)),
       h("td", {}, t.precision),
       h("td", {}, t.target),
       h("td", { class: "num best" }, TC.us(r.latency_us), " ", TC.simBadge(r.simulated)),
-      h("td", { class: "num", title: t.baseline }, TC.us(t.baseline_us),
+      h("td", { class: "num baseline", title: timed }, TC.us(t.baseline_us),
         t.baseline_us ? h("span", { class: "muted small" }, ` ${t.baseline}`) : null),
       h("td", { class: "num speedup" + (sp >= 1 ? " good" : ""), title: `against ${t.baseline}` }, TC.speedup(sp)),
       h("td", {}, h("a", { href: `/ui/jobs/${r.job_id}` }, `#${r.job_id}`)),

@@ -1,7 +1,7 @@
 """cuDNN fp16 timed two ways on the layer classes (bench/layer_classes.py): each launch's output
 dropped at once (the caching allocator hands its buffer to the next launch, in a graph capture
 too, so every launch writes the same L2-resident lines) against outputs rotating with the
-inputs past L2 (bench/_cudnn.py, as our kernels' outputs rotate in kernels.runner).
+inputs past L2 (kernels/cudnn.py, as our kernels' outputs rotate in kernels.runner).
 
   python -m bench.gpu.cudnn_outputs > OUT.jsonl      # GPU; one JSON line per layer
 """
@@ -18,7 +18,7 @@ def main() -> int:
     import torch
     import torch.nn.functional as F
 
-    from bench._cudnn import time_cudnn_conv
+    from kernels.cudnn import time_cudnn_conv
     from kernels.timing import sets_for_l2, time_launches
 
     torch.backends.cudnn.benchmark = True

@@ -25,7 +25,6 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from bench._cudnn import time_cudnn_conv
 from bench.resnet50_e2e import (
     BATCH,
     _rel,
@@ -37,6 +36,7 @@ from bench.resnet50_e2e import (
     unique_layers,
 )
 from kernels.build import BuildJob, Epilogue, build_many
+from kernels.cudnn import time_cudnn_conv
 from kernels.runtime import WGMMA_BESTS, _adapt, default_schedule, schedule_fits
 from kernels.spec import ConvShape, Precision, get_target
 

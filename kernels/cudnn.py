@@ -1,0 +1,113 @@
+"""cuDNN's convolution (PyTorch's `F.conv2d`) timed with the kernels' harness
+(kernels.timing.time_launches): the baseline the service stores for every task measured on a
+GPU (`cudnn_baseline`, run in the measuring child of kernels.runner), and the benchmarks that
+compare against cuDNN (bench/fp32_tc.py, bench/conv_vs_cudnn.py's `baselines`, which e2e_gpu
+and pipeline_probe use, and bench/resnet50_e2e.py and bench/gpu/runtime_defaults.py on their
+layers' own tensors).
+
+Per variant, in the order given: random inputs in [-1, 1) from one CPU generator seeded 1234
+(so the order decides each variant's data), NCHW tensors in channels_last (NHWC activations
+and KRSC weights in memory, as our kernels take them), as many input sets as it takes to
+exceed L2 (outputs rotating with them), `cudnn.benchmark` on (cuDNN's fastest algorithm for
+the shape), then `F.conv2d` through `time_launches(api="torch")`: the same warm-up, CUDA
+graph, samples and median as every candidate's timing.
+
+torch is imported inside the functions: `kernels` imports without it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from kernels.spec import ConvShape
+from kernels.timing import Timing, sets_for_l2, time_launches
+
+# (result name, torch dtype name, allow TF32)
+Variant = tuple[str, str, bool]
+# extra(name, input sets, n_sets) -> more timings, run after a variant's conv with its inputs
+Extra = Callable[[str, list[Any], int], dict[str, float]]
+# The baseline precisions (store/baselines.py) as torch dtypes; TF32 is off for both.
+BASELINE_DTYPES = {"fp16": "float16", "fp32": "float32"}
+SEED = 1234
+
+
+def time_cudnn_conv(shape: ConvShape, x0: Any, w0: Any, l2_bytes: int
+                    ) -> tuple[Timing, list[Any], int]:
+    """cuDNN's conv of `shape` on NCHW tensors x0, w0 (made channels_last here), over as many
+    input sets as it takes to exceed L2. Returns the harness's timing, the input sets and
+    their count."""
+    import torch
+    import torch.nn.functional as F
+
+    x0 = x0.contiguous(memory_format=torch.channels_last)
+    w0 = w0.contiguous(memory_format=torch.channels_last)
+    per = (x0.numel() + w0.numel() + shape.gemm_m * shape.k) * x0.element_size()
+    n_sets = sets_for_l2(per, l2_bytes)
+    xl = [x0] + [x0.clone() for _ in range(n_sets - 1)]
+    wl = [w0] + [w0.clone() for _ in range(n_sets - 1)]
+
+    # The outputs rotate too, as ours do (kernels.runner): a result dropped at once would be
+    # freed and its buffer handed to the next launch (in a graph capture as well), so every
+    # launch would write the same L2-resident lines and never pay for its output's DRAM
+    # writes. Slot i holds set i's output until set i runs again.
+    ys: list[Any] = [None] * n_sets
+
+    def conv(i: int) -> None:
+        ys[i] = F.conv2d(xl[i], wl[i], stride=shape.stride, padding=shape.pad,
+                         dilation=shape.dilation)
+
+    return time_launches(conv, n_sets, api="torch"), xl, n_sets
+
+
+def _random_inputs(shape: ConvShape, dtype: Any, gen: Any, device: Any) -> tuple[Any, Any]:
+    import torch
+
+    xs, ws = (shape.n, shape.c, shape.h, shape.w), (shape.k, shape.c, shape.r, shape.s)
+    x0 = (torch.rand(xs, generator=gen) * 2 - 1).to(device, dtype)
+    w0 = (torch.rand(ws, generator=gen) * 2 - 1).to(device, dtype)
+    return x0, w0
+
+
+def cudnn_conv_times(shape: ConvShape, l2_bytes: int, variants: Sequence[Variant], *,
+                     extra: Extra | None = None, device: str = "cuda") -> dict[str, float]:
+    """Median latency (us) of cuDNN's conv of `shape` for each variant; cudnn.benchmark on,
+    TF32 left off afterwards."""
+    import torch
+
+    torch.backends.cudnn.benchmark = True
+    g = torch.Generator(device="cpu").manual_seed(SEED)
+    out: dict[str, float] = {}
+    for name, dtype_name, tf32 in variants:
+        torch.backends.cudnn.allow_tf32 = tf32
+        x0, w0 = _random_inputs(shape, getattr(torch, dtype_name), g, device)
+        t, xl, n_sets = time_cudnn_conv(shape, x0, w0, l2_bytes)
+        out[name] = t.median_us
+        if extra is not None:
+            out.update(extra(name, xl, n_sets))
+        del xl
+    torch.backends.cudnn.allow_tf32 = False
+    return out
+
+
+def cudnn_baseline(shape: ConvShape, dtype: str, l2_bytes: int, device: int = 0) -> Timing:
+    """cuDNN's latency of `shape` in `dtype` ('fp16', or 'fp32' with TF32 off) on CUDA device
+    `device`: a task's baseline. The inputs are those of the first variant of
+    `cudnn_conv_times`; cuDNN's global flags are put back and the tensors' memory returned
+    to the device afterwards (the measuring child goes on with CuPy)."""
+    import torch
+
+    torch_dtype = getattr(torch, BASELINE_DTYPES[dtype])
+    flags = torch.backends.cudnn.benchmark, torch.backends.cudnn.allow_tf32
+    with torch.cuda.device(device):
+        try:
+            torch.backends.cudnn.benchmark = True
+            torch.backends.cudnn.allow_tf32 = False
+            g = torch.Generator(device="cpu").manual_seed(SEED)
+            x0, w0 = _random_inputs(shape, torch_dtype, g, torch.device("cuda", device))
+            timing, xl, _ = time_cudnn_conv(shape, x0, w0, l2_bytes)
+            del x0, w0, xl
+        finally:
+            torch.backends.cudnn.benchmark, torch.backends.cudnn.allow_tf32 = flags
+            torch.cuda.empty_cache()
+    return timing

@@ -1,0 +1,53 @@
+"""Small PyTorch models for the tests of `tctune plan` on a module (`tests.models:NAME`)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class BasicBlock(nn.Module):
+    """ResNet's basic block: two 3x3 convs, a 1x1 strided projection where the shape
+    changes."""
+
+    def __init__(self, cin: int, cout: int, stride: int = 1) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride=stride, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.downsample = None
+        if stride != 1 or cin != cout:
+            self.downsample = nn.Sequential(nn.Conv2d(cin, cout, 1, stride=stride, bias=False),
+                                            nn.BatchNorm2d(cout))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.bn1(self.conv1(x)))
+        y = self.bn2(self.conv2(y))
+        return torch.relu(y + (x if self.downsample is None else self.downsample(x)))
+
+
+class SmallResNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 16, 7, stride=2, padding=3, bias=False),
+                                  nn.BatchNorm2d(16), nn.ReLU())
+        self.layer1 = nn.Sequential(BasicBlock(16, 16), BasicBlock(16, 16))
+        self.layer2 = nn.Sequential(BasicBlock(16, 32, stride=2), BasicBlock(32, 32))
+        self.grouped = nn.Conv2d(32, 32, 3, padding=1, groups=4)  # left out: groups=1 only
+        self.head = nn.Linear(32, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.grouped(self.layer2(self.layer1(self.stem(x))))
+        return self.head(x.mean(dim=(2, 3)))
+
+
+def small_resnet() -> nn.Module:
+    """10 convs with groups=1 at input 2,3,32,32, of 5 distinct shapes: the 3-channel 7x7
+    stride-2 stem, layer1's four 3x3 convs (one shape), layer2's strided 3x3, its three
+    3x3 convs at 32 channels (one shape) and its 1x1 strided projection."""
+    return SmallResNet()
+
+
+def not_a_model() -> str:
+    return "a string"

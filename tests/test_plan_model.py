@@ -1,0 +1,190 @@
+"""`tctune plan MODEL --submit --wait`: a whole model tuned by one command, against a real
+embedded service (simulated backend). Every distinct conv layer gets one job (layers of the
+same shape share it), the command returns once all have ended, and its summary gives each
+layer's best latency and speedup; every failure is one line."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+
+from api.plan import conv_layers
+from kernels.spec import TARGETS, ConvShape, Precision, task_key
+from tests.conftest import REPO, Service
+from tests.models import small_resnet
+from tests.test_cli_first_hour import assert_one_line, cli
+
+MODULE = ["tests.models:small_resnet", "--input-shape", "2,3,32,32"]
+STAGE2 = ConvShape(8, 56, 56, 64, 64, 3, 3, pad=(1, 1))
+STAGE3 = ConvShape(8, 28, 28, 128, 128, 3, 3, pad=(1, 1))
+
+
+def _cli(svc: Service, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**svc.env, "TCTUNE_SERVER": svc.url,
+           "TCTUNE_TOKEN": svc.headers["Authorization"].split()[1]}
+    return subprocess.run([sys.executable, "-m", "api.cli", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+def _jobs(svc: Service) -> list[dict]:
+    return httpx.get(f"{svc.url}/jobs", params={"limit": 1000}).json()  # type: ignore
+
+
+def test_a_torch_module_is_tuned_layer_by_distinct_layer_in_one_command(
+        make_service: Callable[..., Service]) -> None:
+    svc = make_service().start()
+    layers = conv_layers(small_resnet(), torch.zeros(2, 3, 32, 32))
+    keys = {task_key(ConvShape.from_dict(la["shape"]), Precision.INT8, TARGETS["h200"])
+            for la in layers}
+    assert (len(layers), len(keys)) == (10, 5)
+
+    res = _cli(svc, "plan", *MODULE, "--precision", "int8", "--target", "h200",
+               "--trials", "8", "--strategy", "random", "--submit", "--wait")
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    assert {k: out[k] for k in ("layers", "distinct", "tuned", "submitted", "running")} == {
+        "layers": 10, "distinct": 5, "tuned": 0, "submitted": 5, "running": 0}
+    assert out["jobs"] == {"done": 5}
+
+    # One job per distinct layer, each ended with its budget measured, when the command
+    # returned.
+    jobs = _jobs(svc)
+    assert sorted(j["task"]["key"] for j in jobs) == sorted(keys)
+    assert all(j["status"] == "done" and j["trials_done"] == 8 for j in jobs)
+    job_of = {j["task"]["key"]: j["id"] for j in jobs}
+
+    # Every layer: its task's job (shared by the layers of one shape), best latency,
+    # baseline and speedup.
+    results = out["results"]
+    assert [r["name"] for r in results] == [la["name"] for la in layers]
+    for r in results:
+        assert r["found"] and r["job_id"] == job_of[r["task_key"]]
+        assert r["latency_us"] > 0 and r["simulated"] is True
+        assert r["baseline"] == "cuDNN fp16" and r["baseline_us"] > 0
+        assert r["speedup"] == round(r["baseline_us"] / r["latency_us"], 3)
+    by_name = {r["name"]: r for r in results}
+    assert len({by_name[f"layer1.{b}.conv{c}"]["job_id"] for b in (0, 1) for c in (1, 2)}) == 1
+
+    # The display: the model's trials and jobs, a row per job, then the per-layer summary.
+    err = res.stderr
+    assert "model, 5 jobs" in err and "40/40" in err and "5/5 jobs ended (sim)" in err
+    assert f"{job_of[by_name['layer1.0.conv1']['task_key']]:>4} layer1.0.conv1 +3" in err
+    assert "cuDNN fp16 (us)" in err and "simulated: latencies of the analytical model" in err
+    stem = by_name["stem.0"]
+    assert f"{stem['latency_us']:.2f}" in err and f"{stem['speedup']:.2f}x" in err
+    assert "done: 5/5 distinct layers tuned; jobs: 5 done" in err
+
+    # Again: everything is tuned, nothing is submitted, nothing to wait for.
+    again = _cli(svc, "plan", *MODULE, "--precision", "int8", "--target", "h200", "--wait")
+    assert again.returncode == 0, again.stderr
+    out = json.loads(again.stdout)
+    assert (out["tuned"], out["submitted"], out["jobs"]) == (5, 0, {})
+    assert all(r["found"] and r["job_id"] is None for r in out["results"])
+    assert len(_jobs(svc)) == 5
+
+
+def test_a_model_file_is_submitted_and_waited_for(make_service: Callable[..., Service],
+                                                  tmp_path: Path) -> None:
+    svc = make_service().start()
+    # No precision in the file: --precision fills it in; one layer says its own.
+    model = {"target": "h200", "layers": [
+        {"name": "a", "shape": STAGE2.to_dict()},
+        {"name": "b", "shape": STAGE2.to_dict()},
+        {"name": "c", "shape": STAGE3.to_dict()},
+        {"name": "d", "shape": STAGE3.to_dict(), "precision": "fp32_tc"},
+    ]}
+    path = tmp_path / "model.json"
+    path.write_text(json.dumps(model))
+    res = _cli(svc, "plan", str(path), "--precision", "int8", "--trials", "6",
+               "--strategy", "random", "--wait")
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    assert (out["distinct"], out["submitted"], out["jobs"]) == (3, 3, {"done": 3})
+    a, b, c, d = out["results"]
+    assert a["job_id"] == b["job_id"] and len({a["job_id"], c["job_id"], d["job_id"]}) == 3
+    assert (a["baseline"], d["baseline"]) == ("cuDNN fp16", "cuDNN fp32")
+    assert all(r["speedup"] and r["latency_us"] for r in out["results"])
+    # Two baselines: each row names its own.
+    assert "baseline (us)" in res.stderr and "cuDNN fp32" in res.stderr
+    assert {j["status"] for j in _jobs(svc)} == {"done"}
+
+
+def test_a_job_that_does_not_finish_fails_the_command_in_one_line(
+        make_service: Callable[..., Service], tmp_path: Path) -> None:
+    svc = make_service(TCTUNE_SIM_DELAY_S="0.2").start()
+    path = tmp_path / "model.json"
+    path.write_text(json.dumps({"precision": "int8", "target": "h200",
+                                "layers": [{"name": "a", "shape": STAGE2.to_dict()}]}))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "api.cli", "plan", str(path), "--trials", "200", "--wait"],
+        cwd=REPO, env={**svc.env, "TCTUNE_SERVER": svc.url,
+                       "TCTUNE_TOKEN": svc.headers["Authorization"].split()[1]},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        job_id = None
+        for _ in range(300):
+            jobs = _jobs(svc)
+            if jobs and jobs[0]["trials_done"] > 0:
+                job_id = jobs[0]["id"]
+                break
+            time.sleep(0.1)
+        assert job_id is not None
+        httpx.post(f"{svc.url}/jobs/{job_id}/cancel", headers=svc.headers).raise_for_status()
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 1
+    assert json.loads(stdout)["jobs"] == {"cancelled": 1}
+    last = stderr.strip().splitlines()[-1]
+    assert last == f"Error: 1 of 1 jobs did not finish (job {job_id} cancelled)"
+
+
+@pytest.mark.parametrize("args,words", [
+    (["nosuch.json"], ["nosuch.json: no such file, nor torchvision:NAME or module.path:factory"]),
+    (["nosuch_pkg:net", "--input-shape", "1,3,8,8", "--precision", "int8", "--target", "h200"],
+     ["cannot import 'nosuch_pkg'"]),
+    (["tests.models:small_resnet", "--precision", "int8"],
+     ["a module model needs --input-shape, --target"]),
+    ([MODULE[0], "--input-shape", "2,3,32", "--precision", "int8", "--target", "h200"],
+     ["is not N,C,H,W"]),
+    ([MODULE[0], "--input-shape", "2,4,32,32", "--precision", "int8", "--target", "h200"],
+     ["does not run on an input of (2, 4, 32, 32)"]),
+    (["tests.models:not_a_model", "--input-shape", "1,3,8,8", "--precision", "int8",
+      "--target", "h200"], ["returned a str, not a torch.nn.Module"]),
+    (["tests.models:nothing", "--input-shape", "1,3,8,8", "--precision", "int8",
+      "--target", "h200"], ["tests.models has no callable 'nothing'"]),
+    ([*MODULE, "--precision", "int8", "--target", "h200", "--dry-run", "--wait"],
+     ["--wait follows the jobs --submit starts"]),
+])
+def test_plan_fails_in_one_line(args: list[str], words: list[str], tmp_path: Path) -> None:
+    # No service at all: these fail before asking it.
+    res = cli("plan", *args, "--server", "http://127.0.0.1:9", TCTUNE_DATA_DIR=str(tmp_path))
+    assert_one_line(res, *words)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torchvision") is not None,
+                    reason="torchvision is installed: its absence cannot be shown")
+def test_torchvision_models_without_torchvision_say_what_to_install(tmp_path: Path) -> None:
+    res = cli("plan", "torchvision:resnet50", "--input-shape", "8,3,224,224", "--precision",
+              "int8", "--target", "h100", "--server", "http://127.0.0.1:9",
+              TCTUNE_DATA_DIR=str(tmp_path))
+    assert_one_line(res, "torchvision:resnet50 needs torchvision (pip install torchvision)")
+
+
+def test_plan_help_explains_models_and_waiting() -> None:
+    res = cli("plan", "--help")
+    assert res.returncode == 0
+    text = " ".join(res.stdout.split())
+    for words in ("torchvision:NAME", "module.path:factory", "--input-shape N,C,H,W",
+                  "random weights", "--submit / --dry-run", "--wait",
+                  "share a task and its job", "best latency and speedup"):
+        assert words in text, words
