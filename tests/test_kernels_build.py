@@ -46,6 +46,8 @@ def sample_jobs(precision: Precision, sm: int, count: int, seed: int) -> list[Bu
         shape, space = SHAPES[i % len(SHAPES)], spaces[i % len(SHAPES)]
         sched = space.schedule_at(int(rng.choice(space.valid_indices)))
         epi = Epilogue(str(rng.choice(["acc", "default"])), bool(rng.random() < 0.3))
+        if epi.mode == "acc" and sched.get("PACK_OUT") == 2:  # TMA stores: 8/16-bit outputs
+            epi = Epilogue("default", epi.relu)
         jobs.append(BuildJob(shape, precision, sm, sched, epi))
     return jobs
 
