@@ -89,7 +89,8 @@ def optimize(model: nn.Module, example_inputs: Any, precision: str = "fp16",
     values go from fused layer to fused layer (and through max-pools) as int8, each written
     by the epilogue with its consumers' scale, and are dequantized only where a PyTorch op
     needs float. Layers the kernel cannot run, fp16 layers whose record says the kernel is
-    slower than its baseline, and every other op stay in PyTorch; `.plan` / `.report()`
+    slower than its baseline, and every other op stay in PyTorch (fp16: in fp16 channels_last,
+    the inputs cast once and the outputs cast back); `.plan` / `.report()`
     say what happened to each conv. A layer without a record runs the runtime's default
     schedule (one DefaultScheduleWarning names them all).
     """
@@ -163,6 +164,8 @@ def optimize(model: nn.Module, example_inputs: Any, precision: str = "fp16",
                       stacklevel=2)
 
     _place_conversions(gm, fused, p, float_dtype)
+    if p is Precision.FP16:
+        _run_rest_in_fp16(gm, float_dtype)
     gm.delete_all_unused_submodules()
     gm.graph.lint()
     gm.recompile()
@@ -272,6 +275,43 @@ def _place_conversions(gm: fx.GraphModule, fused: dict[fx.Node, FusedConv], p: P
         if int8:
             mod.set_scales(kernel[ins[0]], kernel[node],  # type: ignore[index, arg-type]
                            kernel[ins[1]] if len(ins) > 1 else None)  # type: ignore[index]
+
+
+def _run_rest_in_fp16(gm: fx.GraphModule, float_dtype: torch.dtype) -> None:
+    """fp16: what stays in PyTorch runs in fp16 channels_last as well (a kept conv is cuDNN's
+    fp16 conv, the baseline its record was compared with), so the casts between fused layers
+    and PyTorch ops go: the model casts its inputs to fp16 once and its outputs back to the
+    model's own float dtype."""
+    g = gm.graph
+    for node in list(g.nodes):
+        if node.op == "call_module" and isinstance(gm.get_submodule(str(node.target)),
+                                                   (Quantize, Dequantize)):
+            node.replace_all_uses_with(node.args[0])  # type: ignore[arg-type]
+            g.erase_node(node)
+    ours = {name for name, m in gm.named_modules() if isinstance(m, (FusedConv, KernelMaxPool2d))}
+    for name, m in gm.named_modules():
+        if any(name == o or name.startswith(o + ".") for o in ours):
+            continue  # the kernels' fp32 scale and bias stay as they are
+        for group in (m._parameters, m._buffers):  # each module's own, not its children's
+            for t in group.values():
+                if t is not None and t.is_floating_point():
+                    t.data = t.data.half()
+        if isinstance(m, nn.Conv2d):
+            m.weight.data = m.weight.data.contiguous(memory_format=torch.channels_last)
+    for node in [n for n in g.nodes if n.op == "placeholder"]:
+        name = f"tctune_quantize_input_{node.name}"
+        gm.add_submodule(name, Quantize(Precision.FP16))
+        with g.inserting_after(node):
+            cast = g.call_module(name, (node,))
+        node.replace_all_uses_with(cast, delete_user_cb=lambda user, c=cast: user is not c)
+    out = next(n for n in g.nodes if n.op == "output")
+    gm.add_submodule("tctune_dequantize_output", Dequantize(Precision.FP16, None, float_dtype))
+
+    def back(v: fx.Node) -> fx.Node:
+        with g.inserting_before(out):
+            return g.call_module("tctune_dequantize_output", (v,))
+
+    out.args = (fx.node.map_arg(out.args[0], back),)
 
 
 def _describe(gm: fx.GraphModule, v: fx.Node, fused: dict[fx.Node, FusedConv]) -> str:
