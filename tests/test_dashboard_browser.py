@@ -12,6 +12,7 @@ import shutil
 import struct
 import time
 from collections.abc import Callable, Iterator
+from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +86,12 @@ def drawn_points(driver: Any) -> int:
     """Markers Plotly actually rendered in the latency chart (one per measurement)."""
     return int(driver.execute_script(
         "return document.querySelectorAll('#chart-latency .scatterlayer path.point').length"))
+
+
+def js_fixed(v: float, places: int) -> str:
+    """JavaScript's `v.toFixed(places)`: the exact binary value rounded half up (Python's
+    format rounds an exact tie such as 1.625 to even)."""
+    return str(Decimal(v).quantize(Decimal(1).scaleb(-places), rounding=ROUND_HALF_UP))
 
 
 def job_state(svc: Service, job_id: int) -> dict[str, Any]:
@@ -178,7 +185,7 @@ def test_job_page_updates_live_and_shows_the_best_schedule(
     assert "CUDNN FP16 BASELINE" in cards.upper() and "cuDNN fp16 / best" in cards
     base = final["task"]["baseline_us"]
     assert f"{base:.{3 if base < 10 else 2}f} µs\nsimulated" in cards
-    assert f"{final['speedup']:.2f}×" in cards
+    assert f"{js_fixed(final['speedup'], 2)}×" in cards
     bars = browser.execute_script(
         "return document.querySelectorAll('#chart-importance .bars path').length")
     assert bars == len(best["schedule"])
@@ -284,7 +291,7 @@ def test_jobs_fleet_and_schedules_pages(make_service: Callable[..., Service], br
         cells = tr.find_elements(By.TAG_NAME, "td")
         assert "µs" in cells[4].text and "cuDNN fp16" in cells[4].text
         assert cells[4].get_attribute("title") == "cuDNN fp16, simulated"
-        assert cells[5].text == f"{best['speedup']:.2f}×"
+        assert cells[5].text == f"{js_fixed(best['speedup'], 2)}×"
     Select(browser.find_element(By.ID, "f-precision")).select_by_value("int8")
     shown = browser.find_elements(By.CSS_SELECTOR, "#schedules-table tbody tr")
     assert [r.find_elements(By.TAG_NAME, "td")[1].text for r in shown] == ["int8"]
