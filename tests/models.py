@@ -5,26 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-
-class BasicBlock(nn.Module):
-    """ResNet's basic block: two 3x3 convs, a 1x1 strided projection where the shape
-    changes."""
-
-    def __init__(self, cin: int, cout: int, stride: int = 1) -> None:
-        super().__init__()
-        self.conv1 = nn.Conv2d(cin, cout, 3, stride=stride, padding=1, bias=False)
-        self.bn1 = nn.BatchNorm2d(cout)
-        self.conv2 = nn.Conv2d(cout, cout, 3, padding=1, bias=False)
-        self.bn2 = nn.BatchNorm2d(cout)
-        self.downsample = None
-        if stride != 1 or cin != cout:
-            self.downsample = nn.Sequential(nn.Conv2d(cin, cout, 1, stride=stride, bias=False),
-                                            nn.BatchNorm2d(cout))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = torch.relu(self.bn1(self.conv1(x)))
-        y = self.bn2(self.conv2(y))
-        return torch.relu(y + (x if self.downsample is None else self.downsample(x)))
+from bench.nets import BasicBlock
 
 
 class SmallResNet(nn.Module):
