@@ -47,7 +47,9 @@ def browser(tmp_path: Path) -> Iterator[Any]:
     downloads.mkdir()
     opts = webdriver.ChromeOptions()
     opts.binary_location = CHROMIUM
+    # WebGL (the parallel coordinates) from SwiftShader, Chromium's software renderer.
     for arg in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                "--use-angle=swiftshader", "--enable-unsafe-swiftshader",
                 f"--user-data-dir={tmp_path / 'chromium-profile'}",
                 f"--window-size={WIDTH},{HEIGHT}"):
         opts.add_argument(arg)
@@ -92,6 +94,36 @@ def js_fixed(v: float, places: int) -> str:
     """JavaScript's `v.toFixed(places)`: the exact binary value rounded half up (Python's
     format rounds an exact tie such as 1.625 to even)."""
     return str(Decimal(v).quantize(Decimal(1).scaleb(-places), rounding=ROUND_HALF_UP))
+
+
+def axis_labels(driver: Any) -> list[tuple[str, list[tuple[float, float]]]]:
+    """(text, corners in page coordinates) of each axis title of the parallel coordinates:
+    the text's own box through its transform, so slanted labels are quads, not bounds."""
+    return [(t, [(float(x), float(y)) for x, y in quad]) for t, quad in driver.execute_script("""
+        return [...document.querySelectorAll('#chart-parcoords .axis-title')].map(e => {
+          const b = e.getBBox(), m = e.getScreenCTM();
+          const pts = [[b.x, b.y], [b.x + b.width, b.y], [b.x + b.width, b.y + b.height],
+                       [b.x, b.y + b.height]];
+          return [e.textContent, pts.map(([x, y]) => [m.a * x + m.c * y + m.e + scrollX,
+                                                      m.b * x + m.d * y + m.f + scrollY])];
+        });""")]
+
+
+def overlapping(labels: list[tuple[str, list[tuple[float, float]]]]) -> list[tuple[str, str]]:
+    """Pairs of labels whose quads intersect (separating-axis test on convex quads)."""
+    def separated(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> bool:
+        for quad in (a, b):
+            for i in range(4):
+                (x0, y0), (x1, y1) = quad[i], quad[(i + 1) % 4]
+                nx, ny = y0 - y1, x1 - x0  # the edge's normal
+                pa = [nx * x + ny * y for x, y in a]
+                pb = [nx * x + ny * y for x, y in b]
+                if max(pa) <= min(pb) or max(pb) <= min(pa):
+                    return True
+        return False
+
+    return [(ta, tb) for i, (ta, qa) in enumerate(labels) for tb, qb in labels[i + 1:]
+            if not separated(qa, qb)]
 
 
 def job_state(svc: Service, job_id: int) -> dict[str, Any]:
@@ -208,6 +240,19 @@ def test_job_page_updates_live_and_shows_the_best_schedule(
     copy.click()
     wait_for(lambda: copy.text == "Copied", timeout=5, what="copy confirmation")
     assert console_errors(browser) == []
+
+    # The parallel coordinates, redrawn as the job ran (WebGL: SwiftShader here, and eval
+    # allowed for regl by the page's CSP), have an axis per varied knob and the latency's,
+    # each label inside the panel and clear of every other label.
+    labels = wait_for(lambda: (lambda q: len(q) >= 4 and q)(axis_labels(browser)),
+                      what="the parallel coordinates' axis labels")
+    assert not overlapping(labels), overlapping(labels)
+    panel = browser.execute_script(
+        "const r = document.getElementById('chart-parcoords').getBoundingClientRect();"
+        "return [r.left + scrollX, r.top + scrollY, r.right + scrollX, r.bottom + scrollY]")
+    outside = [t for t, quad in labels for x, y in quad
+               if not (panel[0] - 1 <= x <= panel[2] + 1 and panel[1] - 1 <= y <= panel[3] + 1)]
+    assert not outside, f"labels cut off by the panel: {outside}"
 
 
 def test_jobs_fleet_and_schedules_pages(make_service: Callable[..., Service], browser: Any,

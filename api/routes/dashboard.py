@@ -35,15 +35,21 @@ MEDIA_TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; chars
 # Pages load only the service's own scripts and talk only to the service; no other site may
 # frame them (clickjacking) and no browser may guess a type the server did not send.
 # 'unsafe-inline' styles: Plotly and the progress bars set style attributes.
+CSP = ("default-src 'self'; script-src 'self'; "
+       "style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
+       "connect-src 'self'; object-src 'none'; base-uri 'none'; "
+       "form-action 'self'; frame-ancestors 'none'")
 SECURITY_HEADERS = {
-    "Content-Security-Policy": "default-src 'self'; script-src 'self'; "
-                               "style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
-                               "connect-src 'self'; object-src 'none'; base-uri 'none'; "
-                               "form-action 'self'; frame-ancestors 'none'",
+    "Content-Security-Policy": CSP,
     "X-Frame-Options": "DENY",
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "no-referrer",
 }
+# The job page's WebGL charts (parallel coordinates; scattergl past GL_ABOVE points) run
+# through regl, which builds its draw calls with `new Function`: without 'unsafe-eval' Plotly
+# shows "WebGL is not supported" instead of the chart. Still no inline or foreign scripts.
+WEBGL_PAGES = {"job"}
+WEBGL_CSP = CSP.replace("script-src 'self'", "script-src 'self' 'unsafe-eval'")
 
 ASSET_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,99}")
 
@@ -98,8 +104,10 @@ def _render(page: str, status_code: int = 200, **values: str) -> HTMLResponse:
     for entry in ("jobs", "fleet", "schedules"):
         text = text.replace("{{nav_" + entry + "}}", "active" if entry == nav else "")
     # The pages revalidate on every load: an upgrade of the service shows at once.
-    return HTMLResponse(text, status_code=status_code,
-                        headers={"Cache-Control": "no-cache", **SECURITY_HEADERS})
+    headers = {"Cache-Control": "no-cache", **SECURITY_HEADERS}
+    if page in WEBGL_PAGES:
+        headers["Content-Security-Policy"] = WEBGL_CSP
+    return HTMLResponse(text, status_code=status_code, headers=headers)
 
 
 @router.get("/", response_class=HTMLResponse)
