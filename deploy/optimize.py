@@ -211,10 +211,10 @@ def _candidates(gm: fx.GraphModule, p: Precision, tgt: Target
 
 def _place_conversions(gm: fx.GraphModule, fused: dict[fx.Node, FusedConv], p: Precision,
                        float_dtype: torch.dtype) -> None:
-    """Give every value a domain (the kernel's int8/fp16, or float) and insert one Quantize
-    per float value a fused layer reads and one Dequantize per kernel value a PyTorch op
-    reads; max-pools of kernel values stay in the kernel's domain. int8: set every fused
-    layer's epilogue scales from the activation scales of its input, residual and output."""
+    """Give every value a domain (the kernel's, or float); max-pools of kernel values stay in
+    the kernel's domain. int8: insert one Quantize per float value a fused layer reads and one
+    Dequantize per kernel value a PyTorch op reads, and set every fused layer's epilogue scales
+    from the activation scales of its input, residual and output."""
     g = gm.graph
     int8 = p is Precision.INT8
     kernel: dict[fx.Node, float | None] = {}  # kernel-domain value -> its int8 scale
@@ -233,41 +233,44 @@ def _place_conversions(gm: fx.GraphModule, fused: dict[fx.Node, FusedConv], p: P
         elif graph.is_max_pool(gm, node) and node.args[0] in kernel:
             kernel[_kernel_max_pool(gm, node)] = kernel[node.args[0]]  # type: ignore[index]
 
-    quant: dict[fx.Node, fx.Node] = {}
-    dequant: dict[fx.Node, fx.Node] = {}
-    count = [0]
+    # fp16: none between layers; what stays in PyTorch runs in fp16 too, and the model's
+    # inputs and outputs are cast once at its edges (_run_rest_in_fp16).
+    if int8:
+        quant: dict[fx.Node, fx.Node] = {}
+        dequant: dict[fx.Node, fx.Node] = {}
+        count = [0]
 
-    def add_module(prefix: str, mod: nn.Module, after: fx.Node, arg: fx.Node) -> fx.Node:
-        count[0] += 1
-        name = f"tctune_{prefix}_{count[0]}"
-        gm.add_submodule(name, mod)
-        if after.op == "placeholder":  # placeholders stay first
-            first = next(n for n in g.nodes if n.op != "placeholder")
-            ctx = g.inserting_before(first)
-        else:
-            ctx = g.inserting_after(after)
-        with ctx:
-            return g.call_module(name, (arg,))
+        def add_module(prefix: str, mod: nn.Module, after: fx.Node, arg: fx.Node) -> fx.Node:
+            count[0] += 1
+            name = f"tctune_{prefix}_{count[0]}"
+            gm.add_submodule(name, mod)
+            if after.op == "placeholder":  # placeholders stay first
+                first = next(n for n in g.nodes if n.op != "placeholder")
+                ctx = g.inserting_before(first)
+            else:
+                ctx = g.inserting_after(after)
+            with ctx:
+                return g.call_module(name, (arg,))
 
-    for node in list(g.nodes):
-        if node in fused:
-            for v in node.all_input_nodes:
-                if v in kernel:
-                    continue
-                if v not in quant:
-                    s = scale_of(v)
-                    quant[v] = add_module("quantize", Quantize(p, s), v, v)
-                    kernel[quant[v]] = s
-                node.replace_input_with(v, quant[v])
-        elif node in kernel:
-            continue  # a max-pool of a kernel value
-        else:
-            for v in node.all_input_nodes:
-                if v in kernel:
-                    if v not in dequant:
-                        dequant[v] = add_module("dequantize", Dequantize(p, kernel[v],
-                                                                          float_dtype), v, v)
-                    node.replace_input_with(v, dequant[v])
+        for node in list(g.nodes):
+            if node in fused:
+                for v in node.all_input_nodes:
+                    if v in kernel:
+                        continue
+                    if v not in quant:
+                        s = scale_of(v)
+                        quant[v] = add_module("quantize", Quantize(p, s), v, v)
+                        kernel[quant[v]] = s
+                    node.replace_input_with(v, quant[v])
+            elif node in kernel:
+                continue  # a max-pool of a kernel value
+            else:
+                for v in node.all_input_nodes:
+                    if v in kernel:
+                        if v not in dequant:
+                            dequant[v] = add_module("dequantize", Dequantize(p, kernel[v],
+                                                                              float_dtype), v, v)
+                        node.replace_input_with(v, dequant[v])
     for node, mod in fused.items():
         ins = node.args
         if len(ins) > 1:
@@ -279,15 +282,10 @@ def _place_conversions(gm: fx.GraphModule, fused: dict[fx.Node, FusedConv], p: P
 
 def _run_rest_in_fp16(gm: fx.GraphModule, float_dtype: torch.dtype) -> None:
     """fp16: what stays in PyTorch runs in fp16 channels_last as well (a kept conv is cuDNN's
-    fp16 conv, the baseline its record was compared with), so the casts between fused layers
-    and PyTorch ops go: the model casts its inputs to fp16 once and its outputs back to the
-    model's own float dtype."""
+    fp16 conv, the baseline its record was compared with), so no casts sit between fused
+    layers and PyTorch ops: the model casts its inputs to fp16 once and its outputs back to
+    the model's own float dtype."""
     g = gm.graph
-    for node in list(g.nodes):
-        if node.op == "call_module" and isinstance(gm.get_submodule(str(node.target)),
-                                                   (Quantize, Dequantize)):
-            node.replace_all_uses_with(node.args[0])  # type: ignore[arg-type]
-            g.erase_node(node)
     ours = {name for name, m in gm.named_modules() if isinstance(m, (FusedConv, KernelMaxPool2d))}
     for name, m in gm.named_modules():
         if any(name == o or name.startswith(o + ".") for o in ours):
