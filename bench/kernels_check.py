@@ -86,7 +86,9 @@ def random_valid(space: ScheduleSpace, rng: np.random.Generator, tries: int = 40
 
 
 # `prebuild --tma-store-count`: the space of TMA stores (wgmma with TMA loads, PACK_OUT=2).
-TMA_STORES: dict[str, list[Any]] = {"MMA": ["wgmma"], "TMA": [1], "PACK_OUT": [2]}
+TMA_STORES: dict[str, list[Any]] = {"MMA": ["wgmma"], "TMA": [1, 2], "PACK_OUT": [2]}
+# `prebuild --producer-warp-count`: TMA loads issued by a producer warp of their own (TMA=2).
+PRODUCER_WARP: dict[str, list[Any]] = {"MMA": ["wgmma"], "TMA": [2]}
 
 
 def plan(count: int, seed: int, target_name: str, mma: str | None = None, ptx: bool = False,
@@ -140,6 +142,8 @@ def cmd_prebuild(a: argparse.Namespace) -> int:
     items = plan(a.count, a.seed, a.target, a.mma)
     if a.tma_store_count:
         items += plan(a.tma_store_count, a.seed + 2, a.target, restrict=TMA_STORES)
+    if a.producer_warp_count:
+        items += plan(a.producer_warp_count, a.seed + 3, a.target, restrict=PRODUCER_WARP)
     for name in filter(None, (a.ptx_targets or "").split(",")):
         items += plan(a.ptx_count, a.seed + 1, name.strip(), ptx=True)
     res = build_many(jobs_of(items), a.cache, a.workers)
@@ -211,6 +215,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="only schedules of this instruction path")
     b.add_argument("--tma-store-count", type=int, default=0,
                    help="more candidates drawn from the TMA-store schedules (PACK_OUT=2)")
+    b.add_argument("--producer-warp-count", type=int, default=0,
+                   help="more candidates drawn from the producer-warp schedules (TMA=2)")
     b.add_argument("--ptx-targets", default="",
                    help="comma-separated targets (t4,a100) whose code paths are built as PTX")
     b.add_argument("--ptx-count", type=int, default=150, help="candidates per PTX target")

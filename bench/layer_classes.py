@@ -15,6 +15,11 @@ Runs on the GPU machine (builds there too, on all cores):
   python -m bench.layer_classes residual --search DIR/layer_classes_*.json --out-dir DIR
       the `residual` layer's best schedule built with and without the residual epilogue,
       beside PyTorch's unfused `y.add_(identity).relu_()` on fp16 tensors of the output shape.
+  python -m bench.layer_classes pairs --from DIR/layer_classes_*.json --knob TMA=1,2 --out FILE
+      per (layer, precision) of earlier searches: their TOP fastest schedules where every
+      value of the knob is valid, each measured with every value in one run (the A/B of a
+      knob on good schedules), then ROUNDS of one-knob local search around the fastest
+      schedule with each value (what the search would find with it); cuDNN fp16 beside.
   python -m bench.layer_classes table FILE...   # markdown
 Every candidate is checked against the reference before it is timed (kernels.runner).
 """
@@ -141,7 +146,7 @@ def cmd_search(a: argparse.Namespace) -> int:
             b = best(list(g.seen.values()))
             if b is not None:
                 g.run([{**b["schedule"], k: v} for k, vals in PAIRED.items() for v in vals])
-            bt = best([r for r in g.seen.values() if r["schedule"].get("TMA", 0) == 1])
+            bt = best([r for r in g.seen.values() if r["schedule"].get("TMA", 0) >= 1])
             if bt is not None:
                 g.run([{**bt["schedule"], "PACK_OUT": v} for v in TMA_STORES])
             rows = list(g.seen.values())
@@ -169,6 +174,73 @@ def cmd_search(a: argparse.Namespace) -> int:
             out_path.write_text(json.dumps(doc))  # a run stopped at its limit keeps its work
     runner.close()
     return 0
+
+
+def _knob_values(spec: str) -> tuple[str, list[Any]]:
+    name, vals = spec.split("=")
+    return name, [int(v) if v.lstrip("-").isdigit() else v for v in vals.split(",")]
+
+
+def cmd_pairs(a: argparse.Namespace) -> int:
+    runner, tname, sm = _runner()
+    tgt = get_target(tname)
+    knob, values = _knob_values(a.knob)
+    l2 = _l2()
+    earlier = [g for f in getattr(a, "from") for g in json.loads(Path(f).read_text())["groups"]]
+    doc: dict[str, Any] = {"gpu": runner.gpu_name, "target": tname, "knob": knob,
+                           "values": values, "date": dt.date.today().isoformat(), "groups": []}
+    for e in earlier:
+        if a.layers and e["layer"] not in a.layers.split(","):
+            continue
+        shape, prec = ConvShape.from_dict(e["shape"]), Precision(e["precision"])
+        space = ScheduleSpace(shape, prec, tgt)
+        ok = sorted((r for r in e["rows"] if r["status"] == "ok"), key=lambda r: r["median_us"])
+        tops: list[dict[str, Any]] = []
+        for r in ok:
+            variants = [{**r["schedule"], knob: v} for v in values]
+            if all(space.is_valid(v) for v in variants) and r["schedule"] not in tops:
+                tops.append(r["schedule"])
+            if len(tops) == a.top:
+                break
+        g = GroupSearch(runner, a.cache, sm, space, e["layer"], shape.n)
+        g.run([{**t, knob: v} for t in tops for v in values])
+        for _ in range(a.rounds):
+            for v in values:
+                b = best([r for r in g.seen.values() if r["schedule"].get(knob) == v])
+                if b is not None:
+                    g.run([nb for nb in neighbours(space, b["schedule"]) if nb.get(knob) == v])
+        pairs = [{str(v): _us_of(g, {**t, knob: v}) for v in values} for t in tops]
+        best_by = {str(v): best([r for r in g.seen.values() if r["schedule"].get(knob) == v])
+                   for v in values}
+        rows = list(g.seen.values())
+        group = {"layer": e["layer"], "shape": shape.to_dict(), "precision": prec.value,
+                 "tops": tops, "pairs_us": pairs,
+                 "best_us": {k: b and b["median_us"] for k, b in best_by.items()},
+                 "best_schedule": {k: b and b["schedule"] for k, b in best_by.items()},
+                 "measured": len(rows), "wrong": sum(r["status"] == "wrong" for r in rows),
+                 **baselines(shape, l2), "rows": rows}
+        doc["groups"].append(group)
+        log(f"{e['layer']} {prec.value}: best by {knob} {group['best_us']} vs cuDNN fp16 "
+            f"{group['cudnn_fp16_us']}; pairs {pairs}")
+        Path(a.out).write_text(json.dumps(doc))
+    runner.close()
+    return 0
+
+
+def render_pairs(path: str) -> str:
+    d = json.loads(Path(path).read_text())
+    knob, vals = d["knob"], [str(v) for v in d["values"]]
+    lines = [f"| layer | precision | cuDNN fp16 us | best us by {knob} = {' / '.join(vals)} | "
+             f"pairs: median time ratio {knob}={vals[-1]} / {knob}={vals[0]} (range) | "
+             "measured (wrong) |", "|---|---|---|---|---|---|"]
+    for g in d["groups"]:
+        ratios = [p[vals[-1]] / p[vals[0]] for p in g["pairs_us"] if p[vals[0]] and p[vals[-1]]]
+        rcell = (f"{float(np.median(ratios)):.3f} ({min(ratios):.2f}-{max(ratios):.2f}, "
+                 f"{len(ratios)} pairs)") if ratios else "-"
+        lines.append(f"| {g['layer']} | {g['precision']} | {_fmt(g['cudnn_fp16_us'])} | "
+                     f"{' / '.join(_fmt(g['best_us'][v]) for v in vals)} | {rcell} | "
+                     f"{g['measured']} ({g['wrong']}) |")
+    return "\n".join(lines)
 
 
 def torch_add_relu_us(shape: ConvShape, l2_bytes: int) -> float:
@@ -279,13 +351,22 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--search", nargs="+", required=True)
     r.add_argument("--out-dir", required=True)
     r.add_argument("--cache", default="/tmp/tctune-cache")
+    q = sub.add_parser("pairs")
+    q.add_argument("--from", nargs="+", required=True, help="earlier `search` outputs")
+    q.add_argument("--knob", default="TMA=1,2", help="NAME=V1,V2,...")
+    q.add_argument("--top", type=int, default=6)
+    q.add_argument("--rounds", type=int, default=1)
+    q.add_argument("--layers", default="", help="comma-separated names (default: all)")
+    q.add_argument("--out", required=True)
+    q.add_argument("--cache", default="/tmp/tctune-cache")
     t = sub.add_parser("table")
     t.add_argument("files", nargs="+")
     a = ap.parse_args(argv)
     if a.cmd == "table":
-        print(render(a.files))
+        print("\n\n".join(render_pairs(f) if "knob" in json.loads(Path(f).read_text())
+                           else render([f]) for f in a.files))
         return 0
-    return {"search": cmd_search, "residual": cmd_residual}[a.cmd](a)
+    return {"search": cmd_search, "residual": cmd_residual, "pairs": cmd_pairs}[a.cmd](a)
 
 
 if __name__ == "__main__":

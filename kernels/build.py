@@ -273,14 +273,15 @@ def launch_meta(job: BuildJob, d: Mapping[str, int]) -> dict[str, Any]:
     sh = job.shape
     epi = job.epilogue.resolved(p)
     s, g = _job_geometry(job, bool(d["TC_INT4_S8"]))
-    threads = int(g.threads[0])
+    threads = int(g.threads[0])  # split-K partials: one set per math thread
     tiles = (-(-sh.gemm_m // int(g.block_m[0]))) * (-(-sh.gemm_n // int(g.block_n[0])))
     # Split-K partials: one accumulator set per thread (fp32_tc's sets are combined first).
     inst_m = 16 if (p in (Precision.FP16, Precision.FP32_TC) or job.sm >= 80) else 8
     per_tile = WGMMA_N_PER_TILE // 2 if s["MMA"] == "wgmma" else inst_m * 8 // 32
     acc_n = s["WARP_ROW_TILES"] * s["WARP_COL_TILES"] * per_tile
     return {
-        "kernel": KERNEL_NAME, "grid": [tiles, 1, int(s["SPLIT_K"])], "block": [threads, 1, 1],
+        "kernel": KERNEL_NAME, "grid": [tiles, 1, int(s["SPLIT_K"])],
+        "block": [int(g.block_threads[0]), 1, 1],
         "smem_bytes": int(d["TC_SMEM_BYTES"]),
         "workspace_bytes": (tiles * int(s["SPLIT_K"]) * acc_n * threads * 4
                             if s["SPLIT_K"] > 1 else 0),

@@ -44,7 +44,8 @@
 #define TC_MMA 0  // 1: the wgmma instruction tile (sm_90a), see warpgroup_tile.cuh
 #endif
 #ifndef TC_TMA
-#define TC_TMA 0  // 1: stages loaded by the Tensor Memory Accelerator (wgmma only), see tma.cuh
+#define TC_TMA 0  // 1: stages loaded by the Tensor Memory Accelerator (wgmma only), see tma.cuh;
+                  // 2: the same, issued by a producer warp of its own (pipeline_tma.cuh)
 #endif
 #ifndef TC_RES
 #define TC_RES 0  // 1: the epilogue adds a residual tensor of the output's shape (epilogue.cuh)
@@ -87,6 +88,9 @@ constexpr int ACC_T = IM * 8 / 32;        // accumulators per thread per instruc
 constexpr bool WG = TC_MMA != 0;
 constexpr int WGM = 64;                   // rows of one wgmma tile
 constexpr bool TMA = TC_TMA != 0;         // TMA loads paced by mbarriers (tma.cuh)
+// TMA=2: one more warp, after the math warps, only issues the stages' copies, so no math
+// warp ever waits on an empty slot or spends issue slots on copies (pipeline_tma.cuh).
+constexpr bool WS = TC_TMA == 2;
 
 // ---- shape (C is the padded channel count; C_REAL the layer's)
 constexpr int N = TC_N, H = TC_H, W = TC_W, C = TC_C, C_REAL = TC_C_REAL, K = TC_K;
@@ -106,7 +110,8 @@ constexpr int PACK = TC_PACK_OUT, LAYOUT = TC_LAYOUT, STAGES = TC_STAGES, SPLITK
 // ---- block tile
 constexpr int WN = WG ? 32 * WCT : 0;  // columns of one wgmma tile (kernels/space.py: WGMMA_*)
 constexpr int BM = BRW * WRT * (WG ? WGM : IM), BN = BCW * (WG ? WN : WCT * 8);
-constexpr int WARPS = BRW * BCW * (WG ? 4 : 1), THREADS = WARPS * 32;
+constexpr int WARPS = BRW * BCW * (WG ? 4 : 1), THREADS = WARPS * 32;  // the math warps
+constexpr int BLOCK_THREADS = THREADS + (WS ? 32 : 0);                  // + the producer warp
 // What the epilogue sees of a warp's accumulators: WRT row tiles ROWSTEP rows apart, each
 // EWCT m16n8-shaped column tiles wide (wgmma's fragment is that of n8 tiles side by side).
 constexpr int EWCT = WG ? WN / 8 : WCT;
@@ -217,6 +222,7 @@ static_assert(!WG || (!DUP && (PREC == 0 || PREC == 1)),
 static_assert(!WG || THREADS <= 1024, "a block holds at most 8 warpgroups");
 static_assert(!TMA || (WG && !LAYOUT && !DUP), "TMA loads whole NHWC im2col and weight tiles for wgmma");
 static_assert(!TMA || BN <= 256, "a TMA weight box spans at most 256 rows");
+static_assert(TC_TMA >= 0 && TC_TMA <= 2, "TMA is 0, 1 or 2 (a producer warp)");
 static_assert(!TMA_ST || (TMA && !LAYOUT && SPLITK == 1 && (OUT_BITS == 8 || OUT_BITS == 16) &&
                           (K * OUT_BITS / 8) % 16 == 0 && TB % 32 == 0 && BM % BOX_ROWS == 0),
               "TMA stores write NHWC int8 / fp16 tiles whose rows are 16-byte multiples, "
@@ -278,11 +284,12 @@ __device__ __forceinline__ void conv_block(const u8* __restrict__ x, const u8* _
   if constexpr (WG) asm volatile("" : "+r"(nit));
 
   const StageRing sr{sbase};
-  if constexpr (TMA) mainloop_tma(wt, sr, it0, nit, m0, n0, tid, maps);
-  else if constexpr (F32_ASYNC) mainloop_split_async(ld, wt, sr, it0, nit);
+  if constexpr (TMA) {
+    if (!mainloop_tma(wt, sr, it0, nit, m0, n0, tid, maps)) return;  // the producer warp
+  } else if constexpr (F32_ASYNC) mainloop_split_async(ld, wt, sr, it0, nit);
   else if constexpr (!REGPATH) mainloop_multistage(ld, wt, sr, it0, nit);
   else mainloop_regstaged(ld, wt, sr, it0, nit);
-  __syncthreads();  // shared memory is reused by the epilogue
+  block_sync();  // shared memory is reused by the epilogue
   if constexpr (F32TC) wt.finalize(scale);  // the accumulator sets -> one fp32 value each
   epilogue(wt, smem, m0, n0, tid, tile, split, scale, bias, res, y, ws, counters, maps);
 }
@@ -314,7 +321,7 @@ __device__ __forceinline__ void conv_persistent(const u8* __restrict__ x,
       const int m0 = (tile / TILES_N) * BM, n0 = (tile % TILES_N) * BN;
       epilogue(wt, smem + EPI_OFF, m0, n0, tid, tile, 0, scale, bias, res, y, ws, counters,
                maps);
-      __syncthreads();  // the epilogue's region is free for the next tile's
+      block_sync();  // the epilogue's region is free for the next tile's
       wt.init(m0, tid, ld);
     });
     return;
@@ -345,7 +352,8 @@ __device__ __forceinline__ void conv_persistent(const u8* __restrict__ x,
 
 // TMA builds take the tensor maps as a by-value kernel parameter (param space, read by the TMA
 // unit without a trip to global memory).
-extern "C" __global__ void __launch_bounds__(cfg::THREADS, cfg::PERSIST > 0 ? cfg::PERSIST : 1)
+extern "C" __global__ void __launch_bounds__(cfg::BLOCK_THREADS,
+                                             cfg::PERSIST > 0 ? cfg::PERSIST : 1)
 tc_conv(const u8* __restrict__ x, const u8* __restrict__ w, const float* __restrict__ scale,
         const float* __restrict__ bias, u8* __restrict__ y, u32* __restrict__ ws,
         u32* __restrict__ counters

@@ -124,14 +124,14 @@ __device__ __forceinline__ void epilogue(WT& wt, u8* smem, int m0, int n0, int t
         for (int c = 0; c < ACC_T; ++c, ++k)
           mine[k * THREADS + tid] = *reinterpret_cast<u32*>(&wt.acc[i][j][c]);
     __threadfence();
-    __syncthreads();
+    block_sync();
     // The flag lives in the (now idle) dynamic shared memory: no static allocation, so the
     // shared-memory size stays exactly geometry()'s.
     volatile int* s_last = reinterpret_cast<volatile int*>(smem);
     if (tid == 0) *s_last = atomicAdd(&counters[tile], 1u) == SPLITK - 1;
-    __syncthreads();
+    block_sync();
     const bool last = *s_last;
-    __syncthreads();  // everyone has read the flag before the staging overwrites it
+    block_sync();  // everyone has read the flag before the staging overwrites it
     if (!last) return;
     __threadfence();
     k = 0;
@@ -166,7 +166,7 @@ __device__ __forceinline__ void epilogue(WT& wt, u8* smem, int m0, int n0, int t
       const int m = m0 + row, n = n0 + cv * EV;
       if (m < M && n < K) copy_vw<VW>(rs + row * E_ROW + cv * VW, res.p + out_off(m, n));
     }
-    __syncthreads();
+    block_sync();
   }
 
   // ---- raw int32 (fp32_tc: fp32) with PACK_OUT: straight from registers.
@@ -206,7 +206,7 @@ __device__ __forceinline__ void epilogue(WT& wt, u8* smem, int m0, int n0, int t
                          : smem;
   if constexpr (TMA_ST) {
     if (tid == 0) bulk_wait_read();
-    __syncthreads();
+    block_sync();
   }
   if constexpr (!PACK) {
 #pragma unroll
@@ -308,7 +308,7 @@ __device__ __forceinline__ void epilogue(WT& wt, u8* smem, int m0, int n0, int t
     // ---- bulk tensor stores: one thread, one box per (column box, 64 rows); the map clips
     // rows past M and columns past K.
     fence_proxy_async_smem();
-    __syncthreads();
+    block_sync();
 #if TC_PACK_OUT == 2  // only these builds' TensorMaps hold y's map
     if (tid == 0) {
       const u32 base = smem_addr(stg);
@@ -323,7 +323,7 @@ __device__ __forceinline__ void epilogue(WT& wt, u8* smem, int m0, int n0, int t
 #endif
     return;
   }
-  __syncthreads();
+  block_sync();
 
   // ---- second pass: shared -> global in VW-byte vectors (coalesced along the rows)
 #pragma unroll 1

@@ -1,6 +1,10 @@
-// The TMA pipeline (TMA=1, wgmma, sm_90a): one thread issues each stage's bulk tensor copies
-// (tma.cuh) STAGES ahead; the copies complete on the stage's "full" mbarrier, and the warps'
-// arrivals on its "empty" mbarrier tell the issuing thread when the slot can be refilled.
+// The TMA pipeline (TMA=1 and 2, wgmma, sm_90a): one thread issues each stage's bulk tensor
+// copies (tma.cuh) STAGES ahead; the copies complete on the stage's "full" mbarrier, and the
+// math warps' arrivals on its "empty" mbarrier tell the issuing thread when the slot can be
+// refilled. TMA=1: the issuing thread is thread 0, which also does math, so its warp waits
+// for every warp's release before it issues its next MMAs. TMA=2: it is the one working
+// thread of a producer warp after the math warps (CUTLASS's warp-specialized kernels), and no
+// math warp waits on anything but its data.
 #pragma once
 
 // The stages' mbarriers (a full and an empty one per stage, after the stages) and the copies
@@ -55,22 +59,46 @@ struct TmaRing {
   }
 };
 
+// TMA=2: the producer thread fills stage j (of `total`) into slot j % STAGES once the math
+// warps have released the slot's previous stage (the empty barrier's phase of the round
+// before).
+template <class Produce>
+__device__ __forceinline__ void producer_loop(const TmaRing& ring, const int total,
+                                              Produce&& produce) {
+  int st = 0;
+  u32 ph = 0;
+#pragma unroll 1
+  for (int j = 0; j < total; ++j) {
+    if (j >= cfg::STAGES) mbar_wait(ring.empty(st), ph ^ 1u);
+    produce(j, st);
+    if (++st == cfg::STAGES) { st = 0; ph ^= 1u; }
+  }
+}
+
 // Stages [it0, it0 + nit) of the block whose output tile starts at (m0, n0); the mbarriers
-// are invalidated before the epilogue reuses shared memory.
+// are invalidated before the epilogue reuses shared memory. False for the producer warp
+// (TMA=2), which has nothing left to do: the math warps alone run the epilogue.
 template <class Tile>
-__device__ __forceinline__ void mainloop_tma(Tile& wt, const StageRing sr, const int it0,
+__device__ __forceinline__ bool mainloop_tma(Tile& wt, const StageRing sr, const int it0,
                                              const int nit, const int m0, const int n0,
                                              const int tid, const TensorMaps* maps) {
   using namespace cfg;
-  // Thread 0 issues each stage's copies STAGES ahead; every warp waits on the stage's full
+  // The issuing thread runs STAGES stages ahead; every math warp waits on the stage's full
   // barrier, runs its MMAs, and releases the slot on its empty barrier (one arrival per
-  // warp); thread 0 refills a slot once all warps have released it.
+  // warp); the issuing thread refills a slot once all math warps have released it.
   const TmaRing ring(sr, maps);
   const TmaRing::Origin at = TmaRing::origin(m0, n0);
   if (tid == 0) ring.init();
-  __syncthreads();
-  if (tid == 0)
+  __syncthreads();  // the whole block, the producer warp included
+  if constexpr (WS) {
+    if (tid >= THREADS) {
+      if (tid == THREADS)
+        producer_loop(ring, nit, [&](int j, int st) { ring.produce(st, at, it0 + j); });
+      return false;
+    }
+  } else if (tid == 0) {
     for (int s = 0; s < STAGES && s < nit; ++s) ring.produce(s, at, it0 + s);
+  }
   // A stage's slot is released once its MMAs are done; thread 0 then refills it with the
   // stage STAGES later. With two or more stages the MMAs of a stage stay in flight while the
   // next stage's are issued: the slot of stage i-1 is released after stage i is issued
@@ -78,9 +106,11 @@ __device__ __forceinline__ void mainloop_tma(Tile& wt, const StageRing sr, const
   auto release = [&](int s, u32 p, int j) {
     __syncwarp();
     if ((tid & 31) == 0) mbar_arrive(ring.empty(s));
-    if (tid == 0 && j + STAGES < nit) {
-      mbar_wait(ring.empty(s), p);
-      ring.produce(s, at, it0 + j + STAGES);
+    if constexpr (!WS) {
+      if (tid == 0 && j + STAGES < nit) {
+        mbar_wait(ring.empty(s), p);
+        ring.produce(s, at, it0 + j + STAGES);
+      }
     }
   };
   constexpr bool INFLIGHT = STAGES >= 2;
@@ -104,8 +134,9 @@ __device__ __forceinline__ void mainloop_tma(Tile& wt, const StageRing sr, const
     if (++st == STAGES) { st = 0; ph ^= 1; }
   }
   if constexpr (INFLIGHT) wt.retire();
-  __syncthreads();  // every wait is done: the barriers' memory returns to the epilogue
+  block_sync();  // every wait is done: the barriers' memory returns to the epilogue
   if (tid == 0) ring.inval();
+  return true;
 }
 
 // PERSIST: the block's tiles (blockIdx.x, + gridDim.x, ...) as one stream of stages. Thread 0
@@ -127,15 +158,23 @@ __device__ __forceinline__ void persistent_tma(Tile& wt, const StageRing sr, con
                  j - (j / nit) * nit);
   };
   if (tid == 0) ring.init();
-  __syncthreads();
-  if (tid == 0)
+  __syncthreads();  // the whole block, the producer warp included
+  if constexpr (WS) {
+    if (tid >= THREADS) {
+      if (tid == THREADS) producer_loop(ring, total, produce);
+      return;
+    }
+  } else if (tid == 0) {
     for (int s = 0; s < STAGES && s < total; ++s) produce(s, s);
+  }
   auto release = [&](int s, u32 p, int j) {  // as in mainloop_tma, over the whole stream
     __syncwarp();
     if ((tid & 31) == 0) mbar_arrive(ring.empty(s));
-    if (tid == 0 && j + STAGES < total) {
-      mbar_wait(ring.empty(s), p);
-      produce(j + STAGES, s);
+    if constexpr (!WS) {
+      if (tid == 0 && j + STAGES < total) {
+        mbar_wait(ring.empty(s), p);
+        produce(j + STAGES, s);
+      }
     }
   };
   constexpr bool INFLIGHT = STAGES >= 2;
@@ -166,6 +205,6 @@ __device__ __forceinline__ void persistent_tma(Tile& wt, const StageRing sr, con
       i = 0;
     }
   }
-  __syncthreads();
+  block_sync();
   if (tid == 0) ring.inval();
 }

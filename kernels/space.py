@@ -51,8 +51,9 @@ EXTRA_KNOBS: dict[str, tuple[Any, ...]] = {
     # both operands from shared memory (see WGMMA_* below for what the other knobs mean then).
     "MMA": ("sync", "wgmma"),
     # wgmma stages loaded by the Tensor Memory Accelerator (im2col and tiled tensor maps,
-    # mbarrier-paced, one issuing thread) instead of every thread's cp.async (0).
-    "TMA": (0, 1),
+    # mbarrier-paced, one issuing thread) instead of every thread's cp.async (0); 1: the
+    # issuing thread is one of the math warps'; 2: a producer warp of its own (one more warp).
+    "TMA": (0, 1, 2),
     # Few input channels (C below one 16-byte vector, fp16 and int8): 1 packs the reduction
     # densely as (r, s, c) with C padded to a 4-, 8- or 16-byte "tap vector" (the stem's C=3:
     # 4 channels) instead of one whole 16-byte vector per filter tap, and loads taps, not
@@ -227,7 +228,7 @@ class Geometry:
     block_n: np.ndarray
     block_k: np.ndarray
     warps: np.ndarray
-    threads: np.ndarray
+    threads: np.ndarray  # the math warps' threads (which share the loads and the epilogue)
     acc_regs: np.ndarray  # accumulator registers per thread
     smem_bytes: np.ndarray
     grid_blocks: np.ndarray  # blocks per launch (incl. split-K)
@@ -236,6 +237,7 @@ class Geometry:
     frag_regs: np.ndarray | None = None  # A and B fragment registers of one k-step
     stage_vectors: np.ndarray | None = None  # global loads per thread per stage
     row_loads: np.ndarray | None = None  # global loads per shared row per stage
+    block_threads: np.ndarray | None = None  # threads launched: + TMA=2's producer warp
 
 
 def geometry(shape: ConvShape, precision: Precision, target: Target,
@@ -331,7 +333,8 @@ def geometry(shape: ConvShape, precision: Precision, target: Target,
     # wgmma's swizzled operand tiles must start on 1024-byte boundaries: the kernel rounds
     # the dynamic shared-memory base up at run time.
     pipeline = pipeline + np.where(wg, WGMMA_SMEM_ALIGN, 0)
-    tma = np.asarray(cols["TMA"], i64) == 1 if "TMA" in cols else np.zeros(np.shape(brw), bool)
+    tma_knob = _knob(cols, "TMA", np.shape(brw))
+    tma = tma_knob >= 1
     pipeline = pipeline + np.where(tma, TMA_MBAR_BYTES * stages, 0)
     ob = p.output_bits if out_bits is None else out_bits
     stage_bits = np.where(pack, ob, 32)
@@ -357,7 +360,7 @@ def geometry(shape: ConvShape, precision: Precision, target: Target,
         block_m=bm, block_n=bn, block_k=bk, warps=warps, threads=threads, acc_regs=acc,
         smem_bytes=smem, grid_blocks=tiles * split_k, k_iters=-(-n_it // split_k),
         footprint_pixels=footprint, frag_regs=frag, stage_vectors=stage_vec,
-        row_loads=gvec,
+        row_loads=gvec, block_threads=threads + np.where(tma_knob == 2, 32, 0),
     )
 
 
@@ -370,7 +373,8 @@ def register_slack(shape: ConvShape, precision: Precision, target: Target,
     g = geometry(shape, p, target, cols) if g is None else g
     # PERSIST=n asks for n resident blocks per SM (__launch_bounds__' second argument).
     blocks = np.maximum(_knob(cols, "PERSIST", np.shape(g.block_m)), 1)
-    cap = np.minimum(MAX_REGS_PER_THREAD, (REGS_PER_BLOCK // (g.threads * blocks)) // 8 * 8)
+    cap = np.minimum(MAX_REGS_PER_THREAD,
+                     (REGS_PER_BLOCK // (g.block_threads * blocks)) // 8 * 8)
     chunk = np.asarray(cols["CHUNK"])
     if p is Precision.FP32_TC:
         fixed = REG_F32TC_BASE + REG_F32TC_PER_CHUNK * chunk + \
@@ -407,12 +411,12 @@ def validity(shape: ConvShape, precision: Precision, target: Target,
     # warpgroups).
     if not (target.sm == 90 and p in (Precision.FP16, Precision.INT8)):
         ok &= ~wg
-    ok &= ~wg | ((np.asarray(cols["DUP_AWARE"]) == 0) & (g.threads <= 1024))
+    ok &= ~wg | ((np.asarray(cols["DUP_AWARE"]) == 0) & (g.block_threads <= 1024))
     ok &= ~wg | (np.asarray(cols["WARP_ROW_TILES"]) == 1) | (g.acc_regs <= WGMMA_MAX_MULTI_TILE_ACC)
     # TMA feeds the wgmma path with whole NHWC tiles (no duplicate-aware rows, no NHWCnc),
     # and a weight box has at most 256 rows (the kernel static_asserts both).
     if "TMA" in cols:
-        tma = np.asarray(cols["TMA"]) == 1
+        tma = np.asarray(cols["TMA"]) >= 1
         ok &= ~tma | (wg & (np.asarray(cols["DUP_AWARE"]) == 0) &
                       (np.asarray(cols["LAYOUT"], dtype=object) == "nhwc") &
                       (g.block_n <= TMA_MAX_BOX_ROWS))
@@ -421,7 +425,7 @@ def validity(shape: ConvShape, precision: Precision, target: Target,
     # in boxes of 64 rows (the kernel static_asserts these).
     tma_store = np.asarray(cols["PACK_OUT"]) == 2
     out_row_bytes = shape.k * Precision(p).output_bits // 8
-    ok &= ~tma_store | ((_knob(cols, "TMA", np.shape(g.block_m)) == 1) &
+    ok &= ~tma_store | ((_knob(cols, "TMA", np.shape(g.block_m)) >= 1) &
                         (np.asarray(cols["SPLIT_K"]) == 1) &
                         (g.block_m % TMA_STORE_BOX_ROWS == 0))
     if out_row_bytes % 16 or p not in (Precision.FP16, Precision.INT8):
@@ -446,7 +450,7 @@ def validity(shape: ConvShape, precision: Precision, target: Target,
         ok &= persist == 0
     ok &= (persist == 0) | ((np.asarray(cols["SPLIT_K"]) == 1) &
                             ((g.smem_bytes + 1024) * persist <= target.smem_per_sm_kib * 1024) &
-                            (g.threads * persist <= target.max_threads_per_sm))
+                            (g.block_threads * persist <= target.max_threads_per_sm))
     # Pipelines deeper than 3 stages pay with wgmma (its loads and math overlap); on the
     # mma.sync path they gained 2-4% on int8 and lost beyond 4 (bench/RESULTS.md, H100 probe),
     # not worth a space twice the size.

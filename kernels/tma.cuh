@@ -21,6 +21,13 @@ struct __align__(64) TensorMaps {
 #endif
 };
 
+// The barrier of the threads that run the math and the epilogue: the whole block, or with a
+// producer warp (TMA=2) every warp but that one (named barrier 1, which it never reaches).
+__device__ __forceinline__ void block_sync() {
+  if constexpr (cfg::WS) asm volatile("bar.sync 1, %0;\n" :: "n"(cfg::THREADS) : "memory");
+  else __syncthreads();
+}
+
 __device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(bar), "r"(count) : "memory");
 }

@@ -398,6 +398,18 @@ def device_cases() -> dict[str, Conv2d]:
             "int4_requant": Conv2d(SMALL, "int4", None, "h100"),
             "int8_tma_requant": Conv2d(SMALL, "int8", tma, "h100", epilogue="requant"),
             "fp16_tma_stem": Conv2d(STEM, "fp16", {**tma, "CHUNK": 2, "SPLIT_K": 2}, "h100"),
+            # TMA=2: a producer warp issues the copies; the math warps' barriers leave it out
+            # (split-K's flag, the persistent epilogue, TMA stores, the residual tile)
+            "int8_producer_warp_split_k": Conv2d(SMALL, "int8", {**tma, "TMA": 2, "SPLIT_K": 2},
+                                                 "h100", epilogue="requant"),
+            "fp16_producer_warp_persist_residual": Conv2d(
+                expand, "fp16", {**tma, "TMA": 2, "BLK_ROW_WARPS": 2, "PERSIST": 1}, "h100",
+                residual=True),
+            "int8_producer_warp_tma_store_persist": Conv2d(
+                tails, "int8", {**tma, "TMA": 2, "PACK_OUT": 2, "PERSIST": 2}, "h100",
+                relu=True),
+            "fp16_producer_warp_stem": Conv2d(STEM, "fp16", {**tma, "TMA": 2, "CHUNK": 2},
+                                              "h100"),
         }
 
 
