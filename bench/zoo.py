@@ -64,6 +64,9 @@ DEFAULT_BUDGET = 16
 # tries its algorithms first): for the estimate printed before a run.
 SECONDS_PER_CANDIDATE = 0.2
 SECONDS_PER_BASELINE = 1.5
+# --stop-after for a 10-minute call: start-up (torch, the runner's child) and the last
+# measurement (the largest U-Net layers: a few seconds each) fit in the rest.
+STOP_AFTER_HINT = 480
 # What a measurement puts in a row; copied to each model that has the same shape.
 MEASURED = ("ours_us", "cudnn_fp16_us", "cutlass_us", "cutlass_note", "checked", "schedule",
             "best_from", "default_us", "measured", "wrong", "failed", "top", "note")
@@ -528,7 +531,8 @@ def run_zoo(groups: Sequence[Group], doc: dict[str, Any], shapes_doc: dict[str, 
     est = estimate_s(todo, budget, n_base)
     log(f"{len(groups)} measurements planned, {len(groups) - len(todo)} in {out} already; "
         f"{len(todo)} to do ({n_base} cuDNN baselines), budget {budget} candidates: about "
-        f"{est:.0f} s of GPU time ({math.ceil(est / 540)} runs of --stop-after 540)")
+        f"{est:.0f} s of GPU time (~{math.ceil(est / STOP_AFTER_HINT)} runs of "
+        f"--stop-after {STOP_AFTER_HINT} in 10-minute calls)")
     t0 = clock()
     for i, g in enumerate(todo):
         spent = clock() - t0
@@ -686,7 +690,9 @@ def cmd_run(a: argparse.Namespace) -> int:
     finally:
         if backend is not None:
             backend.close()
-    return 0 if left == 0 or a.stop_after else 1
+    if left:
+        log(f"{left} measurements left for the next run")
+    return 0
 
 
 # ---- the table -----------------------------------------------------------------------------
@@ -745,19 +751,28 @@ def _verdict(ratios: list[float | None], prec: str) -> tuple[float | None, str]:
                 f"{'MET' if over == 0 and gm_ok else 'not met'}")
 
 
+def _row_order(r: dict[str, Any]) -> tuple[Any, ...]:
+    """Batch 8 first, then the other batches; int8 before fp16 (PRECISIONS); a stable sort
+    keeps the forward order of the layers within."""
+    p = r["precision"]
+    return (r["n"] != DEFAULT_BATCH, r["n"],
+            PRECISIONS.index(p) if p in PRECISIONS else len(PRECISIONS), p)
+
+
 def render(doc: dict[str, Any]) -> str:
     target = target_for_gpu_model(doc.get("gpu") or "") or get_target("h100")
-    lines = [f"GPU: {doc.get('gpu')}, {doc.get('date')}; floors for {target.name} "
-             f"({target.bandwidth_gbs:g} GB/s, fp16 {target.peak(Precision.FP16):g} / int8 "
-             f"{target.peak(Precision.INT8):g} dense Tensor Core TFLOP/s). ours/cuDNN < 1: "
-             f"ours faster. Goals (ours / cuDNN fp16): "
+    lines = [f"GPU: {doc.get('gpu')}, {doc.get('date')}. ours/cuDNN < 1: ours faster. "
+             f"floor = max(bytes / DRAM bandwidth, 2 * MACs / Tensor Core peak), bytes = x and "
+             f"w read once, y written once in the row's precision (+ the epilogue's fp32 "
+             f"vectors), with {target.name}'s {target.bandwidth_gbs:g} GB/s and dense fp16 "
+             f"{target.peak(Precision.FP16):g} / int8 {target.peak(Precision.INT8):g} TFLOP/s "
+             f"(kernels/spec.py). Goals (ours / cuDNN fp16): "
              + "; ".join(f"{p}: every layer <= {g.layer}x, geomean <= {g.geomean}x, "
                          f"ResNet-50 summed <= {g.resnet50_sum}x" for p, g in GOALS.items())]
     rows = doc.get("rows", [])
     models = list(dict.fromkeys(r["model"] for r in rows))
     for model in models:
-        rs = sorted((r for r in rows if r["model"] == model),
-                    key=lambda r: (r["n"] != DEFAULT_BATCH, r["n"], r["precision"]))
+        rs = sorted((r for r in rows if r["model"] == model), key=_row_order)
         lines += ["", f"### {model}", "",
                   "| layer | shape | n | count | precision | ours us | cuDNN fp16 us | "
                   "CUTLASS us | ours/cuDNN | floor us |", "|---" * 10 + "|"]
@@ -767,12 +782,12 @@ def render(doc: dict[str, Any]) -> str:
             ratio = _ratio(r["ours_us"], r["cudnn_fp16_us"])
             lines.append(f"| {layer} | {shape_text(r['shape'])} | {r['n']} | {r['count']} | "
                          f"{r['precision']} | {_f(r['ours_us'])} | {_f(r['cudnn_fp16_us'])} | "
-                         f"{_f(r['cutlass_us'])} | {_f(ratio)}x | {_f(floor)} |")
+                         f"{_f(r['cutlass_us'])} | {_f(ratio)}x | {floor:.3g} |")
         lines += ["", "| n | precision | layers (convs) | ours us, summed | cuDNN fp16 us, "
                   "summed | CUTLASS us, summed | ours/cuDNN summed | geomean of layers | goals |",
                   "|---|---|---|---|---|---|---|---|---|"]
         for net in sorted((x for x in doc.get("networks", []) if x["model"] == model),
-                          key=lambda x: (x["n"] != DEFAULT_BATCH, x["n"], x["precision"])):
+                          key=_row_order):
             ratios = [_ratio(r["ours_us"], r["cudnn_fp16_us"]) for r in rs
                       if r["n"] == net["n"] and r["precision"] == net["precision"]]
             gm, verdict = _verdict(ratios, net["precision"])

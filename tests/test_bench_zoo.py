@@ -244,7 +244,11 @@ def test_table_renders_rows_sums_and_goals() -> None:
     assert "### resnet50" in lines and "### unet" in lines
     floor = zoo.roofline_us(ConvShape.from_dict(rows[0]["shape"]), "fp16", H100)
     assert (f"| l64 (+2) | 14x14x64->64, 1x1/1 | 8 | 3 | fp16 | 0.80 | 1.00 | 0.90 | 0.80x | "
-            f"{floor:.2f} |") in lines
+            f"{floor:.3g} |") in lines
+    # int8 rows before fp16 rows, each in the layers' order
+    body = [x for x in lines if x.startswith(("| l64", "| l128"))]
+    assert [x.split(" | ")[4] for x in body[:4]] == ["int8", "int8", "fp16", "fp16"]
+    assert [x.split(" | ")[0] for x in body[:2]] == ["| l64 (+2)", "| l128"]
     # fp16: layers 0.8 and 0.8 <= 1.0, geomean 0.8 <= 0.85, summed (3*0.8+1.6)/(3+2) = 0.8
     fp16 = next(x for x in lines if x.startswith("| 8 | fp16 | 2 (4) |"))
     assert "| 4.00 | 5.00 | - | 0.80x | 0.80x |" in fp16
