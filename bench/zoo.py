@@ -22,6 +22,8 @@ the budget (up to a quarter from transfer: the best schedules this run found for
 precision on the nearest shapes; the runtime's default schedule for the shape; the rest random
 over mma.sync, wgmma and wgmma with TMA loads and stores, half folded where the taps fold, as
 bench/layer_classes.py samples), then one round of one-knob local search around the fastest.
+The next group's start set is built while this group is measured (the plan alternates int8
+and fp16, so its transfer is already known).
 int8 outputs are requantized int8 (the default Epilogue), fp16 outputs fp16 with bias. Every
 candidate is checked against the reference before it is timed (kernels.runner).
 """
@@ -37,6 +39,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -430,6 +433,11 @@ class Backend(Protocol):
              budget: int, transfer_max: int, seed: int) -> dict[str, Any]:
         """The search of one group -> summarize()'s fields."""
 
+    def prefetch(self, shape: ConvShape, precision: str, transfer: Sequence[Schedule],
+                 budget: int, transfer_max: int, seed: int) -> None:
+        """The next group, with the arguments tune() will likely get: start its builds now
+        (they overlap the current group's measurements)."""
+
     def cudnn_fp16_us(self, shape: ConvShape) -> float | None: ...
 
     def cutlass(self, shape: ConvShape, precision: str) -> tuple[float | None, str | None]:
@@ -549,6 +557,11 @@ def run_zoo(groups: Sequence[Group], doc: dict[str, Any], shapes_doc: dict[str, 
             m: dict[str, Any] = {"ours_us": None, "checked": False, "note": "; ".join(
                 f"{k}: {v}" for k, v in probs)}
         else:
+            if i + 1 < len(todo):  # the plan alternates precisions: its transfer is final
+                nxt = todo[i + 1]
+                backend.prefetch(nxt.shape, nxt.precision,
+                                 transfer_order(pool, nxt.shape, nxt.precision), budget, tmax,
+                                 group_seed(seed, nxt.key))
             transfer = transfer_order(pool, shape, prec)
             m = backend.tune(shape, prec, transfer, budget, tmax, group_seed(seed, g.key))
         if shape.key() not in cudnn:
@@ -594,6 +607,9 @@ class GpuBackend:
         self.sm = self.target.sm
         self.l2 = int(cupy.cuda.runtime.getDeviceProperties(0)["l2CacheSize"])
         log(f"GPU {self.gpu} -> target {self.target.name}, L2 {self.l2 >> 20} MiB")
+        # Builds of the next group's start set run here while this group is measured.
+        self._pool = ProcessPoolExecutor(max_workers=os.cpu_count())
+        self._prefetched: dict[str, list[Future[Any]]] = {}
         self.cutlass_lib: Any = None
         if cutlass_lib:
             from bench.cutlass_conv import CutlassLib  # only with --cutlass-lib
@@ -604,9 +620,11 @@ class GpuBackend:
         return {"gpu": self.gpu, "target": self.target.name, "torch": self.torch.__version__,
                 "cudnn": self.torch.backends.cudnn.version()}
 
-    def tune(self, shape: ConvShape, precision: str, transfer: Sequence[Schedule],
-             budget: int, transfer_max: int, seed: int) -> dict[str, Any]:
-        from bench.conv_vs_cudnn import GroupSearch, best
+    def _start(self, shape: ConvShape, precision: str, transfer: Sequence[Schedule],
+               budget: int, transfer_max: int, seed: int
+               ) -> tuple[ScheduleSpace, Schedule | None, list[tuple[str, Schedule]],
+                          np.random.Generator]:
+        """The group's start set; the same arguments give the same set (prefetch, tune)."""
         from kernels.runtime import default_schedule
 
         prec = Precision(precision)
@@ -619,6 +637,25 @@ class GpuBackend:
             default = None
         start = start_candidates(space, transfer, default, rng, budget - budget // 2,
                                  transfer_max)
+        return space, default, start, rng
+
+    def prefetch(self, shape: ConvShape, precision: str, transfer: Sequence[Schedule],
+                 budget: int, transfer_max: int, seed: int) -> None:
+        from kernels.build import BuildJob, build
+
+        _, _, start, _ = self._start(shape, precision, transfer, budget, transfer_max, seed)
+        jobs = [BuildJob(shape, Precision(precision), self.sm, s) for _, s in start]
+        self._prefetched[measure_key(shape, precision)] = [
+            self._pool.submit(build, j, self.cache) for j in jobs]
+
+    def tune(self, shape: ConvShape, precision: str, transfer: Sequence[Schedule],
+             budget: int, transfer_max: int, seed: int) -> dict[str, Any]:
+        from bench.conv_vs_cudnn import GroupSearch, best
+
+        for f in self._prefetched.pop(measure_key(shape, precision), []):
+            f.exception()  # wait; a failed build is built again below and reported there
+        space, default, start, rng = self._start(shape, precision, transfer, budget,
+                                                 transfer_max, seed)
         origin = {schedule_hash(s): o for o, s in start}
         g = GroupSearch(self.runner, self.cache, self.sm, space, "zoo", shape.n)
         g.run([s for _, s in start])
@@ -650,6 +687,7 @@ class GpuBackend:
         return (None if us is None else round(float(us), 4)), note
 
     def close(self) -> None:
+        self._pool.shutdown(cancel_futures=True)
         self.runner.close()
 
 
@@ -663,13 +701,16 @@ def cmd_run(a: argparse.Namespace) -> int:
                   _csv(a.precisions))
     out = Path(a.out)
     doc: dict[str, Any] = json.loads(out.read_text()) if out.exists() else {}
-    todo = sum(1 for g in groups
-               if g.key not in {measure_key(ConvShape.from_dict(r["shape"]), r["precision"])
-                                for r in doc.get("rows", [])})
+    have = {measure_key(ConvShape.from_dict(r["shape"]), r["precision"])
+            for r in doc.get("rows", [])}
+    todo = sum(1 for g in groups if g.key not in have)
     if not todo:  # only rows to copy: no GPU needed
         backend: Any = None
     else:
-        backend = GpuBackend(a.cache, a.cutlass_lib)
+        try:
+            backend = GpuBackend(a.cache, a.cutlass_lib)
+        except ImportError as e:
+            raise SystemExit(f"run measures on a GPU: it needs torch and CuPy ({e})") from e
         if doc.get("gpu") and doc["gpu"] != backend.gpu:
             backend.close()
             raise SystemExit(f"{out} holds timings of {doc['gpu']}, this is {backend.gpu}: "

@@ -276,9 +276,16 @@ class FakeBackend:
 
     def __init__(self, kill_after: int | None = None) -> None:
         self.tuned: list[tuple[str, str]] = []
+        self.tune_args: list[tuple[Any, ...]] = []
         self.transfers: list[list[dict[str, Any]]] = []
         self.cudnn: list[str] = []
+        self.prefetched: dict[tuple[str, str], tuple[Any, ...]] = {}
         self.kill_after = kill_after
+
+    def prefetch(self, shape: ConvShape, precision: str, transfer: Sequence[dict[str, Any]],
+                 budget: int, transfer_max: int, seed: int) -> None:
+        self.prefetched[(shape.key(), precision)] = (list(transfer), budget, transfer_max,
+                                                     seed)
 
     def tune(self, shape: ConvShape, precision: str, transfer: Sequence[dict[str, Any]],
              budget: int, transfer_max: int, seed: int) -> dict[str, Any]:
@@ -286,6 +293,7 @@ class FakeBackend:
             raise Killed
         self.tuned.append((shape.key(), precision))
         self.transfers.append(list(transfer))
+        self.tune_args.append((list(transfer), budget, transfer_max, seed))
         us = shape.gemm_m * shape.gemm_n * shape.gemm_k / 1e9 + 1.0
         sched = {"tag": f"{shape.key()}|{precision}"}
         return {"ours_us": us, "checked": True, "schedule": sched, "best_from": "random",
@@ -326,6 +334,12 @@ def test_run_resumes_after_a_kill_and_skips_done_rows(tmp_path: Path) -> None:
     second = FakeBackend()
     assert run(tmp_path, second, ["resnet18"]) == 0
     assert len(second.tuned) == 22 - 7
+    # Each group but the first was prefetched (its builds overlap the group before) with the
+    # arguments it was then tuned with: precisions alternate, so its transfer was final.
+    assert second.tuned[0] not in second.prefetched
+    for key, args in zip(second.tuned[1:], second.tune_args[1:], strict=True):
+        assert second.prefetched[key] == args
+    assert len({a[3] for a in second.tune_args}) == len(second.tuned)  # a seed per group
     assert not set(first.tuned) & set(second.tuned)
     assert len(set(first.cudnn + second.cudnn)) == len(first.cudnn + second.cudnn) == 11
     doc = json.loads((tmp_path / "zoo.json").read_text())
@@ -381,3 +395,45 @@ def test_run_command_copies_rows_without_a_gpu(tmp_path: Path) -> None:
     assert len(doc["rows"]) == kept + 2 * len(shared)
     assert len([r for r in doc["rows"] if r["model"] == "resnet18"]) == 22
     assert doc["gpu"] == FakeBackend.gpu and doc["runs"][-1]["budget"] == zoo.DEFAULT_BUDGET
+
+
+class FakeRunner:
+    """kernels.runner.Runner's measure(): every build checks out, a time from its key."""
+
+    def __init__(self) -> None:
+        self.keys: list[str] = []
+
+    def measure(self, cache: str, key: str, samples: int | None = None) -> dict[str, Any]:
+        assert (Path(cache) / f"{key}.cubin").exists()  # built before it is measured
+        self.keys.append(key)
+        return {"status": "ok", "median_us": 1.0 + int(key[:6], 16) / 2**24, "iqr_us": 0.0}
+
+    def close(self) -> None:
+        pass
+
+
+def test_gpu_backend_search_with_real_builds_and_a_fake_runner(tmp_path: Path) -> None:
+    """GpuBackend's search on the CPU (NVRTC builds need no GPU): the start set prefetched,
+    the same start set tuned (its builds found in the cache), then the local round."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    b = object.__new__(zoo.GpuBackend)  # without __init__: no CuPy, no runner child
+    b.cache, b.target, b.sm = str(tmp_path), H100, 90
+    b.runner, b._prefetched = FakeRunner(), {}
+    b._pool = ProcessPoolExecutor(max_workers=2)
+    shape, prec = ConvShape(8, 14, 14, 256, 256, 1, 1), "int8"
+    try:
+        b.prefetch(shape, prec, [], 6, 1, seed=5)
+        futures = b._prefetched[zoo.measure_key(shape, prec)]
+        prebuilt = [f.result().key for f in futures]
+        assert len(prebuilt) == 3 and all(f.result().status == "ok" for f in futures)
+        res = b.tune(shape, prec, [], 6, 1, seed=5)
+    finally:
+        b.close()
+    assert b.runner.keys[:3] == prebuilt  # the start set is the prefetched one
+    assert len(b.runner.keys) == res["measured"] == 6 and res["checked"]
+    times = [1.0 + int(k[:6], 16) / 2**24 for k in b.runner.keys]
+    assert res["ours_us"] == round(min(times), 4)
+    assert res["best_from"] in ("default", "random", "local")
+    space = ScheduleSpace(shape, Precision(prec), H100)
+    assert all(space.is_valid(t["schedule"]) for t in res["top"])
