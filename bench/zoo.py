@@ -70,6 +70,7 @@ SECONDS_PER_BASELINE = 1.5
 # --stop-after for a 10-minute call: start-up (torch, the runner's child) and the last
 # measurement (the largest U-Net layers: a few seconds each) fit in the rest.
 STOP_AFTER_HINT = 480
+NO_CUTLASS = "not run (no --cutlass-lib)"
 # What a measurement puts in a row; copied to each model that has the same shape.
 MEASURED = ("ours_us", "cudnn_fp16_us", "cutlass_us", "cutlass_note", "checked", "schedule",
             "best_from", "default_us", "measured", "wrong", "failed", "top", "note")
@@ -527,21 +528,35 @@ def run_zoo(groups: Sequence[Group], doc: dict[str, Any], shapes_doc: dict[str, 
         doc["networks"] = network_rows(rows, shapes_doc)
         atomic_write(out, json.dumps(doc, indent=1) + "\n")
 
-    # Rows of models added since a shape was measured: no GPU work.
-    todo = []
+    # Rows of models added since a shape was measured: no GPU work. Measurements made
+    # without --cutlass-lib get CUTLASS's time only (`late`).
+    todo, late = [], []
     for g in groups:
         if g.key in measured:
             add_rows(g, measured[g.key])
+            if use_cutlass and measured[g.key].get("cutlass_note") == NO_CUTLASS:
+                late.append(g)
         else:
             todo.append(g)
     save()
     n_base = len({g.shape.key() for g in todo} - set(cudnn))
     est = estimate_s(todo, budget, n_base)
-    log(f"{len(groups)} measurements planned, {len(groups) - len(todo)} in {out} already; "
-        f"{len(todo)} to do ({n_base} cuDNN baselines), budget {budget} candidates: about "
-        f"{est:.0f} s of GPU time (~{math.ceil(est / STOP_AFTER_HINT)} runs of "
-        f"--stop-after {STOP_AFTER_HINT} in 10-minute calls)")
+    log(f"{len(groups)} measurements planned, {len(groups) - len(todo)} in {out} already "
+        f"({len(late)} of them without CUTLASS); {len(todo)} to do ({n_base} cuDNN "
+        f"baselines), budget {budget} candidates: about {est:.0f} s of GPU time "
+        f"(~{math.ceil(est / STOP_AFTER_HINT)} runs of --stop-after {STOP_AFTER_HINT} in "
+        f"10-minute calls)")
     t0 = clock()
+    for j, g in enumerate(late):
+        if stop_after_s and clock() - t0 > stop_after_s:
+            return len(todo) + len(late) - j
+        us, note = backend.cutlass(g.shape, g.precision)
+        measured[g.key].update(cutlass_us=us, cutlass_note=note)
+        for r in rows:
+            if measure_key(ConvShape.from_dict(r["shape"]), r["precision"]) == g.key:
+                r.update(cutlass_us=us, cutlass_note=note)
+        save()
+        log(f"CUTLASS {g.shape.key()} {g.precision}: {us} us {note or ''}")
     for i, g in enumerate(todo):
         spent = clock() - t0
         if stop_after_s and spent > stop_after_s:
@@ -570,7 +585,7 @@ def run_zoo(groups: Sequence[Group], doc: dict[str, Any], shapes_doc: dict[str, 
         if use_cutlass:
             m["cutlass_us"], m["cutlass_note"] = backend.cutlass(shape, prec)
         else:
-            m["cutlass_us"], m["cutlass_note"] = None, "not run (no --cutlass-lib)"
+            m["cutlass_us"], m["cutlass_note"] = None, NO_CUTLASS
         measured[g.key] = m
         pool += [PoolEntry(shape, prec, t["schedule"], t["us"]) for t in m.get("top") or []]
         add_rows(g, m)
@@ -701,9 +716,10 @@ def cmd_run(a: argparse.Namespace) -> int:
                   _csv(a.precisions))
     out = Path(a.out)
     doc: dict[str, Any] = json.loads(out.read_text()) if out.exists() else {}
-    have = {measure_key(ConvShape.from_dict(r["shape"]), r["precision"])
+    have = {measure_key(ConvShape.from_dict(r["shape"]), r["precision"]): r
             for r in doc.get("rows", [])}
-    todo = sum(1 for g in groups if g.key not in have)
+    todo = sum(1 for g in groups if g.key not in have or (
+        a.cutlass_lib and have[g.key].get("cutlass_note") == NO_CUTLASS))
     if not todo:  # only rows to copy: no GPU needed
         backend: Any = None
     else:

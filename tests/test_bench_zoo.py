@@ -277,6 +277,7 @@ class FakeBackend:
     def __init__(self, kill_after: int | None = None) -> None:
         self.tuned: list[tuple[str, str]] = []
         self.tune_args: list[tuple[Any, ...]] = []
+        self.cutlassed: list[tuple[str, str]] = []
         self.transfers: list[list[dict[str, Any]]] = []
         self.cudnn: list[str] = []
         self.prefetched: dict[tuple[str, str], tuple[Any, ...]] = {}
@@ -305,7 +306,10 @@ class FakeBackend:
         return shape.gemm_m * shape.gemm_n * shape.gemm_k / 5e8 + 2.0
 
     def cutlass(self, shape: ConvShape, precision: str) -> tuple[float | None, str | None]:
-        return None, "fake"
+        self.cutlassed.append((shape.key(), precision))
+        if shape.c == 3:
+            return None, "fake: no kernel for C=3"
+        return shape.gemm_m * shape.gemm_n * shape.gemm_k / 7e8 + 1.5, None
 
     def info(self) -> dict[str, Any]:
         return {"gpu": self.gpu}
@@ -324,7 +328,9 @@ def test_run_resumes_after_a_kill_and_skips_done_rows(tmp_path: Path) -> None:
         run(tmp_path, first, ["resnet18"])
     doc = json.loads((tmp_path / "zoo.json").read_text())  # complete JSON after the kill
     assert len(doc["rows"]) == 7 and len(first.tuned) == 7
-    assert all(r["checked"] and r["cutlass_us"] is None for r in doc["rows"])
+    assert all(r["checked"] and r["cutlass_us"] is None and r["cutlass_note"] == zoo.NO_CUTLASS
+               for r in doc["rows"])
+    assert first.cutlassed == []  # not without use_cutlass
     # transfer: every later group of a precision got the earlier ones' bests
     int8_seen = [i for i, (_, p) in enumerate(first.tuned) if p == "int8"]
     assert first.transfers[int8_seen[0]] == []
@@ -375,6 +381,28 @@ def test_run_stops_after_its_time_and_goes_on(tmp_path: Path) -> None:
     assert 0 < left < 30 and len(backend.tuned) == 30 - left
     again = FakeBackend()
     assert run(tmp_path, again, ["unet"]) == 0 and len(again.tuned) == left
+
+
+def test_run_with_cutlass_fills_in_rows_measured_without_it(tmp_path: Path) -> None:
+    with pytest.raises(Killed):
+        run(tmp_path, FakeBackend(kill_after=6), ["resnet18"])
+    second = FakeBackend()
+    assert run(tmp_path, second, ["resnet18"], use_cutlass=True) == 0
+    # the 6 measured without CUTLASS get its time only; the 16 others are measured with it
+    assert len(second.tuned) == 16 and len(second.cutlassed) == 22
+    assert len(set(second.cutlassed)) == 22
+    doc = json.loads((tmp_path / "zoo.json").read_text())
+    assert all(r["cutlass_note"] != zoo.NO_CUTLASS for r in doc["rows"])
+    stem = [r for r in doc["rows"] if r["shape"]["c"] == 3]
+    assert [r["cutlass_us"] for r in stem] == [None, None]
+    assert all(r["cutlass_note"].startswith("fake") for r in stem)
+    others = [r for r in doc["rows"] if r["shape"]["c"] != 3]
+    assert all(r["cutlass_us"] > 1.5 and r["cutlass_note"] is None for r in others)
+    nets = {x["precision"]: x for x in doc["networks"]}
+    assert nets["int8"]["cutlass_us"] is None  # the stem has none: no network sum
+    third = FakeBackend(kill_after=0)
+    assert run(tmp_path, third, ["resnet18"], use_cutlass=True) == 0
+    assert third.cutlassed == []  # a note from CUTLASS itself is final
 
 
 def test_run_command_copies_rows_without_a_gpu(tmp_path: Path) -> None:
