@@ -1,5 +1,6 @@
 """ResNet-18 and ResNet-50 as torchvision builds them (v1.5: the stride on the 3x3 conv),
-for machines without torchvision; `model(name)` prefers torchvision's own module. Weights are
+for machines without torchvision, and a U-Net (`UNet`, torchvision has none); `model(name)`
+prefers torchvision's own module. Weights are
 PyTorch's random init, and the BatchNorm statistics and affine parameters are random too
 (`randomize_bn`), so that folding them is exercised with values far from identity."""
 
@@ -94,6 +95,50 @@ class ResNet(nn.Module):
         x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
         x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
         return self.fc(torch.flatten(self.avgpool(x), 1))
+
+
+class DoubleConv(nn.Module):
+    """A U-Net level's two 3x3 convs (pad 1, no bias: BatchNorm follows), each + BN + ReLU."""
+
+    def __init__(self, cin: int, cout: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, 1, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.relu = nn.ReLU(inplace=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.relu(self.bn2(self.conv2(self.relu(self.bn1(self.conv1(x))))))
+
+
+class UNet(nn.Module):
+    """The usual U-Net: `levels` 2x2 max-pool steps down (width 64 -> 64 * 2**levels
+    channels: 64-1024 with 4), each level a double 3x3 conv; back up by 2x2 stride-2
+    transposed convs (halving the channels), the skip concatenated, a double conv; a final
+    1x1 conv to `classes`. Spatial sizes must divide by 2**levels (256x256 in bench.zoo)."""
+
+    def __init__(self, cin: int = 3, classes: int = 2, width: int = 64, levels: int = 4
+                 ) -> None:
+        super().__init__()
+        ch = [width * 2 ** i for i in range(levels + 1)]
+        self.inc = DoubleConv(cin, ch[0])
+        self.pool = nn.MaxPool2d(2)
+        self.down = nn.ModuleList(DoubleConv(ch[i], ch[i + 1]) for i in range(levels))
+        self.up = nn.ModuleList(nn.ConvTranspose2d(ch[i + 1], ch[i], 2, 2)
+                                for i in reversed(range(levels)))
+        self.dec = nn.ModuleList(DoubleConv(2 * ch[i], ch[i]) for i in reversed(range(levels)))
+        self.outc = nn.Conv2d(ch[0], classes, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.inc(x)
+        skips = []
+        for down in self.down:
+            skips.append(x)
+            x = down(self.pool(x))
+        for up, dec in zip(self.up, self.dec, strict=True):
+            x = dec(torch.cat([skips.pop(), up(x)], dim=1))
+        return self.outc(x)
 
 
 LOCAL = {"resnet18": (BasicBlock, [2, 2, 2, 2]), "resnet50": (Bottleneck, [3, 4, 6, 3])}
