@@ -71,7 +71,7 @@ TMA_STORES = (1, 2)
 # The sampled paths: the space restricted to each (mma.sync, wgmma, wgmma with TMA stores).
 PATHS: dict[str, dict[str, list[Any]]] = {
     "sync": {"MMA": ["sync"]}, "wgmma": {"MMA": ["wgmma"]},
-    "tma_store": {"MMA": ["wgmma"], "TMA": [1], "PACK_OUT": [2]}}
+    "tma_store": {"MMA": ["wgmma"], "TMA": [1, 2], "PACK_OUT": [2]}}
 
 
 def _us_of(g: GroupSearch, sched: dict[str, Any]) -> float | None:

@@ -46,6 +46,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from bench.layer_classes import PATHS
 from kernels.space import (
     Schedule,
     ScheduleSpace,
@@ -280,11 +281,8 @@ def plan(shapes_doc: dict[str, Any], models: Sequence[str], batches: Sequence[in
 
 
 # ---- candidates: transfer, default, random, one-knob neighbours ----------------------------
-# The sampled instruction paths, as bench/layer_classes.py samples them, and their shares of
-# the random part on sm_90 (elsewhere mma.sync only).
-PATHS: dict[str, dict[str, list[Any]]] = {
-    "sync": {"MMA": ["sync"]}, "wgmma": {"MMA": ["wgmma"]},
-    "tma_store": {"MMA": ["wgmma"], "TMA": [1], "PACK_OUT": [2]}}
+# The sampled instruction paths (bench/layer_classes.py's PATHS) and their shares of the
+# random part on sm_90 (elsewhere mma.sync only).
 PATH_SHARE = {"wgmma": 0.5, "tma_store": 0.25, "sync": 0.25}
 # FOLD_TAPS=1 needs these (kernels.space.validity): restricting the sample to them keeps
 # rejection sampling cheap on the folded half.
