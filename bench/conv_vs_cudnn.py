@@ -20,6 +20,9 @@ The earlier two-phase procedure (H200 tables, replay datasets):
       and torch._int_mm on the pre-lowered im2col matrix, same run, same harness
       (kernels.timing.time_launches) -> DIR/conv_vs_cudnn.json
 Every candidate is checked against the reference before it is timed (kernels.runner).
+
+The paper: Choi, Kwon, Lee, Choi and Lim, "Learning from Distinctive Candidates to Optimize
+Reduced-Precision Convolution Program on Tensor Cores", 2022 (docs/design.md, "Sources").
 """
 
 from __future__ import annotations
@@ -433,7 +436,8 @@ def cmd_phase2(a: argparse.Namespace) -> int:
 def cmd_table(a: argparse.Namespace) -> int:
     """Every selected best re-timed beside the baselines, in one run."""
     # torch first, before the runner's child process starts: imported later, on a fresh GPU
-    # machine, torch's import failed three times in its own schema parser (bench/RESULTS.md).
+    # machine, torch's import failed three times in its own schema parser (docs/design.md,
+    # "Measurement protocol").
     import torch  # noqa: F401
 
     from kernels.runner import Runner

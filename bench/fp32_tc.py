@@ -13,6 +13,9 @@ on ResNet-50's four 3x3 layers at batch 8, against cuDNN fp16 / tf32 / fp32 (TF3
 
 Errors are normwise over all outputs of a conv: rel_err_rms = ||y - ref||_2 / ||ref||_2,
 rel_err_max = max|y - ref| / max|ref|, ref = the conv of the same float32 inputs in float64.
+
+The slides: Josef Schüle (University of Kaiserslautern), "Tensor Core Performance and
+Precision", 2018 (docs/design.md, "Sources"); the kernel side is docs/kernels/fp32_tc.md.
 """
 
 from __future__ import annotations

@@ -9,6 +9,9 @@ ResNet-50 3x3 layers at batch 8, int8 and fp16, on the h100 model, in two subspa
   recorded for stage2 int8 (the layer of the paper's figure 14) and stage5 fp16 (the layer
   least like it) to keep the files small.
 
+The paper: Choi, Kwon, Lee, Choi and Lim, "Learning from Distinctive Candidates to Optimize
+Reduced-Precision Convolution Program on Tensor Cores", 2022 (docs/design.md, "Sources").
+
 Every result comes from `simulated_result`, the same path the simulated measure backend
 uses (deterministic model plus seeded noise). Invalid schedules are left out of the file.
 

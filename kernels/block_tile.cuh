@@ -8,6 +8,8 @@
 // of a channel block in one stage, so rows of the field shared by neighbouring output rows
 // are also loaded once; REORDER_INNER=0 (filter rows outer) loads one filter row r per
 // stage and dedups along the width only.
+// The paper: Choi, Kwon, Lee, Choi and Lim, "Learning from Distinctive Candidates to Optimize
+// Reduced-Precision Convolution Program on Tensor Cores", 2022 (docs/design.md, "Sources").
 //
 // Shared rows are 16-byte chunks, XOR-swizzled so that the 8 rows of an ldmatrix phase
 // land in distinct banks.

@@ -5,6 +5,8 @@
 // integer -D defines written by kernels/build.py from the enumerated schedule space, never
 // as free text. The shape is a compile-time constant because the duplicate-aware load
 // (paper 3.1) indexes the receptive field statically.
+// The paper: Choi, Kwon, Lee, Choi and Lim, "Learning from Distinctive Candidates to Optimize
+// Reduced-Precision Convolution Program on Tensor Cores", 2022 (docs/design.md, "Sources").
 //
 // Hardware levels, as in CUTLASS:
 //   instruction_tile.cuh  mma.sync / ldmatrix / cp.async wrappers

@@ -11,6 +11,8 @@
 // PACK_OUT=2: as 1, but the staged tile is swizzled for the TMA unit, and one thread writes
 //   it with bulk tensor stores that drain while the block goes on (the next tile's main
 //   loop, with PERSIST); no second pass through the threads.
+// The paper: Choi, Kwon, Lee, Choi and Lim, "Learning from Distinctive Candidates to Optimize
+// Reduced-Precision Convolution Program on Tensor Cores", 2022 (docs/design.md, "Sources").
 #pragma once
 
 namespace cfg {

@@ -215,7 +215,7 @@ __device__ __forceinline__ u32 ldcg_u32(const u32* p) {  // L2 only: other block
 // d = A*B with a zero accumulator: the hi*hi products of one k-step leave the Tensor Core as
 // a fresh fp32 sum, and the caller adds it to its running sum with a round-to-nearest FADD.
 // (Chained in the Tensor Core accumulator the running sum is truncated at every k-step;
-// emulated in numpy that is 6-30x the error at K = 576..8192, see kernels/NOTES.md.)
+// emulated in numpy that is 6-30x the error at K = 576..8192, see docs/kernels/fp32_tc.md.)
 __device__ __forceinline__ void mma_f16_fresh(float* d, const u32* a, const u32* b) {
   const float z = 0.f;
 #if TC_SM >= 80

@@ -6,10 +6,11 @@ costs about a second, too much per candidate) and re-spawns it after a crash, a 
 error (illegal address) or a hang: the result is `runtime_error` / `timeout` and the caller
 goes on. CuPy is imported only inside functions, so `kernels` imports without a GPU.
 
-Protocol (DESIGN.md): random inputs with a fixed seed per shape; the output poisoned before
-the check run; integer outputs exactly equal to the integer reference (requantized outputs
-to the exact requantization of the exact accumulators), fp16 within a relative error of the
-float64 reference, fp32_tc within twice FP32's error of the float64 reference
+Protocol (docs/design.md, "Measurement protocol"): random inputs with a fixed seed per shape;
+the output poisoned before the check run; integer outputs exactly equal to the integer
+reference (requantized outputs to the exact requantization of the exact accumulators), fp16
+within a relative error of the float64 reference, fp32_tc within twice FP32's error of the
+float64 reference
 (kernels.reference.fp32_tc_rel_tol); then timing with `kernels.timing.time_launches` (CUDA
 graph of back-to-back launches over rotating input sets that exceed L2, >= 5 samples of >= 1
 ms). A task's cuDNN baseline (`Runner.baseline`, kernels.cudnn) is timed in the same child
@@ -232,7 +233,8 @@ def child_env() -> dict[str, str]:
 
 def _import_torch() -> str | None:
     """Import torch (for cuDNN baselines) before CuPy: on some installs torch's own import
-    fails once CuPy is loaded (bench/RESULTS.md). Returns why it is not available, or None."""
+    fails once CuPy is loaded (docs/design.md, "Measurement protocol"). Returns why it is not
+    available, or None."""
     try:
         import torch  # noqa: F401
     except Exception as e:  # missing, or a broken install: baselines are skipped, not fatal

@@ -30,7 +30,10 @@ from kernels.spec import (
 
 Schedule = dict[str, Any]
 
-# Knob -> allowed values, in the order strategies enumerate them.
+# Knob -> allowed values, in the order strategies enumerate them. PAPER_KNOBS are the six of
+# the paper (section 4.1), whose sections "paper 3.x" cites below: Choi, Kwon, Lee, Choi and
+# Lim, "Learning from Distinctive Candidates to Optimize Reduced-Precision Convolution Program
+# on Tensor Cores", 2022 (docs/design.md, "Sources").
 PAPER_KNOBS: dict[str, tuple[Any, ...]] = {
     "BLK_ROW_WARPS": (1, 2, 4),  # warps along GEMM M (output pixels) in a block
     "BLK_COL_WARPS": (1, 2, 4),  # warps along GEMM N (output channels) in a block
@@ -452,7 +455,7 @@ def validity(shape: ConvShape, precision: Precision, target: Target,
                             ((g.smem_bytes + 1024) * persist <= target.smem_per_sm_kib * 1024) &
                             (g.block_threads * persist <= target.max_threads_per_sm))
     # Pipelines deeper than 3 stages pay with wgmma (its loads and math overlap); on the
-    # mma.sync path they gained 2-4% on int8 and lost beyond 4 (bench/RESULTS.md, H100 probe),
+    # mma.sync path they gained 2-4% on int8 and lost beyond 4 (docs/decisions.md, H100 probe),
     # not worth a space twice the size.
     ok &= wg | (np.asarray(cols["STAGES"]) <= SYNC_MAX_STAGES)
     # Shared memory: a block cannot launch with more than the opt-in maximum.

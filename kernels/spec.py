@@ -57,7 +57,8 @@ class Instruction:
 
 
 def instruction_shape(precision: Precision, sm: int) -> Instruction:
-    """The mma.sync shape the kernel template uses for (precision, sm); DESIGN.md's table."""
+    """The mma.sync shape the kernel template uses for (precision, sm): the table of
+    docs/design.md, "Instruction shapes"."""
     p = Precision(precision)
     if p in (Precision.FP16, Precision.FP32_TC):
         return Instruction(16, 8, 8) if sm < 80 else Instruction(16, 8, 16)
@@ -312,7 +313,9 @@ def task_key(shape: ConvShape, precision: Precision, target: Target) -> str:
     return f"{shape.key()}|{Precision(precision).value}|{target.name}"
 
 
-# ResNet-50's 3x3 layers (the paper's table 1), at batch 8.
+# ResNet-50's 3x3 layers (the paper's table 1), at batch 8. The paper: Choi, Kwon, Lee, Choi and
+# Lim, "Learning from Distinctive Candidates to Optimize Reduced-Precision Convolution Program
+# on Tensor Cores", 2022 (docs/design.md, "Sources").
 RESNET50_3X3 = {
     "stage2": ConvShape(8, 56, 56, 64, 64, 3, 3, pad=(1, 1)),
     "stage3": ConvShape(8, 28, 28, 128, 128, 3, 3, pad=(1, 1)),

@@ -1,4 +1,5 @@
-"""The one timing harness for our kernels and every baseline (DESIGN.md, measurement protocol).
+"""The one timing harness for our kernels and every baseline (docs/design.md, "Measurement
+protocol").
 
 `time_launches(launch, n_sets, api=...)`: warm-up, then a CUDA graph of back-to-back launches
 (rotating over `n_sets` input sets that together exceed L2), replayed as >= `samples` samples

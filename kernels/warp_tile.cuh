@@ -2,6 +2,8 @@
 // swizzled shared rows into fragments, then mma.sync. With DUP_AWARE the A rows of the warp
 // are pixels of the receptive field: a row's base pixel is decoded once per block and each
 // filter tap adds a compile-time-shaped offset (the paper's static duplicate indexing).
+// The paper: Choi, Kwon, Lee, Choi and Lim, "Learning from Distinctive Candidates to Optimize
+// Reduced-Precision Convolution Program on Tensor Cores", 2022 (docs/design.md, "Sources").
 #pragma once
 
 namespace cfg {

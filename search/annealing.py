@@ -10,6 +10,9 @@ into XGBoost.
 A `Selector` turns this into the paper's diversity-aware variant: each walker makes several
 mutants, the selector keeps as many as there are walkers, and only those compete with the
 walkers (and enter the candidate set).
+
+The paper: Choi, Kwon, Lee, Choi and Lim, "Learning from Distinctive Candidates to Optimize
+Reduced-Precision Convolution Program on Tensor Cores", 2022 (docs/design.md, "Sources").
 """
 
 from __future__ import annotations

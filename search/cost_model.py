@@ -9,6 +9,9 @@ Two losses: `rank` (pairwise ranking within each layer, AutoTVM's default and th
 and `reg` (squared error on the normalized throughput). Measurements of other layers (the
 History's prior) train a base model once; the task's own trials then boost on top of its
 margin, so transfer costs nothing per batch and the task's data corrects the prior.
+
+The paper: Choi, Kwon, Lee, Choi and Lim, "Learning from Distinctive Candidates to Optimize
+Reduced-Precision Convolution Program on Tensor Cores", 2022 (docs/design.md, "Sources").
 """
 
 from __future__ import annotations

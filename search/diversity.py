@@ -1,12 +1,14 @@
 """The diversity-aware explorer around the XGBoost cost model (the paper's section 3.4,
 with the changes that the replay showed to help; `pick=top:first=random:first_n=0:loss=rank:
-bags=1:refit=1:rank_voices=0:own_voices=0` is the paper's configuration).
+bags=1:refit=1:rank_voices=0:own_voices=0` is the paper's configuration). The paper: Choi,
+Kwon, Lee, Choi and Lim, "Learning from Distinctive Candidates to Optimize Reduced-Precision
+Convolution Program on Tensor Cores", 2022 (docs/design.md, "Sources").
 
 No trial and no prior: the first design is 24 uniform random draws over the valid schedules
-(`first_n`; the model steers from trial 25 instead of 33: bench/RESULTS.md "A first design
-of 24, confirmed on held-out spaces"; `first=coverage` makes it a space-filling design
-instead, `coverage_design`: every value of every knob; better on the simulated spaces, worse
-on the 16 recorded on GPUs, see "Real spaces decide the first batch"). Each later batch
+(`first_n`; the model steers from trial 25 instead of 33: docs/decisions.md "A first design
+of 32"; `first=coverage` makes it a space-filling design instead, `coverage_design`: every
+value of every knob; better on the simulated spaces, worse on the 16 recorded on GPUs, see
+"A space-filling first batch" there). Each later batch
 (always full): train the model on every trial (and the prior) as five bagged regression
 boosters (from scratch when the trials have grown by half since the last time, else by
 boosting the last model further: `refit`, search/model_based.py), then pick the batch from
@@ -14,8 +16,8 @@ their opinions in turn (`bag_pick`): the mean's best unseen schedule, each bag's
 yet taken, and round again; n/32 random ones (1 of 32) complete it. Opinions with another
 inductive bias join the turns (no prior, `rank_voices`: three pairwise-rank boosters on
 the same trials; with a prior, `own_voices`: two boosters on the task's trials alone),
-so that where the bags agree and are wrong, something else in the batch is not (bench/
-RESULTS.md "Opinions with another bias").
+so that where the bags agree and are wrong, something else in the batch is not
+(docs/decisions.md "Rank and own voices").
 
 The paper's explorer stays as `pick=top` (and as the pool with `pool=K`): anneal on the
 mean score as AutoTVM does, except that each walker makes two mutants per iteration, the
@@ -178,7 +180,7 @@ class DiversityAware(ModelBasedStrategy):
     name = "diversity"
 
     def __init__(self, space: ScheduleSpace, seed: int = 0, **options: Any) -> None:
-        # Defaults chosen on the development sets (bench/RESULTS.md): regression loss, five
+        # Defaults chosen on the development sets (docs/decisions.md): regression loss, five
         # bagged boosters, the batch taken from the bags' opinions (simulated development
         # set); a random first design of 24 (the GPU-recorded spaces, then confirmed on 16
         # recorded afterwards); the task model retrained from scratch only as the trials

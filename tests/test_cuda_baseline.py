@@ -39,7 +39,8 @@ from workers.backends.cuda import CudaBackend
 from workers.backends.simulated import SimulatedBackend
 
 # torch before anything loads CuPy: on some installs torch's import fails after it
-# (bench/RESULTS.md); the conftest's GPU probe imports CuPy after collection.
+# (docs/design.md, "Measurement protocol"); the conftest's GPU probe imports CuPy after
+# collection.
 try:
     import torch
 except ImportError:  # a GPU worker without torch: only the CPU cases need nothing of it

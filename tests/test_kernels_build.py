@@ -209,7 +209,7 @@ def test_wgmma_register_rule_guards_spills(cache: Path) -> None:
 
 def test_deep_pipelines_are_pruned_from_mma_sync_not_impossible(cache: Path) -> None:
     """STAGES 4-8 with mma.sync compile and run; the space leaves them out because they were
-    measured no better there (bench/RESULTS.md), not because they fail."""
+    measured no better there (docs/decisions.md), not because they fail."""
     s = {**BASE, "STAGES": 4}
     assert build(BuildJob(RESNET50_3X3["stage3"], Precision.INT8, 90, s), cache).status == "ok"
     assert not ScheduleSpace(RESNET50_3X3["stage3"], Precision.INT8, get_target("h100")

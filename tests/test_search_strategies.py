@@ -265,6 +265,8 @@ def test_diversity_batch_starts_with_the_mean_best_then_each_bag_best(
     for voice in strat.own_scores:
         assert int(valid[np.flatnonzero(unseen)[np.argmax(voice[unseen])]]) in set(batch[:9])
     # The paper's pick (annealer top by the mean) is a different batch from the same model.
+    # The paper: Choi, Kwon, Lee, Choi and Lim, "Learning from Distinctive Candidates to
+    # Optimize Reduced-Precision Convolution Program on Tensor Cores", 2022 (docs/design.md).
     top = make_strategy("diversity", ds.space, seed=4, pick="top", **FAST).propose(history, 32)
     assert top[0] != batch[0] or set(top) != set(batch)
     with pytest.raises(ValueError, match="unknown pick"):

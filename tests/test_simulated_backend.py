@@ -59,7 +59,9 @@ def test_the_landscape_is_not_flat() -> None:
                               space.columns(space.valid_indices))
     assert np.all(np.isfinite(lat)) and np.all(lat > 0)
     assert np.percentile(lat, 90) > 3 * lat.min()
-    # The paper's optimizations are knobs with an effect, not constants.
+    # The paper's optimizations are knobs with an effect, not constants. The paper: Choi, Kwon,
+    # Lee, Choi and Lim, "Learning from Distinctive Candidates to Optimize Reduced-Precision
+    # Convolution Program on Tensor Cores", 2022 (docs/design.md, "Sources").
     cols = space.columns(space.valid_indices)
     for knob in ("DUP_AWARE", "PACK_OUT", "LAYOUT"):
         values = np.unique(cols[knob])

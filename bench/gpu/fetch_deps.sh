@@ -19,7 +19,7 @@ rm -rf .whl .redis .pg && mkdir -p .whl .redis .pg
 plat=(--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64
       --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64
       --platform manylinux2014_x86_64 --platform any)
-# cuda-bindings and cuda-pathfinder are in the GPU image (KINDS.md's package list) and
+# cuda-bindings and cuda-pathfinder are preinstalled on the GPU machines' image and
 # 8.4 MB: not carried, so that PostgreSQL fits. psycopg[binary] bundles its own libpq.
 python3 -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp \
     "${plat[@]}" -d .whl \

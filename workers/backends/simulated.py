@@ -45,7 +45,7 @@ FP32_TC_PRODUCTS = {"scaled3": 3.0, "binomial4": 4.0, "karatsuba": 3.3}
 # FP32 lanes (FFMA per clock) of one SM, by compute capability.
 FP32_LANES = {75: 64, 80: 64, 86: 128, 89: 128, 90: 128}
 # The share of the FFMA peak cuDNN fp32 (TF32 off) reached on H100 for ResNet-50's stage-2
-# and stage-3 3x3 layers at batch 8 (78 and 83 us: bench/RESULTS.md, fp32_tc).
+# and stage-3 3x3 layers at batch 8 (78 and 83 us: bench/RESULTS.md, "Kernels vs cuDNN").
 CUDNN_FP32_EFFICIENCY = 0.35
 LAUNCH_US = 3.0
 
@@ -299,7 +299,9 @@ class SimulatedBackend:
 
     def _cudnn_fp16_us(self, task: TaskSpec) -> float:
         """The best fp16 schedule of a library kernel without the paper's three
-        optimizations (plain loads, 32-bit epilogue, NHWC)."""
+        optimizations (plain loads, 32-bit epilogue, NHWC). The paper: Choi, Kwon, Lee,
+        Choi and Lim, "Learning from Distinctive Candidates to Optimize Reduced-Precision
+        Convolution Program on Tensor Cores", 2022 (docs/design.md, "Sources")."""
         space = ScheduleSpace(task.shape, Precision.FP16, task.target,
                               restrict={"DUP_AWARE": [0], "PACK_OUT": [0], "LAYOUT": ["nhwc"]})
         lat = simulate_latency_us(task.shape, Precision.FP16, task.target,
