@@ -252,12 +252,12 @@ def test_table_renders_rows_sums_and_goals() -> None:
     # fp16: layers 0.8 and 0.8 <= 1.0, geomean 0.8 <= 0.85, summed (3*0.8+1.6)/(3+2) = 0.8
     fp16 = next(x for x in lines if x.startswith("| 8 | fp16 | 2 (4) |"))
     assert "| 4.00 | 5.00 | - | 0.80x | 0.80x |" in fp16
-    assert "layers <= 1.00x: 2/2" in fp16 and "-> MET" in fp16
+    assert "layers <= 1.00x: 2/2" in fp16 and "(all met)" in fp16
     assert "summed <= 0.85x: met" in fp16
     # int8: 0.5 and 0.8 (over 0.7); geomean sqrt(0.4) = 0.63 > 0.55; summed 3.1/5 = 0.62
     int8 = next(x for x in lines if x.startswith("| 8 | int8 | 2 (4) |"))
     assert "layers <= 0.70x: 1/2" in int8 and f"| {math.sqrt(0.4):.2f}x |" in int8
-    assert "-> not met" in int8 and "summed <= 0.50x: not met" in int8
+    assert "(not all met)" in int8 and "summed <= 0.50x: not met" in int8
     # the zoo: each distinct measurement once (unet's int8 shape is resnet50's l64)
     zoo_int8 = next(x for x in lines if x.startswith("| int8 | 2 |"))
     assert f"| {math.sqrt(0.4):.2f}x | 0.80x |" in zoo_int8
