@@ -12,8 +12,9 @@
 //   instruction_tile.cuh  mma.sync / ldmatrix / cp.async wrappers
 //   block_tile.cuh        global -> shared loads of a stage (im2col, duplicate-aware, or
 //                         folded taps), cp.async or staged through registers
-//   tma.cuh               bulk tensor copies and mbarriers (TMA=1)
-//   pipeline*.cuh         the main loop: one header per pipeline (TMA, fp32_tc split,
+//   tma.cuh               bulk tensor copies and mbarriers (TMA=1, 2), the math warps' barrier
+//   pipeline*.cuh         the main loop: one header per pipeline (TMA, its copies issued by a
+//                         math warp's thread or by a producer warp, fp32_tc split,
 //                         cp.async multistage, register-staged), one entry point each
 //   warp_tile.cuh         shared -> register fragments and the warp's mma loop
 //   warpgroup_tile.cuh    the same for wgmma (MMA=wgmma): warpgroup tiles read from shared
