@@ -144,6 +144,12 @@ def cmd_prebuild(a: argparse.Namespace) -> int:
         items += plan(a.tma_store_count, a.seed + 2, a.target, restrict=TMA_STORES)
     if a.producer_warp_count:
         items += plan(a.producer_warp_count, a.seed + 3, a.target, restrict=PRODUCER_WARP)
+    if a.restrict_count:
+        sub: dict[str, list[Any]] = {}
+        for spec in a.restrict:
+            name, vals = spec.split("=")
+            sub[name] = [int(v) if v.isdigit() else v for v in vals.split(",")]
+        items += plan(a.restrict_count, a.seed + 4, a.target, restrict=sub)
     for name in filter(None, (a.ptx_targets or "").split(",")):
         items += plan(a.ptx_count, a.seed + 1, name.strip(), ptx=True)
     res = build_many(jobs_of(items), a.cache, a.workers)
@@ -217,6 +223,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="more candidates drawn from the TMA-store schedules (PACK_OUT=2)")
     b.add_argument("--producer-warp-count", type=int, default=0,
                    help="more candidates drawn from the producer-warp schedules (TMA=2)")
+    b.add_argument("--restrict", action="append", default=[],
+                   help="KNOB=V1,V2 (repeatable): the subspace of --restrict-count more draws")
+    b.add_argument("--restrict-count", type=int, default=0)
     b.add_argument("--ptx-targets", default="",
                    help="comma-separated targets (t4,a100) whose code paths are built as PTX")
     b.add_argument("--ptx-count", type=int, default=150, help="candidates per PTX target")

@@ -20,6 +20,9 @@ Runs on the GPU machine (builds there too, on all cores):
       value of the knob is valid, each measured with every value in one run (the A/B of a
       knob on good schedules), then ROUNDS of one-knob local search around the fastest
       schedule with each value (what the search would find with it); cuDNN fp16 beside.
+      --define NAME=0,1 instead of --knob: the same schedules built with each value of an
+      experiment's define (outside the space); --filter KNOB=V1,V2 keeps schedules with those
+      values only.
   python -m bench.layer_classes table FILE...   # markdown
 Every candidate is checked against the reference before it is timed (kernels.runner).
 """
@@ -181,13 +184,45 @@ def _knob_values(spec: str) -> tuple[str, list[Any]]:
     return name, [int(v) if v.lstrip("-").isdigit() else v for v in vals.split(",")]
 
 
+def _with_define(name: str, value: Any) -> Any:
+    """Builds of this process (and of its build pool's forked children) with -Dname=value
+    added: an experiment's switch outside the schedule space, in the cache key too."""
+    from kernels import build
+
+    plain = build.nvrtc_options
+    build.nvrtc_options = (lambda d, sm, ptx=False: plain(d, sm, ptx) + [f"-D{name}={value}"])
+    return plain
+
+
+def _define_pairs(a: argparse.Namespace, runner: Any, sm: int, space: ScheduleSpace,
+                  layer: str, tops: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list]:
+    """The top schedules built once per value of an experiment's define (--define)."""
+    from kernels import build
+
+    name, values = _knob_values(a.define)
+    us: dict[str, list[float | None]] = {}
+    rows: list[dict[str, Any]] = []
+    for v in values:
+        plain = _with_define(name, v)
+        try:
+            g = GroupSearch(runner, a.cache, sm, space, layer, space.shape.n)
+            g.run(tops)
+        finally:
+            build.nvrtc_options = plain
+        us[str(v)] = [_us_of(g, t) for t in tops]
+        rows += [{**r, "define": {name: v}} for r in g.seen.values()]
+    return [{str(v): us[str(v)][i] for v in values} for i in range(len(tops))], rows
+
+
 def cmd_pairs(a: argparse.Namespace) -> int:
     runner, tname, sm = _runner()
     tgt = get_target(tname)
-    knob, values = _knob_values(a.knob)
+    knob, values = _knob_values(a.define or a.knob)
+    only = dict(_knob_values(f) for f in a.filter)
     l2 = _l2()
     earlier = [g for f in getattr(a, "from") for g in json.loads(Path(f).read_text())["groups"]]
     doc: dict[str, Any] = {"gpu": runner.gpu_name, "target": tname, "knob": knob,
+                           "define": bool(a.define), "filter": a.filter,
                            "values": values, "date": dt.date.today().isoformat(), "groups": []}
     for e in earlier:
         if a.layers and e["layer"] not in a.layers.split(","):
@@ -197,11 +232,27 @@ def cmd_pairs(a: argparse.Namespace) -> int:
         ok = sorted((r for r in e["rows"] if r["status"] == "ok"), key=lambda r: r["median_us"])
         tops: list[dict[str, Any]] = []
         for r in ok:
-            variants = [{**r["schedule"], knob: v} for v in values]
+            if any(r["schedule"].get(k) not in vs for k, vs in only.items()):
+                continue
+            variants = [r["schedule"]] if a.define else \
+                [{**r["schedule"], knob: v} for v in values]
             if all(space.is_valid(v) for v in variants) and r["schedule"] not in tops:
                 tops.append(r["schedule"])
             if len(tops) == a.top:
                 break
+        if a.define:
+            pairs, drows = _define_pairs(a, runner, sm, space, e["layer"], tops)
+            doc["groups"].append({"layer": e["layer"], "shape": shape.to_dict(),
+                                  "precision": prec.value, "tops": tops, "pairs_us": pairs,
+                                  "best_us": {str(v): min((p[str(v)] for p in pairs
+                                                           if p[str(v)]), default=None)
+                                              for v in values},
+                                  "measured": len(drows),
+                                  "wrong": sum(r["status"] == "wrong" for r in drows),
+                                  **baselines(shape, l2), "rows": drows})
+            log(f"{e['layer']} {prec.value}: {a.define} pairs {pairs}")
+            Path(a.out).write_text(json.dumps(doc))
+            continue
         g = GroupSearch(runner, a.cache, sm, space, e["layer"], shape.n)
         g.run([{**t, knob: v} for t in tops for v in values])
         for _ in range(a.rounds):
@@ -354,6 +405,10 @@ def main(argv: list[str] | None = None) -> int:
     q = sub.add_parser("pairs")
     q.add_argument("--from", nargs="+", required=True, help="earlier `search` outputs")
     q.add_argument("--knob", default="TMA=1,2", help="NAME=V1,V2,...")
+    q.add_argument("--define", default="",
+                   help="NAME=V1,V2: an experiment's define instead of a knob (no local search)")
+    q.add_argument("--filter", action="append", default=[],
+                   help="KNOB=V1,V2: only schedules with these values (repeatable)")
     q.add_argument("--top", type=int, default=6)
     q.add_argument("--rounds", type=int, default=1)
     q.add_argument("--layers", default="", help="comma-separated names (default: all)")
