@@ -289,7 +289,6 @@ def launch_meta(job: BuildJob, d: Mapping[str, int]) -> dict[str, Any]:
         # PERSIST: the grid is this many blocks per SM of the GPU at hand, at most `tiles`
         # (kernels/launch.py: launch_dims).
         "persist": int(s.get("PERSIST", 0)), "tiles": tiles,
-        "tiles_n": -(-sh.gemm_n // int(g.block_n[0])),
         "shape": sh.to_dict(), "precision": p.value, "sm": job.sm,
         "schedule": dict(s), "epilogue": epi.to_dict(), "out_bits": epi.out_bits(p),
         "c_padded": int(d["TC_C"]), "layout": s["LAYOUT"],

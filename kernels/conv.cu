@@ -59,9 +59,6 @@
 #ifndef TC_PERSIST
 #define TC_PERSIST 0  // n >= 1: a persistent grid of n blocks per SM (conv_persistent below)
 #endif
-#ifndef TC_B_RESIDENT
-#define TC_B_RESIDENT 1  // an experiment's switch (0: every stage loads B; pipeline_tma.cuh)
-#endif
 
 #include "instruction_tile.cuh"
 

@@ -50,17 +50,11 @@ def sm_count() -> int:
 def launch_dims(meta: dict[str, Any], sms: int | None = None
                 ) -> tuple[tuple[int, ...], tuple[int, ...], int]:
     """(grid, block, dynamic shared bytes) of a build. A persistent build's grid is PERSIST
-    blocks per SM (`sms`: the current device's count), at most one per tile; with TMA loads
-    a multiple of the tiles along N, so that each block keeps its output channels and the
-    weights its stages hold (kernels/pipeline_tma.cuh: resident)."""
+    blocks per SM (`sms`: the current device's count), at most one per tile."""
     grid = tuple(meta["grid"])
     if meta.get("persist"):
         per_sm = int(meta["persist"]) * (sm_count() if sms is None else sms)
-        blocks = min(int(meta["tiles"]), per_sm)
-        tiles_n = int(meta.get("tiles_n", 1))
-        if meta.get("tma") and blocks >= tiles_n:
-            blocks -= blocks % tiles_n
-        grid = (blocks, 1, 1)
+        grid = (min(int(meta["tiles"]), per_sm), 1, 1)
     return grid, tuple(meta["block"]), int(meta["smem_bytes"])
 
 

@@ -42,21 +42,19 @@ struct TmaRing {
     const int img = m0 / (P * Q), pq = m0 - img * (P * Q);
     return {img, (pq / Q) * SH - PH, (pq % Q) * SW - PW, n0};
   }
-  // Stage `it` of the tile at `o` into slot st: per swizzle atom, the im2col rows of A and,
-  // unless the slot holds them already (`with_b` false), the weight rows of B.
-  __device__ __forceinline__ void produce(int st, const Origin o, int it,
-                                          bool with_b = true) const {
+  // Stage `it` of the tile at `o` into slot st: per swizzle atom, the im2col rows of A and
+  // the weight rows of B.
+  __device__ __forceinline__ void produce(int st, const Origin o, int it) const {
     using namespace cfg;
     const int img = o.img, h0 = o.h0, w0 = o.w0, n0 = o.n0;
     const StageIdx sx = stage_idx(it);
-    mbar_arrive_expect_tx(full(st), (u32)(A_STAGE + (with_b ? B_STAGE : 0)));
+    mbar_arrive_expect_tx(full(st), (u32)(A_STAGE + B_STAGE));
 #pragma unroll
     for (int a = 0; a < NATOM; ++a) {
       const int c = sx.cb * BKC + a * (ATOM * 8 / ELEM_BITS);
       tma_im2col(sr.a(st) + (u32)(a * BM * ATOM), xmap, full(st), c, w0, h0, img,
                  (unsigned short)(sx.s * DW), (unsigned short)(sx.r * DH));
-      if (with_b)
-        tma_tile3(sr.b(st) + (u32)(a * BN * ATOM), wmap, full(st), c, sx.r * S + sx.s, n0);
+      tma_tile3(sr.b(st) + (u32)(a * BN * ATOM), wmap, full(st), c, sx.r * S + sx.s, n0);
     }
   }
 };
@@ -154,18 +152,10 @@ __device__ __forceinline__ void persistent_tma(Tile& wt, const StageRing sr, con
   // The grid has at most one block per tile (kernels/launch.py): every block has one.
   const int total = ((TILES - 1 - (int)blockIdx.x) / (int)gridDim.x + 1) * nit;
   auto tile_of = [&](int j) { return (int)blockIdx.x + (j / nit) * (int)gridDim.x; };
-  // Resident weights: where the ring holds whole tiles' stages (STAGES a multiple of the
-  // stages per tile), slot st always holds the same k-block, and its B rows are still there
-  // when the tile STAGES stages back had the same output channels (always, when the grid is
-  // a multiple of TILES_N: kernels/launch.py rounds it so). Only A is loaded then: a 1x1
-  // layer with few channels reads a third of the bytes per tile.
-  const bool resident = TC_B_RESIDENT && STAGES % nit == 0;
   auto produce = [&](int j, int st) {
     const int tile = tile_of(j);
-    const bool with_b = !resident || j < STAGES ||
-                        tile % TILES_N != tile_of(j - STAGES) % TILES_N;
     ring.produce(st, TmaRing::origin((tile / TILES_N) * BM, (tile % TILES_N) * BN),
-                 j - (j / nit) * nit, with_b);
+                 j - (j / nit) * nit);
   };
   if (tid == 0) ring.init();
   __syncthreads();  // the whole block, the producer warp included
