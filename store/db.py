@@ -3,13 +3,14 @@ dispatcher and its worker processes can share one file."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import lru_cache
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
+
+from store.settings import get_settings
 
 
 @lru_cache(maxsize=8)
@@ -28,11 +29,9 @@ def get_engine(url: str) -> Engine:
             cur.close()
 
         return engine
-    # A ping per checkout saves a request from a connection that died with its server;
-    # fleet processes turn it off (TCTUNE_DB_PRE_PING=0): their tasks retry on such an
-    # error, which also drops the dead pool, and the ping was a round trip per transaction.
-    ping = os.environ.get("TCTUNE_DB_PRE_PING", "1") != "0"
-    engine = create_engine(url, pool_pre_ping=ping, pool_size=20, max_overflow=40)
+    # Settings.db_pre_ping says why the fleet's processes ping no connection.
+    engine = create_engine(url, pool_pre_ping=get_settings().db_pre_ping, pool_size=20,
+                           max_overflow=40)
     if engine.dialect.name == "postgresql":
 
         @event.listens_for(engine, "connect")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
@@ -47,11 +48,23 @@ class Settings(BaseSettings):
     # Distributed fleet: how long a worker holds a candidate before another may take it
     # over, how often the explorer sweeps for lost work, and when a sent message counts
     # as lost (not leased by anyone after this many seconds).
+    # A worker renews its lease whenever half of it has passed, so a slow measurement keeps
+    # its candidates; the lease matters only for a worker that died or stalled. Workers
+    # (embedded processes and the fleet's) report to the workers table every heartbeat_s.
     lease_s: float = 120.0
     sweep_s: float = 2.0
     redispatch_s: float = 60.0
     heartbeat_s: float = 5.0
     task_soft_limit_s: float = 900.0
+    # A fleet measuring process's worker name (default host-pid) and its GPU slots (a
+    # simulated node's threads, each a worker of its own, named name#slot): set by
+    # `tctune worker` for the processes it starts.
+    worker_name: str = ""
+    worker_slots: int = 1
+    # A ping per pooled-connection checkout (saves a request from a connection that died
+    # with its server); the fleet's processes turn it off: their tasks retry on such an
+    # error, which also drops the dead pool, and the ping is a round trip per transaction.
+    db_pre_ping: bool = True
     # API access: "required" -> mutating endpoints need a token of the right scope
     # (tctune token create); "off" -> an open service. Reads need a `read` token only
     # when read_auth is set. The embedded default creates and prints a first admin token.
@@ -72,6 +85,9 @@ class Settings(BaseSettings):
     # Planted faults of the simulated backend, for fault tests: the fraction of schedules
     # whose measuring child process crashes (deterministic per schedule).
     sim_crash_rate: float = 0.0
+    # Tests hold simulated measurements at a gate directory and count them there
+    # (workers/backends/simulated.py: pass_gate); empty: no gate.
+    sim_gate_dir: str = ""
 
     @property
     def db_url(self) -> str:
@@ -91,3 +107,14 @@ class Settings(BaseSettings):
 @lru_cache
 def get_settings() -> Settings:
     return Settings()
+
+
+def set_for_processes(**fields: object) -> None:
+    """Set settings fields for this process and the processes it starts from now on (they
+    read the environment, as every process does): TCTUNE_<FIELD> in the environment, and
+    the cached settings object dropped so that this process reads them too."""
+    for name, value in fields.items():
+        if name not in Settings.model_fields:
+            raise KeyError(f"no setting {name!r}")
+        os.environ[f"TCTUNE_{name.upper()}"] = str(value)
+    get_settings.cache_clear()

@@ -167,7 +167,7 @@ def test_a_cuda_tasks_baseline_and_speedup_show_in_every_read(tmp_path: Path) ->
 
         # The worker's own code path: lease, baseline, build (NVRTC), measure, write.
         ids = tasks.explore(cfg.db_url, job["job_id"], 3)
-        assert tasks.measure_many(cfg.db_url, ids, backend, "gpu0") == 3
+        assert tasks.measure_many(cfg.db_url, ids, backend, "gpu0", cfg.lease_s) == 3
         assert child.baselines == [(SMALL, "fp16")] and len(child.measured) == 3
 
         state = client.get(f"/jobs/{job['job_id']}").json()
@@ -214,7 +214,7 @@ def test_get_schedule_shows_a_baseline_that_came_after_its_cached_answer(tmp_pat
             "shape": SMALL.to_dict(), "precision": "int8", "target": "h100", "trials": 2,
             "strategy": "random"}).json()
         ids = tasks.explore(cfg.db_url, job["job_id"], 2)
-        tasks.measure_many(cfg.db_url, ids, backend, "gpu0")
+        tasks.measure_many(cfg.db_url, ids, backend, "gpu0", cfg.lease_s)
         first = client.get("/schedule", params=query).json()
         assert first["baseline_us"] is None and first["speedup"] is None
         with session_scope(cfg.db_url) as s:
@@ -369,7 +369,7 @@ def test_on_gpu_the_worker_stores_the_cuda_baseline_and_measures_on(tmp_path: Pa
             ids = tasks.explore(cfg.db_url, job["job_id"], 4)
             # Timed again for the task (a new process would): then the candidates, in
             # the same child, after cuDNN ran there.
-            assert tasks.measure_many(cfg.db_url, ids, backend, "gpu0") == 4
+            assert tasks.measure_many(cfg.db_url, ids, backend, "gpu0", cfg.lease_s) == 4
             state = client.get(f"/jobs/{job['job_id']}").json()
     finally:
         backend.close()

@@ -80,8 +80,9 @@ _slots = itertools.count()
 def worker_identity() -> str:
     """This measuring process's name; with several slots (a simulated node's threads, each
     one GPU) every thread is a worker of its own: name#slot."""
-    base = os.environ.get("TCTUNE_WORKER_NAME") or f"{socket.gethostname()}-{os.getpid()}"
-    if int(os.environ.get("TCTUNE_WORKER_SLOTS", "1")) <= 1:
+    settings = get_settings()
+    base = settings.worker_name or f"{socket.gethostname()}-{os.getpid()}"
+    if settings.worker_slots <= 1:
         return base
     if not hasattr(_slot, "n"):
         _slot.n = next(_slots)
@@ -157,7 +158,7 @@ def measure_task(candidate_ids: list[int], target: str | None = None) -> int:
     # Several GPU slots in this process: their writes go through one group-committing
     # batcher (a transaction for what they finish together instead of one each).
     writer = (batcher.batcher_for(settings.db_url)
-              if int(os.environ.get("TCTUNE_WORKER_SLOTS", "1")) > 1 else None)
+              if settings.worker_slots > 1 else None)
     res = tasks.measure_chunk(settings.db_url, candidate_ids, backend_for(target, settings),
                               me, lease_s=settings.lease_s, flush_s=settings.flush_s,
                               writer=writer)

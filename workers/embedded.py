@@ -26,8 +26,6 @@ from workers.backends import backend_for, local_gpu_target, served_targets
 
 log = logging.getLogger(__name__)
 
-HEARTBEAT_S = 5.0
-
 # --- child processes --------------------------------------------------------------------
 _child_settings: Settings | None = None
 
@@ -67,7 +65,8 @@ def child_measure(candidate_id: int) -> int:
     if not target:
         return 0
     backend = backend_for(target, _child_settings)
-    return tasks.measure_many(_child_settings.db_url, [candidate_id], backend, worker_name())
+    return tasks.measure_many(_child_settings.db_url, [candidate_id], backend, worker_name(),
+                              _child_settings.lease_s)
 
 
 def worker_name() -> str:
@@ -122,7 +121,7 @@ class EmbeddedDispatcher:
 
     def _heartbeat(self) -> None:
         now = time.monotonic()
-        if now - self._last_beat < HEARTBEAT_S:
+        if now - self._last_beat < self.settings.heartbeat_s:
             return
         self._last_beat = now
         gpu = local_gpu_target() if self.settings.backend != "simulated" else None

@@ -21,7 +21,7 @@ from store import hotpath as hp
 from store import repository as repo
 from store.db import session_scope
 from store.models import Measurement, utcnow
-from store.settings import Settings
+from store.settings import Settings, set_for_processes
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +116,8 @@ def _loop(interval: float, body: object, name: str) -> threading.Thread:
 
 def _celery(args: list[str]) -> None:
     # Before any engine exists: Celery's retries handle a connection lost with PostgreSQL.
-    os.environ.setdefault("TCTUNE_DB_PRE_PING", "0")
+    if "TCTUNE_DB_PRE_PING" not in os.environ:
+        set_for_processes(db_pre_ping=False)
     from workers.app import app
 
     # Two INFO lines per message (received, succeeded) cost a worker measurably at
@@ -165,7 +166,7 @@ def run_worker(settings: Settings, gpu: int | None, simulate: str | None,
     if simulate:
         target = get_target(simulate)
         model, sm, backend = f"{target.model} (simulated)", target.sm, "simulated"
-        os.environ["TCTUNE_BACKEND"] = "simulated"
+        set_for_processes(backend="simulated")
         name = f"{socket.gethostname()}/sim-{target.name}-{os.getpid()}"
     else:
         found = local_gpu_target()
@@ -173,8 +174,7 @@ def run_worker(settings: Settings, gpu: int | None, simulate: str | None,
             raise SystemExit(f"no known GPU visible as CUDA device {gpu}")
         target, model, sm, backend = found, found.model, found.sm, "cuda"
         name = f"{socket.gethostname()}/gpu{gpu}"
-    os.environ["TCTUNE_WORKER_NAME"] = name
-    os.environ["TCTUNE_WORKER_SLOTS"] = str(slots)
+    set_for_processes(worker_name=name, worker_slots=slots)
     names = [name] if slots <= 1 else [f"{name}#{i}" for i in range(slots)]
 
     first = [True]

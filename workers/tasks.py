@@ -31,8 +31,6 @@ log = logging.getLogger(__name__)
 # A candidate whose measurement was started this often without a result (its worker died
 # each time) is stored as runtime_error instead of being retried for ever.
 MAX_ATTEMPTS = 3
-# How long a worker holds a candidate before another may take it over.
-LEASE_S = 600.0
 
 
 def task_spec(task: Task) -> TaskSpec:
@@ -269,13 +267,13 @@ class Writer(Protocol):
 
 
 def measure_many(db_url: str, candidate_ids: Sequence[int], backend: Backend, worker: str,
-                 lease_s: float = LEASE_S, flush_s: float = 1.0) -> int:
+                 lease_s: float, flush_s: float = 1.0) -> int:
     """Measure a chunk of candidates and store each result once; returns rows written."""
     return measure_chunk(db_url, candidate_ids, backend, worker, lease_s, flush_s).written
 
 
 def measure_chunk(db_url: str, candidate_ids: Sequence[int], backend: Backend, worker: str,
-                  lease_s: float = LEASE_S, flush_s: float = 1.0,
+                  lease_s: float, flush_s: float = 1.0,
                   writer: Writer | None = None) -> ChunkResult:
     """Measure a chunk of candidates and store each result once.
 

@@ -61,7 +61,8 @@ def backend_for(target_name: str, settings: Settings) -> Backend:
         raise NoBackend(f"no GPU of target {target_name} in this process")
     else:
         backend = SimulatedBackend(target, delay_s=settings.sim_delay_s,
-                                   crash_rate=settings.sim_crash_rate)
+                                   crash_rate=settings.sim_crash_rate,
+                                   gate_dir=settings.sim_gate_dir)
     _backends[target_name] = backend
     return backend
 

@@ -215,7 +215,6 @@ def _measure_in_child(task: TaskSpec, schedule: dict[str, Any], crash: bool) -> 
 # many measurements may start in all; each start takes a numbered ticket file (O_EXCL:
 # one per number, whichever process asks) and waits while there is none left. Each start
 # also appends "pid key" to `measured.log` (O_APPEND writes of one short line are whole).
-GATE_ENV = "TCTUNE_SIM_GATE_DIR"
 GATE_POLL_S = 0.02
 
 
@@ -258,10 +257,12 @@ class SimulatedBackend:
 
     name = "simulated"
 
-    def __init__(self, target: Target, delay_s: float = 0.0, crash_rate: float = 0.0) -> None:
+    def __init__(self, target: Target, delay_s: float = 0.0, crash_rate: float = 0.0,
+                 gate_dir: str = "") -> None:
         self.target = target
         self.delay_s = delay_s
         self.crash_rate = crash_rate
+        self.gate_dir = gate_dir  # the tests' gate (above); empty: none
 
     @property
     def gpu_model(self) -> str:
@@ -276,9 +277,8 @@ class SimulatedBackend:
                 build: BuildOutcome) -> MeasureOutcome:
         if build.status != "ok":
             return MeasureOutcome(build.status, error=build.log[-2000:] or None)
-        gate = os.environ.get(GATE_ENV)
-        if gate:
-            pass_gate(gate, f"{task.shape.key()}|{task.precision.value}|"
+        if self.gate_dir:
+            pass_gate(self.gate_dir, f"{task.shape.key()}|{task.precision.value}|"
                             f"{task.target.name}|{schedule_hash(schedule)}")
         if self.delay_s:
             time.sleep(self.delay_s)
