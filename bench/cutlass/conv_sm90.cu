@@ -61,7 +61,7 @@ enum TctuneStatus : int {
   kCutlassRefused = 5,   // CUTLASS's can_implement: TMA im2col limits (padding, corners, R*dil)
   kWorkspace = 6,        // workspace smaller than workspace_size
   kPointerAlign = 7,     // x, w or y not 16-byte aligned (TMA descriptors need it)
-  kSmemAttribute = 8,    // cudaFuncSetAttribute(max dynamic shared memory) failed
+  kSetup = 8,            // cudaGetDevice / cudaFuncSetAttribute before the launch failed
   kLaunch = 9,           // the launch failed (tctune_cutlass_last_error says why)
 };
 
@@ -216,7 +216,7 @@ struct Fprop {
     cudaError_t err = cudaGetDevice(&dev);
     if (err != cudaSuccess) {
       set_last_error("cudaGetDevice", err);
-      return kSmemAttribute;
+      return kSetup;
     }
     if (dev >= 0 && dev < 64 && done[dev].load(std::memory_order_acquire)) {
       return kOk;
@@ -227,7 +227,7 @@ struct Fprop {
                                  cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
       if (err != cudaSuccess) {
         set_last_error("cudaFuncSetAttribute", err);
-        return kSmemAttribute;
+        return kSetup;
       }
     }
     if (dev >= 0 && dev < 64) {
@@ -457,7 +457,9 @@ TCTUNE_API const char* tctune_cutlass_status_string(int status) {
              "filter extent)";
     case kWorkspace: return "workspace smaller than workspace_size";
     case kPointerAlign: return "x, w or y is not 16-byte aligned";
-    case kSmemAttribute: return "cudaFuncSetAttribute failed (see last_error)";
+    case kSetup:
+      return "CUDA setup before the launch failed (cudaGetDevice or cudaFuncSetAttribute: see "
+             "last_error)";
     case kLaunch: return "kernel launch failed (see last_error)";
     default: return "unknown status";
   }
