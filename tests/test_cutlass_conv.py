@@ -147,6 +147,10 @@ def test_can_implement_status_codes(lib: cc.CutlassLib) -> None:
     assert lib.can_implement(fp16, odd_k) == cc.OK
     assert lib.can_implement(int8, odd_k) == cc.OUTPUT_ALIGN
     assert lib.can_implement(int8, ConvShape(2, 15, 15, 24, 32, 3, 3)) == cc.CHANNELS_ALIGN
+    assert lib.can_implement(fp16, ConvShape(1, 64, 64, 16, 16, 1, 1, stride=9)) \
+        == cc.CUTLASS_REFUSED
+    assert lib.can_implement(fp16, ConvShape(1, 300, 300, 16, 16, 3, 3, dilation=130)) \
+        == cc.CUTLASS_REFUSED
     assert lib.can_implement(len(lib.configs), RESNET) == cc.BAD_CONFIG
     assert "TMA" in lib.status_string(cc.CHANNELS_ALIGN)
 

@@ -58,7 +58,7 @@ enum TctuneStatus : int {
   kBadShape = 2,         // non-positive extents, empty output, or sizes past int32
   kChannelsAlign = 3,    // C not a multiple of one 16-byte TMA vector (8 fp16 / 16 int8)
   kOutputAlign = 4,      // K not a multiple of one 16-byte output vector (8 fp16 / 16 int8)
-  kCutlassRefused = 5,   // CUTLASS's can_implement: TMA im2col limits (padding, corners, R*dil)
+  kCutlassRefused = 5,   // TMA im2col limits: CUTLASS's can_implement, and stride <= 8
   kWorkspace = 6,        // workspace smaller than workspace_size
   kPointerAlign = 7,     // x, w or y not 16-byte aligned (TMA descriptors need it)
   kSetup = 8,            // cudaGetDevice / cudaFuncSetAttribute before the launch failed
@@ -118,6 +118,11 @@ inline int check_shape(const ConvShape2d& s, int in_align, int out_align) {
   }
   if (s.k % out_align != 0) {
     return kOutputAlign;
+  }
+  // The conv stride is the TMA im2col traversal stride, at most 8; CUTLASS's can_implement does
+  // not check it and the descriptor encoding would fail (unchecked with NDEBUG).
+  if (s.stride_h > 8 || s.stride_w > 8) {
+    return kCutlassRefused;
   }
   return kOk;
 }
@@ -453,8 +458,8 @@ TCTUNE_API const char* tctune_cutlass_status_string(int status) {
       return "K is not a multiple of a 16-byte vector (8 fp16 / 16 int8): the TMA epilogue "
              "needs it";
     case kCutlassRefused:
-      return "CUTLASS can_implement refused the shape (TMA im2col limits: padding, corners, "
-             "filter extent)";
+      return "TMA im2col limits refuse the shape (padding and the corners it gives, "
+             "(R-1)*dilation below 255, stride at most 8)";
     case kWorkspace: return "workspace smaller than workspace_size";
     case kPointerAlign: return "x, w or y is not 16-byte aligned";
     case kSetup:
