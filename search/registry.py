@@ -1,4 +1,8 @@
-"""Strategies selectable per job by name ("strategy" in POST /tune)."""
+"""Strategies selectable per job by name ("strategy" in POST /tune).
+
+The names are stored with every job: they stay as they are whatever the modules are called
+("sa" is search/xgb_tuner.py).
+"""
 
 from __future__ import annotations
 
@@ -8,11 +12,11 @@ from kernels.space import ScheduleSpace
 from search.diversity import DiversityAware
 from search.grid import GridSearch
 from search.random_search import RandomSearch
-from search.sa import SimulatedAnnealing
 from search.strategy import Strategy
+from search.xgb_tuner import XGBTuner
 
 STRATEGIES: dict[str, type[Strategy]] = {
-    cls.name: cls for cls in (RandomSearch, GridSearch, SimulatedAnnealing, DiversityAware)
+    cls.name: cls for cls in (RandomSearch, GridSearch, XGBTuner, DiversityAware)
 }
 DEFAULT_STRATEGY = "diversity"
 

@@ -1,4 +1,5 @@
-"""AutoTVM's XGBTuner: simulated annealing on the cost model, no diversity step.
+"""AutoTVM's XGBTuner: the XGBoost cost model searched by simulated annealing
+(search/annealing.py), no diversity step. Registered as "sa", the name jobs store.
 
 Its defaults: a plan of 64 candidates is made each time 64 more trials have been measured
 (the model is retrained then, on all of them); batches walk the plan in order, skipping
@@ -23,7 +24,9 @@ from search.model_based import ModelBasedStrategy, prior_fingerprint
 from search.strategy import History
 
 
-class SimulatedAnnealing(ModelBasedStrategy):
+class XGBTuner(ModelBasedStrategy):
+    """AutoTVM's XGBTuner: batches from plans annealed on the XGBoost cost model."""
+
     name = "sa"
 
     def __init__(self, space: ScheduleSpace, seed: int = 0, **options: Any) -> None:
