@@ -37,7 +37,6 @@ class AnnealConfig:
     early_stop: int = 50
     temp: tuple[float, float] = (1.0, 0.0)
     mutants: int = 1  # per walker per iteration; > 1 needs a selector
-    offer_all: bool = False  # with a selector: every scored mutant may become a candidate
 
 
 class TopSet:
@@ -93,20 +92,17 @@ def anneal(table: np.ndarray, moves: Moves, exclude: np.ndarray, num: int,
         if selector is None or cfg.mutants <= 1:
             new = moves.mutate(points, rng)
             new_scores = table[new]
-            offered, offered_scores = new, new_scores
         else:
             mutants = np.concatenate([moves.mutate(points, rng) for _ in range(cfg.mutants)])
             mutant_scores = table[mutants]
             pick = selector(points, scores, mutants, mutant_scores, rng)
             new, new_scores = mutants[pick], mutant_scores[pick]
-            offered, offered_scores = (mutants, mutant_scores) if cfg.offer_all \
-                else (new, new_scores)
         with np.errstate(invalid="ignore", over="ignore"):
             prob = np.exp(np.minimum((new_scores - scores) / (t + 1e-5), 1.0))
         accept = rng.random(len(points)) < np.nan_to_num(prob, nan=0.0)
         points = np.where(accept, new, points)
         scores = np.where(accept, new_scores, scores)
-        if top.offer(offered, offered_scores):
+        if top.offer(new, new_scores):
             last_change = k
         k += 1
         t -= cool

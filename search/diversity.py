@@ -19,14 +19,13 @@ the same trials; with a prior, `own_voices`: two boosters on the task's trials a
 so that where the bags agree and are wrong, something else in the batch is not
 (docs/decisions.md "Rank and own voices").
 
-The paper's explorer stays as `pick=top` (and as the pool with `pool=K`): anneal on the
-mean score as AutoTVM does, except that each walker makes two mutants per iteration, the
-half of all mutants that is most diverse is kept, and only those compete with the walkers
-(and become candidates); the batch is the top unmeasured candidates. Diversity of a mutant:
-how rare its knob values are in the pool (walkers and all mutants), averaged over knobs, so
-the kept half spreads over values the pool has few of; exact duplicates (of a walker or an
-earlier mutant) are kept last. One-shot and vectorized, because it runs 500 times per
-proposal.
+The paper's explorer stays as `pick=top`: anneal on the mean score as AutoTVM does, except
+that each walker makes two mutants per iteration, the half of all mutants that is most
+diverse is kept, and only those compete with the walkers (and become candidates); the batch
+is the top unmeasured candidates. Diversity of a mutant: how rare its knob values are in
+the pool (walkers and all mutants), averaged over knobs, so the kept half spreads over
+values the pool has few of; exact duplicates (of a walker or an earlier mutant) are kept
+last. One-shot and vectorized, because it runs 500 times per proposal.
 """
 
 from __future__ import annotations
@@ -39,6 +38,7 @@ from kernels.space import ScheduleSpace
 from search.annealing import anneal
 from search.model_based import ModelBasedStrategy
 from search.moves import Moves
+from search.options import Option, with_defaults
 from search.strategy import History
 
 
@@ -177,46 +177,47 @@ def voice_pick(voices: np.ndarray, free: np.ndarray, n: int) -> np.ndarray:
 
 
 class DiversityAware(ModelBasedStrategy):
+    """The diversity-aware explorer: batches from several opinions of the cost model."""
+
     name = "diversity"
+    # Defaults chosen on the development sets (docs/decisions.md): regression loss, five
+    # bagged boosters, the batch taken from the bags' opinions (simulated development set);
+    # a random first design of 24 (the GPU-recorded spaces, then confirmed on 16 recorded
+    # afterwards); the task model retrained from scratch only as the trials grow by half
+    # (quality equal in the replay, a proposal in between costs 0.6x); the rank and own
+    # voices (chosen on the table and a development set, the rank voices under a rule fixed
+    # before the full replay, the own voices checked on the development set).
+    # first_n=0:loss=rank:bags=1:pick=top:refit=1:rank_voices=0:own_voices=0 is the paper's.
+    OPTIONS = (
+        *with_defaults(ModelBasedStrategy.OPTIONS, loss="reg", bags=5, refit=1.5),
+        # Each set of voices costs a cold proposal about 0.25 s, and with a prior there is
+        # no room for both in the explorer's budget (bench/RESULTS.md "Proposal time").
+        Option("own_voices", int, 2, "with a prior: boosters (the strategy's loss) trained on "
+               "the task's trials alone that take turns in the batch pick; 0: none",
+               minimum=0, maximum=32),
+        Option("rank_voices", int, 3, "without a prior: pairwise-rank boosters trained on the "
+               "task's trials that take turns in the batch pick; 0: none", minimum=0,
+               maximum=32),
+        Option("first", str, "random", "the batch before anything is known (no trial, no "
+               "prior): uniform random draws or a space-filling design",
+               choices=("random", "coverage")),
+        Option("first_n", int, 24, "schedules in that first batch; 0: the whole batch",
+               minimum=0),
+        Option("pick", str, "bags", "a model-guided batch: the mean's and each voice's best in "
+               "turn, or the annealer's top candidates by the mean (the paper's)",
+               choices=("bags", "top")),
+    )
+    # The paper's diversity step: two mutants per walker, the more diverse half kept.
+    ANNEAL_MUTANTS = 2
 
     def __init__(self, space: ScheduleSpace, seed: int = 0, **options: Any) -> None:
-        # Defaults chosen on the development sets (docs/decisions.md): regression loss, five
-        # bagged boosters, the batch taken from the bags' opinions (simulated development
-        # set); a random first design of 24 (the GPU-recorded spaces, then confirmed on 16
-        # recorded afterwards); the task model retrained from scratch only as the trials
-        # grow by half (quality equal in the replay, a proposal in between costs 0.6x); the
-        # rank and own voices (chosen on the table and a development set, the rank voices
-        # under a rule fixed before the full replay, the own voices checked on the
-        # development set). first_n=0:loss=rank:bags=1:pick=top:refit=1:rank_voices=0:
-        # own_voices=0 is the paper's.
-        options.setdefault("mutants", 2)
-        options.setdefault("loss", "reg")
-        options.setdefault("bags", 5)
-        options.setdefault("refit", 1.5)
-        options.setdefault("first_n", 24)
-        options.setdefault("own_voices", 2)
-        options.setdefault("rank_voices", 3)
         super().__init__(space, seed=seed, **options)
-        # > 1: take this many times the batch from the annealer's best and keep the batch
-        # that covers the most knob values (AutoTVM's diversity filter on the final pick).
-        self.final_ratio = float(options.get("final_ratio", 1))
-        # The batch before anything is known (no trial, no prior): random or coverage.
-        self.first = str(options.get("first", "random"))
-        if self.first not in ("random", "coverage"):
-            raise ValueError(f"unknown first-batch design {self.first!r}: random or coverage")
-        # How a model-guided batch is picked: "bags" (the mean's and each bag's best, in
-        # turn) or "top" (the annealer's top candidates by the mean score, the paper's).
-        self.pick = str(options.get("pick", "bags"))
-        if self.pick not in ("bags", "top"):
-            raise ValueError(f"unknown pick {self.pick!r}: bags or top")
-        # pick=bags: 0 = choose among every unseen valid schedule (the space is scored
-        # whole anyway); K > 0 = among the annealer's top K * batch only.
-        self.pool = int(options.get("pool", 0))
-        # How many schedules the first design proposes (no trial, no prior); 0 = the whole
-        # batch. Fewer lets the model steer sooner, from fewer trials.
-        self.first_n = int(options["first_n"])
-        if self.first_n < 0:
-            raise ValueError(f"first_n must be >= 0, got {self.first_n}")
+        o = self.options
+        self.own_voices = o["own_voices"]
+        self.rank_voices = o["rank_voices"]
+        self.first: str = o["first"]
+        self.pick: str = o["pick"]
+        self.first_n: int = o["first_n"]
 
     def propose(self, history: History, n: int) -> list[int]:
         rng = self.rng(history)
@@ -229,8 +230,7 @@ class DiversityAware(ModelBasedStrategy):
         if table is not None and self.pick == "bags" and self.bag_scores is not None:
             picks = self.bag_pick(table, history, want, rng)
         elif table is not None:
-            top = self.anneal(table, history, max(want, int(round(want * self.final_ratio))),
-                              rng)
+            top = self.anneal(table, history, want, rng)
             picks = [int(i) for i in coverage_pick(self.moves, top, want)]
         elif self.first == "coverage" and not history.trials:
             picks = [int(i) for i in coverage_design(self.moves, self.unseen_valid(history),
@@ -261,10 +261,14 @@ class DiversityAware(ModelBasedStrategy):
         spread the batch over regions the data cannot yet tell apart, while the mean's
         best still comes first."""
         valid = self.space.valid_indices
-        free = ~self.seen_mask(history)[valid]
-        if self.pool > 0:
-            free &= np.isin(valid, self.anneal(table, history, want * self.pool, rng))
+        free = self.free_rows(table, history, want, rng)
         assert self.bag_scores is not None
         voices = np.vstack([table[valid][None, :], self.bag_scores,
                             *([] if self.own_scores is None else [self.own_scores])])
         return [int(i) for i in valid[voice_pick(voices, free, want)]]
+
+    def free_rows(self, table: np.ndarray, history: History, want: int,
+                  rng: np.random.Generator) -> np.ndarray:
+        """Which rows of `valid_indices` the bag pick may take: every unseen valid schedule
+        (the space is scored whole, so no annealing walk has to find them first)."""
+        return ~self.seen_mask(history)[self.space.valid_indices]

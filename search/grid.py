@@ -10,6 +10,8 @@ from search.strategy import History, Strategy
 
 
 class GridSearch(Strategy):
+    """The whole space in index order, skipping what is measured, pending or invalid."""
+
     name = "grid"
 
     def propose(self, history: History, n: int) -> list[int]:

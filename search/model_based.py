@@ -9,7 +9,7 @@ proposes exactly what the old one would have.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -18,6 +18,7 @@ from search.annealing import AnnealConfig
 from search.cost_model import CostModel, Rows, normalized_throughput, prior_rows
 from search.features import space_features
 from search.moves import Moves
+from search.options import Option
 from search.strategy import History, PriorTrial, Strategy, Trial
 
 # Task rows beyond this are sampled (deterministically) before training; a task never gets
@@ -62,35 +63,51 @@ def prior_fingerprint(prior: Sequence[PriorTrial]) -> int:
                  tuple(t.status for t in prior)))
 
 
+MODEL_OPTIONS: tuple[Option, ...] = (
+    Option("loss", str, "rank", "the cost model's loss: pairwise ranking of the trials "
+           "(AutoTVM's) or regression on their normalized throughput", choices=("rank", "reg")),
+    Option("rounds", int, 100, "boosting rounds of a model trained from scratch",
+           minimum=1, maximum=2000),
+    Option("max_depth", int, 4, "depth of each tree", minimum=1, maximum=16),
+    Option("bags", int, 1, "bagged boosters of the task's model; the score is their mean",
+           minimum=1, maximum=32),
+    Option("refit", float, 1.0, "<= 1: retrain the task's model from scratch for every "
+           "proposal (AutoTVM's way); > 1: only when the trials have grown by this factor, "
+           "boosting it further in between"),
+    Option("extend", int, 10, "trees each bag gains per boosting step between refits",
+           minimum=1, maximum=1000),
+    Option("walkers", int, 128, "simulated-annealing walkers", minimum=1, maximum=4096),
+    Option("iters", int, 500, "simulated-annealing iterations at most", minimum=1,
+           maximum=10000),
+    Option("early_stop", int, 50, "annealing stops after this many iterations without a new "
+           "candidate", minimum=1, maximum=10000),
+)
+
+
 class ModelBasedStrategy(Strategy):
     """Base of the strategies that rank candidates with the XGBoost cost model."""
 
+    OPTIONS = MODEL_OPTIONS
+    # Mutants per walker per annealing iteration (more need a selector: diversity's step).
+    ANNEAL_MUTANTS: ClassVar[int] = 1
+    # Sets of voices trained on the task's trials alone (`alone_margins`); 0 here, the
+    # diversity strategy declares them as options.
+    own_voices: int = 0
+    rank_voices: int = 0
+
     def __init__(self, space: ScheduleSpace, seed: int = 0, **options: Any) -> None:
         super().__init__(space, seed=seed, **options)
-        self.loss = str(options.get("loss", "rank"))
-        self.rounds = int(options.get("rounds", 100))
-        self.max_depth = int(options.get("max_depth", 4))
-        self.bags = int(options.get("bags", 1))
-        # More opinions for the batch pick (`own_scores`), from bags trained on the task's
-        # trials alone: with a prior, `own_voices` with the strategy's loss; without one,
-        # `rank_voices` with the pairwise rank loss. One set or the other: each costs a cold
-        # proposal about 0.25 s, and with a prior there is no room for both in the explorer's
-        # budget (bench/RESULTS.md "Proposal time"). 0: none.
-        self.own_voices = int(options.get("own_voices", 0))
-        self.rank_voices = int(options.get("rank_voices", 0))
-        for name in ("own_voices", "rank_voices"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        # <= 1: retrain the task model from scratch for every proposal (AutoTVM's way).
-        self.refit = float(options.get("refit", 1))
-        self.extend_rounds = int(options.get("extend", 10))
+        o = self.options
+        self.loss: str = o["loss"]
+        self.rounds: int = o["rounds"]
+        self.max_depth: int = o["max_depth"]
+        self.bags: int = o["bags"]
+        self.refit: float = o["refit"]
+        self.extend_rounds: int = o["extend"]
         # The refit chain of the task's model (key None) and of each set of voices.
         self._chains: dict[tuple[str, int, int] | None, dict[str, Any]] = {}
-        self.anneal_cfg = AnnealConfig(
-            walkers=int(options.get("walkers", 128)), iters=int(options.get("iters", 500)),
-            early_stop=int(options.get("early_stop", 50)),
-            mutants=int(options.get("mutants", 1)),
-            offer_all=bool(int(options.get("offer_all", 0))))
+        self.anneal_cfg = AnnealConfig(walkers=o["walkers"], iters=o["iters"],
+                                       early_stop=o["early_stop"], mutants=self.ANNEAL_MUTANTS)
         self._moves: Moves | None = None
         self._features: np.ndarray | None = None
         self._task_features: np.ndarray | None = None

@@ -6,6 +6,8 @@ from search.strategy import History, Strategy
 
 
 class RandomSearch(Strategy):
+    """Random search without replacement over the valid schedules."""
+
     name = "random"
 
     def propose(self, history: History, n: int) -> list[int]:

@@ -9,6 +9,9 @@ search without replacement at that many trials.
 
     tctune bench search [--dataset PATH ...] [--seeds 10] [--strategies random,grid,sa,diversity]
                         [--trials 200] [--out bench/data/search_replay.json] [--png ...]
+
+A strategy is NAME[+transfer][:key=value...] with the options it declares (--help lists
+them); `main(strategies=...)` replays others (bench/search_ablation.py).
 """
 
 from __future__ import annotations
@@ -37,8 +40,14 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from search import cost_model  # noqa: E402
 from search.datasets import ReplayDataset, load_dataset  # noqa: E402
-from search.registry import make_strategy  # noqa: E402
-from search.strategy import History, PriorTrial  # noqa: E402
+from search.registry import (  # noqa: E402
+    STRATEGIES,
+    Registry,
+    parse_spec,
+    strategies_help,
+    strategy_class,
+)
+from search.strategy import History, PriorTrial, Strategy  # noqa: E402
 
 DEFAULT_GLOB = "bench/data/replay/*.jsonl.gz"
 BATCH = 32
@@ -46,32 +55,26 @@ SCORE_AT = (64, 200)
 TRANSFER_SUFFIX = "+transfer"
 
 
-def parse_strategy(spec: str) -> tuple[str, dict[str, Any], bool]:
-    """'NAME[+transfer][:key=value...]' -> (name, options, transfer). Options make ablations
-    replayable (e.g. diversity:mutants=1 is diversity without its diversity step)."""
-    name, *opts = spec.split(":")
-    transfer = name.endswith(TRANSFER_SUFFIX)
+def parse_strategy(spec: str, strategies: Registry = STRATEGIES
+                   ) -> tuple[str, dict[str, Any], bool]:
+    """'NAME[+transfer][:key=value...]' -> (name, options, transfer), the options as the
+    strategy declares them (an unknown one or a bad value is an error). Options make other
+    configurations replayable (e.g. diversity:pick=top is the paper's batch pick)."""
+    head, sep, rest = spec.strip().partition(":")
+    transfer = head.endswith(TRANSFER_SUFFIX)
     if transfer:
-        name = name[: -len(TRANSFER_SUFFIX)]
-    options: dict[str, Any] = {}
-    for o in opts:
-        key, _, raw = o.partition("=")
-        value: Any = raw
-        for conv in (int, float):
-            try:
-                value = conv(raw)
-                break
-            except ValueError:
-                continue
-        options[key] = value
+        head = head[: -len(TRANSFER_SUFFIX)]
+    name, options = parse_spec(head + sep + rest, strategies)
     return name, options, transfer
 
 
 def run_one(ds: ReplayDataset, strategy: str, seed: int, trials: int,
             prior: Sequence[PriorTrial] = (), batch: int = BATCH,
-            options: dict[str, Any] | None = None) -> np.ndarray:
+            options: dict[str, Any] | None = None,
+            strategies: Registry = STRATEGIES) -> np.ndarray:
     """Best-so-far throughput (fraction of the dataset's best) after each trial."""
-    strat = make_strategy(strategy, ds.space, seed=seed, **(options or {}))
+    cls = strategy_class(strategy, strategies)
+    strat = cls(ds.space, seed=seed, **(options or {}))
     history = History(prior=list(prior))
     valid = np.zeros(ds.space.size, dtype=bool)
     valid[ds.space.valid_indices] = True
@@ -147,12 +150,16 @@ def transfer_prior(ds: ReplayDataset, others: Sequence[ReplayDataset]) -> list[P
 
 _DATASETS: list[ReplayDataset] = []
 _PRIORS: dict[tuple[int, str], list[PriorTrial]] = {}
+_STRATEGIES: dict[str, type[Strategy]] = dict(STRATEGIES)
 
 
 def init_worker(paths: Sequence[str], loaded: Sequence[ReplayDataset] | None = None,
-                nthread: int | None = None) -> None:
-    """A replay process's datasets (loaded here unless given) and XGBoost threads."""
+                nthread: int | None = None, strategies: Registry | None = None) -> None:
+    """A replay process's datasets (loaded here unless given), XGBoost threads and the
+    strategies its specs name (the service's unless given)."""
     _DATASETS[:] = list(loaded) if loaded is not None else [load_dataset(p) for p in paths]
+    _STRATEGIES.clear()
+    _STRATEGIES.update(STRATEGIES if strategies is None else strategies)
     if nthread is not None:
         # Worker processes share the cores: one XGBoost thread each (results are the same).
         cost_model.NTHREAD = nthread
@@ -161,13 +168,14 @@ def init_worker(paths: Sequence[str], loaded: Sequence[ReplayDataset] | None = N
 
 def run_unit(d: int, spec: str, seed: int, trials: int) -> np.ndarray:
     """One replay of `spec` (NAME[+transfer][:key=value...]) on the worker's dataset d."""
-    name, options, transfer = parse_strategy(spec)
+    name, options, transfer = parse_strategy(spec, _STRATEGIES)
     prior: list[PriorTrial] = []
     if transfer:
         if (d, spec) not in _PRIORS:
             _PRIORS[(d, spec)] = transfer_prior(_DATASETS[d], _DATASETS)
         prior = _PRIORS[(d, spec)]
-    return run_one(_DATASETS[d], name, seed, trials, prior, options=options)
+    return run_one(_DATASETS[d], name, seed, trials, prior, options=options,
+                   strategies=_STRATEGIES)
 
 
 def _fmt(v: float | None, budget: int) -> str:
@@ -176,8 +184,15 @@ def _fmt(v: float | None, budget: int) -> str:
     return f"{v:g}"
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="tctune bench search", description=__doc__.split("\n")[0])
+def main(argv: list[str] | None = None, strategies: Registry | None = None,
+         prog: str = "tctune bench search") -> int:
+    """The replay's command line; `strategies` replaces the service's registry (a benchmark
+    that replays variants the service does not offer)."""
+    registry = STRATEGIES if strategies is None else strategies
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog="strategies and their options:\n"
+                                        + strategies_help(registry))
     ap.add_argument("--dataset", action="append", default=None,
                     help=f"replay dataset (repeatable); default {DEFAULT_GLOB}")
     ap.add_argument("--seeds", type=int, default=10)
@@ -197,13 +212,19 @@ def main(argv: list[str] | None = None) -> int:
     if not paths:
         console.print(f"[red]no datasets: pass --dataset or record {DEFAULT_GLOB}[/red]")
         return 2
+    specs = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    for spec in specs:
+        try:
+            parse_strategy(spec, registry)
+        except ValueError as exc:  # before any dataset is loaded: fail at once
+            console.print(f"[red]--strategies {spec}: {exc}[/red]")
+            return 2
     datasets = [load_dataset(p) for p in paths]
-    strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
 
     rows: list[dict[str, Any]] = []
     curves: dict[str, dict[str, np.ndarray]] = {}
     started = time.time()
-    units = [(d, s, seed) for d in range(len(datasets)) for s in strategies
+    units = [(d, s, seed) for d in range(len(datasets)) for s in specs
              for seed in range(args.seeds)]
     results: dict[tuple[int, str, int], np.ndarray] = {}
     with Progress("[progress.description]{task.description}", BarColumn(),
@@ -214,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
             # Runs are independent; worker processes load the datasets themselves.
             nthread = max(1, (os.cpu_count() or 1) // args.jobs)
             with ProcessPoolExecutor(args.jobs, initializer=init_worker,
-                                     initargs=(paths, None, nthread)) as pool:
+                                     initargs=(paths, None, nthread, registry)) as pool:
                 futures = {pool.submit(run_unit, d, s, seed, args.trials): (d, s, seed)
                            for d, s, seed in units}
                 for fut in as_completed(futures):
@@ -223,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
                     progress.update(job, advance=1,
                                     description=f"{datasets[d].name} {s} seed {seed}")
         else:
-            init_worker(paths, datasets)
+            init_worker(paths, datasets, strategies=registry)
             for d, s, seed in units:
                 progress.update(job, description=f"{datasets[d].name} {s} seed {seed}")
                 results[(d, s, seed)] = run_unit(d, s, seed, args.trials)
@@ -232,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     for d, ds in enumerate(datasets):
         rand = random_expectation(ds.throughput(ds.space.valid_indices), args.trials)
         curves[ds.name] = {}
-        for strat in strategies:
+        for strat in specs:
             c = np.vstack([results[(d, strat, seed)] for seed in range(args.seeds)])
             curves[ds.name][strat] = c
             rows.append({
@@ -244,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
             })
 
     print_table(console, rows, args.trials)
-    console.print(f"{len(datasets)} datasets x {len(strategies)} strategies x {args.seeds} "
+    console.print(f"{len(datasets)} datasets x {len(specs)} strategies x {args.seeds} "
                   f"seeds in {time.time() - started:.0f} s")
     if args.out:
         out = Path(args.out)

@@ -4,6 +4,9 @@ The explorer rebuilds a strategy's whole input from the database (the task's mea
 the candidates already in flight, prior measurements of the target for transfer), so a
 strategy keeps no state that a restart could lose. Its random choices come from a generator
 seeded by the job's seed and the size of the history, so a replayed call proposes the same.
+
+Each strategy declares its options (`OPTIONS`, search/options.py): what a job may set, with
+defaults; anything else is refused, and the class docstring lists them.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import numpy as np
 
 from kernels.space import ScheduleSpace
 from kernels.spec import ConvShape
+from search.options import Option, options_doc, options_lines, resolve
 
 
 @dataclass(frozen=True)
@@ -50,11 +54,33 @@ class History:
 
 class Strategy(ABC):
     name: ClassVar[str]
+    # What a job may set; a subclass extends its parent's (or re-defaults them).
+    OPTIONS: ClassVar[tuple[Option, ...]] = ()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # The options section is generated, so the docstring cannot drift from what the
+        # constructor accepts.
+        own = (cls.__dict__.get("__doc__") or "").rstrip()
+        cls.__doc__ = f"{own}\n\n{options_doc(cls.OPTIONS)}".lstrip()
 
     def __init__(self, space: ScheduleSpace, seed: int = 0, **options: Any) -> None:
         self.space = space
         self.seed = seed
-        self.options = options
+        # Every declared option's value; an unknown option or a bad value is an OptionError.
+        self.options: dict[str, Any] = resolve(self.strategy_name(), self.OPTIONS, options)
+
+    @classmethod
+    def strategy_name(cls) -> str:
+        return getattr(cls, "name", cls.__name__)
+
+    @classmethod
+    def help_text(cls) -> str:
+        """The name, the docstring's first line and every option (CLI and replay help)."""
+        summary = (cls.__doc__ or "").strip().splitlines()[0]
+        lines = options_lines(cls.OPTIONS)
+        return "\n".join([f"{cls.strategy_name()}: {summary}"
+                          + ("" if lines else " No options."), *lines])
 
     def rng(self, history: History) -> np.random.Generator:
         """Generator for one call: same seed and history size -> same proposals."""

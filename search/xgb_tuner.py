@@ -21,6 +21,7 @@ import numpy as np
 from kernels.space import ScheduleSpace
 from search.annealing import anneal
 from search.model_based import ModelBasedStrategy, prior_fingerprint
+from search.options import Option
 from search.strategy import History
 
 
@@ -28,11 +29,18 @@ class XGBTuner(ModelBasedStrategy):
     """AutoTVM's XGBTuner: batches from plans annealed on the XGBoost cost model."""
 
     name = "sa"
+    OPTIONS = (
+        *ModelBasedStrategy.OPTIONS,
+        Option("plan_size", int, 64, "trials between two plans; each plan is this many "
+               "candidates, made by a retrained model", minimum=1, maximum=4096),
+        Option("eps_greedy", float, 0.05, "fraction of each plan's candidates replaced by "
+               "random schedules", minimum=0, maximum=1),
+    )
 
     def __init__(self, space: ScheduleSpace, seed: int = 0, **options: Any) -> None:
         super().__init__(space, seed=seed, **options)
-        self.plan_size = int(options.get("plan_size", 64))
-        self.eps_greedy = float(options.get("eps_greedy", 0.05))
+        self.plan_size: int = self.options["plan_size"]
+        self.eps_greedy: float = self.options["eps_greedy"]
         self._plan: tuple[Any, np.ndarray] | None = None
 
     def plan(self, history: History) -> np.ndarray | None:

@@ -180,7 +180,7 @@ def test_coverage_first_batch_is_balanced_valid_and_seeded(ds: ReplayDataset) ->
     a, b = (make_strategy("diversity", space, seed=k, first="coverage", first_n=0).propose(
         History(), 32) for k in (0, 1))
     assert a != b
-    with pytest.raises(ValueError, match="first-batch design"):
+    with pytest.raises(ValueError, match="unknown first"):
         make_strategy("diversity", space, first="nope")
     # The default is 24 random draws (chosen on the GPU-recorded spaces).
     default = make_strategy("diversity", space, seed=0).propose(History(), 32)
