@@ -322,13 +322,44 @@ def _client(server: str | None, token: str | None) -> Any:
     return Client(server or DEFAULT_SERVER, token=token)
 
 
-@main.command()
+class StrategyHelp(click.Command):
+    """A command whose --help ends with every strategy and its options (generated from their
+    declarations, search/options.py). Imported only for --help: the search loads XGBoost."""
+
+    def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        super().format_epilog(ctx, formatter)
+        from search.registry import strategies_help
+
+        formatter.write_paragraph()
+        formatter.write_text("Strategies (--strategy NAME[:key=value...]) and their options:")
+        for line in strategies_help().splitlines():
+            formatter.write(f"  {line}\n")
+
+
+STRATEGY_HELP = ("search strategy NAME[:key=value...], e.g. diversity:refit=1 (default: the "
+                 "service's); the list below names each one's options")
+
+
+def _strategy(spec: str | None) -> tuple[str | None, dict[str, Any] | None]:
+    """--strategy NAME[:key=value...] -> (name, options as the strategy declares them)."""
+    if spec is None or ":" not in spec:
+        return spec, None  # a name alone: the service checks it
+    # Only with options: the declarations import the search (XGBoost), slow for every start.
+    from search.registry import parse_spec
+
+    try:
+        return parse_spec(spec)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--strategy") from None
+
+
+@main.command(cls=StrategyHelp)
 @click.option("--shape", "shape_text", required=True,
               help="n=8,h=56,w=56,c=64,k=64,r=3,s=3,pad=1 (pairs as 1x2)")
 @click.option("--precision", required=True, type=click.Choice(["fp16", "int8", "int4", "fp32_tc"]))
 @click.option("--target", required=True, help="t4, a100, a10, l4, h100, h200")
 @click.option("--trials", default=500, show_default=True, type=int)
-@click.option("--strategy", default=None, help="search strategy (default: the service's)")
+@click.option("--strategy", default=None, help=STRATEGY_HELP)
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--wait", is_flag=True, help="show progress until the job ends")
 @server_option
@@ -339,9 +370,10 @@ def tune(shape_text: str, precision: str, target: str, trials: int, strategy: st
     from api.client import TctuneError
 
     shape = _parse_shape(shape_text)
+    name, options = _strategy(strategy)
     client = _client(server, token)
     try:
-        resp = client.tune(shape, precision, target, trials, strategy, seed)
+        resp = client.tune(shape, precision, target, trials, name, seed, options)
     except TctuneError as err:
         raise click.ClickException(explain(err.body)) from None
     verb = "queued" if resp["created"] else "already active"
@@ -437,7 +469,7 @@ def import_cmd(path: str, server: str | None, token: str | None) -> None:
     click.echo(json.dumps(report))
 
 
-@main.command("plan")
+@main.command("plan", cls=StrategyHelp)
 @click.argument("model")
 @click.option("--input-shape", default=None, metavar="N,C,H,W",
               help="the example input a module model is traced with (e.g. 8,3,224,224); "
@@ -448,7 +480,7 @@ def import_cmd(path: str, server: str | None, token: str | None) -> None:
               help="t4, a100, a10, l4, h100, h200: as --precision")
 @click.option("--trials", default=500, show_default=True, type=click.IntRange(1),
               help="trial budget of each submitted layer")
-@click.option("--strategy", default=None, help="search strategy (default: the service's)")
+@click.option("--strategy", default=None, help=STRATEGY_HELP)
 @click.option("--submit/--dry-run", default=True, show_default=True,
               help="submit the untuned layers, or only report coverage")
 @click.option("--wait", is_flag=True,
@@ -489,6 +521,7 @@ def plan_cmd(model: str, input_shape: str | None, precision: str | None, target:
     # Usage errors too are one line here (a model's problems are the common ones).
     if wait and not submit:
         raise click.ClickException("--wait follows the jobs --submit starts; drop --dry-run")
+    strategy_name, strategy_options = _strategy(strategy)
     module_model = not Path(model).exists() and is_module_spec(model)
     if not module_model and not Path(model).is_file():
         raise click.ClickException(f"{model}: no such file, nor torchvision:NAME or "
@@ -509,7 +542,8 @@ def plan_cmd(model: str, input_shape: str | None, precision: str | None, target:
         raise click.ClickException(f"{model}: {err}") from None
     client = _client(server, token)
     try:
-        cov = plan(client, layers, trials, submit=submit, strategy=strategy)
+        cov = plan(client, layers, trials, submit=submit, strategy=strategy_name,
+                   strategy_options=strategy_options)
     except TctuneError as err:
         raise click.ClickException(explain(err.body)) from None
     console = Console(stderr=True)

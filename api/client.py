@@ -44,11 +44,14 @@ class Client:
         return body
 
     def tune(self, shape: ConvShape, precision: str, target: str, trials: int = 500,
-             strategy: str | None = None, seed: int = 0) -> dict[str, Any]:
+             strategy: str | None = None, seed: int = 0,
+             strategy_options: dict[str, Any] | None = None) -> dict[str, Any]:
         body: dict[str, Any] = {"shape": shape.to_dict(), "precision": precision,
                                 "target": target, "trials": trials, "seed": seed}
         if strategy:
             body["strategy"] = strategy
+        if strategy_options:
+            body["strategy_options"] = strategy_options
         return self._json(self.http.post("/tune", json=body), ok=(200, 202))  # type: ignore
 
     def job(self, job_id: int, after: int = 0) -> dict[str, Any]:

@@ -176,7 +176,8 @@ class Coverage:
 
 
 def plan(client: Any, layers: list[Layer], trials: int, submit: bool = True,
-         strategy: str | None = None) -> Coverage:
+         strategy: str | None = None, strategy_options: dict[str, Any] | None = None
+         ) -> Coverage:
     """Look every layer up; submit the distinct untuned ones (unless `submit` is off)."""
     results = client.lookup([(la.shape, la.precision, la.target) for la in layers])
     rows, submitted_keys, running, submitted = [], {}, 0, 0
@@ -185,7 +186,8 @@ def plan(client: Any, layers: list[Layer], trials: int, submit: bool = True,
         if not res["found"] and submit:
             key = res["task_key"]
             if key not in submitted_keys:
-                job = client.tune(layer.shape, layer.precision, layer.target, trials, strategy)
+                job = client.tune(layer.shape, layer.precision, layer.target, trials, strategy,
+                                  strategy_options=strategy_options)
                 submitted_keys[key] = job
                 if job["created"]:
                     submitted += 1

@@ -10,7 +10,9 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    StrictFloat,
     StrictInt,
+    StrictStr,
     field_validator,
 )
 
@@ -40,6 +42,9 @@ class TuneRequest(BaseModel):
     target: TargetName
     trials: StrictInt = Field(500, ge=1, le=MAX_TRIALS)
     strategy: str | None = Field(None, description="search strategy; default: the service's")
+    strategy_options: dict[str, StrictInt | StrictFloat | StrictStr] | None = Field(
+        None, description="options of the strategy, as it declares them (`tctune bench search "
+                          "--help` lists them); an unknown one is refused. Default: none")
     seed: StrictInt = Field(0, ge=0, le=2**31 - 1)
 
     @field_validator("strategy")
@@ -91,6 +96,8 @@ class JobOut(BaseModel):
     id: int
     status: str
     strategy: str
+    strategy_options: dict[str, Any] | None = Field(
+        None, description="the options given to the strategy (None: its defaults)")
     seed: int
     trials: int = Field(description="trial budget")
     trials_done: int

@@ -1,4 +1,4 @@
-"""Strategies selectable per job by name ("strategy" in POST /tune).
+"""Strategies selectable per job by name ("strategy" in POST /tune, with "strategy_options").
 
 The names are stored with every job: they stay as they are whatever the modules are called
 ("sa" is search/xgb_tuner.py).

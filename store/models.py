@@ -89,6 +89,9 @@ class Job(Base):
     task_id: Mapped[int] = mapped_column(ForeignKey("task.id", ondelete="CASCADE"), index=True)
     trials: Mapped[int] = mapped_column(Integer)
     strategy: Mapped[str] = mapped_column(String(32))
+    # The options the job gave its strategy (checked against its declaration when the job
+    # was submitted); None: the strategy's defaults.
+    strategy_options: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     seed: Mapped[int] = mapped_column(Integer, default=0)
     status: Mapped[str] = mapped_column(String(16), default="queued", index=True)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)

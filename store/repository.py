@@ -80,9 +80,11 @@ def latest_job_for_task(session: Session, task_id: int) -> Job | None:
 
 
 def create_job(session: Session, task: Task, trials: int, strategy: str, seed: int,
-               submitted_by: int | None = None) -> Job:
+               submitted_by: int | None = None,
+               strategy_options: dict[str, Any] | None = None) -> Job:
     job = Job(task_id=task.id, trials=trials, strategy=strategy, seed=seed, status="queued",
-              created_at=utcnow(), submitted_by=submitted_by)
+              created_at=utcnow(), submitted_by=submitted_by,
+              strategy_options=strategy_options or None)
     session.add(job)
     session.flush()
     return job

@@ -1,19 +1,31 @@
 """Declared strategy options: each strategy lists what a job may set, the declaration checks
-every way in (make_strategy, the replay) and writes the docstrings."""
+every way in (make_strategy, POST /tune, the CLI, the replay) and writes the docstrings."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
+from fastapi.testclient import TestClient
 
+from api.app import create_app
+from api.cli import main as cli
 from kernels.space import ScheduleSpace
 from kernels.spec import RESNET50_3X3, TARGETS, Precision
 from search import replay
 from search.options import Option, OptionError, with_defaults
 from search.registry import STRATEGIES, check_options, make_strategy, parse_spec
+from store import migrate
+from store import repository as repo
+from store.db import session_scope
+from store.models import Job
+from store.settings import Settings
 
 SPACE = ScheduleSpace(RESNET50_3X3["stage5"], Precision.INT8, TARGETS["h100"])
+STAGE2 = {"n": 8, "h": 56, "w": 56, "c": 64, "k": 64, "r": 3, "s": 3, "pad": [1, 1]}
 
 
 def test_every_strategy_declares_its_options_and_its_docstring_lists_them() -> None:
@@ -100,3 +112,95 @@ def test_replay_help_lists_every_strategy_with_its_options(
         assert f"{name}: " in out
         for o in cls.OPTIONS:
             assert f"{o.name} (" in out
+
+
+@pytest.fixture
+def api(tmp_path: Path) -> Iterator[tuple[TestClient, str]]:
+    settings = Settings(data_dir=tmp_path, backend="simulated")
+    migrate.upgrade(settings.db_url)
+    with session_scope(settings.db_url) as s:
+        token = repo.create_token(s, "test", "tune")
+    with TestClient(create_app(settings, dispatcher=False),
+                    headers={"Authorization": f"Bearer {token}"}) as client:
+        yield client, settings.db_url
+
+
+def test_tune_takes_declared_options_and_the_explorer_gets_them(
+        api: tuple[TestClient, str]) -> None:
+    from workers.history import strategy_for
+
+    client, db_url = api
+    resp = client.post("/tune", json={"shape": STAGE2, "precision": "int8", "target": "h200",
+                                      "trials": 64, "strategy": "diversity",
+                                      "strategy_options": {"refit": 1, "pick": "top"}})
+    assert resp.status_code == 202, resp.text
+    job = client.get(f"/jobs/{resp.json()['job_id']}").json()
+    assert job["strategy"] == "diversity"
+    assert job["strategy_options"] == {"refit": 1.0, "pick": "top"}
+    with session_scope(db_url) as s:
+        row = s.get(Job, job["id"])
+        assert row is not None
+        strat = strategy_for(db_url, row, SPACE)
+    assert strat.options["refit"] == 1.0 and strat.options["pick"] == "top"
+    assert strat.options["bags"] == 5  # the rest at the strategy's defaults
+
+
+def test_tune_without_options_stores_none(api: tuple[TestClient, str]) -> None:
+    client, _ = api
+    resp = client.post("/tune", json={"shape": STAGE2, "precision": "int8", "target": "h200",
+                                      "strategy": "sa", "strategy_options": {}})
+    assert resp.status_code == 202, resp.text
+    assert client.get(f"/jobs/{resp.json()['job_id']}").json()["strategy_options"] is None
+
+
+@pytest.mark.parametrize("strategy,options,loc,reason", [
+    ("diversity", {"final_ratio": 2}, "final_ratio", "known: loss, rounds"),
+    (None, {"plan_size": 8}, "plan_size", "unknown option of strategy 'diversity'"),
+    ("sa", {"plan_size": 1.5}, "plan_size", "integer"),
+    ("diversity", {"first_n": -1}, "first_n", ">= 0"),
+    ("diversity", {"pick": "best"}, "pick", "bags or top"),
+    ("random", {"iters": 10}, "iters", "known: none"),
+])
+def test_tune_refuses_a_bad_option_with_a_422_naming_it(
+        api: tuple[TestClient, str], strategy: str | None, options: dict[str, Any], loc: str,
+        reason: str) -> None:
+    client, db_url = api
+    payload: dict[str, Any] = {"shape": STAGE2, "precision": "int8", "target": "h200",
+                               "strategy_options": options}
+    if strategy:
+        payload["strategy"] = strategy
+    resp = client.post("/tune", json=payload)
+    assert resp.status_code == 422, resp.text
+    errors = resp.json()["detail"]
+    assert [e["loc"] for e in errors] == [["body", "strategy_options", loc]]
+    assert reason in errors[0]["msg"]
+    with session_scope(db_url) as s:
+        assert s.query(Job).count() == 0
+
+
+def test_tune_refuses_an_option_value_json_cannot_mean(api: tuple[TestClient, str]) -> None:
+    client, _ = api
+    resp = client.post("/tune", json={"shape": STAGE2, "precision": "int8", "target": "h200",
+                                      "strategy_options": {"bags": [5]}})
+    assert resp.status_code == 422
+    assert all(e["loc"][:3] == ["body", "strategy_options", "bags"]
+               for e in resp.json()["detail"])
+
+
+def test_cli_refuses_an_unknown_option_in_one_line_before_asking_the_service() -> None:
+    res = CliRunner().invoke(cli, ["tune", "--shape", "n=8,h=56,w=56,c=64,k=64,r=3,s=3,pad=1",
+                                   "--precision", "int8", "--target", "h200",
+                                   "--server", "http://127.0.0.1:9",
+                                   "--strategy", "diversity:final_ratio=2"])
+    assert res.exit_code == 2
+    assert "--strategy" in res.output and "final_ratio" in res.output
+    assert "known: loss" in res.output
+
+
+def test_cli_help_lists_the_strategies_and_their_options() -> None:
+    res = CliRunner().invoke(cli, ["tune", "--help"])
+    assert res.exit_code == 0
+    for name, cls in STRATEGIES.items():
+        assert f"{name}: " in res.output
+        for o in cls.OPTIONS:
+            assert f"{o.name} (" in res.output

@@ -133,7 +133,8 @@ def strategy_for(db_url: str, job: Job, space: ScheduleSpace) -> Strategy:
     key = (db_url, job.id)
     strat = _strategies.get(key)
     if strat is None:
-        strat = make_strategy(job.strategy, space, seed=job.seed)
+        strat = make_strategy(job.strategy, space, seed=job.seed,
+                              **(job.strategy_options or {}))
         _strategies[key] = strat
         while len(_strategies) > STRATEGY_CACHE:
             _strategies.popitem(last=False)

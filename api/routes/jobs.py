@@ -105,7 +105,8 @@ def get_job(job_id: RowId, session: DB, _: Reader,
     if job.status in ACTIVE_JOB_STATES and not live:
         warning = f"no live worker for target {task.target}: the job waits for one"
     return JobOut(
-        id=job.id, status=job.status, strategy=job.strategy, seed=job.seed, trials=job.trials,
+        id=job.id, status=job.status, strategy=job.strategy,
+        strategy_options=job.strategy_options, seed=job.seed, trials=job.trials,
         trials_done=prog.measured, best_us=prog.best_us, simulated=prog.simulated,
         task=task_out(task), created_at=job.created_at, started_at=job.started_at,
         finished_at=job.finished_at, error=job.error, live_workers=live, warning=warning,

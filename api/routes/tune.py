@@ -9,7 +9,7 @@ from api.deps import DB
 from api.errors import BODY_ERRORS, JsonBodyRoute, problem, unprocessable
 from api.schemas import TuneRequest, TuneResponse
 from kernels.spec import Precision, get_target
-from search.registry import DEFAULT_STRATEGY
+from search.registry import DEFAULT_STRATEGY, OptionError, check_options
 from store import repository as repo
 
 router = APIRouter(tags=["tune"], route_class=JsonBodyRoute)
@@ -24,7 +24,8 @@ ACTIVE_JOBS_RETRY_S = 30
                               "description": "an active job of the same task"},
                         401: problem("no valid token"),
                         403: problem("the token's scope is not enough"),
-                        422: {"description": "invalid layer, precision, target or strategy"},
+                        422: {"description": "invalid layer, precision, target, strategy or "
+                                              "strategy option"},
                         429: problem("rate or active-job limit of the token "
                                      "(Retry-After: seconds to wait)"),
                         **BODY_ERRORS})
@@ -42,6 +43,8 @@ def tune(req: TuneRequest, request: Request, response: Response, session: DB,
     if problems:
         raise unprocessable(((("body", "shape", f) if f in type(req.shape).model_fields
                               else ("body", "shape")), msg) for f, msg in problems)
+    strategy = req.strategy or DEFAULT_STRATEGY
+    options = _strategy_options(strategy, req.strategy_options or {})
     task = repo.get_or_create_task(session, shape, precision, target)
     job = repo.active_job_for_task(session, task.id)
     created = job is None
@@ -52,11 +55,20 @@ def tune(req: TuneRequest, request: Request, response: Response, session: DB,
                                 f"this token has {limit} queued or running jobs already; "
                                 "wait for some to finish or cancel them",
                                 headers={"Retry-After": str(ACTIVE_JOBS_RETRY_S)})
-        job = repo.create_job(session, task, req.trials, req.strategy or DEFAULT_STRATEGY,
-                              req.seed, submitted_by=caller.token_id)
+        job = repo.create_job(session, task, req.trials, strategy, req.seed,
+                              submitted_by=caller.token_id, strategy_options=options)
         session.commit()  # the explorer must find the job when the message arrives
         request.app.state.on_new_job(job.id)
     else:
         response.status_code = status.HTTP_200_OK
     return TuneResponse(job_id=job.id, task_id=task.id, task_key=task.key, status=job.status,
                         created=created)
+
+
+def _strategy_options(strategy: str, given: dict[str, int | float | str]
+                      ) -> dict[str, int | float | str]:
+    """The options as the strategy declares them; a 422 naming the option otherwise."""
+    try:
+        return check_options(strategy, given)
+    except OptionError as exc:
+        raise unprocessable([(("body", "strategy_options", exc.option), exc.reason)]) from None
