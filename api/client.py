@@ -1,14 +1,18 @@
-"""A small Python client of the tctune API (httpx), used by the CLI."""
+"""A small Python client of the tctune API (httpx), used by the CLI, and `from_service`:
+a deploy-time conv op built from the service's best schedule."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from kernels.spec import ConvShape
+from kernels.spec import ConvShape, Precision, Target, get_target
+
+if TYPE_CHECKING:
+    from kernels.runtime import Conv2d
 
 DEFAULT_SERVER = "http://127.0.0.1:8000"
 TERMINAL = ("done", "failed", "cancelled")
@@ -131,3 +135,33 @@ class Client:
 
     def close(self) -> None:
         self.http.close()
+
+
+def from_service(client_or_url: Client | str, shape: ConvShape, precision: Precision | str,
+                 target: Target | str, **kwargs: Any) -> Conv2d:
+    """The layer's best tuned schedule from a tctune service (`GET /schedule`), built as a
+    `kernels.runtime.Conv2d`.
+
+    client_or_url: a `Client` (anything with `.schedule(shape, precision, target)`) or the
+    service's URL. Where the service knows no schedule yet, the op falls back to the default
+    with a DefaultScheduleWarning. kwargs go to `Conv2d`.
+    """
+    # Imported here: the CLI uses this module and never builds a kernel.
+    from kernels.runtime import Conv2d
+
+    p = Precision(precision)
+    t = get_target(target) if isinstance(target, str) else target
+    own = isinstance(client_or_url, str)
+    client = Client(client_or_url) if isinstance(client_or_url, str) else client_or_url
+    try:
+        found = client.schedule(shape, p.value, t.name)
+    finally:
+        if own:
+            client.close()
+    if found is None:
+        return Conv2d(shape, p, None, t, **kwargs)
+    op = Conv2d(shape, p, found["schedule"], t, **kwargs)
+    sim = ", simulated" if found.get("simulated") else ""
+    op.schedule_source = (f"service: job {found.get('job_id')}, {found.get('latency_us')} us "
+                          f"({found.get('backend')}{sim})")
+    return op

@@ -1,9 +1,11 @@
 """Deploy-time runtime: a conv op built from a tuned schedule, run on CuPy or PyTorch tensors.
 
-    from kernels.runtime import Conv2d, from_service
+    from kernels.runtime import Conv2d
     conv = Conv2d(shape, "int8", schedule, target="h100", epilogue="requant", relu=True)
     y = conv(x, w, scale=s, bias=b)          # CuPy arrays or torch CUDA tensors, NHWC
-    conv = from_service("http://tctune:8000", shape, "fp16", "h100")   # best tuned schedule
+
+The best tuned schedule of a service: `api.client.from_service` (this package does not
+depend on the API).
 
 Construction validates the schedule (`kernels.space`), compiles it through NVRTC with the
 disk cache (`kernels.build`; no GPU needed) and computes the tensor contract. A call
@@ -695,31 +697,3 @@ class Conv2d:
                 f"{'+relu' if self.epilogue.relu else ''}, "
                 f"layout={self.layout}, schedule={self.schedule_source})")
 
-
-def from_service(client_or_url: Any, shape: ConvShape, precision: Precision | str,
-                 target: Target | str, **kwargs: Any) -> Conv2d:
-    """The layer's best tuned schedule from a tctune service (`GET /schedule`), built.
-
-    client_or_url: an `api.client.Client` (anything with `.schedule(shape, precision,
-    target)`) or the service's URL. Where the service knows no schedule yet, the op falls
-    back to the default with a DefaultScheduleWarning. kwargs go to `Conv2d`.
-    """
-    p = Precision(precision)
-    t = get_target(target) if isinstance(target, str) else target
-    client, own = client_or_url, False
-    if isinstance(client_or_url, str):
-        from api.client import Client  # only here: kernels does not depend on the API
-
-        client, own = Client(client_or_url), True
-    try:
-        found = client.schedule(shape, p.value, t.name)
-    finally:
-        if own:
-            client.close()
-    if found is None:
-        return Conv2d(shape, p, None, t, **kwargs)
-    op = Conv2d(shape, p, found["schedule"], t, **kwargs)
-    sim = ", simulated" if found.get("simulated") else ""
-    op.schedule_source = (f"service: job {found.get('job_id')}, {found.get('latency_us')} us "
-                          f"({found.get('backend')}{sim})")
-    return op

@@ -3,7 +3,7 @@
 On a CPU (CI): ops build through NVRTC, the fallback default schedule is valid and warns,
 every mismatched argument is refused with a clear error (validation is separate from the
 launch, so torch CPU tensors and stand-in arrays exercise it), the NHWCnc helpers match the
-reference layouts, `from_service` takes the service's schedule.
+reference layouts, `api.client.from_service` takes the service's schedule.
 
 On a GPU (`test_on_gpu_*`, skipped without CuPy and a device): results equal the reference
 on random inputs, for CuPy arrays and torch tensors, on non-default streams. The device
@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from api.client import from_service
 from kernels import reference as ref
 from kernels.build import Epilogue
 from kernels.runtime import (
@@ -33,7 +34,6 @@ from kernels.runtime import (
     _sched,
     default_cache_dir,
     default_schedule,
-    from_service,
 )
 from kernels.space import ScheduleSpace
 from kernels.spec import RESNET50_3X3, ConvShape, Precision, get_target
@@ -53,7 +53,7 @@ def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_kernels_import_without_cupy() -> None:
     # CuPy and torch are imported inside the functions that launch, never at import.
     mod = importlib.import_module("kernels.runtime")
-    assert hasattr(mod, "Conv2d") and hasattr(mod, "from_service")
+    assert hasattr(mod, "Conv2d")
 
 
 def test_builds_through_nvrtc_on_cpu(cache: Path) -> None:
