@@ -36,6 +36,7 @@ at once each get their own scratch; calls on one stream run one after another.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import warnings
@@ -81,57 +82,30 @@ def default_cache_dir() -> Path:
 
 
 # ---- default schedules -------------------------------------------------------------------
-_KNOB_ORDER = ("BLK_ROW_WARPS", "BLK_COL_WARPS", "WARP_ROW_TILES", "WARP_COL_TILES", "CHUNK",
-               "REORDER_INNER", "DUP_AWARE", "PACK_OUT", "LAYOUT", "STAGES", "SPLIT_K")
+# The recorded bests of ResNet-50's 3x3 layers at batch 8 are data (package data, next to
+# this file): per instruction path, per precision, layer name -> schedule, in order.
+DEFAULTS_FILE = Path(__file__).resolve().with_name("runtime_defaults.json")
+
+RecordedBests = dict[str, list[tuple[str, ConvShape, Schedule]]]
 
 
-def _sched(*values: Any) -> Schedule:
-    return dict(zip(_KNOB_ORDER, values, strict=True))
+def _load_recorded(path: str) -> RecordedBests:
+    data = json.loads(DEFAULTS_FILE.read_text())
+    return {p: [(name, RESNET50_3X3[name], dict(sched)) for name, sched in layers.items()]
+            for p, layers in data[path]["bests"].items()}
 
 
-# The exhaustively tuned mma.sync bests of ResNet-50's 3x3 layers at batch 8, measured on an
-# NVIDIA H200 (sm_90; bench/data/conv_vs_cudnn_h200_sync.json, 'tuned' rows). They are the
+# The exhaustively tuned mma.sync bests, measured on an NVIDIA H200 (sm_90). They are the
 # starting points of every default (mma.sync runs on every target): the one of the nearest
 # GEMM shape is taken, adapted to the target's rules.
-RECORDED_BESTS: dict[str, list[tuple[str, ConvShape, Schedule]]] = {
-    "int8": [
-        ("stage2", RESNET50_3X3["stage2"], _sched(4, 1, 2, 4, 2, 0, 0, 0, "nhwc", 3, 1)),
-        ("stage3", RESNET50_3X3["stage3"], _sched(4, 1, 1, 4, 4, 0, 0, 1, "nhwc", 3, 1)),
-        ("stage4", RESNET50_3X3["stage4"], _sched(1, 4, 2, 2, 4, 0, 0, 1, "nhwc", 3, 2)),
-        ("stage5", RESNET50_3X3["stage5"], _sched(2, 4, 2, 2, 8, 0, 0, 0, "nhwc", 2, 4)),
-    ],
-    "fp16": [
-        ("stage2", RESNET50_3X3["stage2"], _sched(4, 2, 4, 4, 2, 1, 1, 1, "nhwc", 3, 1)),
-        ("stage3", RESNET50_3X3["stage3"], _sched(2, 2, 2, 2, 8, 0, 0, 1, "nhwc", 3, 1)),
-        ("stage4", RESNET50_3X3["stage4"], _sched(1, 4, 2, 4, 4, 0, 0, 0, "nhwc", 3, 4)),
-        ("stage5", RESNET50_3X3["stage5"], _sched(2, 2, 2, 4, 4, 1, 0, 1, "nhwc", 3, 4)),
-    ],
-}
-
+RECORDED_BESTS: RecordedBests = _load_recorded("mma.sync")
 
 # The same layers' bests on the warpgroup path (MMA=wgmma, sm_90a: H100/H200, int8 and fp16),
-# measured on an NVIDIA H100 (bench/data/conv_vs_cudnn.json, 'tuned' rows at batch 8: a
-# sample of the wgmma and mma.sync subspaces plus local search, every winner wgmma). On sm_90
-# they come before the mma.sync bests. A later search replaces an entry only where it is
-# faster by more than the run-to-run spread (~1%): fp16 stage2/3 keep the schedules first
-# recorded (the later picks tied them), which had been validated as defaults for other shapes.
-WGMMA_BESTS: dict[str, list[tuple[str, ConvShape, Schedule]]] = {
-    p: [(name, shape, {**sched, "MMA": "wgmma"}) for name, shape, sched in rows]
-    for p, rows in {
-        "int8": [
-            ("stage2", RESNET50_3X3["stage2"], _sched(1, 1, 2, 2, 2, 1, 0, 1, "nhwc", 4, 1)),
-            ("stage3", RESNET50_3X3["stage3"], _sched(1, 1, 1, 2, 4, 1, 0, 1, "nhwc", 4, 1)),
-            ("stage4", RESNET50_3X3["stage4"], _sched(1, 1, 1, 2, 8, 1, 0, 1, "nhwc", 6, 1)),
-            ("stage5", RESNET50_3X3["stage5"], _sched(1, 1, 1, 1, 8, 1, 0, 1, "nhwc", 6, 1)),
-        ],
-        "fp16": [
-            ("stage2", RESNET50_3X3["stage2"], _sched(2, 1, 1, 2, 4, 1, 0, 1, "nhwc", 4, 1)),
-            ("stage3", RESNET50_3X3["stage3"], _sched(1, 1, 1, 2, 4, 1, 0, 1, "nhwc", 4, 1)),
-            ("stage4", RESNET50_3X3["stage4"], _sched(1, 1, 1, 2, 8, 1, 0, 1, "nhwc", 6, 1)),
-            ("stage5", RESNET50_3X3["stage5"], _sched(1, 2, 1, 2, 4, 1, 0, 1, "nhwc", 8, 4)),
-        ],
-    }.items()
-}
+# measured on an NVIDIA H100. On sm_90 they come before the mma.sync bests. A later search
+# replaces an entry only where it is faster by more than the run-to-run spread (~1%): fp16
+# stage2/3 keep the schedules first recorded (the later picks tied them), which had been
+# validated as defaults for other shapes.
+WGMMA_BESTS: RecordedBests = _load_recorded("wgmma")
 
 
 def recorded_bests(precision: Precision, target: Target, wgmma: bool = True

@@ -31,12 +31,19 @@ from kernels.runtime import (
     WGMMA_BESTS,
     Conv2d,
     DefaultScheduleWarning,
-    _sched,
     default_cache_dir,
     default_schedule,
 )
 from kernels.space import ScheduleSpace
 from kernels.spec import RESNET50_3X3, ConvShape, Precision, get_target
+
+_KNOB_ORDER = ("BLK_ROW_WARPS", "BLK_COL_WARPS", "WARP_ROW_TILES", "WARP_COL_TILES", "CHUNK",
+               "REORDER_INNER", "DUP_AWARE", "PACK_OUT", "LAYOUT", "STAGES", "SPLIT_K")
+
+
+def _sched(*values: Any) -> dict[str, Any]:
+    return dict(zip(_KNOB_ORDER, values, strict=True))
+
 
 STAGE3 = RESNET50_3X3["stage3"]
 INT8_BEST = RECORDED_BESTS["int8"][1][2]  # stage3's recorded best
