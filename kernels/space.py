@@ -80,9 +80,6 @@ FP32_TC_KNOBS: dict[str, tuple[Any, ...]] = {
 
 # NHWCnc blocks the batch by this many images (rows of an m8 instruction tile).
 NHWCNC_BATCH_BLOCK = 8
-# Accumulator registers a thread may hold (kept for the search's features and older callers;
-# the register rule of `validity` is REG_FILE_PER_THREAD below).
-MAX_ACC_REGS = 128
 # ptxas gives a thread at most this many registers, and a block at most 64K of them.
 MAX_REGS_PER_THREAD = 255
 REGS_PER_BLOCK = 65536
