@@ -10,6 +10,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import create_engine, text
@@ -145,3 +146,23 @@ def db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
         url = request.getfixturevalue("pg_url")
     migrate.upgrade(url)
     yield url
+
+
+@pytest.fixture
+def api(tmp_path: Path) -> Iterator[tuple[Any, str]]:
+    """An API on a fresh SQLite database (no dispatcher) with a `tune` token: (client, url)."""
+    from fastapi.testclient import TestClient
+
+    from api.app import create_app
+    from store import migrate
+    from store import repository as repo
+    from store.db import session_scope
+    from store.settings import Settings
+
+    settings = Settings(data_dir=tmp_path, backend="simulated")
+    migrate.upgrade(settings.db_url)
+    with session_scope(settings.db_url) as s:
+        token = repo.create_token(s, "test", "tune")
+    with TestClient(create_app(settings, dispatcher=False),
+                    headers={"Authorization": f"Bearer {token}"}) as client:
+        yield client, settings.db_url

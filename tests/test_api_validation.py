@@ -2,33 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
-from api.app import create_app
-from store import migrate
-from store import repository as repo
 from store.db import session_scope
 from store.models import Candidate, Job, Measurement, Task
-from store.settings import Settings
 
 STAGE2 = {"n": 8, "h": 56, "w": 56, "c": 64, "k": 64, "r": 3, "s": 3, "pad": [1, 1]}
 
 
-@pytest.fixture
-def api(tmp_path: Path) -> Iterator[tuple[TestClient, str]]:
-    settings = Settings(data_dir=tmp_path, backend="simulated")
-    migrate.upgrade(settings.db_url)
-    with session_scope(settings.db_url) as s:
-        token = repo.create_token(s, "test", "tune")
-    with TestClient(create_app(settings, dispatcher=False),
-                    headers={"Authorization": f"Bearer {token}"}) as client:
-        yield client, settings.db_url
 
 
 def body(**over: Any) -> dict[str, Any]:

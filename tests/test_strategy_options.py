@@ -3,26 +3,20 @@ every way in (make_strategy, POST /tune, the CLI, the replay) and writes the doc
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from click.testing import CliRunner
 from fastapi.testclient import TestClient
 
-from api.app import create_app
 from api.cli import main as cli
 from kernels.space import ScheduleSpace
 from kernels.spec import RESNET50_3X3, TARGETS, Precision
 from search import replay
 from search.options import Option, OptionError, with_defaults
 from search.registry import STRATEGIES, check_options, make_strategy, parse_spec
-from store import migrate
-from store import repository as repo
 from store.db import session_scope
 from store.models import Job
-from store.settings import Settings
 
 SPACE = ScheduleSpace(RESNET50_3X3["stage5"], Precision.INT8, TARGETS["h100"])
 STAGE2 = {"n": 8, "h": 56, "w": 56, "c": 64, "k": 64, "r": 3, "s": 3, "pad": [1, 1]}
@@ -114,15 +108,6 @@ def test_replay_help_lists_every_strategy_with_its_options(
             assert f"{o.name} (" in out
 
 
-@pytest.fixture
-def api(tmp_path: Path) -> Iterator[tuple[TestClient, str]]:
-    settings = Settings(data_dir=tmp_path, backend="simulated")
-    migrate.upgrade(settings.db_url)
-    with session_scope(settings.db_url) as s:
-        token = repo.create_token(s, "test", "tune")
-    with TestClient(create_app(settings, dispatcher=False),
-                    headers={"Authorization": f"Bearer {token}"}) as client:
-        yield client, settings.db_url
 
 
 def test_tune_takes_declared_options_and_the_explorer_gets_them(
