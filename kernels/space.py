@@ -392,83 +392,105 @@ def register_slack(shape: ConvShape, precision: Precision, target: Target,
     return cap - (g.acc_regs + 2 * g.frag_regs + fixed)
 
 
-def validity(shape: ConvShape, precision: Precision, target: Target,
-             cols: Mapping[str, np.ndarray]) -> np.ndarray:
-    """Boolean column: which schedules can compile and launch. Each rule says why it exists
-    (tests/test_kernels_build.py shows, per rule, a schedule that breaks it and fails)."""
+# The knobs that shape the tiles (block, warp and instruction tile counts, stage depth in
+# k-steps). Every other knob is structural: which pipeline, loader, layout and epilogue
+# the kernel is built with. structural_validity reads no tile knob, so a space is enumerated
+# by pruning the structural product first (ScheduleSpace.valid_indices).
+TILE_KNOBS = ("BLK_ROW_WARPS", "BLK_COL_WARPS", "WARP_ROW_TILES", "WARP_COL_TILES", "CHUNK")
+
+
+def structural_validity(shape: ConvShape, precision: Precision, target: Target,
+                        cols: Mapping[str, np.ndarray]) -> np.ndarray:
+    """Boolean column: the rules of `validity` that read no tile knob (TILE_KNOBS)."""
     p = Precision(precision)
-    g = geometry(shape, p, target, cols)
-    ok = np.ones_like(g.block_m, dtype=bool)
-    # Registers: a schedule whose accumulators and fragments do not fit under the cap spills
-    # them, and the build treats spills as errors (ptxas --warn-on-spills -Werror): local-
-    # memory traffic in the inner loop is never a schedule worth measuring.
-    ok &= register_slack(shape, p, target, cols, g) >= 0
-    wg = mma_is_wgmma(cols, np.shape(g.block_m))
+    n = np.shape(cols["STAGES"])
+    ok = np.ones(n, dtype=bool)
+    wg = mma_is_wgmma(cols, n)
+    dup0 = np.asarray(cols["DUP_AWARE"]) == 0
+    nhwc = np.asarray(cols["LAYOUT"], dtype=object) == "nhwc"
+    split1 = np.asarray(cols["SPLIT_K"]) == 1
+    stages = np.asarray(cols["STAGES"])
+    tma_knob = _knob(cols, "TMA", n)
     # wgmma exists on sm_90a only; the path is built for fp16 and int8 (int4 on sm_90 goes
     # through the register-staged s4 -> s8 loader, which stays on mma.sync). Its operands are
-    # whole swizzled tiles (no duplicate-aware row indexing; a stage row of CHUNK 8, 256
-    # bytes, is two 128-byte swizzle atoms), and a block holds at most 1024 threads (8
-    # warpgroups).
+    # whole swizzled tiles: no duplicate-aware row indexing.
     if not (target.sm == 90 and p in (Precision.FP16, Precision.INT8)):
         ok &= ~wg
-    ok &= ~wg | ((np.asarray(cols["DUP_AWARE"]) == 0) & (g.block_threads <= 1024))
-    ok &= ~wg | (np.asarray(cols["WARP_ROW_TILES"]) == 1) | (g.acc_regs <= WGMMA_MAX_MULTI_TILE_ACC)
-    # TMA feeds the wgmma path with whole NHWC tiles (no duplicate-aware rows, no NHWCnc),
-    # and a weight box has at most 256 rows (the kernel static_asserts both).
+    ok &= ~wg | dup0
+    # TMA feeds the wgmma path with whole NHWC tiles (no duplicate-aware rows, no NHWCnc;
+    # the kernel static_asserts it).
     if "TMA" in cols:
-        tma = np.asarray(cols["TMA"]) >= 1
-        ok &= ~tma | (wg & (np.asarray(cols["DUP_AWARE"]) == 0) &
-                      (np.asarray(cols["LAYOUT"], dtype=object) == "nhwc") &
-                      (g.block_n <= TMA_MAX_BOX_ROWS))
+        ok &= (tma_knob == 0) | (wg & dup0 & nhwc)
     # TMA stores (PACK_OUT=2) write through the TMA build's tensor maps (NHWC, no split-K)
-    # whole 16-byte rows of the output (K * its bytes a multiple of 16: the map's stride),
-    # in boxes of 64 rows (the kernel static_asserts these).
+    # whole 16-byte rows of the output (K * its bytes a multiple of 16: the map's stride).
     tma_store = np.asarray(cols["PACK_OUT"]) == 2
-    out_row_bytes = shape.k * Precision(p).output_bits // 8
-    ok &= ~tma_store | ((_knob(cols, "TMA", np.shape(g.block_m)) >= 1) &
-                        (np.asarray(cols["SPLIT_K"]) == 1) &
-                        (g.block_m % TMA_STORE_BOX_ROWS == 0))
-    if out_row_bytes % 16 or p not in (Precision.FP16, Precision.INT8):
+    ok &= ~tma_store | ((tma_knob >= 1) & split1)
+    if shape.k * p.output_bits // 8 % 16 or p not in (Precision.FP16, Precision.INT8):
         ok &= ~tma_store
-    # FOLD_TAPS packs (r, s, c) of a layer with few channels; its loader keeps one tap slot
-    # per thread (threads a multiple of the taps per stage row) and reads plain NHWC im2col
+    # FOLD_TAPS packs (r, s, c) of a layer with few channels and reads plain NHWC im2col
     # rows (no duplicate-aware rows, no NHWCnc, no TMA; REORDER_INNER has no meaning: 0).
-    fold = _knob(cols, "FOLD_TAPS", np.shape(g.block_m)) == 1
+    fold = _knob(cols, "FOLD_TAPS", n) == 1
     if fold_tap_bytes(shape, p) == 0:
         ok &= ~fold
     else:
-        ok &= ~fold | ((np.asarray(cols["DUP_AWARE"]) == 0) &
-                       (np.asarray(cols["REORDER_INNER"]) == 0) &
-                       (np.asarray(cols["LAYOUT"], dtype=object) == "nhwc") &
-                       (_knob(cols, "TMA", np.shape(g.block_m)) == 0) &
-                       (g.threads % g.row_loads == 0))
+        ok &= ~fold | (dup0 & (np.asarray(cols["REORDER_INNER"]) == 0) & nhwc &
+                       (tma_knob == 0))
     # A persistent grid runs on the TMA or the cp.async multistage pipeline (not fp32_tc,
-    # not the register-staged loads of sm_75 or int4 via s8), without split-K, and its
-    # blocks per SM must fit the SM's shared memory (1 KB reserved per block) and threads.
-    persist = _knob(cols, "PERSIST", np.shape(g.block_m))
+    # not the register-staged loads of sm_75 or int4 via s8), without split-K.
+    persist = _knob(cols, "PERSIST", n)
     if target.sm < 80 or p is Precision.FP32_TC or int4_via_s8(p, target.sm):
         ok &= persist == 0
-    ok &= (persist == 0) | ((np.asarray(cols["SPLIT_K"]) == 1) &
-                            ((g.smem_bytes + 1024) * persist <= target.smem_per_sm_kib * 1024) &
-                            (g.block_threads * persist <= target.max_threads_per_sm))
+    ok &= (persist == 0) | split1
     # Pipelines deeper than 3 stages pay with wgmma (its loads and math overlap); on the
     # mma.sync path they gained 2-4% on int8 and lost beyond 4 (docs/decisions.md, H100 probe),
     # not worth a space twice the size.
-    ok &= wg | (np.asarray(cols["STAGES"]) <= SYNC_MAX_STAGES)
-    # Shared memory: a block cannot launch with more than the opt-in maximum.
-    ok &= g.smem_bytes <= target.smem_per_block_kib * 1024
+    ok &= wg | (stages <= SYNC_MAX_STAGES)
     # The register-staged pipeline (no cp.async on sm_75; int4 unpacked to s8 on the way
     # into shared memory on sm_90) is double-buffered at most (the kernel static_asserts).
     # fp32_tc on sm_80+ splits on that path with STAGES 1-2 and runs STAGES=3 as a cp.async
     # staging ring (conv.cu: F32_ASYNC).
     if target.sm < 80 or int4_via_s8(p, target.sm):
-        ok &= np.asarray(cols["STAGES"]) <= 2
+        ok &= stages <= 2
     # NHWCnc blocks 8 images x one 16-byte channel vector: batch and channels must fill
     # them, or the layout does not exist (the kernel static_asserts).
     cv = channel_vector(p)
-    nhwcnc_fits = (shape.n % NHWCNC_BATCH_BLOCK == 0) and shape.c % cv == 0 and shape.k % cv == 0
-    if not nhwcnc_fits:
-        ok &= np.asarray(cols["LAYOUT"], dtype=object) != "nhwcnc"
+    if not (shape.n % NHWCNC_BATCH_BLOCK == 0 and shape.c % cv == 0 and shape.k % cv == 0):
+        ok &= nhwc
+    return ok
+
+
+def validity(shape: ConvShape, precision: Precision, target: Target,
+             cols: Mapping[str, np.ndarray]) -> np.ndarray:
+    """Boolean column: which schedules can compile and launch: the structural rules and the
+    tile rules below. Each rule says why it exists (tests/test_kernels_build.py shows, per
+    rule, a schedule that breaks it and fails)."""
+    p = Precision(precision)
+    g = geometry(shape, p, target, cols)
+    ok = structural_validity(shape, p, target, cols)
+    # Registers: a schedule whose accumulators and fragments do not fit under the cap spills
+    # them, and the build treats spills as errors (ptxas --warn-on-spills -Werror): local-
+    # memory traffic in the inner loop is never a schedule worth measuring.
+    ok &= register_slack(shape, p, target, cols, g) >= 0
+    # wgmma: a stage row of CHUNK 8 (256 bytes) is two 128-byte swizzle atoms, and a block
+    # holds at most 1024 threads (8 warpgroups).
+    wg = mma_is_wgmma(cols, np.shape(g.block_m))
+    ok &= ~wg | (g.block_threads <= 1024)
+    ok &= ~wg | (np.asarray(cols["WARP_ROW_TILES"]) == 1) | (g.acc_regs <= WGMMA_MAX_MULTI_TILE_ACC)
+    tma_knob = _knob(cols, "TMA", np.shape(g.block_m))
+    # A TMA weight box has at most 256 rows; a TMA store box 64 (the kernel static_asserts).
+    ok &= (tma_knob == 0) | (g.block_n <= TMA_MAX_BOX_ROWS)
+    ok &= (np.asarray(cols["PACK_OUT"]) != 2) | (g.block_m % TMA_STORE_BOX_ROWS == 0)
+    # FOLD_TAPS' loader keeps one tap slot per thread: threads a multiple of the taps per
+    # stage row.
+    fold = _knob(cols, "FOLD_TAPS", np.shape(g.block_m)) == 1
+    ok &= ~fold | (g.threads % g.row_loads == 0)
+    # A persistent grid's blocks per SM must fit the SM's shared memory (1 KB reserved per
+    # block) and threads.
+    persist = _knob(cols, "PERSIST", np.shape(g.block_m))
+    ok &= (persist == 0) | (((g.smem_bytes + 1024) * persist <= target.smem_per_sm_kib * 1024) &
+                            (g.block_threads * persist <= target.max_threads_per_sm))
+    # Shared memory: a block cannot launch with more than the opt-in maximum.
+    ok &= g.smem_bytes <= target.smem_per_block_kib * 1024
     return ok
 
 
@@ -522,9 +544,30 @@ class ScheduleSpace:
 
     @cached_property
     def valid_indices(self) -> np.ndarray:
-        """Every valid schedule's index, ascending."""
-        all_idx = np.arange(self.size, dtype=np.int64)
-        return all_idx[self.valid_mask(all_idx)]
+        """Every valid schedule's index, ascending. Most of the product breaks a structural
+        rule, so the structural product (tile knobs at their first value) is filtered
+        first and only its survivors are crossed with the tile knobs: a few percent of the
+        product is evaluated in full, with the very rules `valid_mask` applies."""
+        key = (self.shape, self.precision, self.target,
+               tuple((n, v) for n, v in self.knobs.items()))
+        hit = _VALID_CACHE.get(key)
+        if hit is None:
+            hit = self._enumerate_valid()
+            hit.flags.writeable = False
+            if len(_VALID_CACHE) >= _VALID_CACHE_SIZE:
+                _VALID_CACHE.pop(next(iter(_VALID_CACHE)))
+            _VALID_CACHE[key] = hit
+        return hit
+
+    def _enumerate_valid(self) -> np.ndarray:
+        tile = np.array([n in TILE_KNOBS for n in self.names])
+        structural = _product_offsets(np.where(tile, 1, self.radices), self._place)
+        cols = self.columns(structural)
+        structural = structural[structural_validity(self.shape, self.precision, self.target,
+                                                    cols)]
+        tiles = _product_offsets(np.where(tile, self.radices, 1), self._place)
+        idx = np.sort((structural[:, None] + tiles[None, :]).ravel())
+        return idx[self.valid_mask(idx)]
 
     def is_valid(self, schedule: Mapping[str, Any]) -> bool:
         if schedule_problems(self.precision, schedule):
@@ -546,6 +589,20 @@ class ScheduleSpace:
 
     def schedules(self, indices: Iterable[int]) -> list[Schedule]:
         return [self.schedule_at(int(i)) for i in indices]
+
+
+# Enumerated spaces by (shape, precision, target, knob values): a process builds the space
+# of a task many times (explorer rounds, the simulated backend, features), and it is fixed.
+_VALID_CACHE: dict[tuple[Any, ...], np.ndarray] = {}
+_VALID_CACHE_SIZE = 64
+
+
+def _product_offsets(radices: np.ndarray, place: np.ndarray) -> np.ndarray:
+    """Indices of every digit combination with digit i < radices[i] (place values `place`)."""
+    out = np.zeros(1, dtype=np.int64)
+    for r, pl in zip(radices, place, strict=True):
+        out = (out[:, None] + np.arange(r, dtype=np.int64) * pl).ravel()
+    return out
 
 
 def _plain(v: Any) -> Any:

@@ -221,6 +221,21 @@ class SlowBackend(CountingBackend):
         return out
 
 
+def test_one_measurement_longer_than_the_lease_keeps_its_chunk(db: str) -> None:
+    # The first measurement alone takes three leases (a loaded host): the lease keeper
+    # renews it meanwhile, so B, handed the chunk after the first lease would have run out,
+    # takes none of it; A measures each candidate once.
+    job_id = _job(db, 3)
+    ids = tasks.explore_round(db, job_id, 3).ids
+    other = CountingBackend()
+    taken: list[int] = []
+    slow = SlowBackend(1.8, {1: lambda: taken.append(
+        tasks.measure_chunk(db, ids, other, "B", 0.6).written)})
+    assert tasks.measure_chunk(db, ids, slow, "A", 0.6, flush_s=100).written == 3
+    assert taken == [0] and not other.calls
+    assert len(_measurements(db, job_id)) == 3
+
+
 def test_a_slow_worker_keeps_its_lease_and_a_stalled_one_skips_what_was_taken(
         db: str) -> None:
     # A chunk that outlasts its lease (6 x 0.5 s against 1.2 s) on a live worker: its lease

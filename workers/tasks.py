@@ -25,6 +25,7 @@ from store.models import ACTIVE_JOB_STATES, Job, Task
 from workers import artifacts
 from workers.backends.base import Backend, BuildOutcome, MeasureOutcome, TaskSpec
 from workers.history import history_of, strategy_for
+from workers.leases import LeaseKeeper
 
 log = logging.getLogger(__name__)
 
@@ -315,36 +316,39 @@ def measure_chunk(db_url: str, candidate_ids: Sequence[int], backend: Backend, w
     # The lease is renewed as the chunk makes progress, so that a worker slowed down (a
     # busy host, a long baseline or build) keeps what it holds and no live worker's
     # candidate is taken by another; one that stalls past its lease skips what another
-    # worker took meanwhile.
-    renew_at = time.monotonic() + lease_s / 2
-    baselines = {tid: b for tid, spec in baselines_needed.items()
-                 if (b := _baseline(spec, backend)) is not None}
+    # worker took meanwhile. Between steps the loop renews it and learns what it still
+    # holds; during one long step (a measurement that outlasts the lease on a loaded host)
+    # the keeper thread renews it.
+    with LeaseKeeper(db_url, [i.cand_id for i in leased], worker, lease_s):
+        renew_at = time.monotonic() + lease_s / 2
+        baselines = {tid: b for tid, spec in baselines_needed.items()
+                     if (b := _baseline(spec, backend)) is not None}
 
-    written = flush(WriteGroup(gave_up, backend.name, worker, {}))[0] if gave_up else 0
-    pending: list[tuple[_Leased, MeasureOutcome]] = []
-    last_flush = time.monotonic()
-    cache_dir = getattr(backend, "cache_dir", None)
-    held = {item.cand_id for item in leased}
-    for k, item in enumerate(leased):
-        if time.monotonic() >= renew_at:
-            with session_scope(db_url) as s:
-                held = hp.renew_leases(s, [i.cand_id for i in leased], worker, lease_s)
-            renew_at = time.monotonic() + lease_s / 2
-        if item.cand_id not in held:
-            continue
-        built = item.built
-        if not built.status or (cache_dir and built.status == "ok" and built.artifact
-                                and not artifacts.fetch(db_url, cache_dir, built.artifact)):
-            built = backend.build(item.spec, item.schedule)  # nobody built it for this host
-        pending.append((item, backend.measure(item.spec, item.schedule, built)))
-        # Not after the last one: the final write follows at once (one transaction, not two).
-        if k + 1 < len(leased) and time.monotonic() - last_flush >= flush_s:
-            written += flush(WriteGroup(pending, backend.name, worker, baselines))[0]
-            pending, baselines, last_flush = [], {}, time.monotonic()
-    if not pending and not baselines and not rounds:
-        return ChunkResult(written, set())
-    wrote, closed = flush(WriteGroup(pending, backend.name, worker, baselines, rounds))
-    return ChunkResult(written + wrote, closed)
+        written = flush(WriteGroup(gave_up, backend.name, worker, {}))[0] if gave_up else 0
+        pending: list[tuple[_Leased, MeasureOutcome]] = []
+        last_flush = time.monotonic()
+        cache_dir = getattr(backend, "cache_dir", None)
+        held = {item.cand_id for item in leased}
+        for k, item in enumerate(leased):
+            if time.monotonic() >= renew_at:
+                with session_scope(db_url) as s:
+                    held = hp.renew_leases(s, [i.cand_id for i in leased], worker, lease_s)
+                renew_at = time.monotonic() + lease_s / 2
+            if item.cand_id not in held:
+                continue
+            built = item.built
+            if not built.status or (cache_dir and built.status == "ok" and built.artifact
+                                    and not artifacts.fetch(db_url, cache_dir, built.artifact)):
+                built = backend.build(item.spec, item.schedule)  # nobody built it for this host
+            pending.append((item, backend.measure(item.spec, item.schedule, built)))
+            # Not after the last one: the final write follows at once (one transaction, not two).
+            if k + 1 < len(leased) and time.monotonic() - last_flush >= flush_s:
+                written += flush(WriteGroup(pending, backend.name, worker, baselines))[0]
+                pending, baselines, last_flush = [], {}, time.monotonic()
+        if not pending and not baselines and not rounds:
+            return ChunkResult(written, set())
+        wrote, closed = flush(WriteGroup(pending, backend.name, worker, baselines, rounds))
+        return ChunkResult(written + wrote, closed)
 
 
 def write_groups(db_url: str, groups: Sequence[WriteGroup]) -> list[tuple[int, set[int]]]:
