@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kernels.space import ScheduleSpace  # noqa: E402
 from search import replay  # noqa: E402
 from search.diversity import DiversityAware  # noqa: E402
+from search.model_based import ScoreTable  # noqa: E402
 from search.options import Option  # noqa: E402
 from search.registry import STRATEGIES as SERVICE_STRATEGIES  # noqa: E402
 from search.strategy import History, Strategy  # noqa: E402
@@ -50,7 +51,7 @@ class DiversityAblation(DiversityAware):
         self.pool: int = self.options["pool"]
         self.anneal_cfg = dataclasses.replace(self.anneal_cfg, mutants=self.options["mutants"])
 
-    def free_rows(self, table: np.ndarray, history: History, want: int,
+    def free_rows(self, table: ScoreTable, history: History, want: int,
                   rng: np.random.Generator) -> np.ndarray:
         free = super().free_rows(table, history, want, rng)
         if self.pool > 0:

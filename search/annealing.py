@@ -19,10 +19,20 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import numpy as np
 
 from search.moves import Moves
+
+
+class Scores(Protocol):
+    """The model's score by space index (search.model_based.ScoreTable): array lookups."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, index: Any) -> Any: ...
+
 
 # (walkers, their scores, mutants (m * walkers, grouped by round), mutant scores, rng)
 # -> for each walker slot, the position in `mutants` of the mutant that competes for it.
@@ -68,7 +78,7 @@ class TopSet:
         return True
 
 
-def anneal(table: np.ndarray, moves: Moves, exclude: np.ndarray, num: int,
+def anneal(table: Scores, moves: Moves, exclude: np.ndarray, num: int,
            rng: np.random.Generator, cfg: AnnealConfig = AnnealConfig(),
            selector: Selector | None = None,
            start: np.ndarray | None = None) -> np.ndarray:

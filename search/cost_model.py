@@ -18,11 +18,17 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import xgboost as xgb
+
+# XGBoost's OpenMP threads spin between parallel regions by default: on a machine whose
+# cores are busy (the fleet's processes, a test run) the spinning cost 5-20x the model's
+# own CPU. Set before the library (and its OpenMP runtime) loads.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+import xgboost as xgb  # noqa: E402
 
 from kernels.spec import Precision, Target
 from search.features import columns_from_schedules, schedule_features
@@ -31,7 +37,9 @@ from search.strategy import PriorTrial
 # Beyond this many prior rows a deterministic sample is used: the base model's quality
 # saturates long before and its training time would not fit the explorer's budget.
 MAX_PRIOR_ROWS = 12000
-NTHREAD = 2
+# One thread: a task model trains on hundreds of rows, where a second thread cost more CPU
+# than it saved (TCTUNE_XGB_THREADS sets it for the fleet's explorer processes).
+NTHREAD = 1
 
 
 def normalized_throughput(median_us: np.ndarray, ok: np.ndarray) -> np.ndarray:

@@ -18,6 +18,7 @@ import gzip
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,11 @@ class ReplaySpace(ScheduleSpace):
 
     def valid_mask(self, indices: np.ndarray) -> np.ndarray:
         return self._present[np.asarray(indices, dtype=np.int64)]
+
+    @cached_property
+    def valid_indices(self) -> np.ndarray:
+        """What the dataset holds (not the kernel's rules, nor the spaces' shared cache)."""
+        return np.flatnonzero(self._present)
 
 
 @dataclass

@@ -36,7 +36,7 @@ import numpy as np
 
 from kernels.space import ScheduleSpace
 from search.annealing import anneal
-from search.model_based import ModelBasedStrategy
+from search.model_based import ModelBasedStrategy, ScoreTable
 from search.moves import Moves
 from search.options import Option, with_defaults
 from search.strategy import History
@@ -237,7 +237,7 @@ class DiversityAware(ModelBasedStrategy):
                                                      n, rng)]
         return self.fill_random(picks, history, n, rng)
 
-    def anneal(self, table: np.ndarray, history: History, num: int,
+    def anneal(self, table: ScoreTable, history: History, num: int,
                rng: np.random.Generator) -> np.ndarray:
         """The paper's explorer: annealing on the score with the diversity-aware step."""
         moves = self.moves
@@ -249,7 +249,7 @@ class DiversityAware(ModelBasedStrategy):
         return anneal(table, moves, self.seen_mask(history), num, rng, self.anneal_cfg,
                       selector=selector)
 
-    def bag_pick(self, table: np.ndarray, history: History, want: int,
+    def bag_pick(self, table: ScoreTable, history: History, want: int,
                  rng: np.random.Generator) -> list[int]:
         """The batch from several opinions in turn: the bags' mean first, then each bag's
         best schedule not yet taken, and round again.
@@ -263,11 +263,11 @@ class DiversityAware(ModelBasedStrategy):
         valid = self.space.valid_indices
         free = self.free_rows(table, history, want, rng)
         assert self.bag_scores is not None
-        voices = np.vstack([table[valid][None, :], self.bag_scores,
+        voices = np.vstack([table.scores[None, :], self.bag_scores,
                             *([] if self.own_scores is None else [self.own_scores])])
         return [int(i) for i in valid[voice_pick(voices, free, want)]]
 
-    def free_rows(self, table: np.ndarray, history: History, want: int,
+    def free_rows(self, table: ScoreTable, history: History, want: int,
                   rng: np.random.Generator) -> np.ndarray:
         """Which rows of `valid_indices` the bag pick may take: every unseen valid schedule
         (the space is scored whole, so no annealing walk has to find them first)."""

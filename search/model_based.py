@@ -44,6 +44,58 @@ def refit_point(n: int, growth: float) -> int:
         f = nxt
 
 
+# Spaces with at least SHORTLIST_MIN_ROWS valid schedules (whole spaces of a layer, not the
+# replay's subspaces) score every schedule only when a model is trained from scratch; the
+# boosting steps in between update the margins of a shortlist: each voice's and the
+# mean's SHORTLIST_ROWS best at the last full scoring. Those steps add a few trees fitted
+# on the newest trials, which move the order near the top; a schedule far below every
+# voice's top is not picked before the next full scoring (docs/decisions.md,
+# "Shortlisted boosting steps"). The whole space costs 100-150 ms per 100 trees per
+# booster on 137,000 schedules; the shortlist a tenth of that.
+SHORTLIST_ROWS = 2048
+SHORTLIST_MIN_ROWS = 16 * SHORTLIST_ROWS
+
+
+def shortlist(margins: np.ndarray, k: int = SHORTLIST_ROWS) -> np.ndarray:
+    """Rows (ascending) among the k best of each row of `margins` (bags, rows) and of their
+    mean."""
+    rows = [np.argpartition(-m, k)[:k] for m in (*margins, margins.mean(axis=0))]
+    return np.unique(np.concatenate(rows))
+
+
+class ScoreTable:
+    """The model's score of every index of the space (-inf where invalid), stored per valid
+    schedule: a dense table of a whole space (9-27 million indices) would cost 70-220 MB
+    and a fill per proposal. Indexing takes space indices (scalars or arrays)."""
+
+    def __init__(self, valid: np.ndarray, scores: np.ndarray, size: int) -> None:
+        self.valid, self.scores, self.size = valid, scores, size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index: Any) -> Any:
+        idx = np.asarray(index, dtype=np.int64)
+        pos = np.minimum(np.searchsorted(self.valid, idx), len(self.valid) - 1)
+        out = np.where(self.valid[pos] == idx, self.scores[pos], -np.inf)
+        return float(out) if out.ndim == 0 else out
+
+    def dense(self) -> np.ndarray:
+        """The table as one array over the space (tests and small spaces)."""
+        out = np.full(self.size, -np.inf)
+        out[self.valid] = self.scores
+        return out
+
+
+def valid_rows(space: ScheduleSpace, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(which of `indices` are valid schedules of the space, their rows in valid_indices)."""
+    valid = space.valid_indices
+    idx = np.asarray(indices, dtype=np.int64)
+    pos = np.minimum(np.searchsorted(valid, idx), max(len(valid) - 1, 0))
+    inside = (valid[pos] == idx) if len(valid) else np.zeros(len(idx), dtype=bool)
+    return inside, pos
+
+
 # Seed offsets of the two sets of voices (`alone_margins`), so that their bags do not repeat
 # the task model's row and column draws; also their refit chains' keys.
 OWN_VOICES_SALT = 7919
@@ -53,6 +105,14 @@ RANK_VOICES_SALT = 104729
 # (target, precision, loss, fingerprint) -> model. Small: one entry per live target.
 _PRIOR_CACHE: dict[tuple[Any, ...], CostModel] = {}
 _PRIOR_CACHE_SIZE = 8
+
+
+# A base model's scores over the valid space, the model, and its prior's fingerprint.
+Base = tuple[np.ndarray, CostModel, int]
+
+
+def _trials_sig(trials: Sequence[Trial], k: int) -> int:
+    return hash(tuple((t.index, t.status, t.median_us) for t in trials[:k]))
 
 
 def prior_fingerprint(prior: Sequence[PriorTrial]) -> int:
@@ -142,9 +202,6 @@ class ModelBasedStrategy(Strategy):
             self._task_features = f[:, varies] if varies.any() else f
         return self._task_features
 
-    def rows_of(self, indices: np.ndarray) -> np.ndarray:
-        return np.searchsorted(self.space.valid_indices, np.asarray(indices, dtype=np.int64))
-
     def seen_mask(self, history: History) -> np.ndarray:
         mask = np.zeros(self.space.size, dtype=bool)
         seen = list(history.seen)
@@ -158,13 +215,14 @@ class ModelBasedStrategy(Strategy):
                          seed=self.seed + salt, bags=bags)
 
     def prior_scores(self, prior: Sequence[PriorTrial], fp: int | None = None
-                     ) -> tuple[np.ndarray, CostModel] | None:
-        """The base model trained on the prior and its scores over the valid space."""
+                     ) -> Base | None:
+        """The base model trained on the prior, its scores over the valid space and the
+        prior's fingerprint."""
         if not prior:
             return None
         fp = prior_fingerprint(prior) if fp is None else fp
         if self._prior_table is not None and self._prior_table[0] == fp:
-            return self._prior_table[1], self._prior_table[2]
+            return self._prior_table[1], self._prior_table[2], fp
         key = (self.space.target.name, self.space.precision.value, self.loss, self.rounds,
                self.max_depth, fp)
         model = _PRIOR_CACHE.get(key)
@@ -178,13 +236,18 @@ class ModelBasedStrategy(Strategy):
             _PRIOR_CACHE[key] = model
         table = model.predict(self.features)
         self._prior_table = (fp, table, model)
-        return table, model
+        return table, model, fp
 
     def score_table(self, trials: Sequence[Trial], prior: Sequence[PriorTrial] = (),
-                    prior_fp: int | None = None) -> np.ndarray | None:
+                    prior_fp: int | None = None) -> ScoreTable | None:
         """Model score of every index of the space (-inf where invalid), trained on these
         trials and the prior; None when there is nothing to learn from yet."""
-        base = self.prior_scores(prior, prior_fp)
+        # Between two trainings from scratch the task model keeps the base it was trained
+        # on top of: a prior that moved meanwhile (a busy fleet writes all the time) is
+        # taken up at the next one, instead of retraining every job's model on each move.
+        base = self._chain_base(trials) if prior else None
+        if base is None:
+            base = self.prior_scores(prior, prior_fp)
         bag_scores = None
         own = None
         each = self.task_margins(trials, base)
@@ -196,8 +259,7 @@ class ModelBasedStrategy(Strategy):
         scores = own if own is not None else (None if base is None else base[0])
         if scores is None:
             return None
-        table = np.full(self.space.size, -np.inf)
-        table[self.space.valid_indices] = scores
+        table = ScoreTable(self.space.valid_indices, scores, self.space.size)
         self._last_table = table
         # Each bag's scores over the valid schedules (rows in valid_indices order), for
         # strategies that explore where the bags disagree; None with a single booster.
@@ -226,7 +288,7 @@ class ModelBasedStrategy(Strategy):
         the prior."""
         return self.task_margins(trials, None, (loss, bags, salt)) if bags else None
 
-    def task_rows(self, trials: Sequence[Trial], base: tuple[np.ndarray, CostModel] | None
+    def task_rows(self, trials: Sequence[Trial], base: Base | None
                   ) -> tuple[Rows, np.ndarray | None] | None:
         """The task model's training rows (and their base margins) from these trials; None
         when none of them is a measured schedule of today's space."""
@@ -240,16 +302,15 @@ class ModelBasedStrategy(Strategy):
                 len(idx), MAX_TASK_ROWS, replace=False))
             idx, lat, ok = idx[keep], lat[keep], ok[keep]
         # Trials outside today's valid space (the space changed since) cannot be rows.
-        inside = np.isin(idx, self.space.valid_indices)
-        idx, lat, ok = idx[inside], lat[inside], ok[inside]
+        inside, rows = valid_rows(self.space, idx)
+        rows, lat, ok = rows[inside], lat[inside], ok[inside]
         if not ok.any():
             return None
-        rows = self.rows_of(idx)
         y = normalized_throughput(lat, ok)
         return (Rows(self.task_features[rows], y, np.zeros(len(y), dtype=np.int64)),
                 None if base is None else base[0][rows])
 
-    def _fit_task(self, trials: Sequence[Trial], base: tuple[np.ndarray, CostModel] | None,
+    def _fit_task(self, trials: Sequence[Trial], base: Base | None,
                   voice: tuple[str, int, int] | None = None) -> CostModel | None:
         data = self.task_rows(trials, base)
         if data is None:
@@ -259,7 +320,7 @@ class ModelBasedStrategy(Strategy):
         return self._new_model(bags, loss, salt).fit(*data)
 
     def task_margins(self, trials: Sequence[Trial],
-                     base: tuple[np.ndarray, CostModel] | None,
+                     base: Base | None,
                      voice: tuple[str, int, int] | None = None) -> np.ndarray | None:
         """(bags, valid schedules) margins of the task's own model, trained on these trials
         on top of the base (not included); None with nothing to learn from. `voice`
@@ -270,31 +331,57 @@ class ModelBasedStrategy(Strategy):
             return None if model is None else model.predict_each(self.task_features)
         start = refit_point(n, self.refit)
         last = start + (n - start) // REFIT_STEP * REFIT_STEP
-        base_id = None if base is None or self._prior_table is None else self._prior_table[0]
-
-        def sig(k: int) -> int:
-            return hash(tuple((t.index, t.status, t.median_us) for t in trials[:k]))
-
+        base_id = None if base is None else base[2]
         c = self._chains.get(voice)
-        if not (c and c["base"] == base_id and c["start"] == start
-                and c["upto"] <= last and c["sig"] == sig(c["upto"])):
+        if not (c and c["base"] == base_id and self._chain_continues(c, trials)):
             model = self._fit_task(trials[:start], base, voice)
             if model is None:  # nothing measured by the refit point: no chain yet
                 self._chains.pop(voice, None)
                 model = self._fit_task(trials, base, voice)
                 return None if model is None else model.predict_each(self.task_features)
-            c = {"base": base_id, "start": start, "upto": start, "model": model,
-                 "each": model.predict_each(self.task_features)}
-        model, each, upto = c["model"], c["each"], c["upto"]
-        for k in [*range(upto + REFIT_STEP, last + 1, REFIT_STEP), *([n] if n > last else [])]:
+            each = model.predict_each(self.task_features)
+            rows = None
+            if len(each[0]) >= SHORTLIST_MIN_ROWS:
+                rows = shortlist(each if base is None else each + base[0])
+            c = {"base": base_id, "base_scores": base, "start": start, "upto": start,
+                 "model": model, "each": each, "rows": rows,
+                 "X": None if rows is None else self.task_features[rows]}
+        model, each, upto, rows = c["model"], c["each"], c["upto"], c["rows"]
+        steps = [*range(upto + REFIT_STEP, last + 1, REFIT_STEP), *([n] if n > last else [])]
+        if steps and rows is not None:
+            each = each.copy()  # the chain's margins stay as they were at `upto`
+        for k in steps:
             since = model.trees
             model = model.extended(*self.task_rows(trials[:k], base),  # type: ignore[misc]
                                    rounds=self.extend_rounds)
-            each = each + model.predict_each(self.task_features, since=since)
+            if rows is None:
+                each = each + model.predict_each(self.task_features, since=since)
+            else:
+                each[:, rows] += model.predict_each(c["X"], since=since)
             if k <= last:
-                c = {**c, "upto": k, "model": model, "each": each}
-        self._chains[voice] = {**c, "sig": sig(c["upto"])}
+                c = {**c, "upto": k, "model": model,
+                     "each": each if rows is None else each.copy()}
+        self._chains[voice] = {**c, "sig": _trials_sig(trials, c["upto"])}
         return each
+
+    def _chain_continues(self, c: dict[str, Any], trials: Sequence[Trial]) -> bool:
+        """Whether the chain `c` serves these trials: no training from scratch is due and
+        the trials it was boosted on are still the first ones."""
+        n = len(trials)
+        start = refit_point(n, self.refit)
+        last = start + (n - start) // REFIT_STEP * REFIT_STEP
+        return bool(c["start"] == start and c["upto"] <= last
+                    and c["sig"] == _trials_sig(trials, c["upto"]))
+
+    def _chain_base(self, trials: Sequence[Trial]) -> Base | None:
+        """The base the task model's chain was trained on, while that chain goes on; None
+        when it does not (the caller then takes the current prior's)."""
+        c = self._chains.get(None)
+        if self.refit <= 1 or len(trials) < REFIT_STEP or c is None:
+            return None
+        if c["base_scores"] is None or not self._chain_continues(c, trials):
+            return None
+        return c["base_scores"]  # type: ignore[no-any-return]
 
     # --- what the model thinks, for people ------------------------------------------------
     def predicted_latency(self, history: History, picks: Sequence[int]
@@ -305,17 +392,22 @@ class ModelBasedStrategy(Strategy):
         table = getattr(self, "_last_table", None)
         if table is None:
             return {}, 0
-        ok = [(t.index, t.median_us) for t in history.trials
-              if t.status == "ok" and t.median_us and np.isfinite(table[t.index])]
-        if len(ok) < 3:
+        done = [(t.index, t.median_us) for t in history.trials
+                if t.status == "ok" and t.median_us]
+        if len(done) < 3:
             return {}, 0
-        x = np.array([table[i] for i, _ in ok])
-        y = np.log(np.array([us for _, us in ok]))
-        if np.ptp(x) == 0:
+        x = table[np.array([i for i, _ in done], dtype=np.int64)]
+        y = np.log(np.array([us for _, us in done]))
+        fit = np.isfinite(x)
+        x, y = x[fit], y[fit]
+        if len(x) < 3 or np.ptp(x) == 0:
             return {}, 0
         a, b = np.polyfit(x, y, 1)
-        return ({int(i): round(float(np.exp(a * table[i] + b)), 3) for i in picks
-                 if np.isfinite(table[i])}, len(ok))
+        pick = np.asarray(picks, dtype=np.int64)
+        score = table[pick]
+        return ({int(i): round(float(np.exp(a * v + b)), 3) for i, v in zip(pick, score,
+                                                                              strict=True)
+                 if np.isfinite(v)}, len(x))
 
     def describe(self, history: History, picks: Sequence[int]
                  ) -> tuple[dict[int, float], dict[str, Any] | None]:
@@ -326,7 +418,7 @@ class ModelBasedStrategy(Strategy):
         if table is None:
             return {}, None
         valid = self.space.valid_indices
-        scores = table[valid]
+        scores = table.scores
         cols = self.space.columns(valid)
         spread = {}
         for name, col in cols.items():

@@ -32,22 +32,16 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 from rich.table import Table
 
-# XGBoost's OpenMP threads spin between parallel regions unless told otherwise; with
-# several replay workers on a shared 2-core machine the spinning cost 30x the CPU of the
-# model's work (identical results). Read when the OpenMP runtime loads, so set before
-# xgboost is imported.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
-from search import cost_model  # noqa: E402
-from search.datasets import ReplayDataset, load_dataset  # noqa: E402
-from search.registry import (  # noqa: E402
+from search import cost_model
+from search.datasets import ReplayDataset, load_dataset
+from search.registry import (
     STRATEGIES,
     Registry,
     parse_spec,
     strategies_help,
     strategy_class,
 )
-from search.strategy import History, PriorTrial, Strategy  # noqa: E402
+from search.strategy import History, PriorTrial, Strategy
 
 DEFAULT_GLOB = "bench/data/replay/*.jsonl.gz"
 BATCH = 32

@@ -40,6 +40,7 @@ from store.models import (
     Job,
     Measurement,
     Task,
+    Worker,
     utcnow,
 )
 
@@ -459,6 +460,21 @@ def open_rounds_per_job(session: Session) -> dict[int, int]:
         .outerjoin(Candidate.__table__, (C.job_id == J.id) & (C.state != "done"))
         .where(J.status.in_(ACTIVE_JOB_STATES)).group_by(J.id).order_by(J.id))
     return {j: int(n) for j, n in rows}
+
+
+def unfed_gpus(session: Session, target: str, alive_s: float) -> int:
+    """GPUs of the target that are idle (heartbeat within `alive_s`) minus the candidates
+    of its tasks waiting for a GPU (open, not leased): how many would wait for the
+    explorer if it proposed nothing more."""
+    idle = session.scalar(select(func.count()).select_from(Worker).where(
+        Worker.target == target, Worker.state == "idle",
+        Worker.last_heartbeat >= utcnow() - timedelta(seconds=alive_s))) or 0
+    queued = session.scalar(
+        select(func.count()).select_from(Candidate.__table__)
+        .join(Task.__table__, Task.__table__.c.id == C.task_id)
+        .where(C.state != "done", C.lease_owner.is_(None),
+               Task.__table__.c.target == target)) or 0
+    return max(0, int(idle) - int(queued))
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,11 @@ class Settings(BaseSettings):
     # (a round is split into chunks so that several GPUs share it).
     batch_size: int = 32
     chunk_size: int = 8
+    # Fleet explorer: a round grows in steps of batch_size up to max_round candidates while
+    # GPUs of the target are idle with nothing queued for them (one model update then feeds
+    # more GPUs); while the explorer keeps up, rounds stay at batch_size. <= batch_size:
+    # fixed rounds.
+    max_round: int = 256
     # Fleet explorer: rounds of one job in flight at once (2: the next round is proposed,
     # from what is measured so far, while the current one is measured), and how old the
     # prior (other layers' measurements) handed to a strategy may be, so that its base
@@ -48,8 +53,8 @@ class Settings(BaseSettings):
     # Distributed fleet: how long a worker holds a candidate before another may take it
     # over, how often the explorer sweeps for lost work, and when a sent message counts
     # as lost (not leased by anyone after this many seconds).
-    # A worker renews its lease whenever half of it has passed, so a slow measurement keeps
-    # its candidates; the lease matters only for a worker that died or stalled. Workers
+    # A worker's thread renews its lease every third of it, so a slow measurement keeps its
+    # candidates; the lease matters only for a worker that died or froze. Workers
     # (embedded processes and the fleet's) report to the workers table every heartbeat_s.
     lease_s: float = 120.0
     sweep_s: float = 2.0

@@ -15,7 +15,7 @@ import pytest
 import kernels.space as kspace
 from kernels.space import ScheduleSpace, knobs_for
 from kernels.spec import RESNET50_3X3, TARGETS, Precision
-from search.datasets import load_dataset, write_dataset
+from search.datasets import ReplaySpace, load_dataset, write_dataset
 from search.features import columns_from_schedules, feature_names, space_features
 from search.registry import make_strategy
 from search.strategy import History
@@ -143,3 +143,19 @@ def test_a_new_knob_does_not_change_the_search_on_old_data(monkeypatch: pytest.M
     after = _diversity_schedules(path, 3)
     assert all(s["LATER"] == 0 for s in after)
     assert [{k: v for k, v in s.items() if k != "LATER"} for s in after] == before
+
+
+def test_a_replay_space_holds_what_the_dataset_holds() -> None:
+    # A recorded schedule the rules now reject stays proposable in its dataset's space, and
+    # the plain space with the same restriction keeps the rules' answer (enumerated spaces
+    # are cached per process by shape, precision, target and knob values).
+    shape, target = RESNET50_3X3["stage3"], TARGETS["h100"]
+    restrict = {"MMA": ["sync"], "TMA": [0], "PERSIST": [0], "FOLD_TAPS": [0]}
+    plain = ScheduleSpace(shape, Precision.INT8, target, restrict)
+    rejected = np.flatnonzero(~plain.valid_mask(np.arange(plain.size)))[:3]
+    present = np.concatenate([plain.valid_indices[:5], rejected])
+    replay = ReplaySpace(shape, Precision.INT8, target, restrict, present)
+    np.testing.assert_array_equal(replay.valid_indices, np.sort(present))
+    again = ScheduleSpace(shape, Precision.INT8, target, restrict)
+    assert not np.isin(rejected, again.valid_indices).any()
+    assert len(again.valid_indices) == len(plain.valid_indices)

@@ -320,8 +320,56 @@ def test_diversity_task_model_is_a_function_of_the_trials(ds: ReplayDataset) -> 
     fresh = make_strategy("diversity", ds.space, seed=5, **FAST)
     assert live.propose(h, 32) == fresh.propose(h, 32)
     np.testing.assert_array_equal(live.own_scores, fresh.own_scores)
-    np.testing.assert_array_equal(live.score_table(h.trials), fresh.score_table(h.trials))
+    np.testing.assert_array_equal(live.score_table(h.trials).scores,  # type: ignore[union-attr]
+                                  fresh.score_table(h.trials).scores)  # type: ignore[union-attr]
     # refit=1: trained from scratch every time, as sa and the paper's configuration do.
     every = make_strategy("diversity", ds.space, seed=5, refit=1, **FAST)
     assert every.score_table(h.trials) is not None and None not in every._chains  # type: ignore
-    assert not np.array_equal(every.score_table(h.trials), fresh.score_table(h.trials))
+    assert not np.array_equal(every.score_table(h.trials).scores,  # type: ignore[union-attr]
+                              fresh.score_table(h.trials).scores)  # type: ignore[union-attr]
+
+
+def test_between_retrainings_the_task_model_keeps_its_base(ds: ReplayDataset) -> None:
+    """A prior that moves between two trainings from scratch (a busy fleet) is taken up at
+    the next one: the boosting steps go on from the base the task model was trained on."""
+    others = [load_dataset(REPLAY / f"sim_stage{k}_int8_h100_paper6.jsonl.gz") for k in (2, 4)]
+    first = transfer_prior(ds, others[:1])
+    moved = transfer_prior(ds, others)
+    trials = _history(ds, 170, pending=0, seed=4).trials
+    strat = make_strategy("diversity", ds.space, seed=2, **FAST)
+    strat.propose(History(trials=trials[:100], prior=first), 32)  # trained from scratch at 96
+    chain = strat._chains[None]  # type: ignore[attr-defined]
+    base_fp = chain["base"]
+    strat.propose(History(trials=trials[:130], prior=moved), 32)  # a boosting step at 128
+    chain = strat._chains[None]  # type: ignore[attr-defined]
+    assert chain["start"] == 96 and chain["upto"] == 128 and chain["base"] == base_fp
+    strat.propose(History(trials=trials[:165], prior=moved), 32)  # from scratch at 160
+    chain = strat._chains[None]  # type: ignore[attr-defined]
+    assert chain["start"] == 160 and chain["base"] != base_fp
+
+
+def test_boosting_steps_on_a_whole_space_update_its_shortlist() -> None:
+    """On a whole layer's space (137,000 valid schedules) the steps between retrainings
+    update each voice's best rows only; the rest keep their scores from the retraining."""
+    from search.model_based import SHORTLIST_MIN_ROWS, SHORTLIST_ROWS
+    from workers.backends.simulated import simulate_latency_us
+
+    space = ScheduleSpace(RESNET50_3X3["stage3"], Precision.INT8, TARGETS["h100"])
+    assert len(space.valid_indices) >= SHORTLIST_MIN_ROWS
+    idx = np.random.default_rng(0).choice(space.valid_indices, 140, replace=False)
+    lat = simulate_latency_us(space.shape, space.precision, space.target, space.columns(idx))
+    trials = [Trial(int(i), "ok", float(us)) for i, us in zip(idx, lat, strict=True)]
+    strat = make_strategy("diversity", space, seed=1, rank_voices=0, **FAST)
+    strat.propose(History(trials=trials[:100]), 32)
+    chain = strat._chains[None]  # type: ignore[attr-defined]
+    rows, before = chain["rows"], chain["each"].copy()
+    assert rows is not None and SHORTLIST_ROWS <= len(rows) <= 6 * SHORTLIST_ROWS
+    strat.propose(History(trials=trials[:140]), 32)  # boosting steps at 128 and 140
+    chain = strat._chains[None]  # type: ignore[attr-defined]
+    assert chain["upto"] == 128
+    after = strat.bag_scores
+    assert after is not None
+    outside = np.ones(len(space.valid_indices), dtype=bool)
+    outside[rows] = False
+    np.testing.assert_array_equal(after[:, outside], before[:, outside])
+    assert not np.allclose(after[:, rows], before[:, rows])

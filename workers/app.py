@@ -26,6 +26,7 @@ from sqlalchemy.exc import OperationalError
 from store.settings import get_settings
 from workers import batcher, tasks
 from workers.backends import backend_for, builder_backend
+from workers.fleet import dead_after_s
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +107,8 @@ last_measured: dict[str, float] = {}
 def explore_task(job_id: int) -> int:
     settings = get_settings()
     prop = tasks.explore_round(settings.db_url, job_id, settings.batch_size,
-                               settings.rounds_in_flight, settings.prior_refresh_s)
+                               settings.rounds_in_flight, settings.prior_refresh_s,
+                               settings.max_round, dead_after_s(settings))
     if prop.ids:
         dispatch(prop.ids, prop.target)
     if prop.more:  # pipelining: the next round is proposed while this one is measured

@@ -134,11 +134,7 @@ def run_explorer(settings: Settings, procs: int = 1) -> None:
     restart-safe. `procs` > 1: that many processes take explore messages (a prefork pool),
     each proposing for one job at a time; the job's row lock keeps two from proposing for
     one job. One sweeper (this process) for all of them."""
-    # XGBoost's OpenMP threads spin between parallel regions by default; on a machine whose
-    # cores are all busy (the fleet's own processes) that spinning took more CPU than the
-    # model's work. Several explorer processes share the cores between them.
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    from search import cost_model
+    from search import cost_model  # sets OMP_WAIT_POLICY=PASSIVE before XGBoost loads
 
     # One XGBoost thread per explorer process by default (TCTUNE_XGB_THREADS): a second
     # OpenMP thread cost more CPU than it saved (0.24 vs 0.12 CPU-s per fit on an idle

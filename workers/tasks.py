@@ -115,14 +115,45 @@ def explore(db_url: str, job_id: int, batch_size: int = 32) -> list[int]:
     return explore_round(db_url, job_id, batch_size).ids
 
 
+# How often an explorer process asks how many GPUs of a target wait for work (`round_size`);
+# in between it counts down what it proposed itself.
+UNFED_REFRESH_S = 1.0
+_unfed: dict[tuple[str, str], tuple[float, int]] = {}
+
+
+def round_size(session: Any, db_url: str, target: str, batch_size: int, max_round: int,
+               alive_s: float) -> int:
+    """Candidates in the next round: `batch_size`, grown in steps of it up to `max_round`
+    while GPUs of the target are idle with nothing queued for them (`hotpath.unfed_gpus`).
+
+    Why: a round costs the explorer one model update whatever its size. When the explorer
+    keeps up, GPUs are busy and rounds stay small (the most model updates per trial, the
+    best search); when it falls behind, idle GPUs make the rounds larger, so each update
+    feeds more of them (the replay's cost of larger rounds: bench/RESULTS.md "Proposal
+    time")."""
+    if max_round <= batch_size:
+        return batch_size
+    now = time.monotonic()
+    key = (db_url, target)
+    at, unfed = _unfed.get(key, (-1e18, 0))
+    if now - at >= UNFED_REFRESH_S:
+        at, unfed = now, hp.unfed_gpus(session, target, alive_s)
+    size = min(max_round, max(batch_size, -(-unfed // batch_size) * batch_size))
+    _unfed[key] = (at, max(0, unfed - size))
+    return size
+
+
 def explore_round(db_url: str, job_id: int, batch_size: int = 32, rounds_in_flight: int = 1,
-                  prior_refresh_s: float = 0.0) -> Proposal:
+                  prior_refresh_s: float = 0.0, max_round: int = 0,
+                  alive_s: float = 20.0) -> Proposal:
     """Propose the job's next round unless `rounds_in_flight` rounds are open already.
 
     Open candidates never sent (or forgotten) are returned to be dispatched again. With
     more than one round in flight (pipelining), the new round is proposed from what is
     measured so far, with the open candidates as pending so that none is proposed twice,
-    and never beyond the budget: proposals stop at trials - measured - open.
+    and never beyond the budget: proposals stop at trials - measured - open. A round holds
+    `batch_size` candidates, or up to `max_round` while GPUs of the target wait for work
+    (`round_size`; a worker is alive whose heartbeat is at most `alive_s` old).
     """
     with session_scope(db_url) as s:
         job = repo.get_job(s, job_id, lock=True)  # one explorer per job at a time
@@ -149,7 +180,8 @@ def explore_round(db_url: str, job_id: int, batch_size: int = 32, rounds_in_flig
                              prior_refresh_s)
         history.pending = pending_indices(space, [r.schedule for r in open_rows])
         strategy = strategy_for(db_url, job, space)
-        picks = strategy.propose(history, min(batch_size, remaining))
+        size = round_size(s, db_url, target, batch_size, max_round, alive_s)
+        picks = strategy.propose(history, min(size, remaining))
         # One line per proposal: the fleet benchmark reads the explorer's latency from it.
         log.info("proposal job=%d strategy=%s n=%d history=%d pending=%d prior=%d "
                  "seconds=%.4f", job.id, job.strategy, len(picks), len(history.trials),

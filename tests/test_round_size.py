@@ -1,0 +1,85 @@
+"""The fleet explorer's round size: batch_size while GPUs are fed, larger (up to max_round, in
+steps of batch_size) while GPUs of the target are idle with nothing queued for them; in
+SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import func, select
+
+from kernels.spec import RESNET50_3X3, TARGETS, Precision
+from store import hotpath as hp
+from store import repository as repo
+from store.db import session_scope
+from store.models import Candidate
+from workers import tasks
+
+H200 = TARGETS["h200"]
+
+
+@pytest.fixture(autouse=True)
+def _fresh_counts() -> None:
+    tasks._unfed.clear()  # per-process memory of the last count: each test asks afresh
+
+
+def _job(url: str, trials: int, shape: str = "stage3") -> int:
+    with session_scope(url) as s:
+        task = repo.get_or_create_task(s, RESNET50_3X3[shape], Precision.INT8, H200)
+        return repo.create_job(s, task, trials, "random", 0).id
+
+
+def _gpus(url: str, idle: int, busy: int = 0, target: str = "h200") -> None:
+    states = {f"{target}-node/gpu{i}": "idle" for i in range(idle)}
+    states.update({f"{target}-node/busy{i}": "busy" for i in range(busy)})
+    with session_scope(url) as s:
+        repo.heartbeat_many(s, states, "NVIDIA H200", 90, target, "simulated")
+
+
+def _proposed(url: str, job_id: int) -> int:
+    with session_scope(url) as s:
+        return int(s.scalar(select(func.count()).select_from(Candidate)
+                            .where(Candidate.job_id == job_id)) or 0)
+
+
+def test_rounds_stay_at_the_batch_size_while_no_gpu_waits(db: str) -> None:
+    _gpus(db, idle=0, busy=40)
+    job = _job(db, 1000)
+    tasks.explore_round(db, job, 32, max_round=256)
+    assert _proposed(db, job) == 32
+
+
+def test_idle_gpus_make_the_round_larger_in_steps_of_the_batch(db: str) -> None:
+    _gpus(db, idle=70, busy=10)
+    _gpus(db, idle=50, target="t4")  # another target's GPUs do not count
+    with session_scope(db) as s:
+        assert hp.unfed_gpus(s, "h200", 60) == 70
+    job = _job(db, 1000)
+    tasks.explore_round(db, job, 32, max_round=256)
+    assert _proposed(db, job) == 96  # 70 idle -> 3 batches
+    # Those 96 now wait for a GPU: the next job's round is back to one batch.
+    tasks._unfed.clear()
+    with session_scope(db) as s:
+        assert hp.unfed_gpus(s, "h200", 60) == 0
+    other = _job(db, 1000, "stage2")
+    tasks.explore_round(db, other, 32, max_round=256)
+    assert _proposed(db, other) == 32
+
+
+def test_the_round_is_capped_by_max_round_and_the_budget(db: str) -> None:
+    _gpus(db, idle=900)
+    job = _job(db, 1000)
+    tasks.explore_round(db, job, 32, max_round=128)
+    assert _proposed(db, job) == 128
+    small = _job(db, 40, "stage2")
+    tasks.explore_round(db, small, 32, rounds_in_flight=1, max_round=128)
+    assert _proposed(db, small) == 40
+    fixed = _job(db, 1000, "stage4")
+    tasks.explore_round(db, fixed, 32, max_round=0)  # off: fixed rounds
+    assert _proposed(db, fixed) == 32
+
+
+def test_a_silent_worker_is_not_an_idle_gpu(db: str) -> None:
+    _gpus(db, idle=100)
+    with session_scope(db) as s:
+        assert hp.unfed_gpus(s, "h200", 60) == 100
+        assert hp.unfed_gpus(s, "h200", -1) == 0  # every heartbeat older than the window
