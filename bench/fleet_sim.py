@@ -106,6 +106,8 @@ def main() -> int:
     ap.add_argument("--trials", type=int, default=2000)
     ap.add_argument("--strategy", default="diversity")
     ap.add_argument("--batch", type=int, default=32, help="candidates per explorer round")
+    ap.add_argument("--max-round", type=int, default=256,
+                    help="rounds grow up to this while GPUs wait (TCTUNE_MAX_ROUND)")
     ap.add_argument("--chunk", type=int, default=8, help="candidates per measure message")
     ap.add_argument("--explorers", type=int, default=1,
                     help="separate `tctune explorer` processes (each with its sweeper)")
@@ -135,6 +137,7 @@ def main() -> int:
         "TCTUNE_BROKER_URL": f"redis://127.0.0.1:{redis_port}/0",
         "TCTUNE_BACKEND": "simulated", "TCTUNE_SIM_DELAY_S": str(args.measure_s),
         "TCTUNE_BATCH_SIZE": str(args.batch), "TCTUNE_CHUNK_SIZE": str(args.chunk),
+        "TCTUNE_MAX_ROUND": str(args.max_round),
         "TCTUNE_AUTH": "off", "TCTUNE_HEARTBEAT_S": "10",
     })
     procs: list[subprocess.Popen[bytes]] = []
@@ -194,9 +197,11 @@ def main() -> int:
         assert cpu0 is not None
         # CPU milliseconds per measurement written in the window, per role of process.
         cpu_ms = {k: round(1000 * (cpu1[k] - cpu0[k]) / max(1, written), 3) for k in cpu1}
-        proposals = [float(m) for i in range(args.explorers) for m in re.findall(
-            r"proposal job=\d+ .* seconds=([0-9.]+)",
-            (tmp / f"explorer{i}.log").read_text())]
+        logged = [(int(n), float(sec)) for i in range(args.explorers)
+                  for n, sec in re.findall(r"proposal job=\d+ strategy=\S+ n=(\d+) .* "
+                                           r"seconds=([0-9.]+)",
+                                           (tmp / f"explorer{i}.log").read_text())]
+        proposals = [sec for _, sec in logged]
         with engine.connect() as c:
             workers = int(c.execute(text(
                 "SELECT count(DISTINCT worker) FROM measurement")).scalar() or 0)
@@ -209,6 +214,8 @@ def main() -> int:
             "proposal_p50_s": round(float(np.percentile(proposals, 50)), 4) if proposals else None,
             "proposal_p99_s": round(float(np.percentile(proposals, 99)), 4) if proposals else None,
             "proposals": len(proposals), "workers_seen": workers, "duplicates": dups,
+            "round_mean": round(float(np.mean([n for n, _ in logged])), 1) if logged else None,
+            "max_round": args.max_round,
             "queue_depth_max": max(s[2] for s in window), "strategy": args.strategy,
             "measure_s": args.measure_s, "jobs": args.jobs, "explorers": args.explorers,
             "window_s": args.seconds, "machine": f"{os.cpu_count()} cores",

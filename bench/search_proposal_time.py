@@ -1,4 +1,5 @@
-"""Time the explorer's proposal of one batch of 32 with 50,000 measurements to learn from.
+"""Time the explorer's proposal of one batch of 32 with 50,000 measurements to learn from,
+and every proposal of a long job after it.
 
 The training set is what a busy target accumulates: simulated measurements (h100, int8) of
 random schedules of many conv layers as the History's prior, plus 200 trials of the layer
@@ -8,9 +9,12 @@ being tuned (ResNet-50 stage3). Timed per strategy:
   train the base model, score the space, train on the task's trials, anneal, pick.
 - warm: the next batch of the same job (the base model is cached; the task model is
   retrained on 32 more trials), which is what every batch but the first pays.
+- job: the same job going on for `--job-trials` more trials in rounds of `--batch`, the
+  simulator measuring: proposal p50 / p99 and the explorer's CPU per measurement.
 
     python bench/search_proposal_time.py [--measurements 50000] [--repeat 5]
-        [--strategies diversity,sa] [--out bench/data/proposal_time.json]
+        [--strategies diversity,sa] [--job-trials 1000] [--batch 32]
+        [--out bench/data/proposal_time.json]
 
 Every repeat's numbers and the load average before and after go to --out (JSON).
 """
@@ -26,6 +30,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -82,6 +87,36 @@ def make_history(total: int, precision: Precision, rng: np.random.Generator
     return space, History(trials=trials[:TASK_TRIALS], prior=prior), trials
 
 
+def run_job(space: ScheduleSpace, history: History, name: str, options: dict[str, Any],
+            trials: int, batch: int) -> dict[str, Any]:
+    """A job going on from the history's trials for `trials` more, measured by the
+    simulator: every proposal's wall and CPU seconds (what the explorer pays per
+    measurement in the steady state of a long job)."""
+    rng = np.random.default_rng(1)
+    strat = make_strategy(name, space, seed=0, **options)
+    h = History(trials=list(history.trials), prior=history.prior)
+    strat.propose(h, batch)  # the cold proposal is timed above
+    walls, cpus, measured = [], [], 0
+    while measured < trials:
+        t0, c0 = time.perf_counter(), time.process_time()
+        picks = strat.propose(h, batch)
+        walls.append(time.perf_counter() - t0)
+        cpus.append(time.process_time() - c0)
+        if not picks:
+            break
+        idx = np.asarray(picks, dtype=np.int64)
+        lat = simulate_latency_us(space.shape, space.precision, space.target,
+                                  space.columns(idx)) * np.exp(rng.normal(0, 0.015, len(idx)))
+        h.trials.extend(Trial(int(i), "ok", float(us)) for i, us in zip(idx, lat, strict=True))
+        measured += len(picks)
+    if not walls:
+        return {"proposals": 0}
+    return {"proposals": len(walls), "measurements": measured, "batch": batch,
+            "p50_s": float(np.percentile(walls, 50)), "p99_s": float(np.percentile(walls, 99)),
+            "cpu_ms_per_measurement": 1e3 * sum(cpus) / max(measured, 1),
+            "wall_s": walls, "cpu_s": cpus}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--measurements", type=int, default=50_000)
@@ -89,6 +124,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--strategies", default="diversity,sa",
                     help="comma-separated NAME[:key=value...] (options as in the replay)")
     ap.add_argument("--out", default=None, help="write every repeat's numbers here (JSON)")
+    ap.add_argument("--job-trials", type=int, default=1000,
+                    help="then a job of this many more trials, every proposal timed")
+    ap.add_argument("--batch", type=int, default=32, help="candidates per proposal of the job")
     args = ap.parse_args(argv)
     load_before = os.getloadavg()
     rng = np.random.default_rng(0)
@@ -123,12 +161,17 @@ def main(argv: list[str] | None = None) -> int:
             assert len(batch) == 32
         # CPU seconds (both threads) next to wall time: on a shared machine the wall time
         # includes waiting for the cores; CPU / 2 is what an idle 2-core machine would take.
+        job = run_job(space, history, name, options, args.job_trials, args.batch)
         results.append({"strategy": spec, "cold_wall_s": cold, "cold_cpu_s": cold_cpu,
-                        "warm_wall_s": warm, "warm_cpu_s": warm_cpu})
+                        "warm_wall_s": warm, "warm_cpu_s": warm_cpu, "job": job})
         print(f"{spec:10s} cold: wall median {statistics.median(cold):.3f} s, "
               f"cpu median {statistics.median(cold_cpu):.3f} s | "
               f"warm: wall median {statistics.median(warm):.3f} s, "
               f"cpu median {statistics.median(warm_cpu):.3f} s")
+        if job["proposals"]:
+            print(f"{'':10s} job of {job['measurements']} trials in rounds of {args.batch}: "
+                  f"proposal p50 {job['p50_s']:.3f} s, p99 {job['p99_s']:.3f} s, "
+                  f"CPU {job['cpu_ms_per_measurement']:.2f} ms per measurement")
     load_after = os.getloadavg()
     print(f"load average (1, 5, 15 min) before: {load_before}, after: {load_after}")
     if args.out:

@@ -170,6 +170,7 @@ class ModelBasedStrategy(Strategy):
                                        early_stop=o["early_stop"], mutants=self.ANNEAL_MUTANTS)
         self._moves: Moves | None = None
         self._features: np.ndarray | None = None
+        self._valid_digits: np.ndarray | None = None
         self._task_features: np.ndarray | None = None
         self._prior_table: tuple[int, np.ndarray, CostModel] | None = None
         self.bag_scores: np.ndarray | None = None
@@ -417,12 +418,14 @@ class ModelBasedStrategy(Strategy):
         table = getattr(self, "_last_table", None)
         if table is None:
             return {}, None
-        valid = self.space.valid_indices
-        scores = table.scores
-        cols = self.space.columns(valid)
+        if self._valid_digits is None:  # each valid schedule's value position per knob
+            self._valid_digits = self.space.digits(self.space.valid_indices).astype(np.int8)
+        d, scores = self._valid_digits, table.scores
         spread = {}
-        for name, col in cols.items():
-            means = [scores[col == v].mean() for v in np.unique(col)]
+        for i, name in enumerate(self.space.names):
+            counts = np.bincount(d[:, i], minlength=int(self.space.radices[i]))
+            sums = np.bincount(d[:, i], weights=scores, minlength=len(counts))
+            means = sums[counts > 0] / counts[counts > 0]
             spread[name] = float(np.ptp(means)) if len(means) > 1 else 0.0
         total = sum(spread.values()) or 1.0
         insight: dict[str, Any] = {
