@@ -1,6 +1,7 @@
 """Prometheus metrics: requests (count, latency by route), jobs by state, measurements by
-status, and the work waiting in queues. The gauges are read from the database at scrape
-time, so every API process reports the same fleet-wide numbers."""
+status, the work waiting in queues and the explorer's work per proposal. All but the
+requests are read from the database at scrape time, so every API process reports the same
+fleet-wide numbers."""
 
 from __future__ import annotations
 
@@ -9,13 +10,18 @@ from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+)
+from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 from sqlalchemy import func, select
 
 from api.broker import Broker
 from store.db import session_scope
-from store.models import Candidate, Job, Measurement
+from store.models import Candidate, ExplorerStat, Job, Measurement
 from store.settings import Settings
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
@@ -26,7 +32,7 @@ class FleetCollector(Collector):
         self.settings = settings
         self.broker = broker
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[Metric]:
         jobs = GaugeMetricFamily("tctune_jobs", "Jobs by state", labels=["state"])
         meas = GaugeMetricFamily("tctune_measurements", "Measurements by status",
                                  labels=["status", "backend"])
@@ -43,9 +49,11 @@ class FleetCollector(Collector):
                                       .where(Candidate.state != "done")
                                       .group_by(Candidate.state)):
                 cands.add_metric([state], n)
+            explorers = list(s.execute(select(ExplorerStat)).scalars())
         yield jobs
         yield meas
         yield cands
+        yield from _explorer(explorers)
         if self.broker is not None:
             yield self._queues(self.broker)
 
@@ -60,6 +68,31 @@ class FleetCollector(Collector):
         for name, n in (broker.queue_depths(names, queue_depths) or {}).items():
             depth.add_metric([name], n)
         return depth
+
+
+def _explorer(rows: list[ExplorerStat]) -> Iterator[Metric]:
+    """The sums over every explorer process that ever wrote (workers/explorer_stats.py)."""
+    from workers.explorer_stats import BUCKETS, bucket_key
+
+    per_bucket = {bucket_key(b): 0 for b in (*BUCKETS, float("inf"))}
+    for row in rows:
+        for le, n in row.buckets.items():
+            per_bucket[le] = per_bucket.get(le, 0) + n
+    cumulative, total = [], 0
+    for le in sorted(per_bucket, key=float):  # float("+Inf") is inf
+        total += per_bucket[le]
+        cumulative.append((le, total))
+    yield HistogramMetricFamily(
+        "tctune_explorer_proposal_seconds", "Wall seconds of each explorer proposal",
+        buckets=cumulative, sum_value=sum(r.seconds_sum for r in rows))
+    fits = CounterMetricFamily(
+        "tctune_explorer_model_fits", "Cost-model boosters the explorer trained: from "
+        "scratch, or boosted further (extend)", labels=["kind"])
+    fits.add_metric(["scratch"], sum(r.fits_scratch for r in rows))
+    fits.add_metric(["extend"], sum(r.fits_extend for r in rows))
+    yield fits
+    yield CounterMetricFamily("tctune_explorer_proposed", "Candidates the explorer proposed",
+                              value=sum(r.proposed for r in rows))
 
 
 class Metrics:

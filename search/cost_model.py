@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -40,6 +41,9 @@ MAX_PRIOR_ROWS = 12000
 # One thread: a task model trains on hundreds of rows, where a second thread cost more CPU
 # than it saved (TCTUNE_XGB_THREADS sets it for the fleet's explorer processes).
 NTHREAD = 1
+# Boosters trained in this process so far, "scratch" or "extend": the explorer's metrics
+# (workers/explorer_stats.py) read how many each proposal trained.
+FITS: Counter[str] = Counter()
 
 
 def normalized_throughput(median_us: np.ndarray, ok: np.ndarray) -> np.ndarray:
@@ -135,6 +139,7 @@ class CostModel:
         dm = self._dmatrix(rows, base_margin)
         self.boosters = [xgb.train(self._bag_params(j), dm, num_boost_round=self.rounds)
                          for j in range(self.bags)]
+        FITS["scratch"] += len(self.boosters)
         return self
 
     def extended(self, rows: Rows, base_margin: np.ndarray | None = None,
@@ -154,6 +159,7 @@ class CostModel:
                                    + b.num_boosted_rounds()},
                                   dm, num_boost_round=rounds, xgb_model=b)
                         for j, b in enumerate(self.boosters)]
+        FITS["extend"] += len(out.boosters)
         return out
 
     @property

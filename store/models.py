@@ -194,3 +194,21 @@ class Artifact(Base):
     cubin: Mapped[bytes] = mapped_column(LargeBinary)
     meta: Mapped[str] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class ExplorerStat(Base):
+    """One explorer process's work (workers/explorer_stats.py writes it, GET /metrics sums
+    every row). Its counts only grow, and the row of an explorer gone stays: its work still
+    counts toward the fleet's totals, which Prometheus reads as counters."""
+
+    __tablename__ = "explorer_stat"
+    name: Mapped[str] = mapped_column(String(128), primary_key=True)  # host:pid
+    proposals: Mapped[int] = mapped_column(Integer, default=0)
+    seconds_sum: Mapped[float] = mapped_column(Float, default=0.0)
+    # Proposals per histogram bucket, by upper bound ("0.01", ..., "+Inf"), not cumulative:
+    # a bucket added later needs no migration.
+    buckets: Mapped[dict[str, int]] = mapped_column(JSON)
+    fits_scratch: Mapped[int] = mapped_column(Integer, default=0)
+    fits_extend: Mapped[int] = mapped_column(Integer, default=0)
+    proposed: Mapped[int] = mapped_column(Integer, default=0)  # candidates
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

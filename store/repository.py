@@ -24,6 +24,7 @@ from store.models import (
     ApiToken,
     BestSchedule,
     Candidate,
+    ExplorerStat,
     Job,
     Measurement,
     Task,
@@ -476,3 +477,27 @@ def revoke_token(session: Session, token_id: int) -> bool:
 def active_jobs_of(session: Session, token_id: int) -> int:
     return int(session.scalar(select(func.count(Job.id)).where(
         Job.submitted_by == token_id, Job.status.in_(ACTIVE_JOB_STATES))) or 0)
+
+
+# --- explorer stats ---------------------------------------------------------------------
+
+def add_explorer_stat(session: Session, name: str, proposals: int, seconds_sum: float,
+                      buckets: dict[str, int], fits_scratch: int, fits_extend: int,
+                      proposed: int) -> None:
+    """Add an explorer process's counts since its last write to its row (created at the
+    first). Read, add, write: only that process writes its row."""
+    row = session.get(ExplorerStat, name)
+    if row is None:
+        row = ExplorerStat(name=name, proposals=0, seconds_sum=0.0, buckets={},
+                           fits_scratch=0, fits_extend=0, proposed=0)
+        session.add(row)
+    row.proposals += proposals
+    row.seconds_sum += seconds_sum
+    # A new dict: an in-place change of a JSON column is not seen by the session.
+    row.buckets = {k: row.buckets.get(k, 0) + buckets.get(k, 0)
+                   for k in row.buckets.keys() | buckets.keys()}
+    row.fits_scratch += fits_scratch
+    row.fits_extend += fits_extend
+    row.proposed += proposed
+    row.updated_at = utcnow()
+    session.flush()

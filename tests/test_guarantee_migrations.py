@@ -24,7 +24,7 @@ from store.models import Base
 
 pytestmark = pytest.mark.guarantee
 
-DOWN_TO = ["0008", "0007", "0006", "0005", "0004", "0003", "0002", "0001"]
+DOWN_TO = ["0009", "0008", "0007", "0006", "0005", "0004", "0003", "0002", "0001"]
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

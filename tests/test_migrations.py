@@ -11,7 +11,7 @@ from store.db import get_engine
 from store.models import Base
 
 TABLES = {"task", "job", "candidate", "measurement", "best_schedule", "worker", "api_token",
-          "artifact", "rate_bucket"}
+          "artifact", "rate_bucket", "explorer_stat"}
 
 
 def _roundtrip(url: str) -> None:

@@ -22,7 +22,7 @@ from store import hotpath as hp
 from store import repository as repo
 from store.db import session_scope
 from store.models import ACTIVE_JOB_STATES, Job, Task
-from workers import artifacts
+from workers import artifacts, explorer_stats
 from workers.backends.base import Backend, BuildOutcome, MeasureOutcome, TaskSpec
 from workers.history import history_of, strategy_for
 from workers.leases import LeaseKeeper
@@ -182,10 +182,13 @@ def explore_round(db_url: str, job_id: int, batch_size: int = 32, rounds_in_flig
         strategy = strategy_for(db_url, job, space)
         size = round_size(s, db_url, target, batch_size, max_round, alive_s)
         picks = strategy.propose(history, min(size, remaining))
+        seconds = time.perf_counter() - started
         # One line per proposal: the fleet benchmark reads the explorer's latency from it.
         log.info("proposal job=%d strategy=%s n=%d history=%d pending=%d prior=%d "
                  "seconds=%.4f", job.id, job.strategy, len(picks), len(history.trials),
-                 len(history.pending), len(history.prior), time.perf_counter() - started)
+                 len(history.pending), len(history.prior), seconds)
+        explorer_stats.record_proposal(seconds, len(picks))
+        explorer_stats.flush(db_url)  # at most every few seconds: see explorer_stats
         if not picks:
             if open_rows:  # what is left unseen is on its way: wait for it
                 return Proposal(resend, target=target)
