@@ -143,23 +143,28 @@ class CostModel:
         return self
 
     def extended(self, rows: Rows, base_margin: np.ndarray | None = None,
-                 rounds: int = 10) -> CostModel:
-        """A copy with every booster boosted by `rounds` more trees on these rows (the rows
-        it was trained on and more): the new trees fit what the model gets wrong now. This
-        model is left as it is."""
+                 rounds: int = 10, in_place: bool = False) -> CostModel:
+        """Every booster boosted by `rounds` more trees on these rows (the rows it was
+        trained on and more): the new trees fit what the model gets wrong now. A copy,
+        this model left as it is; `in_place`: this model itself (no copy of its trees,
+        which cost more than the new trees' training)."""
         if not self.boosters:
             raise RuntimeError("the cost model is not trained")
         dm = self._dmatrix(rows, base_margin)
-        out = copy.copy(self)
-        # A seed of its own per booster and step: XGBoost reseeds its sampler only when the
-        # seed changes, so continuing with the stored one would sample from wherever the
-        # process's generator happens to be (not reproducible).
-        out.boosters = [xgb.train({**self._bag_params(j),
-                                   "seed": (int(self._bag_params(j)["seed"]) + 1) * 100_003
-                                   + b.num_boosted_rounds()},
-                                  dm, num_boost_round=rounds, xgb_model=b)
-                        for j, b in enumerate(self.boosters)]
-        FITS["extend"] += len(out.boosters)
+        out = self if in_place else copy.copy(self)
+        boosters = self.boosters if in_place else [b.copy() for b in self.boosters]
+        for j, b in enumerate(boosters):
+            # A seed of its own per booster and step: XGBoost reseeds its sampler only when
+            # the seed changes, so continuing with the stored one would sample from
+            # wherever the process's generator happens to be (not reproducible). The same
+            # calls as xgb.train(..., xgb_model=b) makes, without its copy of the trees.
+            b.set_param({**self._bag_params(j),
+                         "seed": (int(self._bag_params(j)["seed"]) + 1) * 100_003
+                         + b.num_boosted_rounds()})
+            for i in range(rounds):
+                b.update(dm, iteration=i)
+        out.boosters = boosters
+        FITS["extend"] += len(boosters)
         return out
 
     @property

@@ -351,10 +351,15 @@ class ModelBasedStrategy(Strategy):
         steps = [*range(upto + REFIT_STEP, last + 1, REFIT_STEP), *([n] if n > last else [])]
         if steps and rows is not None:
             each = each.copy()  # the chain's margins stay as they were at `upto`
+        # Stored again below: a step that fails midway leaves no chain whose model has
+        # trees its margins lack.
+        self._chains.pop(voice, None)
         for k in steps:
             since = model.trees
+            # Steps the chain keeps grow its model in place; the last one, at a trial count
+            # between two steps, grows a copy (the next proposal goes on from the chain).
             model = model.extended(*self.task_rows(trials[:k], base),  # type: ignore[misc]
-                                   rounds=self.extend_rounds)
+                                   rounds=self.extend_rounds, in_place=k <= last)
             if rows is None:
                 each = each + model.predict_each(self.task_features, since=since)
             else:
