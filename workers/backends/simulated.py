@@ -120,6 +120,7 @@ def model_inputs(shape: ConvShape, precision: Precision, target: Target,
     return {
         "wg": wg, "tma": tma, "stages": stages, "split_k": split_k, "dup": dup,
         "pack": pack, "warps": g.warps.astype(f64), "k_iters": g.k_iters.astype(f64),
+        "vectors": g.stage_vectors.astype(f64),
         "conc": conc, "rounds": rounds, "grid": grid, "flops_it": flops_it,
         "peak": peak, "wg_n": wg_n, "chains": chains, "ld_it": ld_it, "smem_it": smem_it,
         "epi_bytes": epi_bytes, "dram": dram, "clock_hz": target.boost_mhz * 1e6,
@@ -141,13 +142,21 @@ def latency_from_inputs(x: Mapping[str, Any], c: Mapping[str, float]) -> np.ndar
     # too few independent chains per warp.
     eff = np.where(wg, c["eff_wgmma"] * x["wg_n"] / (x["wg_n"] + c["wgmma_n0"]),
                    c["eff_sync"] * x["chains"] / (x["chains"] + c["sync_chains0"]))
-    t_mma = x["conc"] * x["flops_it"] / (x["peak"] * eff)
+    # A warp issues to one of the SM's four sub-partitions, each with a quarter of its
+    # Tensor Cores: the busiest one sets the pace (a warpgroup spans all four).
+    resident = x["conc"] * x["warps"]
+    imbalance = np.where(wg, 1.0, np.ceil(resident / 4.0) * 4.0 / resident)
+    t_mma = x["conc"] * x["flops_it"] * imbalance / (x["peak"] * eff)
     ld_bw = c["load_bytes_per_clk"] * np.where(x["tma"] > 0, c["tma_load_gain"], 1.0)
     t_ld = x["conc"] * (x["ld_it"] / ld_bw + x["smem_it"] / c["smem_bytes_per_clk"])
     floor = np.where(wg, c["iter_cycles_wgmma"], c["iter_cycles_sync"]) + \
         c["iter_cycles_per_warp"] * x["warps"] * x["conc"] + \
         c["load_latency_cycles"] / x["stages"] + np.where(x["dup"], c["dup_iter_cycles"], 0.0)
-    t_it = _smooth_max(c["overlap_p"], floor, t_mma, t_ld)
+    # cp.async loads: every thread computes the addresses of its vectors each iteration
+    # (TMA: one thread issues a few tensor copies); warps on one sub-partition take turns.
+    t_issue = np.where(x["tma"] > 0, 0.0, c["issue_cycles_per_vector"] * x["vectors"] *
+                       np.maximum(1.0, x["conc"] * x["warps"] / 4.0))
+    t_it = _smooth_max(c["overlap_p"], floor, t_mma, t_ld, t_issue)
     t_epi = c["epilogue_cycles"] + x["conc"] * x["epi_bytes"] / c["store_bytes_per_clk"]
     t_block = x["k_iters"] * t_it + c["prologue_cycles"] + t_epi
     t_sm = x["rounds"] * t_block / x["clock_hz"]
