@@ -20,7 +20,8 @@ model ranks first over the recorded best.
     python -m bench.simulator_fit --check  # the committed constants, report only
 
 Writes workers/backends/simulated_fit.json (the constants; not with --check) and
-bench/data/simulator_fit.json (rows per space, baseline_rows per layer, meta).
+bench/data/simulator_fit.json (rows per space, baseline_rows per layer, speedup_rows: the
+simulated speedup over modelled cuDNN fp16 next to the recorded one, and meta).
 """
 
 from __future__ import annotations
@@ -238,6 +239,32 @@ def baseline_rows(kind: str, layers: Sequence[Layer], c: Mapping[str, float]) ->
     return out
 
 
+def speedup_rows() -> list[dict[str, Any]]:
+    """Simulated speedup over the modelled cuDNN fp16 (the best of the whole space, H100,
+    ResNet-50 3x3 layers at batch 8) next to the recorded one (conv_vs_cudnn.json)."""
+    from kernels.space import ScheduleSpace
+    from kernels.spec import RESNET50_3X3
+    from workers.backends.base import TaskSpec
+
+    data = json.loads(CUDNN_FILES[0].read_text())
+    target = get_target(data["target"])
+    backend = simulated.SimulatedBackend(target)
+    out = []
+    for r in data["rows"]:
+        if r["n"] != 8 or r["variant"] != "tuned" or r["precision"] not in ("int8", "fp16"):
+            continue
+        shape, prec = RESNET50_3X3[r["layer"]], Precision(r["precision"])
+        space = ScheduleSpace(shape, prec, target)
+        best = float(simulated.simulate_latency_us(shape, prec, target,
+                                                   space.columns(space.valid_indices)).min())
+        base = backend.baseline_us(TaskSpec(shape, prec, target))
+        out.append({"layer": r["layer"], "n": 8, "precision": prec.value,
+                    "target": target.name, "sim_best_us": round(best, 3),
+                    "sim_baseline_us": base, "sim_speedup": round(base / best, 3),
+                    "recorded_speedup": round(r["cudnn_fp16_us"] / r["tuned_us"], 3)})
+    return out
+
+
 def summarize(rows: Sequence[Mapping[str, Any]], keys: Sequence[str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for held in (True, False):
@@ -289,6 +316,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     base_summary = {kind: summarize([r for r in base if r["baseline"] == kind], ("abs_err",))
                     for kind in ("cudnn_fp16", "cudnn_fp32")}
     print(json.dumps({"kernel": summary, "baselines": base_summary}, indent=1))
+    speedups = speedup_rows()
+    for r in speedups:
+        print(f"{r['layer']} {r['precision']}: simulated speedup {r['sim_speedup']:.2f}, "
+              f"recorded {r['recorded_speedup']:.2f}")
     meta = {
         "date": dt.date.today().isoformat(),
         "command": "python -m bench.simulator_fit" + (" --check" if args.check else ""),
@@ -306,8 +337,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "summary": summary,
         "baseline_summary": base_summary,
     }
-    args.out.write_text(json.dumps({"meta": meta, "rows": rows, "baseline_rows": base},
-                                   indent=1) + "\n")
+    args.out.write_text(json.dumps({"meta": meta, "rows": rows, "baseline_rows": base,
+                                    "speedup_rows": speedups}, indent=1) + "\n")
     return 0
 
 

@@ -1,14 +1,28 @@
 """The `simulated` backend: an analytical model of a named GPU, for machines without one.
 
 It turns (shape, schedule) into a latency from the quantities that decide a Tensor Core
-conv's speed: waves of blocks over the SMs, tile waste at the edges, occupancy (threads,
-registers, shared memory), arithmetic at the target's peak per precision (int4 on sm_90 is
-emulated and slow), bytes moved through L2 and DRAM, shared-memory traffic, pipeline depth,
-split-K reduction and the epilogue. The result is deterministic per (shape, schedule) plus
-small seeded noise, and every result it makes is stored and shown as simulated.
+conv's speed. Per SM and main-loop iteration, the blocks resident on it (occupancy from
+threads, registers and shared memory) share the Tensor Cores (wgmma, or mma.sync through the
+four sub-partitions), the load path (bytes per iteration; cp.async address work per thread,
+none with TMA) and pay a latency floor (barrier, warps, pipeline depth); these overlap as a
+smooth max. The main loop runs once per round of resident blocks, plus each block's prologue
+and epilogue; DRAM bounds the whole; split-K adds its reduction. The result is deterministic
+per (shape, schedule) plus small seeded noise, and every result it makes is stored and shown
+as simulated.
+
+The constants are fitted (bench/simulator_fit.py) to GPU-recorded data and live in
+simulated_fit.json beside this module: "kernel" to the ResNet-50 3x3 replay spaces recorded
+on H100 (wgmma) and H200 (mma.sync); "cudnn_fp16" and "cudnn_fp32" to cuDNN times recorded on
+H100 and H200. Held-out figures are in bench/RESULTS.md, "Simulator calibration". Other
+targets use the same constants with their own datasheet figures (SMs, clock, peaks,
+bandwidth): an extrapolation.
+
+The baseline (`SimulatedBackend.baseline_us`) is a model of cuDNN, not of this kernel: a
+roofline of the layer (arithmetic, DRAM bytes, the reduction walked in order) with its own
+fitted constants.
 
 The model is written over numpy columns so that a whole space can be simulated at once
-(the offline replay datasets of the search benchmark come from here until GPU ones exist).
+(`model_inputs` once per space, `latency_from_inputs` per set of constants: the fit's loop).
 """
 
 from __future__ import annotations
