@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 
 from kernels.space import ScheduleSpace
@@ -73,3 +75,74 @@ def test_baseline_is_modelled_cudnn_fp16() -> None:
     backend = SimulatedBackend(TARGETS["h100"])
     base = backend.baseline_us(TaskSpec(STAGE2, Precision.INT8, TARGETS["h100"]))
     assert base >= _best(STAGE2, Precision.FP16, "h100")
+
+
+# Calibration (bench/simulator_fit.py): two held-out spaces, one per Tensor Core path. The
+# floors were set from the committed fit with a margin; a change to the model or its
+# constants that loses the calibration fails here.
+HELD_OUT_FLOORS = {
+    # space: (Spearman at least, median |relative error| at most, pick / best at most)
+    "resnet50_stage3_n8_int8_h100_wgmma": (0.85, 0.11, 1.12),
+    "resnet50_stage3_n8_int8_h200": (0.78, 0.15, 1.10),
+}
+REPORT_TOLERANCE = 0.005
+
+
+def _replay_metrics(name: str) -> dict[str, float]:
+    from bench.simulator_fit import REPLAY, space_metrics
+    from search.datasets import load_dataset
+
+    d = load_dataset(REPLAY / f"{name}.jsonl.gz")
+    idx = d.space.valid_indices
+    real = d.median_us[idx]
+    idx, real = idx[np.isfinite(real)], real[np.isfinite(real)]
+    sim = simulate_latency_us(d.space.shape, d.space.precision, d.space.target,
+                              d.space.columns(idx))
+    return space_metrics(real, sim)
+
+
+def test_the_fit_holds_on_held_out_gpu_spaces() -> None:
+    from bench.simulator_fit import OUT, held_out_space
+
+    report = {r["dataset"]: r for r in json.loads(OUT.read_text())["rows"]}
+    for name, (rho, err, pick) in HELD_OUT_FLOORS.items():
+        assert held_out_space(name) and report[name]["held_out"] is True
+        m = _replay_metrics(name)
+        assert m["spearman"] >= rho and m["median_abs_err"] <= err and \
+            m["pick_vs_best"] <= pick, (name, m)
+        # The committed report is what the committed constants give.
+        for key, value in m.items():
+            assert abs(value - report[name][key]) <= REPORT_TOLERANCE, (name, key)
+
+
+def test_the_split_keeps_held_out_spaces_out_of_the_fit() -> None:
+    from bench.simulator_fit import OUT
+
+    rows = json.loads(OUT.read_text())["rows"]
+    held = {r["dataset"] for r in rows if r["held_out"]}
+    assert len(rows) == 40 and len(held) == 16
+    assert all("stage3" in n or "_n16_" in n for n in held)
+    assert not any("stage3" in r["dataset"] or "_n16_" in r["dataset"]
+                   for r in rows if not r["held_out"])
+
+
+def test_the_baselines_stay_within_their_fitted_error() -> None:
+    from bench.simulator_fit import OUT, fp32_layers, zoo_layers
+
+    summary = json.loads(OUT.read_text())["meta"]["baseline_summary"]
+    # Held-out median error at most (set from the committed fit with a margin).
+    floors = {"cudnn_fp16": 0.17, "cudnn_fp32": 0.10}
+    for kind, layers in (("cudnn_fp16", zoo_layers()), ("cudnn_fp32", fp32_layers())):
+        held = [la for la in layers if la.held_out]
+        assert held
+        prec = Precision.FP16 if kind == "cudnn_fp16" else Precision.FP32_TC
+        errs = [abs(SimulatedBackend(TARGETS[la.target]).baseline_us(
+            TaskSpec(la.shape, prec, TARGETS[la.target])) / la.real_us - 1) for la in held]
+        report = summary[kind]["held_out"]["abs_err"]
+        assert abs(float(np.median(errs)) - report["median"]) <= REPORT_TOLERANCE, kind
+        assert max(errs) <= report["worst"] + REPORT_TOLERANCE, kind
+        assert float(np.median(errs)) <= floors[kind], kind
+    # ResNet-50 stage 2 at batch 8 on H100: cuDNN fp16 took 11.6 us (conv_vs_cudnn.json).
+    base = SimulatedBackend(TARGETS["h100"]).baseline_us(
+        TaskSpec(STAGE2, Precision.INT8, TARGETS["h100"]))
+    assert 0.75 * 11.6 <= base <= 1.25 * 11.6

@@ -1,19 +1,34 @@
 """The `simulated` backend: an analytical model of a named GPU, for machines without one.
 
 It turns (shape, schedule) into a latency from the quantities that decide a Tensor Core
-conv's speed: waves of blocks over the SMs, tile waste at the edges, occupancy (threads,
-registers, shared memory), arithmetic at the target's peak per precision (int4 on sm_90 is
-emulated and slow), bytes moved through L2 and DRAM, shared-memory traffic, pipeline depth,
-split-K reduction and the epilogue. The result is deterministic per (shape, schedule) plus
-small seeded noise, and every result it makes is stored and shown as simulated.
+conv's speed. Per SM and main-loop iteration, the blocks resident on it (occupancy from
+threads, registers and shared memory) share the Tensor Cores (wgmma, or mma.sync through the
+four sub-partitions), the load path (bytes per iteration; cp.async address work per thread,
+none with TMA) and pay a latency floor (barrier, warps, pipeline depth); these overlap as a
+smooth max. The main loop runs once per round of resident blocks, plus each block's prologue
+and epilogue; DRAM bounds the whole; split-K adds its reduction. The result is deterministic
+per (shape, schedule) plus small seeded noise, and every result it makes is stored and shown
+as simulated.
+
+The constants are fitted (bench/simulator_fit.py) to GPU-recorded data and live in
+simulated_fit.json beside this module: "kernel" to the ResNet-50 3x3 replay spaces recorded
+on H100 (wgmma) and H200 (mma.sync); "cudnn_fp16" and "cudnn_fp32" to cuDNN times recorded on
+H100 and H200. Held-out figures are in bench/RESULTS.md, "Simulator calibration". Other
+targets use the same constants with their own datasheet figures (SMs, clock, peaks,
+bandwidth): an extrapolation.
+
+The baseline (`SimulatedBackend.baseline_us`) is a model of cuDNN, not of this kernel: a
+roofline of the layer (arithmetic, DRAM bytes, the reduction walked in order) with its own
+fitted constants.
 
 The model is written over numpy columns so that a whole space can be simulated at once
-(the offline replay datasets of the search benchmark come from here until GPU ones exist).
+(`model_inputs` once per space, `latency_from_inputs` per set of constants: the fit's loop).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import time
 from collections.abc import Mapping
@@ -24,9 +39,10 @@ from typing import Any
 import numpy as np
 
 from kernels.space import (
-    WGMMA_M,
     WGMMA_N_PER_TILE,
     ScheduleSpace,
+    _knob,
+    fold_tap_bytes,
     geometry,
     mma_is_wgmma,
     schedule_hash,
@@ -35,120 +51,179 @@ from kernels.space import (
 from kernels.spec import ConvShape, Precision, Target, instruction_shape
 from workers.backends.base import BuildOutcome, MeasureOutcome, TaskSpec
 
-LAUNCH_US = 2.5  # launch and tail of one kernel
-SMEM_BYTES_PER_CLK = 128  # per SM
-L2_OVER_DRAM = 2.5  # L2 bandwidth relative to DRAM bandwidth
+FIT_FILE = Path(__file__).with_name("simulated_fit.json")
 NOISE_SIGMA = 0.015  # relative spread of repeated timings on a real GPU
 FP32_TC_PRODUCTS = {"scaled3": 3.0, "binomial4": 4.0, "karatsuba": 3.3}
-
-
 # FP32 lanes (FFMA per clock) of one SM, by compute capability.
 FP32_LANES = {75: 64, 80: 64, 86: 128, 89: 128, 90: 128}
-# The share of the FFMA peak cuDNN fp32 (TF32 off) reached on H100 for ResNet-50's stage-2
-# and stage-3 3x3 layers at batch 8 (78 and 83 us: bench/RESULTS.md, "Kernels vs cuDNN").
-CUDNN_FP32_EFFICIENCY = 0.35
-LAUNCH_US = 3.0
 
 
-def cudnn_fp32_us(shape: ConvShape, target: Target) -> float:
-    """Modelled cuDNN fp32 (TF32 off): FFMA on the CUDA cores, or the memory traffic of
-    fp32 tensors if that takes longer."""
-    peak = target.sms * FP32_LANES.get(target.sm, 128) * 2 * target.boost_mhz * 1e6
-    compute_s = shape.flops / (peak * CUDNN_FP32_EFFICIENCY)
-    memory_s = shape.tensor_bytes(Precision.FP32_TC) / (target.bandwidth_gbs * 1e9 * 0.8)
-    return round(max(compute_s, memory_s) * 1e6 + LAUNCH_US, 3)
+def _load_fit(path: Path = FIT_FILE) -> dict[str, dict[str, float]]:
+    """The fitted constants (bench/simulator_fit.py writes them): "kernel" for the tuned
+    kernel's model, "cudnn_fp16" and "cudnn_fp32" for the modelled baselines."""
+    data = json.loads(path.read_text())
+    return {part: {k: float(v) for k, v in data[part].items()}
+            for part in ("kernel", "cudnn_fp16", "cudnn_fp32")}
 
 
-def simulate_latency_us(shape: ConvShape, precision: Precision, target: Target,
-                        cols: Mapping[str, np.ndarray]) -> np.ndarray:
-    """Noise-free modelled latency in microseconds for each schedule in `cols`."""
+FIT = _load_fit()
+
+
+def _smooth_max(p: float, *xs: np.ndarray) -> np.ndarray:
+    """(sum x^p)^(1/p): the max of terms that overlap imperfectly (p=1: no overlap, a sum;
+    large p: full overlap, the max)."""
+    arrs = np.broadcast_arrays(*[np.asarray(x, dtype=np.float64) for x in xs])
+    top = np.maximum(np.maximum.reduce(arrs), 1e-30)
+    return top * sum((a / top) ** p for a in arrs) ** (1.0 / p)
+
+
+def model_inputs(shape: ConvShape, precision: Precision, target: Target,
+                 cols: Mapping[str, np.ndarray]) -> dict[str, Any]:
+    """The parameter-free quantities of the model, per schedule (numpy columns) and per layer
+    (scalars): what `latency_from_inputs` combines with the fitted constants. Split so that
+    a fit evaluates the constants many times over the same columns."""
     p = Precision(precision)
     inst = instruction_shape(p, target.sm)
     g = geometry(shape, p, target, cols)
     f64 = np.float64
-    clock_hz = target.boost_mhz * 1e6
+    n = np.shape(g.block_m)
     wrt, wct = cols["WARP_ROW_TILES"].astype(f64), cols["WARP_COL_TILES"].astype(f64)
+    wg = mma_is_wgmma(cols, n)
+    tma = _knob(cols, "TMA", n).astype(f64)
+    persist = _knob(cols, "PERSIST", n).astype(f64)
     stages, split_k = cols["STAGES"].astype(f64), cols["SPLIT_K"].astype(f64)
     dup, pack = cols["DUP_AWARE"] == 1, cols["PACK_OUT"] >= 1
-    reorder = cols["REORDER_INNER"] == 1
     nhwcnc = cols["LAYOUT"] == "nhwcnc"
-    bits = p.operand_bits
-    in_bytes = p.input_bits / 8
-    wg = mma_is_wgmma(cols, np.shape(wrt))  # warpgroup tiles, operands read from smem
+    bits, in_bytes = p.operand_bits, p.input_bits / 8
 
     # Occupancy from threads, registers and shared memory.
     frag = np.where(wg, 0.0, (wrt * inst.m * inst.k + wct * inst.n * inst.k) * bits / 32 / 32)
     regs = np.minimum(target.max_regs_per_thread, g.acc_regs + frag + 40)
-    threads = g.threads.astype(f64)
+    threads = g.block_threads.astype(f64)
     by_threads = target.max_threads_per_sm // threads
     by_regs = target.regs_per_sm // (threads * np.ceil(regs / 8) * 8)
     by_smem = np.where(g.smem_bytes > 0,
                        target.smem_per_sm_kib * 1024 // np.maximum(g.smem_bytes, 1), 64)
-    blocks_per_sm = np.maximum(1, np.minimum.reduce(
+    bps = np.maximum(1, np.minimum.reduce(
         [np.full_like(threads, target.max_blocks_per_sm), by_threads, by_regs, by_smem]))
-    warps_per_sm = blocks_per_sm * g.warps
-    # Independent mma chains per warp and resident warps both hide latency.
-    ilp = np.minimum(wrt * wct, 8.0)
-    issue_eff = 1.0 - np.exp(-warps_per_sm * ilp / 12.0)
+    bps = np.where(persist > 0, np.minimum(bps, persist), bps)
+    grid = g.grid_blocks.astype(f64)
+    # Blocks an SM runs at once, and how many times over it does so.
+    conc = np.minimum(bps, np.ceil(grid / target.sms))
+    rounds = np.ceil(grid / (target.sms * bps))
 
-    # Waves: the last partial wave runs at partial occupancy.
-    slots = target.sms * blocks_per_sm
-    waves = g.grid_blocks / slots
-    wave_eff = waves / np.ceil(waves)
-
-    # Arithmetic on padded tiles.
-    pad_m = np.ceil(shape.gemm_m / g.block_m) * g.block_m
-    pad_n = np.ceil(shape.gemm_n / g.block_n) * g.block_n
-    pad_k = np.ceil(shape.gemm_k / (g.block_k * split_k)) * g.block_k * split_k
-    work = 2.0 * pad_m * pad_n * pad_k
-    peak = target.peak(p) * 1e12
+    peak = target.peak(p) * 1e12 / (target.sms * target.boost_mhz * 1e6)  # per SM and clock
     if p is Precision.FP32_TC:
         peak = peak / np.vectorize(FP32_TC_PRODUCTS.get)(cols["SPLIT"]).astype(f64)
-    # mma.sync reaches about 70% of the datasheet peak on Hopper (wgmma owns the rest).
-    sync_eff = np.where(wg, 0.85, 0.68 if target.sm >= 90 else 0.9)
-    t_mma = work / (peak * sync_eff * issue_eff * wave_eff)
-
-    # Shared memory: each warp reads its A and B fragments for every k-step.
-    blocks = g.grid_blocks.astype(f64)
-    k_iters = g.k_iters.astype(f64)
-    smem_read = np.where(
-        wg, blocks * k_iters * (g.warps / 4) * (wrt * WGMMA_M + wct * WGMMA_N_PER_TILE),
-        blocks * k_iters * g.warps * (wrt * inst.m + wct * inst.n)) * g.block_k * bits / 8
-    epi_bits = np.where(pack, p.output_bits, 32)
-    smem_epi = 2.0 * pad_m * pad_n * epi_bits / 8
-    t_smem = (smem_read + smem_epi) / (target.sms * SMEM_BYTES_PER_CLK * clock_hz * wave_eff)
-
-    # Global traffic: blocks load their A rows (or the receptive field) and B columns.
-    tiles_n = np.ceil(shape.gemm_n / g.block_n)
-    tiles_m = np.ceil(shape.gemm_m / g.block_m)
-    a_im2col = tiles_n * pad_m * shape.gemm_k * in_bytes
-    # Duplicate-aware loads fetch each input pixel of the receptive field once per channel
-    # slice; with filter rows outer (REORDER_INNER=0) the field is reloaded per filter row.
-    a_dup = tiles_n * tiles_m * g.footprint_pixels * shape.c * in_bytes
-    a_dup = np.where(reorder, a_dup, a_dup * np.minimum(shape.r, 2.0))
-    a_bytes = np.where(dup, np.minimum(a_dup, a_im2col), a_im2col)
-    b_bytes = tiles_m * pad_n * shape.gemm_k * in_bytes
+    flops_it = 2.0 * g.block_m * g.block_n * g.block_k
+    # Width of one instruction's N (wgmma: one instruction spans the warp's WCT tiles) and
+    # the independent instruction chains a warp keeps in flight (mma.sync).
+    wg_n = WGMMA_N_PER_TILE * wct
+    chains = wrt * wct
+    # Global bytes one block loads per main-loop iteration (16-byte vectors, or taps).
+    vec_bytes = np.where(_knob(cols, "FOLD_TAPS", n) == 1, fold_tap_bytes(shape, p) or 16, 16)
+    ld_it = g.stage_vectors * g.threads * vec_bytes
     # Narrow rows of plain NHWC waste 32-byte sectors; NHWCnc keeps them whole.
     row_bytes = np.minimum(shape.c, g.block_k) * in_bytes
-    sector_eff = np.where(nhwcnc, 1.0, np.minimum(1.0, row_bytes / 32.0))
-    l2_bytes = a_bytes / sector_eff + b_bytes
+    ld_it = ld_it / np.where(nhwcnc, 1.0, np.minimum(1.0, row_bytes / 32.0))
+    # mma.sync reads its fragments from shared memory with ldmatrix (wgmma reads in place).
+    smem_it = np.where(wg, 0.0, g.warps * (wrt * inst.m + wct * inst.n) * g.block_k * bits / 8)
+    epi_bytes = g.block_m * g.block_n * np.where(pack, p.output_bits, 32) / 8
     unique = shape.tensor_elements()
-    out_bytes = unique["output"] * p.output_bits / 8
-    dram_bytes = (unique["input"] + unique["weight"]) * in_bytes + out_bytes
-    bw = target.bandwidth_gbs * 1e9
-    t_mem = np.maximum(dram_bytes / bw, l2_bytes / (bw * L2_OVER_DRAM * wave_eff))
+    dram = (unique["input"] + unique["weight"]) * in_bytes + unique["output"] * p.output_bits / 8
+    return {
+        "wg": wg, "tma": tma, "stages": stages, "split_k": split_k, "dup": dup,
+        "pack": pack, "warps": g.warps.astype(f64), "k_iters": g.k_iters.astype(f64),
+        "vectors": g.stage_vectors.astype(f64),
+        "conc": conc, "rounds": rounds, "grid": grid, "flops_it": flops_it,
+        "peak": peak, "wg_n": wg_n, "chains": chains, "ld_it": ld_it, "smem_it": smem_it,
+        "epi_bytes": epi_bytes, "dram": dram, "clock_hz": target.boost_mhz * 1e6,
+        "bw": target.bandwidth_gbs * 1e9, "sms": target.sms,
+        "reduce_bytes": np.where(split_k > 1,
+                                 split_k * shape.gemm_m * shape.gemm_n * 4 * 2, 0.0),
+    }
 
-    # Pipelining: one stage serialises loads and math; more stages overlap them.
-    overlap = np.where(stages >= 2, 1.0 - 0.35 / stages, 0.0)
-    t_main = np.maximum(t_mma, t_mem) + (1.0 - overlap) * np.minimum(t_mma, t_mem) + t_smem * 0.5
-    # Per-iteration barrier and address arithmetic, paid on every wave.
-    sync_cycles = np.where(stages >= 2, 120.0, 200.0) * np.where(dup, 1.25, 1.0) * \
-        np.where(wg, 0.7, 1.0)  # one instruction per warpgroup tile and k-step
-    t_sync = np.ceil(waves) * k_iters * sync_cycles / clock_hz
-    # Split-K: partial sums through global memory and a reduction pass.
-    t_split = np.where(split_k > 1,
-                       split_k * shape.gemm_m * shape.gemm_n * 4 * 2 / bw + LAUNCH_US * 1e-6, 0.0)
-    return (t_main + t_sync + t_split) * 1e6 + LAUNCH_US
+
+def latency_from_inputs(x: Mapping[str, Any], c: Mapping[str, float]) -> np.ndarray:
+    """Modelled latency (us) of the schedules whose `model_inputs` are `x`, with constants `c`.
+
+    Per SM and main-loop iteration, the blocks resident on it share the Tensor Cores and the
+    load path, and each iteration has a latency floor (barrier, issue, load latency not hidden
+    by the stages); those overlap imperfectly (a smooth max). The main loop is paid per round
+    of resident blocks, plus each block's prologue and epilogue; DRAM bounds the whole."""
+    wg = x["wg"]
+    # Tensor Core rate: wgmma loses to narrow N (per-instruction overhead); mma.sync to
+    # too few independent chains per warp.
+    eff = np.where(wg, c["eff_wgmma"] * x["wg_n"] / (x["wg_n"] + c["wgmma_n0"]),
+                   c["eff_sync"] * x["chains"] / (x["chains"] + c["sync_chains0"]))
+    # A warp issues to one of the SM's four sub-partitions, each with a quarter of its
+    # Tensor Cores: the busiest one sets the pace (a warpgroup spans all four).
+    resident = x["conc"] * x["warps"]
+    imbalance = np.where(wg, 1.0, np.ceil(resident / 4.0) * 4.0 / resident)
+    t_mma = x["conc"] * x["flops_it"] * imbalance / (x["peak"] * eff)
+    ld_bw = c["load_bytes_per_clk"] * np.where(x["tma"] > 0, c["tma_load_gain"], 1.0)
+    t_ld = x["conc"] * (x["ld_it"] / ld_bw + x["smem_it"] / c["smem_bytes_per_clk"])
+    floor = np.where(wg, c["iter_cycles_wgmma"], c["iter_cycles_sync"]) + \
+        c["iter_cycles_per_warp"] * x["warps"] * x["conc"] + \
+        c["load_latency_cycles"] / x["stages"] + np.where(x["dup"], c["dup_iter_cycles"], 0.0)
+    # cp.async loads: every thread computes the addresses of its vectors each iteration
+    # (TMA: one thread issues a few tensor copies); warps on one sub-partition take turns.
+    t_issue = np.where(x["tma"] > 0, 0.0, c["issue_cycles_per_vector"] * x["vectors"] *
+                       np.maximum(1.0, x["conc"] * x["warps"] / 4.0))
+    t_it = _smooth_max(c["overlap_p"], floor, t_mma, t_ld, t_issue)
+    t_epi = c["epilogue_cycles"] + x["conc"] * x["epi_bytes"] / c["store_bytes_per_clk"]
+    t_block = x["k_iters"] * t_it + c["prologue_cycles"] + t_epi
+    t_sm = x["rounds"] * t_block / x["clock_hz"]
+    t_dram = x["dram"] / (x["bw"] * c["dram_eff"])
+    t_split = x["reduce_bytes"] / (x["bw"] * c["dram_eff"]) + \
+        np.where(x["split_k"] > 1, c["split_launch_us"] * 1e-6, 0.0)
+    return (_smooth_max(c["overlap_p"], t_sm, t_dram) + t_split) * 1e6 + c["launch_us"]
+
+
+def simulate_latency_us(shape: ConvShape, precision: Precision, target: Target,
+                        cols: Mapping[str, np.ndarray],
+                        constants: Mapping[str, float] | None = None) -> np.ndarray:
+    """Noise-free modelled latency in microseconds for each schedule in `cols` (constants:
+    the fitted ones unless given)."""
+    return latency_from_inputs(model_inputs(shape, precision, target, cols),
+                               FIT["kernel"] if constants is None else constants)
+
+
+def _cudnn_us(shape: ConvShape, peak_flops: float, operand_bytes: float, target: Target,
+              c: Mapping[str, float]) -> float:
+    """A library conv, modelled from its layer alone: arithmetic at a share of `peak_flops`
+    (less where the output has too few `tile` x `tile` tiles to fill the SMs, and for few
+    input channels), the tensors'
+    bytes at a share of DRAM bandwidth, and the reduction walked in order (`k_ns` per element
+    of GEMM K), overlapping as a smooth max, plus a launch (constants `c`, fitted to cuDNN)."""
+    tiles = shape.gemm_m * shape.gemm_n / c["tile"] ** 2  # smooth: the library picks its tile
+    # Few input channels per filter tap leave the inner product short: less efficient.
+    eff = c["compute_eff"] * shape.c / (shape.c + c["channels_half"])
+    t_compute = shape.flops / (peak_flops * eff * min(1.0, tiles / target.sms))
+    el = shape.tensor_elements()
+    t_memory = (el["input"] + el["weight"] + el["output"]) * operand_bytes / \
+        (target.bandwidth_gbs * 1e9 * c["dram_eff"])
+    t_serial = shape.gemm_k * c["k_ns"] * 1e-9
+    t = float(_smooth_max(c["overlap_p"], np.array(t_compute), np.array(t_memory),
+                          np.array(t_serial)))
+    return t * 1e6 + c["launch_us"]
+
+
+def cudnn_fp16_us(shape: ConvShape, target: Target) -> float:
+    """Modelled cuDNN fp16 (channels_last, Tensor Cores)."""
+    return round(_cudnn_us(shape, target.peak(Precision.FP16) * 1e12, 2.0, target,
+                           FIT["cudnn_fp16"]), 3)
+
+
+def ffma_peak(target: Target) -> float:
+    """FP32 FLOP/s of the CUDA cores (FFMA, two operations)."""
+    return target.sms * FP32_LANES.get(target.sm, 128) * 2 * target.boost_mhz * 1e6
+
+
+def cudnn_fp32_us(shape: ConvShape, target: Target) -> float:
+    """Modelled cuDNN fp32 (TF32 off): FFMA on the CUDA cores."""
+    peak = ffma_peak(target)
+    return round(_cudnn_us(shape, peak, 4.0, target, FIT["cudnn_fp32"]), 3)
 
 
 def _noise(key: str) -> float:
@@ -298,15 +373,7 @@ class SimulatedBackend:
         return self._cudnn_fp16_us(task)
 
     def _cudnn_fp16_us(self, task: TaskSpec) -> float:
-        """The best fp16 schedule of a library kernel without the paper's three
-        optimizations (plain loads, 32-bit epilogue, NHWC). The paper: Choi, Kwon, Lee,
-        Choi and Lim, "Learning from Distinctive Candidates to Optimize Reduced-Precision
-        Convolution Program on Tensor Cores", 2022 (docs/design.md, "Sources")."""
-        space = ScheduleSpace(task.shape, Precision.FP16, task.target,
-                              restrict={"DUP_AWARE": [0], "PACK_OUT": [0], "LAYOUT": ["nhwc"]})
-        lat = simulate_latency_us(task.shape, Precision.FP16, task.target,
-                                  space.columns(space.valid_indices))
-        return round(float(lat.min()), 3)
+        return cudnn_fp16_us(task.shape, task.target)
 
     def close(self) -> None:
         pass
