@@ -47,6 +47,7 @@ from kernels.space import (
     mma_is_wgmma,
     schedule_hash,
     schedule_problems,
+    validity,
 )
 from kernels.spec import ConvShape, Precision, Target, instruction_shape
 from workers.backends.base import BuildOutcome, MeasureOutcome, TaskSpec
@@ -232,26 +233,28 @@ def _noise(key: str) -> float:
 
 
 @lru_cache(maxsize=256)
-def _model_of(task: TaskSpec) -> tuple[ScheduleSpace, np.ndarray]:
-    """The task's space and the model's latency of every schedule (NaN: invalid), computed
-    once per task and process: a worker measures one schedule at a time, and the model is
-    elementwise, so a table lookup gives the very number a one-row call would. This keeps
-    the simulated GPU's own CPU cost per measurement in microseconds, not milliseconds."""
-    space = ScheduleSpace(task.shape, task.precision, task.target)
-    table = np.full(space.size, np.nan)
-    valid = space.valid_indices
-    table[valid] = simulate_latency_us(task.shape, task.precision, task.target,
-                                       space.columns(valid))
-    return space, table
+def _space_of(task: TaskSpec) -> ScheduleSpace:
+    return ScheduleSpace(task.shape, task.precision, task.target)
+
+
+@lru_cache(maxsize=8192)
+def _row_us(task: TaskSpec, schedule: tuple[tuple[str, Any], ...]) -> float | None:
+    """The model's latency of one schedule (None: invalid for the layer). One row at a time
+    (about 0.5 ms): a worker measures few schedules of each task, and a table of the
+    task's whole space cost a second of enumeration and 70 MB per task and process. The
+    model is elementwise, so one row gives the very number a whole-space call would."""
+    space = _space_of(task)
+    cols = space.columns(np.array([space.index_of(dict(schedule))]))
+    if not validity(task.shape, task.precision, task.target, cols)[0]:
+        return None
+    return float(simulate_latency_us(task.shape, task.precision, task.target, cols)[0])
 
 
 def _model_us(task: TaskSpec, schedule: Mapping[str, Any]) -> float | None:
     """The modelled latency of a schedule, or None where it is not valid for the layer."""
-    space, table = _model_of(task)
     if schedule_problems(task.precision, schedule):
         return None
-    us = float(table[space.index_of(schedule)])
-    return None if np.isnan(us) else us
+    return _row_us(task, tuple(sorted(schedule.items())))
 
 
 def simulated_result(task: TaskSpec, schedule: Mapping[str, Any]) -> MeasureOutcome:
