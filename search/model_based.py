@@ -49,8 +49,8 @@ def refit_point(n: int, growth: float) -> int:
 # boosting steps in between update the margins of a shortlist: each voice's and the
 # mean's SHORTLIST_ROWS best at the last full scoring. Those steps add a few trees fitted
 # on the newest trials, which move the order near the top; a schedule far below every
-# voice's top is not picked before the next full scoring (docs/decisions.md,
-# "Shortlisted boosting steps"). The whole space costs 100-150 ms per 100 trees per
+# voice's top is not picked before the next full scoring (docs/decisions.md, "Scoring
+# the whole space at every boosting step"). The whole space costs 100-150 ms per 100 trees per
 # booster on 137,000 schedules; the shortlist a tenth of that.
 SHORTLIST_ROWS = 2048
 SHORTLIST_MIN_ROWS = 16 * SHORTLIST_ROWS
@@ -75,24 +75,16 @@ class ScoreTable:
         return self.size
 
     def __getitem__(self, index: Any) -> Any:
-        idx = np.asarray(index, dtype=np.int64)
-        pos = np.minimum(np.searchsorted(self.valid, idx), len(self.valid) - 1)
-        out = np.where(self.valid[pos] == idx, self.scores[pos], -np.inf)
+        inside, pos = valid_rows(self.valid, index)
+        out = np.where(inside, self.scores[pos], -np.inf)
         return float(out) if out.ndim == 0 else out
 
-    def dense(self) -> np.ndarray:
-        """The table as one array over the space (tests and small spaces)."""
-        out = np.full(self.size, -np.inf)
-        out[self.valid] = self.scores
-        return out
 
-
-def valid_rows(space: ScheduleSpace, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(which of `indices` are valid schedules of the space, their rows in valid_indices)."""
-    valid = space.valid_indices
+def valid_rows(valid: np.ndarray, indices: Any) -> tuple[np.ndarray, np.ndarray]:
+    """(which of `indices` are in the ascending `valid`, their positions there)."""
     idx = np.asarray(indices, dtype=np.int64)
     pos = np.minimum(np.searchsorted(valid, idx), max(len(valid) - 1, 0))
-    inside = (valid[pos] == idx) if len(valid) else np.zeros(len(idx), dtype=bool)
+    inside = (valid[pos] == idx) if len(valid) else np.zeros(idx.shape, dtype=bool)
     return inside, pos
 
 
@@ -303,7 +295,7 @@ class ModelBasedStrategy(Strategy):
                 len(idx), MAX_TASK_ROWS, replace=False))
             idx, lat, ok = idx[keep], lat[keep], ok[keep]
         # Trials outside today's valid space (the space changed since) cannot be rows.
-        inside, rows = valid_rows(self.space, idx)
+        inside, rows = valid_rows(self.space.valid_indices, idx)
         rows, lat, ok = rows[inside], lat[inside], ok[inside]
         if not ok.any():
             return None
