@@ -1,10 +1,11 @@
 """Whole models through `deploy.optimize` against PyTorch fp16 (channels_last), eager and
 compiled with inference freezing (BatchNorm folded, elementwise ops fused), in one run.
 
-  python -m bench.model_e2e records FILE... --out R.json      # schedules from layer_classes
+  python -m bench.model_e2e records FILE... --out R.json      # layer_classes / zoo bests
   python -m bench.model_e2e prebuild --cache C [--schedules R.json] [--models ...]  # CPU
   python -m bench.model_e2e run --cache C [--schedules R.json] --out OUT.json      # GPU
   python -m bench.model_e2e table OUT.json
+  python -m bench.model_e2e profile --cache C [--schedules R.json] --models M --batches N  # GPU
 
 Per (model, batch, precision): one CUDA graph per variant of back-to-back forwards, inputs
 rotating past L2 (kernels.timing.time_launches, api "torch", as every baseline is timed);
@@ -31,6 +32,8 @@ from typing import Any
 from kernels.spec import ConvShape, Precision, get_target, task_key
 
 MODELS = ("resnet50", "resnet18", "densenet121")
+# variant -> (programmatic dependent launch, torch.compile with inference freezing around it)
+VARIANTS = {"plain": (False, False), "pdl": (True, False), "compiled": (True, True)}
 TARGET = "h100"  # what prebuild builds for; run uses the GPU at hand
 
 
@@ -39,23 +42,30 @@ def log(msg: str) -> None:
 
 
 def cmd_records(a: argparse.Namespace) -> int:
-    """Each layer class's best schedule as a record (its latency, cuDNN fp16's, the ratio)."""
+    """Each tuned layer's best schedule as a record (its latency, cuDNN fp16's, the ratio):
+    the groups of bench/layer_classes.py's files and the rows of bench/zoo.py's."""
     out: dict[str, Any] = {}
     for path in a.files:
         doc = json.loads(Path(path).read_text())
         target = get_target(doc.get("target", TARGET))
-        for g in doc["groups"]:
-            if not g.get("best_schedule"):
-                continue
-            shape, p = ConvShape.from_dict(g["shape"]), Precision(g["precision"])
-            out[task_key(shape, p, target)] = {
-                "schedule": g["best_schedule"], "latency_us": g["best_us"],
-                "baseline_us": g["cudnn_fp16_us"], "baseline": "cuDNN fp16",
-                "speedup": g["cudnn_fp16_us"] / g["best_us"],
-                "source": f"{Path(path).name}: {g['layer']}"}
+        for g in doc.get("groups", []):
+            if g.get("best_schedule"):
+                _add_record(out, target, g["shape"], g["precision"], g["best_schedule"],
+                            g["best_us"], g["cudnn_fp16_us"], f"{Path(path).name}: {g['layer']}")
+        for r in doc.get("rows", []):
+            if r.get("schedule") and r.get("checked") and r.get("ours_us"):
+                _add_record(out, target, r["shape"], r["precision"], r["schedule"], r["ours_us"],
+                            r["cudnn_fp16_us"], f"{Path(path).name}: {r['model']} {r['layer']}")
     Path(a.out).write_text(json.dumps(out, indent=1))
     log(f"{len(out)} records -> {a.out}")
     return 0
+
+
+def _add_record(out: dict[str, Any], target: Any, shape: dict[str, Any], precision: str,
+                schedule: dict[str, Any], us: float, cudnn_us: float, source: str) -> None:
+    key = task_key(ConvShape.from_dict(shape), Precision(precision), target)
+    out[key] = {"schedule": schedule, "latency_us": us, "baseline_us": cudnn_us,
+                "baseline": "cuDNN fp16", "speedup": cudnn_us / us, "source": source}
 
 
 def _schedules(path: str | None) -> dict[str, Any] | None:
@@ -63,13 +73,14 @@ def _schedules(path: str | None) -> dict[str, Any] | None:
 
 
 def _optimize(net: Any, x: Any, precision: str, target: Any, schedules: Any, cache: str,
-              backend: str) -> Any:
+              backend: str, pdl: bool | None = None) -> Any:
     from deploy import optimize
     from kernels.runtime import DefaultScheduleWarning
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DefaultScheduleWarning)  # the plan says which
-        return optimize(net, x, precision, target, schedules, backend=backend, cache_dir=cache)
+        return optimize(net, x, precision, target, schedules, backend=backend, cache_dir=cache,
+                        pdl=pdl)
 
 
 def cmd_prebuild(a: argparse.Namespace) -> int:
@@ -154,24 +165,76 @@ def cmd_run(a: argparse.Namespace) -> int:
                 f"{row.get('compiled_fp16_ms', float('nan')):.3f} ms")
             net32 = net.cuda()
             for p in a.precisions.split(","):
-                opt = _optimize(net32, x.cuda().contiguous(memory_format=torch.channels_last),
-                                p, target, _schedules(a.schedules), a.cache, "cuda")
-                xin = [t.float().contiguous(memory_format=torch.channels_last) for t in inputs]
-                ours_ms = _time_forward(opt, xin) / 1e3
-                with torch.no_grad():
-                    got = opt(held.cuda().contiguous(memory_format=torch.channels_last))
-                rel, cos = _agreement(got.float(), want)
-                replaced = sum(lp.replaced for lp in opt.plan)
-                r = {**row, "precision": p, "ours_ms": ours_ms, "rel_err": rel, "cosine": cos,
-                     "replaced": replaced, "convs": len(opt.plan),
-                     "tuned": sum(lp.replaced and not lp.default_schedule for lp in opt.plan),
-                     "report": opt.report()}
-                doc["rows"].append(r)
-                log(f"  {p}: ours {ours_ms:.3f} ms ({replaced}/{len(opt.plan)} convs); "
-                    f"rel err {rel:.2e}, cosine {cos:.5f}")
-                out.write_text(json.dumps(doc, indent=1))  # a run cut short keeps its rows
+                for variant in a.variants.split(","):
+                    pdl, compiled = VARIANTS[variant]
+                    opt = _optimize(net32, x.cuda().contiguous(memory_format=torch.channels_last),
+                                    p, target, _schedules(a.schedules), a.cache, "cuda", pdl)
+                    xin = [t.float().contiguous(memory_format=torch.channels_last)
+                           for t in inputs]
+                    fn = opt
+                    if compiled:
+                        import torch._inductor.config as inductor
+
+                        inductor.freezing = True
+                        fn = torch.compile(opt)
+                        with torch.no_grad():
+                            fn(xin[0])
+                    ours_ms = _time_forward(fn, xin) / 1e3
+                    with torch.no_grad():
+                        got = fn(held.cuda().contiguous(memory_format=torch.channels_last))
+                    if compiled:
+                        torch._dynamo.reset()
+                    rel, cos = _agreement(got.float(), want)
+                    replaced = sum(lp.replaced for lp in opt.plan)
+                    r = {**row, "precision": p, "pdl": pdl, "compiled": compiled,
+                         "ours_ms": ours_ms, "rel_err": rel, "cosine": cos,
+                         "replaced": replaced, "convs": len(opt.plan),
+                         "tuned": sum(lp.replaced and not lp.default_schedule
+                                      for lp in opt.plan),
+                         "report": opt.report()}
+                    doc["rows"].append(r)
+                    log(f"  {p} {variant}: ours {ours_ms:.3f} ms ({replaced}/{len(opt.plan)} "
+                        f"convs); rel err {rel:.2e}, cosine {cos:.5f}")
+                    out.write_text(json.dumps(doc, indent=1))  # a run cut short keeps its rows
             del eager, net, net32
             torch.cuda.empty_cache()
+    return 0
+
+
+def cmd_profile(a: argparse.Namespace) -> int:
+    """Where an optimized model's time goes: GPU time per forward of each kernel (tctune's
+    convs as one line per build kind), from the profiler over eager forwards."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from bench.nets import model
+    from kernels.spec import target_for_gpu_model
+
+    target = target_for_gpu_model(torch.cuda.get_device_name(0))
+    reps = 10
+    for name in a.models.split(","):
+        for n in (int(b) for b in a.batches.split(",")):
+            net, _ = model(name)
+            x = torch.randn(n, 3, 224, 224, generator=torch.Generator().manual_seed(1))
+            xc = x.cuda().contiguous(memory_format=torch.channels_last)
+            for p in a.precisions.split(","):
+                opt = _optimize(net.cuda(), xc, p, target, _schedules(a.schedules), a.cache,
+                                "cuda")
+                with torch.no_grad():
+                    for _ in range(3):
+                        opt(xc)
+                    torch.cuda.synchronize()
+                    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                        for _ in range(reps):
+                            opt(xc)
+                        torch.cuda.synchronize()
+                rows = sorted(((e.key, e.device_time_total / reps, e.count // reps)
+                               for e in prof.key_averages() if e.device_time_total > 0),
+                              key=lambda r: -r[1])
+                total = sum(r[1] for r in rows)
+                print(f"{name} n={n} {p}: {total:.1f} us of kernels per forward")
+                for key, us, count in rows[:a.top]:
+                    print(f"  {us:8.1f} us  {count:4d}x  {key[:100]}")
     return 0
 
 
@@ -179,18 +242,25 @@ def render(path: str) -> str:
     d = json.loads(Path(path).read_text())
     lines = [f"GPU: {d['gpu']}, {d['date']} (torch {d['torch']}, cuDNN {d['cudnn']}); "
              f"schedules: {d['schedules'] or 'the runtime defaults'}", "",
-             "| model | batch | precision | convs on tctune (tuned) | ours ms | eager fp16 ms | "
-             "compiled fp16 ms | vs eager | vs compiled | rel. L2 error | cosine |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| model | batch | precision | ours run as | convs on tctune (tuned) | ours ms | "
+             "eager fp16 ms | compiled fp16 ms | vs eager | vs compiled | rel. L2 error | cosine |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in d["rows"]:
         comp, ours = r.get("compiled_fp16_ms"), r["ours_ms"]
         comp_ms, vs_comp = ("-", "-") if comp is None else (f"{comp:.3f}", f"{comp / ours:.2f}x")
         lines.append(
-            f"| {r['model']} | {r['n']} | {r['precision']} | {r['replaced']}/{r['convs']} "
+            f"| {r['model']} | {r['n']} | {r['precision']} | {_variant(r)} | "
+            f"{r['replaced']}/{r['convs']} "
             f"({r['tuned']}) | {ours:.3f} | {r['eager_fp16_ms']:.3f} | {comp_ms} | "
             f"{r['eager_fp16_ms'] / ours:.2f}x | {vs_comp} | {r['rel_err']:.2e} | "
             f"{r['cosine']:.5f} |")
     return "\n".join(lines)
+
+
+def _variant(r: dict[str, Any]) -> str:
+    if "pdl" not in r:
+        return "-"
+    return ("compiled, PDL" if r.get("compiled") else "PDL") if r["pdl"] else "plain"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -200,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     r = sub.add_parser("records")
     r.add_argument("files", nargs="+")
     r.add_argument("--out", required=True)
-    for name in ("prebuild", "run"):
+    for name in ("prebuild", "run", "profile"):
         s = sub.add_parser(name)
         s.add_argument("--cache", required=True)
         s.add_argument("--schedules", default=None)
@@ -210,13 +280,19 @@ def main(argv: list[str] | None = None) -> int:
         if name == "run":
             s.add_argument("--out", default="bench/data/model_e2e_h100.json")
             s.add_argument("--no-compile", action="store_true")
+            s.add_argument("--variants", default="plain,pdl,compiled",
+                           help="how the optimized model runs: plain launches, with programmatic "
+                                "dependent launch (pdl), or pdl under torch.compile (compiled)")
+        if name == "profile":
+            s.add_argument("--top", type=int, default=20)
     t = sub.add_parser("table")
     t.add_argument("file")
     a = ap.parse_args(argv)
     if a.cmd == "table":
         print(render(a.file))
         return 0
-    return {"records": cmd_records, "prebuild": cmd_prebuild, "run": cmd_run}[a.cmd](a)
+    return {"records": cmd_records, "prebuild": cmd_prebuild, "run": cmd_run,
+            "profile": cmd_profile}[a.cmd](a)
 
 
 if __name__ == "__main__":

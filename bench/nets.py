@@ -1,10 +1,12 @@
-"""ResNet-18 and ResNet-50 as torchvision builds them (v1.5: the stride on the 3x3 conv),
-for machines without torchvision, and a U-Net (`UNet`, torchvision has none); `model(name)`
-prefers torchvision's own module. Weights are
+"""ResNet-18 and ResNet-50 (v1.5: the stride on the 3x3 conv) and DenseNet-121 as torchvision
+builds them, for machines without torchvision, and a U-Net (`UNet`, torchvision has none);
+`model(name)` prefers torchvision's own module. Weights are
 PyTorch's random init, and the BatchNorm statistics and affine parameters are random too
 (`randomize_bn`), so that folding them is exercised with values far from identity."""
 
 from __future__ import annotations
+
+from collections import OrderedDict
 
 import torch
 from torch import nn
@@ -141,7 +143,66 @@ class UNet(nn.Module):
         return self.outc(x)
 
 
-LOCAL = {"resnet18": (BasicBlock, [2, 2, 2, 2]), "resnet50": (Bottleneck, [3, 4, 6, 3])}
+class DenseLayer(nn.Module):
+    """Pre-activation: BN + ReLU + 1x1 conv to 4 x growth, BN + ReLU + 3x3 conv to growth,
+    over the concatenation of every earlier feature map of the block."""
+
+    def __init__(self, cin: int, growth: int = 32, bn_size: int = 4) -> None:
+        super().__init__()
+        self.norm1, self.relu1 = nn.BatchNorm2d(cin), nn.ReLU(inplace=True)
+        self.conv1 = nn.Conv2d(cin, bn_size * growth, 1, bias=False)
+        self.norm2, self.relu2 = nn.BatchNorm2d(bn_size * growth), nn.ReLU(inplace=True)
+        self.conv2 = nn.Conv2d(bn_size * growth, growth, 3, padding=1, bias=False)
+
+    def forward(self, features: list[torch.Tensor]) -> torch.Tensor:
+        x = self.conv1(self.relu1(self.norm1(torch.cat(features, 1))))
+        return self.conv2(self.relu2(self.norm2(x)))
+
+
+class DenseBlock(nn.ModuleDict):
+    def __init__(self, layers: int, cin: int, growth: int = 32) -> None:
+        super().__init__()
+        for i in range(layers):
+            self.add_module(f"denselayer{i + 1}", DenseLayer(cin + i * growth, growth))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        features = [x]
+        for layer in self.values():
+            features.append(layer(features))
+        return torch.cat(features, 1)
+
+
+class DenseNet(nn.Module):
+    """DenseNet-121 (growth 32, blocks 6-12-24-16, 64 initial features): a 7x7 stem, max-pool,
+    dense blocks joined by transitions (BN + ReLU + 1x1 conv halving the channels + 2x2
+    average pool), BN, ReLU, global average pool, a linear classifier."""
+
+    def __init__(self, blocks: tuple[int, ...] = (6, 12, 24, 16), growth: int = 32,
+                 init: int = 64, classes: int = 1000) -> None:
+        super().__init__()
+        f: OrderedDict[str, nn.Module] = OrderedDict(
+            conv0=nn.Conv2d(3, init, 7, 2, 3, bias=False), norm0=nn.BatchNorm2d(init),
+            relu0=nn.ReLU(inplace=True), pool0=nn.MaxPool2d(3, 2, 1))
+        ch = init
+        for i, n in enumerate(blocks):
+            f[f"denseblock{i + 1}"] = DenseBlock(n, ch, growth)
+            ch += n * growth
+            if i + 1 < len(blocks):
+                f[f"transition{i + 1}"] = nn.Sequential(OrderedDict(
+                    norm=nn.BatchNorm2d(ch), relu=nn.ReLU(inplace=True),
+                    conv=nn.Conv2d(ch, ch // 2, 1, bias=False), pool=nn.AvgPool2d(2, 2)))
+                ch //= 2
+        f["norm5"] = nn.BatchNorm2d(ch)
+        self.features = nn.Sequential(f)
+        self.classifier = nn.Linear(ch, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.relu(self.features(x))
+        return self.classifier(torch.flatten(nn.functional.adaptive_avg_pool2d(x, 1), 1))
+
+
+LOCAL = {"resnet18": lambda: ResNet(BasicBlock, [2, 2, 2, 2]),
+         "resnet50": lambda: ResNet(Bottleneck, [3, 4, 6, 3]), "densenet121": DenseNet}
 
 
 def model(name: str, seed: int = 0) -> tuple[nn.Module, str]:
@@ -155,6 +216,5 @@ def model(name: str, seed: int = 0) -> tuple[nn.Module, str]:
         if name not in LOCAL:
             raise SystemExit(f"{name} needs torchvision (local builds: {', '.join(LOCAL)})"
                              ) from None
-        block, layers = LOCAL[name]
-        net, source = ResNet(block, layers), "bench.nets (torchvision's structure)"
+        net, source = LOCAL[name](), "bench.nets (torchvision's structure)"
     return randomize_bn(net, seed).eval(), source

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
-from deploy import calibrate
+from deploy import calibrate, torch_op
 from deploy.plan import LayerPlan
 from kernels.build import Epilogue
 from kernels.runtime import schedule_fits
@@ -71,7 +71,7 @@ class FusedConv(nn.Module):
     def __init__(self, layer: LayerPlan, precision: Precision, weight: torch.Tensor,
                  bias: torch.Tensor, shape: ConvShape, *, relu: bool, residual: bool,
                  backend: str, target: Target, schedule: dict[str, Any],
-                 cache_dir: str | Path | None = None) -> None:
+                 pdl: bool = False, cache_dir: str | Path | None = None) -> None:
         super().__init__()
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
@@ -81,7 +81,7 @@ class FusedConv(nn.Module):
         self.out_channels = int(weight.shape[0])
         self.relu, self.residual = relu, residual
         self.backend, self.target = backend, target
-        self.schedule, self.cache_dir = dict(schedule), cache_dir
+        self.schedule, self.cache_dir, self.pdl = dict(schedule), cache_dir, pdl
         self.epilogue = Epilogue("default", relu, residual).resolved(self.precision)
         self.res_scale: float | None = None
         if self.precision is Precision.INT8:
@@ -98,8 +98,10 @@ class FusedConv(nn.Module):
             self.register_buffer("weight", weight.to(torch.float16))
             self.register_buffer("bias", bias.to(torch.float32))
             self.calibrated = True
+        self.out_dtype = torch.int8 if self.precision is Precision.INT8 else torch.float16
         self._ops: dict[tuple[int, ...], Any] = {}
         self._weights: dict[tuple[str, str], torch.Tensor] = {}
+        self.uid = torch_op.register(self)
 
     def set_scales(self, in_scale: float, out_scale: float,
                    residual_scale: float | None = None) -> None:
@@ -139,7 +141,7 @@ class FusedConv(nn.Module):
             fits = schedule_fits(shape, self.precision, self.target, self.schedule,
                                  self.epilogue) is None
             op = Conv2d(shape, self.precision, self.schedule if fits else None, self.target,
-                        epilogue=self.epilogue, cache_dir=self.cache_dir)
+                        epilogue=self.epilogue, pdl=self.pdl, cache_dir=self.cache_dir)
             if fits:
                 op.schedule_source = self.layer.schedule_source
             self._ops[key] = op
@@ -206,7 +208,7 @@ class FusedConv(nn.Module):
         return self._run_reference(x, residual)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-        want = torch.int8 if self.precision is Precision.INT8 else torch.float16
+        want = self.out_dtype
         if x.dtype != want or (residual is not None and residual.dtype != want):
             raise TypeError(f"{self.layer.name}: the fused layer takes {want} activations, got "
                             f"{x.dtype}" + ("" if residual is None else f" / {residual.dtype}"))
@@ -215,6 +217,14 @@ class FusedConv(nn.Module):
                              f"{'required' if self.residual else 'not taken'}")
         if not self.calibrated:
             raise RuntimeError(f"{self.layer.name}: int8 scales were never set")
+        return torch_op.fused_conv(x, residual, self.uid)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        self.uid = torch_op.register(self)  # a copy is a layer of its own
+
+    def execute(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
+        """The layer on its executor (deploy.torch_op's custom op calls this)."""
         if self.backend == "cuda":
             return self._run_cuda(x, residual)
         return self._run_reference(x, residual)

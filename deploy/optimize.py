@@ -64,7 +64,7 @@ def _float_dtype(model: nn.Module) -> torch.dtype:
 def optimize(model: nn.Module, example_inputs: Any, precision: str = "fp16",
              target: Target | str | None = None, schedules: Any = None, *,
              backend: str = "auto", percentile: float = 100.0,
-             calibration_inputs: Iterable[Any] | None = None,
+             calibration_inputs: Iterable[Any] | None = None, pdl: bool | None = None,
              cache_dir: str | Path | None = None) -> OptimizedModel:
     """The model with its groups=1 nn.Conv2d layers on tuned tctune kernels (eval mode).
 
@@ -83,6 +83,9 @@ def optimize(model: nn.Module, example_inputs: Any, precision: str = "fp16",
                    max|W[k]| / 127
     calibration_inputs  more batches (each the forward's arguments) to calibrate on, after
                    example_inputs; their shapes do not matter
+    pdl            launch the kernels with programmatic dependent launch, so that each may
+                   be scheduled while the one before it finishes (kernels.runtime.Conv2d);
+                   None: on for sm_90 targets (the only ones whose kernels support it)
 
     Fused: conv -> BatchNorm2d (folded into weights and bias) -> residual add -> ReLU, each
     part optional (deploy.graph). Activations stay channels_last (NHWC) end to end; int8
@@ -102,6 +105,11 @@ def optimize(model: nn.Module, example_inputs: Any, precision: str = "fp16",
     if backend not in BACKENDS:
         raise ValueError(f"backend must be 'auto' or one of {BACKENDS}, got {backend!r}")
     tgt = resolve_target(target)
+    if pdl is None:
+        pdl = tgt.sm >= 90
+    elif pdl and tgt.sm < 90:
+        raise ValueError(f"pdl (programmatic dependent launch) needs an sm_90 target, not "
+                         f"{tgt.name} (sm_{tgt.sm})")
     model = copy.deepcopy(model).eval()
     float_dtype = _float_dtype(model)
     gm = graph.trace(model)
@@ -148,7 +156,8 @@ def optimize(model: nn.Module, example_inputs: Any, precision: str = "fp16",
         res = chain.residual
         lp.residual = res.name if res is not None else None
         mod = FusedConv(lp, p, w, b, shape, relu=lp.relu, residual=res is not None,
-                        backend=backend, target=tgt, schedule=sched, cache_dir=cache_dir)
+                        backend=backend, target=tgt, schedule=sched, pdl=pdl,
+                        cache_dir=cache_dir)
         if backend == "cuda":
             mod.build(chain.conv.args[0].meta["deploy_shape"])  # type: ignore[union-attr]
         name = base = "tctune_" + re.sub(r"\W", "_", lp.name)

@@ -368,6 +368,14 @@ tc_conv(const u8* __restrict__ x, const u8* __restrict__ w, const float* __restr
 #endif
 ) {
   extern __shared__ __align__(128) u8 smem[];
+#if TC_SM >= 90
+  // Programmatic dependent launch (kernels/launch.py, pdl): a launch with the attribute may
+  // start while the kernel before it on the stream still runs, so nothing global is read or
+  // written before that kernel has finished (a no-op for launches without it). Dependents
+  // may be scheduled once every block of this one has started: they wait here in turn.
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
 #if TC_RES
   const Residual r = {res, res_scale};
 #else

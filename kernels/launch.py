@@ -148,39 +148,74 @@ def has_residual(meta: dict[str, Any]) -> bool:
     return bool(meta["epilogue"].get("residual"))
 
 
-def _launch_with_maps(fn: Any, meta: dict[str, Any], ptrs: list[int],
-                      res: tuple[int, float] | None) -> None:
-    """A TMA build's launch through the driver: CuPy passes no 64-byte-aligned structs."""
+def _launch_driver(fn: Any, meta: dict[str, Any], args: list[Any], pdl: bool) -> None:
+    """One launch through the driver with ctypes arguments: CuPy passes no 64-byte-aligned
+    structs (the tensor maps) and sets no launch attributes (programmatic dependent launch)."""
     import cupy
     from cuda.bindings import driver as drv
 
     grid, block, smem = launch_dims(meta)
-    args: list[Any] = [ctypes.c_void_p(p) for p in ptrs]
-    if res is not None:
-        args += [ctypes.c_void_p(res[0]), ctypes.c_float(res[1])]
-    args.append(tensor_maps(meta, ptrs[0], ptrs[1], ptrs[4]))
     params = (ctypes.c_void_p * len(args))(*(ctypes.addressof(a) for a in args))
-    stream = cupy.cuda.get_current_stream().ptr
-    func = fn.kernel.ptr  # CuPy's RawKernel -> its cupy.cuda.Function -> CUfunction
-    (err,) = drv.cuLaunchKernel(drv.CUfunction(func), *grid, *block, smem,
-                                drv.CUstream(stream), ctypes.addressof(params), 0)
+    stream = drv.CUstream(cupy.cuda.get_current_stream().ptr)
+    func = drv.CUfunction(fn.kernel.ptr)  # CuPy's RawKernel -> cupy.cuda.Function -> CUfunction
+    if pdl:
+        cfg = launch_config(grid, block, smem, stream)
+        (err,) = drv.cuLaunchKernelEx(cfg, func, ctypes.addressof(params), 0)
+    else:
+        (err,) = drv.cuLaunchKernel(func, *grid, *block, smem, stream,
+                                    ctypes.addressof(params), 0)
     if err != drv.CUresult.CUDA_SUCCESS:
-        raise RuntimeError(f"cuLaunchKernel: {err}")
+        raise RuntimeError(f"cuLaunchKernel{'Ex' if pdl else ''}: {err}")
+
+
+def launch_config(grid: tuple[int, ...], block: tuple[int, ...], smem: int, stream: Any) -> Any:
+    """A driver launch configuration that allows programmatic dependent launch: the kernel
+    may start while the previous kernel on the stream finishes (it waits in its prologue,
+    kernels/conv.cu, until that kernel's writes are visible). Stream capture keeps it as a
+    programmatic edge of the graph."""
+    from cuda.bindings import driver as drv
+
+    attr = drv.CUlaunchAttribute()
+    attr.id = drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+    attr.value.programmaticStreamSerializationAllowed = 1
+    cfg = drv.CUlaunchConfig()
+    cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = (int(v) for v in grid)
+    cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = (int(v) for v in block)
+    cfg.sharedMemBytes = int(smem)
+    cfg.hStream = stream
+    cfg.attrs = [attr]
+    cfg.numAttrs = 1
+    return cfg
+
+
+def supports_pdl(meta: dict[str, Any]) -> bool:
+    """Whether a build waits for its predecessor in its prologue (sm_90 builds, conv.cu):
+    only those may be launched with programmatic dependent launch."""
+    return int(meta["sm"]) >= 90
 
 
 def launch(fn: Any, meta: dict[str, Any], x: Any, w: Any, scale: Any, bias: Any, y: Any,
-           ws: Any, counters: Any, res: Any = None, res_scale: float = 1.0) -> None:
+           ws: Any, counters: Any, res: Any = None, res_scale: float = 1.0,
+           pdl: bool = False) -> None:
     """Enqueue one launch on CuPy's current stream. `res` (y's shape and type) and
-    `res_scale` are the residual build's extra arguments, and only theirs."""
+    `res_scale` are the residual build's extra arguments, and only theirs. `pdl`: allow
+    programmatic dependent launch (sm_90 builds; `supports_pdl`)."""
     if has_residual(meta) != (res is not None):
         raise ValueError("a residual build takes a residual tensor, and only a residual build"
                          if res is None else "this build has no residual epilogue")
-    if meta.get("tma"):
-        _launch_with_maps(fn, meta, [a.data.ptr for a in (x, w, scale, bias, y, ws, counters)],
-                          None if res is None else (res.data.ptr, float(res_scale)))
+    if pdl and not supports_pdl(meta):
+        raise ValueError(f"programmatic dependent launch needs an sm_90 build, not sm_{meta['sm']}")
+    if meta.get("tma") or pdl:
+        ptrs = [a.data.ptr for a in (x, w, scale, bias, y, ws, counters)]
+        args: list[Any] = [ctypes.c_void_p(p) for p in ptrs]
+        if res is not None:
+            args += [ctypes.c_void_p(res.data.ptr), ctypes.c_float(float(res_scale))]
+        if meta.get("tma"):
+            args.append(tensor_maps(meta, ptrs[0], ptrs[1], ptrs[4]))
+        _launch_driver(fn, meta, args, pdl)
         return
     grid, block, smem = launch_dims(meta)
-    args: tuple[Any, ...] = (x, w, scale, bias, y, ws, counters)
+    kargs: tuple[Any, ...] = (x, w, scale, bias, y, ws, counters)
     if res is not None:
-        args += (res, np.float32(res_scale))
-    fn(grid, block, args, shared_mem=smem)
+        kargs += (res, np.float32(res_scale))
+    fn(grid, block, kargs, shared_mem=smem)

@@ -48,6 +48,7 @@ from typing import Any
 import numpy as np
 
 from kernels.build import DEFAULT_EPILOGUE, BuildJob, BuildResult, Epilogue, build, cubin_path
+from kernels.launch import supports_pdl
 from kernels.space import (
     NHWCNC_BATCH_BLOCK,
     Schedule,
@@ -393,6 +394,10 @@ class Conv2d:
     relu       clamp at zero in the epilogue
     residual   add a tensor of the output's shape in the epilogue (int8 requant: times
                `res_scale`; fp16 bias): `conv(x, w, scale, bias, residual=r, res_scale=s)`
+    pdl        launch with programmatic dependent launch (sm_90 targets): the kernel may be
+               scheduled while the kernel before it on the stream finishes, and waits in its
+               prologue for that kernel's writes; saves the launch gap between consecutive
+               kernels (a whole model's convs), changes nothing else
     cache_dir  where cubins are built and kept (default $TCTUNE_KERNEL_CACHE or
                ~/.cache/tctune/kernels)
     """
@@ -400,7 +405,7 @@ class Conv2d:
     def __init__(self, shape: ConvShape, precision: Precision | str,
                  schedule: Mapping[str, Any] | None = None, target: Target | str | None = None,
                  *, epilogue: Epilogue | str = "default", relu: bool = False,
-                 residual: bool = False,
+                 residual: bool = False, pdl: bool = False,
                  cache_dir: str | os.PathLike[str] | None = None) -> None:
         self.shape = shape
         self.precision = Precision(precision)
@@ -436,6 +441,10 @@ class Conv2d:
         self.build_result = res
         self.key = res.key
         self.meta = res.meta
+        if pdl and not supports_pdl(self.meta):
+            raise ValueError(f"pdl (programmatic dependent launch) needs an sm_90 target, not "
+                             f"sm_{t.sm}")
+        self.pdl = pdl
         self.layout: str = self.schedule["LAYOUT"]
         self._init_contract()
         self._fns: dict[int, tuple[Any, Any]] = {}
@@ -623,7 +632,7 @@ class Conv2d:
             scale = cupy.stack([cupy.abs(x).max(), cupy.abs(w).max()]).astype(cupy.float32)
         launch(fn, self.meta, x, w, zeros if scale is None else scale,
                zeros if bias is None else bias, y, sc["ws"], sc["counters"], res,
-               1.0 if res_scale is None else float(res_scale))
+               1.0 if res_scale is None else float(res_scale), pdl=self.pdl)
 
     def _stream(self, ptr: int) -> Any:
         import cupy

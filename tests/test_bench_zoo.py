@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from bench import zoo
-from bench.nets import Bottleneck, ResNet, UNet
+from bench.nets import Bottleneck, DenseNet, ResNet, UNet
 from kernels.space import ScheduleSpace, schedule_hash, with_defaults
 from kernels.spec import ConvShape, Precision, get_target
 
@@ -76,12 +76,14 @@ def test_shapes_known_facts() -> None:
     assert {e["shape"]["c"] for e in u["shapes"]} >= {3, 64, 128, 256, 512, 1024}
 
 
-@pytest.mark.parametrize("model", ["resnet50", "unet"])
+@pytest.mark.parametrize("model", ["resnet50", "densenet121", "unet"])
 def test_shapes_match_a_trace_of_bench_nets(model: str) -> None:
-    """bench/nets.py's ResNet-50 mirrors torchvision's module names: tracing it gives the
-    file's (torchvision-traced) entries exactly; the U-Net is bench/nets.py's own."""
+    """bench/nets.py's ResNet-50 and DenseNet-121 mirror torchvision's module names: tracing
+    them gives the file's (torchvision-traced) entries exactly; the U-Net is bench/nets.py's
+    own."""
     with torch.device("meta"):
-        net = (UNet() if model == "unet" else ResNet(Bottleneck, [3, 4, 6, 3])).eval()
+        net = {"unet": UNet, "densenet121": DenseNet,
+               "resnet50": lambda: ResNet(Bottleneck, [3, 4, 6, 3])}[model]().eval()
     got = zoo.conv_shapes(net, 256 if model == "unet" else 224)
     want = SHAPES["models"][model]
     assert got["shapes"] == want["shapes"]

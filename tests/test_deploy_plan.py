@@ -223,3 +223,22 @@ def test_service_bulk_lookup_gives_schedules_and_baselines(
     # int8: nothing tuned for it, every layer on the default.
     o8, warned8 = run(client, "int8")
     assert all(lp.default_schedule for lp in o8.plan) and len(warned8) == 1
+
+
+@pytest.mark.filterwarnings("ignore::kernels.runtime.DefaultScheduleWarning")
+def test_pdl_is_on_for_sm90_targets_off_elsewhere_and_refused_where_unsupported(
+        tmp_path: Path) -> None:
+    def fused(o: OptimizedModel) -> list[FusedConv]:
+        return o.modules_of(FusedConv)  # type: ignore[return-value]
+
+    for target, want in (("h100", True), ("a100", False)):
+        o = optimize(two(), X, "int8", target, None, backend="reference")
+        assert [m.pdl for m in fused(o)] == [want, want]
+    o = optimize(two(), X, "int8", "h100", None, backend="reference", pdl=False)
+    assert not any(m.pdl for m in fused(o))
+    with pytest.raises(ValueError, match="pdl .* needs an sm_90 target"):
+        optimize(two(), X, "int8", "a100", None, backend="reference", pdl=True)
+    # the runtime op the kernel path builds (NVRTC, no GPU) carries it to the launch
+    m = fused(optimize(two(), X, "fp16", "h100", None, backend="reference",
+                       cache_dir=tmp_path))[0]
+    assert m.build(X.shape).pdl

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from kernels.build import BuildJob, Epilogue, build, build_many, cubin_path
+from kernels.launch import launch, supports_pdl
 from kernels.sass import cuobjdump_path, summarize
 from kernels.space import ScheduleSpace, geometry, validity
 from kernels.spec import RESNET50_3X3, ConvShape, Precision, get_target
@@ -336,3 +337,20 @@ def test_kernels_import_without_cupy() -> None:
     for mod in ("kernels.build", "kernels.runner", "kernels.reference", "kernels.timing",
                 "kernels.cudnn", "workers.backends.cuda"):
         importlib.import_module(mod)
+
+
+@needs_sass
+def test_sm90_builds_wait_for_their_predecessor_and_older_ones_have_no_such_wait(
+        cache: Path) -> None:
+    """Programmatic dependent launch (kernels/launch.py, pdl): every sm_90 build waits for the
+    kernel before it (ACQBULK) and lets its dependents be scheduled (PREEXIT) in its prologue,
+    so any of them may be launched with the attribute; sm_75 / sm_80 builds have neither."""
+    for sm, s in ((90, WG), (90, BASE), (80, BASE), (75, {**BASE, "STAGES": 2})):
+        res = build(BuildJob(RESNET50_3X3["stage3"], Precision.INT8, sm, s), cache)
+        assert res.status == "ok", res.log
+        text = summarize(cubin_path(cache, res.key)).text
+        assert ("ACQBULK" in text and "PREEXIT" in text) == (sm >= 90), (sm, s)
+        assert supports_pdl(res.meta) == (sm >= 90)
+    meta = build(BuildJob(RESNET50_3X3["stage3"], Precision.INT8, 80, BASE), cache).meta
+    with pytest.raises(ValueError, match="needs an sm_90 build"):
+        launch(None, meta, *[None] * 7, pdl=True)

@@ -49,6 +49,7 @@ STAGE3 = RESNET50_3X3["stage3"]
 INT8_BEST = RECORDED_BESTS["int8"][1][2]  # stage3's recorded best
 SMALL = ConvShape(2, 10, 12, 32, 48, 3, 3, pad=(1, 1))
 STEM = ConvShape(2, 30, 30, 3, 64, 7, 7, stride=2, pad=3)
+CHAIN = ConvShape(8, 14, 14, 64, 64, 3, 3, pad=(1, 1))  # its output is its next input
 
 
 @pytest.fixture(scope="module")
@@ -417,6 +418,13 @@ def device_cases() -> dict[str, Conv2d]:
                 relu=True),
             "fp16_producer_warp_stem": Conv2d(STEM, "fp16", {**tma, "TMA": 2, "CHUNK": 2},
                                               "h100"),
+            # programmatic dependent launch: each op feeds the next (C = K), plain and PDL
+            **{f"chain_{name}{'_pdl' if pdl else ''}": Conv2d(
+                CHAIN, "int8", sched, "h100", relu=True, pdl=pdl)
+               for name, sched in (("default", None), ("tma", tma),
+                                   ("split_k", {**tma, "SPLIT_K": 2}),
+                                   ("sync", {**wg, "MMA": "sync", "BLK_COL_WARPS": 2, "STAGES": 3}))
+               for pdl in (False, True)},
         }
 
 
@@ -577,3 +585,52 @@ def test_on_gpu_refuses_host_tensors_and_wrong_device_order(cases: dict[str, Con
     with pytest.raises(ValueError, match="x must be C-contiguous"):
         op(torch.zeros((2, 10, 12, 64), dtype=torch.int8, device="cuda")[..., ::2],
            w.cuda())
+
+
+@on_gpu
+@pytest.mark.parametrize("name", ["default", "tma", "split_k", "sync"])
+def test_on_gpu_pdl_chains_equal_plain_launches_eager_and_in_a_graph(
+        cases: dict[str, Conv2d], name: str) -> None:
+    """Six convs, each reading the one before's output: launched with programmatic dependent
+    launch they must wait for it (poisoned outputs would leak through a missing wait), eagerly
+    and replayed from a CUDA graph, and give the plain launches' bytes."""
+    import torch
+
+    plain, pdl = cases[f"chain_{name}"], cases[f"chain_{name}_pdl"]
+    assert pdl.pdl and not plain.pdl
+    prob = _problem(plain, 5)
+    x, w = _storage_inputs(plain, prob)
+    dev = [torch.from_numpy(np.ascontiguousarray(a)).cuda()
+           for a in (x, w, prob.scale, prob.bias)]
+    outs = [torch.empty(plain.output_shape, dtype=torch.int8, device="cuda") for _ in range(6)]
+
+    def chain(op: Conv2d) -> None:
+        h = dev[0]
+        for y in outs:
+            op(h, dev[1], dev[2], dev[3], out=y)
+            h = y
+
+    def run(op: Conv2d, graph: bool) -> list[np.ndarray]:
+        s = torch.cuda.Stream()
+        with torch.cuda.stream(s):
+            for y in outs:
+                y.fill_(-91)  # poisoned
+            chain(op)  # allocates the op's scratch on this stream (before any capture)
+            if graph:
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g, stream=s):
+                    chain(op)
+                for _ in range(3):
+                    for y in outs:
+                        y.fill_(-91)
+                    g.replay()
+        s.synchronize()
+        return [y.cpu().numpy() for y in outs]
+
+    want = run(plain, graph=False)
+    _assert_matches(plain, _got(plain, want[0]), _want(plain, prob))
+    assert len(np.unique(want[-1])) > 32, "the chain carries information to its end"
+    for graph in (False, True):
+        got = run(pdl, graph)
+        for i, (g, wv) in enumerate(zip(got, want, strict=True)):
+            assert np.array_equal(g, wv), f"conv {i} of the chain differs (graph={graph})"

@@ -1,0 +1,55 @@
+"""bench/model_e2e.py on a CPU: records from the layer-class and zoo benchmarks' files (the
+schedules a whole-model run uses) and the table, with each row's launch mode."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from bench import model_e2e
+from kernels.spec import ConvShape, Precision, get_target, task_key
+
+SHAPE = ConvShape(8, 56, 56, 64, 256, 1, 1)
+OTHER = ConvShape(8, 28, 28, 128, 128, 3, 3, pad=(1, 1))
+SCHED = {"BLK_ROW_WARPS": 2, "MMA": "wgmma"}
+
+
+def test_records_come_from_layer_classes_groups_and_checked_zoo_rows(tmp_path: Path) -> None:
+    classes = {"target": "h100", "groups": [
+        {"layer": "expand", "shape": SHAPE.to_dict(), "precision": "int8",
+         "best_schedule": SCHED, "best_us": 5.0, "cudnn_fp16_us": 10.0},
+        {"layer": "untuned", "shape": OTHER.to_dict(), "precision": "int8",
+         "best_schedule": None, "best_us": None, "cudnn_fp16_us": 9.0}]}
+    zoo = {"target": "h100", "rows": [
+        {"model": "resnet50", "layer": "l2", "shape": OTHER.to_dict(), "precision": "fp16",
+         "schedule": SCHED, "checked": True, "ours_us": 12.0, "cudnn_fp16_us": 9.0},
+        {"model": "resnet50", "layer": "bad", "shape": SHAPE.to_dict(), "precision": "fp16",
+         "schedule": SCHED, "checked": False, "ours_us": 1.0, "cudnn_fp16_us": 9.0}]}
+    files = []
+    for name, doc in (("classes.json", classes), ("zoo.json", zoo)):
+        (tmp_path / name).write_text(json.dumps(doc))
+        files.append(str(tmp_path / name))
+    out = tmp_path / "records.json"
+    assert model_e2e.main(["records", *files, "--out", str(out)]) == 0
+    recs = json.loads(out.read_text())
+    h100 = get_target("h100")
+    assert set(recs) == {task_key(SHAPE, Precision.INT8, h100),
+                         task_key(OTHER, Precision.FP16, h100)}
+    r = recs[task_key(OTHER, Precision.FP16, h100)]
+    assert r["schedule"] == SCHED and r["speedup"] == 9.0 / 12.0
+    assert r["source"] == "zoo.json: resnet50 l2"
+    assert recs[task_key(SHAPE, Precision.INT8, h100)]["speedup"] == 2.0
+
+
+def test_table_shows_how_each_row_ran(tmp_path: Path) -> None:
+    row = {"model": "resnet50", "n": 8, "precision": "int8", "replaced": 53, "convs": 53,
+           "tuned": 50, "ours_ms": 0.4, "eager_fp16_ms": 1.2, "compiled_fp16_ms": 0.6,
+           "rel_err": 0.02, "cosine": 0.9998}
+    doc = {"gpu": "g", "date": "d", "torch": "t", "cudnn": 1, "schedules": "R",
+           "rows": [{**row, "pdl": True}, {**row, "pdl": False, "ours_ms": 0.5}, row,
+                    {**row, "pdl": True, "compiled": True, "ours_ms": 0.3}]}
+    (tmp_path / "e2e.json").write_text(json.dumps(doc))
+    lines = model_e2e.render(str(tmp_path / "e2e.json")).splitlines()
+    body = [ln for ln in lines if ln.startswith("| resnet50")]
+    assert [ln.split(" | ")[3] for ln in body] == ["PDL", "plain", "-", "compiled, PDL"]
+    assert "| 1.50x |" in body[0] and "| 1.20x |" in body[1] and "| 2.00x |" in body[3]

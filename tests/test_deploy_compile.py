@@ -1,0 +1,89 @@
+"""An optimized model under `torch.compile`: each fused layer is one opaque custom op
+(`torch.ops.tctune.fused_conv`, deploy/torch_op.py) with a fake implementation, so Dynamo
+captures the whole model in one graph, AOTAutograd propagates shapes, dtypes and
+channels_last strides through the layers, and the compiled model computes what the eager one
+does. On a CPU with the reference executor; the GPU run is bench/model_e2e.py's."""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from typing import Any
+
+import pytest
+import torch
+from torch import fx
+
+from deploy import FusedConv, OptimizedModel, optimize
+from kernels.runtime import DefaultScheduleWarning
+from tests.deploy_nets import small_resnet
+
+X = torch.randn(8, 3, 64, 64, generator=torch.Generator().manual_seed(10))
+HELD = torch.randn(8, 3, 64, 64, generator=torch.Generator().manual_seed(11))
+OP = torch.ops.tctune.fused_conv.default
+
+
+def optimized(precision: str) -> OptimizedModel:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DefaultScheduleWarning)
+        return optimize(small_resnet(), X, precision, "h100", backend="reference")
+
+
+class Recorder:
+    """A Dynamo backend that keeps every graph it is given and runs it as it is."""
+
+    def __init__(self) -> None:
+        self.graphs: list[fx.GraphModule] = []
+
+    def __call__(self, gm: fx.GraphModule, _inputs: Any) -> Any:
+        self.graphs.append(gm)
+        return gm.forward
+
+
+@pytest.mark.parametrize("precision", ["int8", "fp16"])
+def test_the_model_is_one_graph_with_one_custom_op_per_fused_layer(precision: str) -> None:
+    opt = optimized(precision)
+    torch._dynamo.reset()
+    rec = Recorder()
+    with torch.no_grad():
+        want = opt(HELD)
+        got = torch.compile(opt, backend=rec, fullgraph=True)(HELD)
+    assert torch.equal(got, want)
+    assert len(rec.graphs) == 1
+    calls = [n for n in rec.graphs[0].graph.nodes if n.op == "call_function" and
+             getattr(n.target, "_overloadpacket", None) is torch.ops.tctune.fused_conv]
+    assert len(calls) == len(opt.modules_of(FusedConv)) > 0
+
+
+@pytest.mark.parametrize("precision", ["int8", "fp16"])
+def test_aot_tracing_through_the_fake_op_gives_the_eager_result(precision: str) -> None:
+    opt = optimized(precision)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        want = opt(HELD)
+        got = torch.compile(opt, backend="aot_eager", fullgraph=True)(HELD)
+    assert torch.equal(got, want)
+
+
+def test_the_fake_op_has_the_layers_output_shape_dtype_and_strides() -> None:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    opt = optimized("int8")
+    layer = opt.modules_of(FusedConv)[0]
+    assert isinstance(layer, FusedConv)
+    x = torch.zeros(8, 3, 64, 64, dtype=torch.int8).contiguous(memory_format=torch.channels_last)
+    real = torch.ops.tctune.fused_conv(x, None, layer.uid)
+    with FakeTensorMode() as mode:
+        fake = torch.ops.tctune.fused_conv(mode.from_tensor(x), None, layer.uid)
+    assert (fake.shape, fake.dtype, fake.stride()) == (real.shape, real.dtype, real.stride())
+    assert real.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_a_copy_of_a_layer_runs_its_own_weights() -> None:
+    opt = optimized("fp16")
+    twin = copy.deepcopy(opt)
+    a, b = opt.modules_of(FusedConv)[0], twin.modules_of(FusedConv)[0]
+    assert isinstance(a, FusedConv) and isinstance(b, FusedConv) and a.uid != b.uid
+    with torch.no_grad():
+        b.weight.zero_()
+        assert not torch.equal(twin(HELD), opt(HELD))
