@@ -12,8 +12,9 @@ rotating past L2 (kernels.timing.time_launches, api "torch", as every baseline i
 agreement of the optimized model's logits with the float32 model's on held-out inputs
 (fp16: relative L2 error; int8: cosine similarity). Models: torchvision's with random
 weights, or bench/nets.py's builds of ResNet-18/50 where torchvision is missing; random
-BatchNorm statistics either way. `--schedules`: records keyed by task key (the service's
-answers, or `records` made from bench/layer_classes.py's bests); layers without one run the
+BatchNorm statistics either way. `--schedules`: records keyed by task key (`records` made
+from bench/layer_classes.py's and bench/zoo.py's bests), or a tctune service's URL (its
+tuned schedules, one bulk lookup); layers without one run the
 runtime's default schedule, and fp16 layers whose record is slower than cuDNN keep it.
 """
 
@@ -68,7 +69,10 @@ def _add_record(out: dict[str, Any], target: Any, shape: dict[str, Any], precisi
                 "baseline": "cuDNN fp16", "speedup": cudnn_us / us, "source": source}
 
 
-def _schedules(path: str | None) -> dict[str, Any] | None:
+def _schedules(path: str | None) -> dict[str, Any] | str | None:
+    """Records from a file, or a service's URL (deploy.optimize looks every layer up there)."""
+    if path and path.startswith(("http://", "https://")):
+        return path
     return json.loads(Path(path).read_text()) if path else None
 
 

@@ -296,7 +296,8 @@ def launch_meta(job: BuildJob, d: Mapping[str, int]) -> dict[str, Any]:
         "int4_s8": bool(d["TC_INT4_S8"]), "defines": dict(d),
         "tma": tma_maps(sh, p, int(d["TC_C"]), int(g.block_m[0]), int(g.block_n[0]),
                         int(g.block_k[0]),
-                        epi.out_bits(p) if s["PACK_OUT"] == 2 else None) if s.get("TMA")
+                        epi.out_bits(p) if s["PACK_OUT"] == 2 else None,
+                        plain_a=s.get("PLAIN_A") == 1) if s.get("TMA")
         else None,
     }
 
@@ -306,14 +307,16 @@ TMA_ATOM_BYTES = 128
 
 
 def tma_maps(sh: ConvShape, p: Precision, c_padded: int, bm: int, bn: int,
-             bk: int, store_bits: int | None = None) -> dict[str, Any]:
+             bk: int, store_bits: int | None = None, plain_a: bool = False) -> dict[str, Any]:
     """What kernels/launch.py needs to encode a TMA build's two tensor maps (cuTensorMapEncode*)
     for any x and w of this shape: dimensions innermost first, byte strides, boxes, swizzle.
     x: NHWC as (C, W, H, N) walked im2col-wise, BM pixels per box from the block's first output
     pixel, corners such that the walk covers exactly the P x Q output positions (as CUTLASS
     does: lower = -pad, upper = pad - (filter - 1) * dilation). w: KRSC as (C, R*S, K).
     `store_bits` (PACK_OUT=2): y as bytes (K * store_bits / 8, N*P*Q), boxes of the widest
-    swizzle dividing the tile's row bytes x 64 rows (conv.cu: SWB, BOX_ROWS)."""
+    swizzle dividing the tile's row bytes x 64 rows (conv.cu: SWB, BOX_ROWS). `plain_a`
+    (PLAIN_A=1, 1x1 stride-1 unpadded layers): x as the tiled matrix (C, N*H*W), boxes of
+    BM rows ("tiled": true) instead of the im2col walk."""
     es = p.input_bits // 8
     atom = min(bk * es, TMA_ATOM_BYTES)
     (sh_, sw_), (ph, pw), (dh, dw) = sh.stride, sh.pad, sh.dilation
@@ -323,13 +326,17 @@ def tma_maps(sh: ConvShape, p: Precision, c_padded: int, bm: int, bn: int,
         swb = next(b for b in (128, 64, 32) if tile_row % b == 0)
         out["y"] = {"dims": [row, sh.gemm_m], "strides": [row], "box": [swb, TMA_STORE_BOX_ROWS],
                     "element_strides": [1, 1], "swizzle_bytes": swb}
+    x: dict[str, Any] = (
+        {"tiled": True, "dims": [c_padded, sh.n * sh.h * sh.w], "strides": [c_padded * es],
+         "box": [atom // es, bm], "element_strides": [1, 1]} if plain_a else
+        {"dims": [c_padded, sh.w, sh.h, sh.n],
+         "strides": [c_padded * es, sh.w * c_padded * es, sh.h * sh.w * c_padded * es],
+         "lower": [-pw, -ph], "upper": [pw - (sh.s - 1) * dw, ph - (sh.r - 1) * dh],
+         "channels": atom // es, "pixels": bm, "element_strides": [1, sw_, sh_, 1]})
     return {
         "dtype": "float16" if p is Precision.FP16 else "uint8",
         "swizzle_bytes": atom,
-        "x": {"dims": [c_padded, sh.w, sh.h, sh.n],
-              "strides": [c_padded * es, sh.w * c_padded * es, sh.h * sh.w * c_padded * es],
-              "lower": [-pw, -ph], "upper": [pw - (sh.s - 1) * dw, ph - (sh.r - 1) * dh],
-              "channels": atom // es, "pixels": bm, "element_strides": [1, sw_, sh_, 1]},
+        "x": x,
         "w": {"dims": [c_padded, sh.r * sh.s, sh.k],
               "strides": [c_padded * es, sh.r * sh.s * c_padded * es],
               "box": [atom // es, 1, bn], "element_strides": [1, 1, 1]},

@@ -31,7 +31,8 @@
 //      and type added in the epilogue, y = act(acc * scale + bias + res * res_scale) (int8;
 //      fp16: + res, res_scale unused).
 //   maps (TMA=1 builds only, by value after the other arguments): the tensor maps of x
-//      (im2col) and w, and with PACK_OUT=2 of y (tiled, bytes), 128 bytes each
+//      (im2col; tiled [N*H*W][Cp] with PLAIN_A) and w, and with PACK_OUT=2 of y (tiled,
+//      bytes), 128 bytes each
 //      (kernels/launch.py encodes them per tensor pointer).
 //   fp32_tc (PREC 3): x, w and y are float32; `scale` points to two floats {amax_x, amax_w}
 //      (max |x|, max |w|, or any bounds of them) from which every thread derives the same
@@ -58,6 +59,9 @@
 #endif
 #ifndef TC_PERSIST
 #define TC_PERSIST 0  // n >= 1: a persistent grid of n blocks per SM (conv_persistent below)
+#endif
+#ifndef TC_PLAIN_A
+#define TC_PLAIN_A 0  // 1: TMA copies A as the plain [N*H*W][C] matrix (1x1, stride 1, pad 0)
 #endif
 
 #include "instruction_tile.cuh"
@@ -139,6 +143,7 @@ constexpr int TILES_N = (K + BN - 1) / BN;
 constexpr int TILES = ((M + BM - 1) / BM) * TILES_N;
 // PERSIST: blocks walk the tiles (kernels/launch.py sizes the grid to PERSIST per SM).
 constexpr int PERSIST = TC_PERSIST;
+constexpr bool PLAIN_A = TC_PLAIN_A != 0;
 
 // ---- duplicate-aware receptive field (paper 3.1), see block_tile.cuh
 constexpr int cmin(int a, int b) { return a < b ? a : b; }
@@ -230,6 +235,10 @@ static_assert(!TMA_ST || (TMA && !LAYOUT && SPLITK == 1 && (OUT_BITS == 8 || OUT
                           (K * OUT_BITS / 8) % 16 == 0 && TB % 32 == 0 && BM % BOX_ROWS == 0),
               "TMA stores write NHWC int8 / fp16 tiles whose rows are 16-byte multiples, "
               "through the TMA build's tensor maps, without split-K");
+static_assert(!PLAIN_A || (TMA && R == 1 && S == 1 && SH == 1 && SW == 1 && PH == 0 && PW == 0 &&
+                           BM <= 256),
+              "the plain-matrix copy of A is the TMA path of 1x1, stride-1, unpadded layers, "
+              "one box of at most 256 rows");
 static_assert(!PERSIST || (!F32TC && !REGPATH && SPLITK == 1),
               "a persistent grid runs the TMA or cp.async multistage pipeline without split-K");
 // Implied by the register rule and kernels/spec.py's shape limits (tests/test_kernels_build.py):

@@ -75,8 +75,9 @@ def alloc_scratch(meta: dict[str, Any]) -> tuple[Any, Any]:
 
 
 def encode_tensor_maps(tma: dict[str, Any], x_ptr: int, w_ptr: int, y_ptr: int = 0) -> bytes:
-    """The bytes a TMA build reads: x's im2col map, then w's tiled map, then for TMA stores
-    (PACK_OUT=2, "y" in the parameters) y's tiled map (kernels/tma.cuh), 128 bytes each,
+    """The bytes a TMA build reads: x's im2col map (its tiled matrix map with PLAIN_A), then
+    w's tiled map, then for TMA stores (PACK_OUT=2, "y" in the parameters) y's tiled map
+    (kernels/tma.cuh), 128 bytes each,
     encoded by the driver from `launch_meta`'s "tma" parameters and the device pointers."""
     from cuda.bindings import driver as drv
 
@@ -97,11 +98,16 @@ def encode_tensor_maps(tma: dict[str, Any], x_ptr: int, w_ptr: int, y_ptr: int =
     def u32(v: list[int]) -> list[Any]:
         return [drv.cuuint32_t(int(i)) for i in v]
 
-    err, xmap = drv.cuTensorMapEncodeIm2col(
-        dtype, 4, x_ptr, u64(xs["dims"]), u64(xs["strides"]), xs["lower"], xs["upper"],
-        *u32([xs["channels"], xs["pixels"]]), u32(xs["element_strides"]), *common)
+    if xs.get("tiled"):  # PLAIN_A: x as the [N*H*W, C] matrix
+        err, xmap = drv.cuTensorMapEncodeTiled(
+            dtype, 2, x_ptr, u64(xs["dims"]), u64(xs["strides"]), u32(xs["box"]),
+            u32(xs["element_strides"]), *common)
+    else:
+        err, xmap = drv.cuTensorMapEncodeIm2col(
+            dtype, 4, x_ptr, u64(xs["dims"]), u64(xs["strides"]), xs["lower"], xs["upper"],
+            *u32([xs["channels"], xs["pixels"]]), u32(xs["element_strides"]), *common)
     if err != drv.CUresult.CUDA_SUCCESS:
-        raise RuntimeError(f"cuTensorMapEncodeIm2col: {err} ({tma})")
+        raise RuntimeError(f"cuTensorMapEncode (x): {err} ({tma})")
     err, wmap = drv.cuTensorMapEncodeTiled(
         dtype, 3, w_ptr, u64(ws["dims"]), u64(ws["strides"]), u32(ws["box"]),
         u32(ws["element_strides"]), *common)

@@ -36,11 +36,11 @@ struct TmaRing {
   }
   // Where a tile's copies start: its first output pixel as the input coordinate the im2col
   // walk starts from, and its first output channel.
-  struct Origin { int img, h0, w0, n0; };
+  struct Origin { int img, h0, w0, n0, m0; };
   __device__ __forceinline__ static Origin origin(int m0, int n0) {
     using namespace cfg;
     const int img = m0 / (P * Q), pq = m0 - img * (P * Q);
-    return {img, (pq / Q) * SH - PH, (pq % Q) * SW - PW, n0};
+    return {img, (pq / Q) * SH - PH, (pq % Q) * SW - PW, n0, m0};
   }
   // Stage `it` of the tile at `o` into slot st: per swizzle atom, the im2col rows of A and
   // the weight rows of B.
@@ -52,8 +52,9 @@ struct TmaRing {
 #pragma unroll
     for (int a = 0; a < NATOM; ++a) {
       const int c = sx.cb * BKC + a * (ATOM * 8 / ELEM_BITS);
-      tma_im2col(sr.a(st) + (u32)(a * BM * ATOM), xmap, full(st), c, w0, h0, img,
-                 (unsigned short)(sx.s * DW), (unsigned short)(sx.r * DH));
+      if constexpr (PLAIN_A) tma_tile2(sr.a(st) + (u32)(a * BM * ATOM), xmap, full(st), c, o.m0);
+      else tma_im2col(sr.a(st) + (u32)(a * BM * ATOM), xmap, full(st), c, w0, h0, img,
+                      (unsigned short)(sx.s * DW), (unsigned short)(sx.r * DH));
       tma_tile3(sr.b(st) + (u32)(a * BN * ATOM), wmap, full(st), c, sx.r * S + sx.s, n0);
     }
   }

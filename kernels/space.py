@@ -67,11 +67,16 @@ EXTRA_KNOBS: dict[str, tuple[Any, ...]] = {
     # current tile's epilogue (which gets shared memory of its own), so loads overlap stores
     # on layers whose tiles are short (1x1, few channels) and no wave is a partial one.
     "PERSIST": (0, 1, 2),
+    # 1x1 convolutions with stride 1 and no padding on the TMA path: 1 copies A as the plain
+    # [N*H*W, C] matrix (tiled tensor map, one box of BM rows) instead of the im2col walk.
+    # (The cp.async loader already reads such rows at a compile-time stride.)
+    "PLAIN_A": (0, 1),
 }
 # Knobs added after schedules were first stored, with the value that builds the kernel as it
 # was: a schedule that does not name such a knob means that value, and hashes as if the knob
 # were absent, so stored schedules, measurements and their hashes keep their meaning.
-KNOB_DEFAULTS: dict[str, Any] = {"MMA": "sync", "TMA": 0, "FOLD_TAPS": 0, "PERSIST": 0}
+KNOB_DEFAULTS: dict[str, Any] = {"MMA": "sync", "TMA": 0, "FOLD_TAPS": 0, "PERSIST": 0,
+                                 "PLAIN_A": 0}
 # Each default is its knob's first value (tested): recorded datasets and stored prior
 # schedules that predate a knob read it as its first value (search/datasets.py, features.py).
 FP32_TC_KNOBS: dict[str, tuple[Any, ...]] = {
@@ -399,6 +404,12 @@ def register_slack(shape: ConvShape, precision: Precision, target: Target,
 TILE_KNOBS = ("BLK_ROW_WARPS", "BLK_COL_WARPS", "WARP_ROW_TILES", "WARP_COL_TILES", "CHUNK")
 
 
+def is_plain_matrix(shape: ConvShape) -> bool:
+    """A 1x1 conv with stride 1 and no padding: its im2col matrix is x as [N*H*W, C]."""
+    return (shape.r, shape.s) == (1, 1) and tuple(shape.stride) == (1, 1) and \
+        tuple(shape.pad) == (0, 0)
+
+
 def structural_validity(shape: ConvShape, precision: Precision, target: Target,
                         cols: Mapping[str, np.ndarray]) -> np.ndarray:
     """Boolean column: the rules of `validity` that read no tile knob (TILE_KNOBS)."""
@@ -435,6 +446,13 @@ def structural_validity(shape: ConvShape, precision: Precision, target: Target,
     else:
         ok &= ~fold | (dup0 & (np.asarray(cols["REORDER_INNER"]) == 0) & nhwc &
                        (tma_knob == 0))
+    # The plain-matrix copy of A exists for TMA builds of 1x1, stride-1, unpadded layers,
+    # whose im2col rows are the rows of x itself.
+    plain = _knob(cols, "PLAIN_A", n) == 1
+    if is_plain_matrix(shape):
+        ok &= ~plain | (tma_knob >= 1)
+    else:
+        ok &= ~plain
     # A persistent grid runs on the TMA or the cp.async multistage pipeline (not fp32_tc,
     # not the register-staged loads of sm_75 or int4 via s8), without split-K.
     persist = _knob(cols, "PERSIST", n)
@@ -477,8 +495,10 @@ def validity(shape: ConvShape, precision: Precision, target: Target,
     ok &= ~wg | (g.block_threads <= 1024)
     ok &= ~wg | (np.asarray(cols["WARP_ROW_TILES"]) == 1) | (g.acc_regs <= WGMMA_MAX_MULTI_TILE_ACC)
     tma_knob = _knob(cols, "TMA", np.shape(g.block_m))
-    # A TMA weight box has at most 256 rows; a TMA store box 64 (the kernel static_asserts).
+    # A TMA weight box (and PLAIN_A's box of x rows) has at most 256 rows; a TMA store box 64
+    # (the kernel static_asserts).
     ok &= (tma_knob == 0) | (g.block_n <= TMA_MAX_BOX_ROWS)
+    ok &= (_knob(cols, "PLAIN_A", np.shape(g.block_m)) == 0) | (g.block_m <= TMA_MAX_BOX_ROWS)
     ok &= (np.asarray(cols["PACK_OUT"]) != 2) | (g.block_m % TMA_STORE_BOX_ROWS == 0)
     # FOLD_TAPS' loader keeps one tap slot per thread: threads a multiple of the taps per
     # stage row.

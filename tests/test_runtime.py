@@ -418,6 +418,16 @@ def device_cases() -> dict[str, Conv2d]:
                 relu=True),
             "fp16_producer_warp_stem": Conv2d(STEM, "fp16", {**tma, "TMA": 2, "CHUNK": 2},
                                               "h100"),
+            # PLAIN_A: x copied as the [N*H*W, C] matrix (row tails past 578, split-K, TMA
+            # stores, a producer warp, the persistent grid)
+            "int8_plain_a_tma_store_persist_residual": Conv2d(
+                expand, "int8", {**tma, "PACK_OUT": 2, "PERSIST": 2, "PLAIN_A": 1}, "h100",
+                relu=True, residual=True),
+            "fp16_plain_a_tails": Conv2d(ConvShape(2, 17, 17, 64, 96, 1, 1), "fp16",
+                                         {**tma, "PLAIN_A": 1}, "h100"),
+            "int8_plain_a_producer_warp_split_k": Conv2d(
+                ConvShape(2, 14, 14, 256, 64, 1, 1), "int8",
+                {**tma, "TMA": 2, "SPLIT_K": 2, "PLAIN_A": 1}, "h100", epilogue="requant"),
             # programmatic dependent launch: each op feeds the next (C = K), plain and PDL
             **{f"chain_{name}{'_pdl' if pdl else ''}": Conv2d(
                 CHAIN, "int8", sched, "h100", relu=True, pdl=pdl)
@@ -544,7 +554,9 @@ def _run_torch(op: Conv2d, prob: ref.Problem, padded: bool = True) -> np.ndarray
                                   "fp16_residual_relu", "fp16_residual_wgmma_unpacked",
                                   "int8_persist_residual", "fp16_persist_wgmma",
                                   "int8_persist_unpacked_acc", "int8_persist_tma_residual",
-                                  "fp16_persist_tma_one_stage"])
+                                  "fp16_persist_tma_one_stage",
+                                  "int8_plain_a_tma_store_persist_residual",
+                                  "fp16_plain_a_tails", "int8_plain_a_producer_warp_split_k"])
 def test_on_gpu_cupy_and_torch_equal_the_reference(cases: dict[str, Conv2d], name: str) -> None:
     op = cases[name]
     for seed in (1, 2):  # fresh random inputs each time

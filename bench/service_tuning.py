@@ -1,0 +1,90 @@
+"""A whole model tuned by the service on a GPU (bench/gpu/tune_model.sh): its wall time and
+each layer's result against the zoo's best of the same layer (bench/zoo.py, the same GPU).
+
+    python -m bench.service_tuning summarize DIR --out bench/data/service_tuning_r50_h100.json
+    python -m bench.service_tuning table bench/data/service_tuning_r50_h100.json
+
+DIR holds tune_model.sh's outputs: tuning.json, plan_int8.json, plan_fp16.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+from kernels.spec import ConvShape
+
+ZOO = Path(__file__).resolve().parent / "data" / "zoo_h100.json"
+
+
+def zoo_bests(path: Path = ZOO) -> dict[tuple[str, str], float]:
+    """(ConvShape.key(), precision) -> the zoo's best latency (us)."""
+    return {(ConvShape.from_dict(r["shape"]).key(), r["precision"]): float(r["ours_us"])
+            for r in json.loads(path.read_text())["rows"] if r.get("ours_us")}
+
+
+def summarize(folder: Path, zoo: Path = ZOO) -> dict[str, Any]:
+    run = json.loads((folder / "tuning.json").read_text())
+    bests = zoo_bests(zoo)
+    rows: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for p in ("int8", "fp16"):
+        plan = json.loads((folder / f"plan_{p}.json").read_text())
+        for r in plan["results"]:
+            if r["task_key"] in seen:  # layers of one shape share a task
+                continue
+            seen.add(r["task_key"])
+            shape_key = r["task_key"].split("|")[0]
+            zb = bests.get((shape_key, p))
+            rows.append({"layer": r["name"], "task_key": r["task_key"], "precision": p,
+                         "latency_us": r.get("latency_us"), "baseline_us": r.get("baseline_us"),
+                         "speedup": r.get("speedup"), "zoo_us": zb,
+                         "vs_zoo": (r["latency_us"] / zb if zb and r.get("latency_us")
+                                    else None)})
+    return {**run, "jobs": len(rows), "rows": rows}
+
+
+def _geo(v: list[float]) -> float:
+    return math.exp(sum(map(math.log, v)) / len(v))
+
+
+def render(path: str) -> str:
+    d = json.loads(Path(path).read_text())
+    lines = [f"{d['model']}, input {d['input_shape']}, {d['trials']} trials per layer, "
+             f"{d['gpu']}: {d['jobs']} jobs tuned in {d['tuning_wall_s']:.0f} s", "",
+             "| precision | jobs | geomean speedup vs cuDNN fp16 | jobs faster than cuDNN fp16 | "
+             "geomean vs zoo best | worst vs zoo best | within 5% of the zoo best |",
+             "|---|---|---|---|---|---|---|"]
+    for p in ("int8", "fp16"):
+        rows = [r for r in d["rows"] if r["precision"] == p and r["latency_us"]]
+        vs = [r["vs_zoo"] for r in rows if r["vs_zoo"]]
+        sp = [r["speedup"] for r in rows if r["speedup"]]
+        lines.append(f"| {p} | {len(rows)} | {_geo(sp):.2f}x | {sum(s > 1 for s in sp)} | "
+                     f"{_geo(vs):.2f}x | {max(vs):.2f}x | {sum(v <= 1.05 for v in vs)} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("summarize")
+    s.add_argument("folder", type=Path)
+    s.add_argument("--out", required=True, type=Path)
+    s.add_argument("--zoo", type=Path, default=ZOO)
+    t = sub.add_parser("table")
+    t.add_argument("file")
+    a = ap.parse_args(argv)
+    if a.cmd == "summarize":
+        a.out.write_text(json.dumps(summarize(a.folder, a.zoo), indent=1))
+        print(render(str(a.out)))
+    else:
+        print(render(a.file))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
