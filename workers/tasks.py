@@ -26,6 +26,7 @@ from workers import artifacts, explorer_stats
 from workers.backends.base import Backend, BuildOutcome, MeasureOutcome, TaskSpec
 from workers.history import history_of, strategy_for
 from workers.leases import LeaseKeeper
+from workers.seeds import start_points
 
 log = logging.getLogger(__name__)
 
@@ -180,8 +181,10 @@ def explore_round(db_url: str, job_id: int, batch_size: int = 32, rounds_in_flig
                              prior_refresh_s)
         history.pending = pending_indices(space, [r.schedule for r in open_rows])
         strategy = strategy_for(db_url, job, space)
-        size = round_size(s, db_url, target, batch_size, max_round, alive_s)
-        picks = strategy.propose(history, min(size, remaining))
+        size = min(round_size(s, db_url, target, batch_size, max_round, alive_s), remaining)
+        seeds = start_points(spec, space, history)[:size]
+        history.pending |= set(seeds)
+        picks = seeds + strategy.propose(history, size - len(seeds))
         seconds = time.perf_counter() - started
         # One line per proposal: the fleet benchmark reads the explorer's latency from it.
         log.info("proposal job=%d strategy=%s n=%d history=%d pending=%d prior=%d "
