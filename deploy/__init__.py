@@ -5,7 +5,8 @@
     y = fast(x)
     print(fast.report())
 
-deploy uses `kernels` (the runtime) and `api.client` (schedule lookup); neither imports it.
+deploy uses `kernels` (the runtime), `api.client` (schedule lookup) and `api.plan` (models by
+name, for `tctune-deploy`: deploy/cli.py); none of them imports it.
 """
 
 from deploy.module import Dequantize, FusedConv, KernelMaxPool2d, OptimizedModel, Quantize
