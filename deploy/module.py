@@ -280,24 +280,20 @@ class Dequantize(nn.Module):
 
 class KernelMaxPool2d(nn.Module):
     """Max-pool on the kernel's int8 / fp16 values: it commutes with a positive scale (and
-    with rounding), so it needs no dequantization."""
+    with rounding), so it needs no dequantization. int8 goes through fp16, which holds it
+    exactly: PyTorch's CUDA build has no int8 max-pool and its CPU one fails on some
+    channels_last shapes; compiled, the casts fuse into the pooling kernel. One path for
+    every device, so a compiled model takes the eager one's."""
 
     def __init__(self, kernel_size: Any, stride: Any = None, padding: Any = 0,
                  dilation: Any = 1, ceil_mode: bool = False) -> None:
         super().__init__()
         self.args = (kernel_size, stride, padding, dilation, ceil_mode)
-        self._native = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         k, s, p, d, c = self.args
-        if self._native:
-            try:
-                return F.max_pool2d(x, k, s, p, d, ceil_mode=c)
-            except (RuntimeError, NotImplementedError):
-                if x.dtype is not torch.int8:
-                    raise
-                self._native = False  # a build without an int8 max-pool on this device
-        # int8 values are exact in fp16: the same result through fp16.
+        if x.dtype is not torch.int8:
+            return F.max_pool2d(x, k, s, p, d, ceil_mode=c)
         return F.max_pool2d(x.to(torch.float16), k, s, p, d, ceil_mode=c).to(torch.int8)
 
     def extra_repr(self) -> str:

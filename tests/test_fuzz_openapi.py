@@ -22,6 +22,11 @@ from typing import Any
 
 import pytest
 import schemathesis
+
+# schemathesis imports its OpenAPI loader at the first `from_asgi`, deep in a test's stack,
+# where pytest's assertion rewriting parses it, and CPython 3.11's AST constructor can fail
+# there with "recursion depth mismatch" (python/cpython#106905): load it at collection.
+import schemathesis.specs.openapi.schemas  # noqa: F401
 from fastapi import FastAPI
 from hypothesis import HealthCheck, Phase, given, settings
 from schemathesis import GenerationMode
