@@ -56,12 +56,6 @@ MUTANTS = [
            "check_then_time times and stores a latency whatever the check said",
            [("kernels/runner.py", "    if not ok:\n        return {\"status\": \"wrong\"",
              "    if False:\n        return {\"status\": \"wrong\"")]),
-    Mutant("best-filter-repository",
-           "the repository's best (import, refresh_best) takes any status",
-           [("store/repository.py",
-             "select(Measurement).where(Measurement.task_id == task_id, "
-             "Measurement.status == \"ok\",",
-             "select(Measurement).where(Measurement.task_id == task_id,")]),
     Mutant("best-filter-hotpath-sqlite",
            "the hot path's best recompute (SQLite) takes any status",
            [("store/hotpath.py",

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import (
@@ -482,6 +482,14 @@ class PendingRow:
     id: int
     task_id: int
     schedule: dict[str, Any]
+
+
+def workers_measured_since(session: Session, names: Sequence[str], after: datetime
+                           ) -> set[str]:
+    """Which of these workers wrote a measurement at or after `after` (a GPU worker's
+    heartbeat: busy or idle)."""
+    return {w for (w,) in session.execute(
+        select(M.worker).where(M.worker.in_(list(names)), M.created_at >= after).distinct())}
 
 
 def pending_among(session: Session, ids: Sequence[int]) -> list[PendingRow]:

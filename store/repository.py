@@ -1,4 +1,6 @@
-"""The narrow storage interface: every read and write of tctune's state goes through here.
+"""The narrow storage interface: tctune's state is read and written through here and through
+store/hotpath.py, which holds the set-wise statements of the measurement path (candidates,
+leases, results, best schedules: the one implementation of each of those writes).
 
 Writes that a redelivered message could repeat are idempotent by construction (unique keys
 with insert-or-ignore), so "at least once" delivery yields "exactly once" rows.
@@ -8,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -17,7 +19,6 @@ from sqlalchemy import Connection, Select, and_, bindparam, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from kernels.space import schedule_hash
 from kernels.spec import ConvShape, Precision, Target, task_key
 from store.models import (
     ACTIVE_JOB_STATES,
@@ -180,23 +181,6 @@ def prior_measurements_since(session: Session, target: str, precision: str, afte
 
 # --- candidates -------------------------------------------------------------------------
 
-def add_candidates(session: Session, job: Job, schedules: Iterable[dict[str, Any]],
-                   round_no: int, predicted_us: Sequence[float | None] | None = None) -> list[int]:
-    """Insert proposals (ignoring any the job already has) and return the new ids."""
-    scheds = list(schedules)
-    if not scheds:
-        return []
-    preds = list(predicted_us) if predicted_us is not None else [None] * len(scheds)
-    now = utcnow()
-    stmt = insert_for(session, Candidate).values([
-        {"job_id": job.id, "task_id": job.task_id, "round": round_no, "schedule": sched,
-         "schedule_hash": schedule_hash(sched), "state": "pending", "attempts": 0,
-         "created_at": now, "predicted_us": pred}
-        for sched, pred in zip(scheds, preds, strict=True)
-    ]).on_conflict_do_nothing(index_elements=["job_id", "schedule_hash"]).returning(Candidate.id)
-    return sorted(i for (i,) in session.execute(stmt))
-
-
 def mark_dispatched(session: Session, candidate_ids: Sequence[int]) -> None:
     if candidate_ids:
         session.execute(update(Candidate).where(Candidate.id.in_(candidate_ids))
@@ -244,27 +228,6 @@ def record_builds(session: Session, builds: Sequence[tuple[int, str, str | None,
          for cid, st, art, log in builds])
 
 
-def retire_candidates(session: Session, ids: Sequence[int]) -> None:
-    if ids:
-        session.execute(update(Candidate).where(Candidate.id.in_(list(ids)))
-                        .values(state="done", lease_owner=None, lease_expires_at=None)
-                        .execution_options(**NO_SYNC))
-
-
-def record_measurements(session: Session, rows: Sequence[dict[str, Any]]
-                        ) -> set[tuple[int, str]]:
-    """Insert results (each a Measurement's columns) once; returns the (task id, schedule
-    hash) pairs this call wrote — a pair measured before is left as it is."""
-    if not rows:
-        return set()
-    now = utcnow()
-    stmt = insert_for(session, Measurement).values(
-        [{"created_at": now, **r} for r in rows]
-    ).on_conflict_do_nothing(index_elements=["task_id", "schedule_hash"]).returning(
-        Measurement.task_id, Measurement.schedule_hash)
-    return {(t, h) for t, h in session.execute(stmt)}
-
-
 def best_measurement(session: Session, task_id: int) -> Measurement | None:
     """The task's fastest verified measurement."""
     return session.scalars(
@@ -272,21 +235,6 @@ def best_measurement(session: Session, task_id: int) -> Measurement | None:
                                   Measurement.median_us.is_not(None))
         .order_by(Measurement.median_us, Measurement.id).limit(1)
     ).one_or_none()
-
-
-def refresh_best(session: Session, task_id: int) -> Measurement | None:
-    """Point the task's best schedule at its fastest verified measurement."""
-    best = best_measurement(session, task_id)
-    if best is None:
-        return None
-    stmt = insert_for(session, BestSchedule).values(
-        task_id=task_id, measurement_id=best.id, updated_at=utcnow())
-    stmt = stmt.on_conflict_do_update(
-        index_elements=["task_id"],
-        set_={"measurement_id": best.id, "updated_at": utcnow()},
-    )
-    session.execute(stmt)
-    return best
 
 
 def best_query(key: str) -> Select[Any]:

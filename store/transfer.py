@@ -36,6 +36,7 @@ from sqlalchemy.orm import Session
 
 from kernels.space import schedule_hash, schedule_problems
 from kernels.spec import ConvShape, Precision, get_target
+from store import hotpath as hp
 from store import repository as repo
 from store.jsoncheck import parse_json
 from store.layer import LayerIn
@@ -217,9 +218,9 @@ def import_lines(session: Session, lines: Iterable[str]) -> ImportReport:
             report.imported += 1
         else:
             report.already_present += 1
-    for task, job in tasks.values():
+    for _task, job in tasks.values():
         if job is not None:
             job.trials = repo.job_progress(session, job.id).measured
-        repo.refresh_best(session, task.id)
+    hp.refresh_best_many(session, (task.id for task, _ in tasks.values()))
     report.tasks = len(tasks)
     return report

@@ -9,6 +9,7 @@ import numpy as np
 from kernels.build import BuildJob, build, cubin_path
 from kernels.space import ScheduleSpace
 from kernels.spec import TARGETS, ConvShape, Precision
+from store import hotpath as hp
 from store import migrate
 from store import repository as repo
 from store.db import session_scope
@@ -37,15 +38,15 @@ def test_publish_fetch_and_prune(tmp_path: Path) -> None:
         task = repo.get_or_create_task(s, SHAPE, Precision.INT8, TARGETS["h100"])
         job = repo.create_job(s, task, 2, "random", 0)
         other = space.schedule_at(int(space.valid_indices[0]))
-        ids = repo.add_candidates(s, job, [sched, other], 1)
+        ids = hp.add_candidates(s, job.id, task.id, [sched, other], 1, [None, None])
         repo.record_builds(s, [(cid, "ok", key, "")
                                for cid, key in zip(ids, [res.key, "other-key"], strict=True)])
         s.execute(repo.insert_for(s, Artifact).values(key="other-key", cubin=b"x", meta="{}"))
-        repo.record_measurements(s, [
+        hp.record_results(s, [
             {"task_id": task.id, "job_id": job.id, "schedule": c.schedule,
              "schedule_hash": c.schedule_hash, "status": "ok", "median_us": us,
              "backend": "cuda"}
             for us, c in zip([1.0, 2.0], (repo.get_candidate(s, i) for i in ids), strict=True)])
-        repo.refresh_best(s, task.id)
+        hp.refresh_best_many(s, [task.id])
         assert artifacts.prune(s, job.id, task.id) == 1
         assert [a.key for a in s.query(Artifact)] == [res.key]

@@ -50,6 +50,7 @@ def test_migrations_keep_the_data(tmp_path: Path) -> None:
 
     from kernels.space import ScheduleSpace
     from kernels.spec import RESNET50_3X3, TARGETS, Precision
+    from store import hotpath as hp
     from store import repository as repo
     from store.db import session_scope
     from store.models import Measurement
@@ -61,8 +62,9 @@ def test_migrations_keep_the_data(tmp_path: Path) -> None:
     with session_scope(url) as s:
         task = repo.get_or_create_task(s, shape, Precision.INT8, TARGETS["h200"])
         job = repo.create_job(s, task, 16, "random", 0)
-        ids = repo.add_candidates(s, job, space.schedules(space.valid_indices[:16]), 1)
-        repo.record_measurements(s, [
+        ids = hp.add_candidates(s, job.id, task.id, space.schedules(space.valid_indices[:16]),
+                                1, [None] * 16)
+        hp.record_results(s, [
             {"task_id": task.id, "job_id": job.id, "schedule": c.schedule,
              "schedule_hash": c.schedule_hash, "status": "ok", "median_us": 1.0 + i,
              "backend": "simulated"}

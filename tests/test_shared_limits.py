@@ -19,6 +19,7 @@ from api import auth as auth_module
 from api.app import create_app
 from kernels.space import ScheduleSpace
 from kernels.spec import TARGETS, ConvShape, Precision
+from store import hotpath as hp
 from store import repository as repo
 from store.db import session_scope
 from store.models import Candidate, Worker, utcnow
@@ -153,7 +154,8 @@ def test_a_dead_workers_leases_are_released_by_the_sweeper(db: str, monkeypatch:
         task = repo.get_or_create_task(s, shape, Precision.INT8, TARGETS["h200"])
         job = repo.create_job(s, task, 8, "random", 0)
         repo.set_job_status(s, job, "running")
-        repo.add_candidates(s, job, [space.schedule_at(i) for i in range(3)], round_no=1)
+        hp.add_candidates(s, job.id, job.task_id, [space.schedule_at(i) for i in range(3)], 1,
+                          [None] * 3)
         for name, beat in (("dead", now - timedelta(seconds=30)), ("alive", now)):
             repo.heartbeat(s, name, "H200", 90, "h200", "simulated")
             s.execute(Worker.__table__.update().where(Worker.name == name)

@@ -15,12 +15,10 @@ import threading
 import time
 from datetime import timedelta
 
-from sqlalchemy import select
-
 from store import hotpath as hp
 from store import repository as repo
 from store.db import session_scope
-from store.models import Measurement, utcnow
+from store.models import utcnow
 from store.settings import Settings, set_for_processes
 
 log = logging.getLogger(__name__)
@@ -183,10 +181,8 @@ def run_worker(settings: Settings, gpu: int | None, simulate: str | None,
                 since = time.monotonic() - 2 * settings.heartbeat_s
                 busy = {n for n, t in list(last_measured.items()) if t >= since}
             else:  # the task runs in a pool child: ask the database
-                after = utcnow() - timedelta(seconds=2 * settings.heartbeat_s)
-                busy = {w for (w,) in s.execute(select(Measurement.worker).where(
-                    Measurement.worker.in_(names), Measurement.created_at >= after)
-                    .distinct())}
+                busy = hp.workers_measured_since(
+                    s, names, utcnow() - timedelta(seconds=2 * settings.heartbeat_s))
             repo.heartbeat_many(s, {n: "busy" if n in busy else "idle" for n in names},
                                 model, sm, target.name, backend, started=first[0])
         first[0] = False
