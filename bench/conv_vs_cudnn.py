@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from bench.cli import log
 from kernels.build import BuildJob, build_many
 from kernels.space import EXTRA_KNOBS, PAPER_KNOBS, ScheduleSpace, with_defaults
 from kernels.spec import RESNET50_3X3, ConvShape, Precision, get_target, target_for_gpu_model
@@ -58,10 +59,6 @@ def read_json(path: str | Path) -> Any:
     p = Path(path)
     with (gzip.open(p, "rt") if p.suffix == ".gz" else p.open()) as f:
         return json.load(f)
-
-
-def log(*a: Any) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}]", *a, flush=True)
 
 
 # ---- measuring many candidates -----------------------------------------------------------

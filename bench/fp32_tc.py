@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from bench.cli import log
 from kernels.build import BuildJob, Epilogue, build_many, cubin_path
 from kernels.space import ScheduleSpace
 from kernels.spec import RESNET50_3X3, ConvShape, Precision, get_target
@@ -60,10 +61,6 @@ CHECK_SHAPES = [
     ConvShape(1, 7, 7, 512, 512, 3, 3, pad=1),
     ConvShape(16, 8, 8, 32, 72, 3, 3, pad=1),
 ]
-
-
-def log(*a: Any) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}]", *a, flush=True)
 
 
 def study_shape(k: int) -> ConvShape:

@@ -39,7 +39,8 @@ from typing import Any
 
 import numpy as np
 
-from bench.conv_vs_cudnn import GroupSearch, baselines, best, log, measure_jobs, neighbours
+from bench.cli import log
+from bench.conv_vs_cudnn import GroupSearch, baselines, best, measure_jobs, neighbours
 from kernels.build import BuildJob, Epilogue
 from kernels.space import ScheduleSpace, fold_tap_bytes
 from kernels.spec import ConvShape, Precision, get_target, target_for_gpu_model

@@ -30,16 +30,13 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from bench.cli import log
 from kernels.spec import ConvShape, Precision, get_target, task_key
 
 MODELS = ("resnet50", "resnet18", "densenet121")
 # variant -> (programmatic dependent launch, torch.compile with inference freezing around it)
 VARIANTS = {"plain": (False, False), "pdl": (True, False), "compiled": (True, True)}
 TARGET = "h100"  # what prebuild builds for; run uses the GPU at hand
-
-
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
 def cmd_records(a: argparse.Namespace) -> int:

@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from bench.cli import log
 from kernels.build import BuildJob, Epilogue, build_many
 from kernels.cudnn import time_cudnn_conv
 from kernels.runtime import RECORDED_BESTS, Conv2d, DefaultScheduleWarning, default_schedule
@@ -46,10 +47,6 @@ from kernels.spec import RESNET50_3X3, ConvShape, Precision, get_target
 PRECISIONS = (Precision.INT8, Precision.FP16)
 PLAN_FILE = "resnet50_plan.json"
 BATCH = 8
-
-
-def log(*a: Any) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}]", *a, flush=True)
 
 
 # ---- the network -------------------------------------------------------------------------

@@ -46,6 +46,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from bench.cli import log
 from bench.layer_classes import PATHS
 from kernels.space import (
     Schedule,
@@ -88,10 +89,6 @@ class Goal:
 
 
 GOALS = {"fp16": Goal(1.0, 0.85, 0.85), "int8": Goal(0.7, 0.55, 0.5)}
-
-
-def log(*a: Any) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}]", *a, flush=True)
 
 
 # ---- shapes: torchvision's models traced with forward hooks -------------------------------
