@@ -26,11 +26,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 # In-process tests first, the multi-process fleet last: with -x a killed mutant stops at
 # its first failure, and most are caught before the slow tests start.
-TEST_FILES = ["tests/test_guarantee_check.py", "tests/test_guarantee_serving.py",
-              "tests/test_guarantee_delivery.py", "tests/test_guarantee_migrations.py",
-              "tests/test_guarantee_import_tokens.py", "tests/test_auth_limits.py",
-              "tests/test_shared_limits.py",
-              "tests/test_fleet.py"]
+TEST_FILES = [*(f"tests/guarantees/test_guarantee_{n}.py"
+                for n in ("check", "serving", "delivery", "migrations", "import_tokens")),
+              "tests/api/test_auth_limits.py", "tests/api/test_shared_limits.py",
+              "tests/workers/test_fleet.py"]
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 A wgmma instruction names every accumulator register (up to 128 of them for n256), so
 the wrappers are generated rather than written by hand. Run `python -m kernels.gen_wgmma`
-after changing this file; tests/test_kernels_build.py checks that the header is current.
+after changing this file; tests/kernels/test_kernels_build.py checks that the header is current.
 """
 
 from __future__ import annotations

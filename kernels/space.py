@@ -480,7 +480,7 @@ def structural_validity(shape: ConvShape, precision: Precision, target: Target,
 def validity(shape: ConvShape, precision: Precision, target: Target,
              cols: Mapping[str, np.ndarray]) -> np.ndarray:
     """Boolean column: which schedules can compile and launch: the structural rules and the
-    tile rules below. Each rule says why it exists (tests/test_kernels_build.py shows, per
+    tile rules below. Each rule says why it exists (tests/kernels/test_kernels_build.py shows, per
     rule, a schedule that breaks it and fails)."""
     p = Precision(precision)
     g = geometry(shape, p, target, cols)

@@ -9,8 +9,9 @@ On a GPU (`test_on_gpu_*`, skipped without CuPy and a device): results equal the
 on random inputs, for CuPy arrays and torch tensors, on non-default streams. The device
 cases are built by `test_device_cases_build` first, so a CPU run with
 TCTUNE_KERNEL_CACHE=<dir> prebuilds every cubin the GPU run needs:
-    TCTUNE_KERNEL_CACHE=.rtcache python -m pytest tests/test_runtime.py            # CPU
-    TCTUNE_KERNEL_CACHE=.rtcache python -m pytest --noconftest -k on_gpu tests/test_runtime.py
+    TCTUNE_KERNEL_CACHE=.rtcache python -m pytest tests/kernels/test_runtime.py            # CPU
+    TCTUNE_KERNEL_CACHE=.rtcache python -m pytest --noconftest -k on_gpu \
+        tests/kernels/test_runtime.py
 """
 
 from __future__ import annotations

@@ -19,9 +19,9 @@ import torch
 
 from api.plan import conv_layers
 from kernels.spec import TARGETS, ConvShape, Precision, task_key
+from tests.api.test_cli_first_hour import assert_one_line, cli
 from tests.conftest import REPO, Service
 from tests.models import small_resnet
-from tests.test_cli_first_hour import assert_one_line, cli
 
 MODULE = ["tests.models:small_resnet", "--input-shape", "2,3,32,32"]
 STAGE2 = ConvShape(8, 56, 56, 64, 64, 3, 3, pad=(1, 1))

@@ -14,7 +14,7 @@ from kernels.spec import RESNET50_3X3, TARGETS, Precision
 from search import replay
 from search.datasets import load_dataset, write_dataset
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 REPLAY = ROOT / "bench" / "data" / "replay"
 RECORDED = ROOT / "bench" / "data" / "search_replay.json"
 CI_DATASET = "resnet50_stage5_n8_fp16_h200"  # recorded on an H200

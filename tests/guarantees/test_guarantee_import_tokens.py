@@ -3,7 +3,7 @@
 - import is all-or-nothing (a file with one bad line, even the last, writes nothing) and
   idempotent (the same file again adds nothing and changes no best schedule);
 - a revoked token is refused, also one the API has seen before, once its cached lookup is
-  TOKEN_CACHE_S old (the README's limits and scopes: tests/test_auth_limits.py).
+  TOKEN_CACHE_S old (the README's limits and scopes: tests/api/test_auth_limits.py).
 """
 
 from __future__ import annotations

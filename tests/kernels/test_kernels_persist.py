@@ -15,7 +15,7 @@ from kernels.launch import launch_dims
 from kernels.sass import cuobjdump_path, summarize
 from kernels.space import ScheduleSpace, geometry, register_slack
 from kernels.spec import ConvShape, Precision, get_target
-from tests.test_kernels_fold_residual import cols_of
+from tests.kernels.test_kernels_fold_residual import cols_of
 
 EXPAND = ConvShape(8, 56, 56, 64, 256, 1, 1)  # ResNet-50's output-bound 1x1
 SYNC = dict(BLK_ROW_WARPS=1, BLK_COL_WARPS=4, WARP_ROW_TILES=2, WARP_COL_TILES=4, CHUNK=2,

@@ -13,7 +13,7 @@ from search.cost_model import CostModel, Rows, normalized_throughput, pairwise_a
 from search.datasets import load_dataset
 from search.features import columns_from_schedules, feature_names, space_features
 
-REPLAY = Path(__file__).resolve().parent.parent / "bench" / "data" / "replay"
+REPLAY = Path(__file__).resolve().parents[2] / "bench" / "data" / "replay"
 
 
 def test_features_are_finite_named_and_match_row_by_row() -> None:

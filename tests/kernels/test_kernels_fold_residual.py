@@ -186,7 +186,7 @@ def test_residual_reference_is_the_kernels_arithmetic() -> None:
 
 
 def test_runtime_residual_contract(cache: Path) -> None:
-    from tests.test_runtime import FakeCupy
+    from tests.kernels.test_runtime import FakeCupy
 
     shape = ConvShape(2, 10, 12, 32, 48, 3, 3, pad=1)
     op = Conv2d(shape, "int8", SYNC, "h100", residual=True, cache_dir=cache)

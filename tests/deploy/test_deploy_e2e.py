@@ -6,7 +6,7 @@ error, int8 logits with cosine similarity >= 0.99; int8 activations go from fuse
 fused layer as int8, NHWC; the CUDA executor's ops build (NVRTC) and its calls match each
 op's tensor contract. On a GPU (`test_on_gpu_*`, skipped without CuPy and a device) the real
 kernels give the same figures, and the same int8 values as the reference, bit for bit:
-    python -m pytest -q tests/test_deploy_e2e.py
+    python -m pytest -q tests/deploy/test_deploy_e2e.py
 """
 
 from __future__ import annotations

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.api.test_cli_first_hour import assert_one_line
 from tests.conftest import REPO, Service
-from tests.test_cli_first_hour import assert_one_line
 
 MODULE = ["tests.models:small_resnet", "--input-shape", "2,3,32,32"]
 

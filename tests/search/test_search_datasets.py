@@ -20,7 +20,7 @@ from search.features import columns_from_schedules, feature_names, space_feature
 from search.registry import make_strategy
 from search.strategy import History
 
-REPLAY = Path(__file__).resolve().parent.parent / "bench" / "data" / "replay"
+REPLAY = Path(__file__).resolve().parents[2] / "bench" / "data" / "replay"
 NEW_KNOB = ("MMA", ("sync", "wgmma"))
 FIXED = {"DUP_AWARE": 1, "PACK_OUT": 1, "LAYOUT": "nhwc", "STAGES": 2, "SPLIT_K": 1,
          "REORDER_INNER": 1}

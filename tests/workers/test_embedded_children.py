@@ -10,7 +10,7 @@ import textwrap
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 SERVICE = textwrap.dedent("""
     import multiprocessing as mp, os, time

@@ -11,7 +11,7 @@ from sqlalchemy import select
 
 from store.db import session_scope
 from store.models import Candidate, Measurement
-from tests.test_fleet import Fleet, fleet  # noqa: F401  (the fixture)
+from tests.workers.test_fleet import Fleet, fleet  # noqa: F401  (the fixture)
 
 
 def test_two_explorer_processes_share_the_jobs(fleet: Fleet) -> None:  # noqa: F811

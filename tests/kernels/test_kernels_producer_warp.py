@@ -14,7 +14,7 @@ from kernels.build import BuildJob, build, cubin_path, defines, launch_meta
 from kernels.sass import cuobjdump_path, summarize
 from kernels.space import ScheduleSpace, geometry, register_slack
 from kernels.spec import ConvShape, Precision, get_target
-from tests.test_kernels_fold_residual import cols_of
+from tests.kernels.test_kernels_fold_residual import cols_of
 
 H100 = get_target("h100")
 WIDE = ConvShape(8, 56, 56, 256, 256, 3, 3, pad=1)

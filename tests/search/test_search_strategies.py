@@ -16,7 +16,7 @@ from search.registry import DEFAULT_STRATEGY, STRATEGIES, make_strategy
 from search.replay import transfer_prior
 from search.strategy import History, Trial
 
-REPLAY = Path(__file__).resolve().parent.parent / "bench" / "data" / "replay"
+REPLAY = Path(__file__).resolve().parents[2] / "bench" / "data" / "replay"
 ALL = sorted(STRATEGIES)
 # Small annealing budgets keep the contract tests fast; the replay test runs the defaults.
 FAST = {"iters": 60, "rounds": 30}

@@ -16,7 +16,7 @@ from kernels.runtime import schedule_fits
 from kernels.sass import cuobjdump_path, summarize
 from kernels.space import ScheduleSpace, geometry
 from kernels.spec import ConvShape, Precision, get_target
-from tests.test_kernels_fold_residual import cols_of
+from tests.kernels.test_kernels_fold_residual import cols_of
 
 EXPAND = ConvShape(8, 56, 56, 64, 256, 1, 1)  # ResNet-50's output-bound 1x1
 # wgmma + TMA: a 64 x 128 block tile (one warpgroup row, two warpgroup columns of 64).

@@ -22,7 +22,7 @@ from store.db import session_scope
 from store.settings import Settings
 
 PAGES = {"/": "jobs", "/ui/jobs/7": "job", "/ui/fleet": "fleet", "/ui/schedules": "schedules"}
-STATIC = Path(__file__).resolve().parent.parent / "api" / "static"
+STATIC = Path(__file__).resolve().parents[2] / "api" / "static"
 TEMPLATES = STATIC.parent / "templates"
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from store.settings import Settings, get_settings, set_for_processes
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # Read outside the service's settings: the CLI's client options and the runtime's cache.
 OUTSIDE = {"TCTUNE_SERVER", "TCTUNE_TOKEN", "TCTUNE_KERNEL_CACHE"}
 

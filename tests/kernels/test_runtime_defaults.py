@@ -14,7 +14,7 @@ from kernels.spec import RESNET50_3X3, Precision, get_target
 def test_recorded_bests_are_package_data_and_valid_schedules() -> None:
     """The defaults' starting points live in kernels/runtime_defaults.json, which a wheel
     must carry: every recorded best names each knob of its path with an allowed value."""
-    pyproject = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml")
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml")
                               .read_text())
     patterns = pyproject["tool"]["setuptools"]["package-data"]["kernels"]
     assert any(fnmatch(DEFAULTS_FILE.name, pat) for pat in patterns)

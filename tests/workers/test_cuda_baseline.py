@@ -10,7 +10,7 @@ task's baseline.
 On a GPU (`test_on_gpu_*`, marked gpu, skipped without CuPy, torch and a device): cuDNN is
 timed through kernels.cudnn with the candidates' harness, in the measuring child, and the
 worker stores it with backend 'cuda':
-    python -m pytest -q tests/test_cuda_baseline.py
+    python -m pytest -q tests/workers/test_cuda_baseline.py
 """
 
 from __future__ import annotations
