@@ -8,7 +8,7 @@ compiled with inference freezing (BatchNorm folded, elementwise ops fused), in o
   python -m bench.model_e2e profile --cache C [--schedules R.json] --models M --batches N  # GPU
 
 Per (model, batch, precision): one CUDA graph per variant of back-to-back forwards, inputs
-rotating past L2 (kernels.timing.time_launches, api "torch", as every baseline is timed);
+rotating past L2 (deploy.measure, as every baseline is timed);
 agreement of the optimized model's logits with the float32 model's on held-out inputs
 (fp16: relative L2 error; int8: cosine similarity). Models: torchvision's with random
 weights, or bench/nets.py's builds of ResNet-18/50 where torchvision is missing; random
@@ -102,31 +102,11 @@ def cmd_prebuild(a: argparse.Namespace) -> int:
     return 0
 
 
-def _time_forward(fn: Any, inputs: list[Any]) -> float:
-    """Median us per forward: one CUDA graph of back-to-back calls over rotating inputs."""
-    import torch
-
-    from kernels.timing import time_launches
-
-    outs: list[Any] = [None] * len(inputs)
-
-    def launch(i: int) -> None:
-        outs[i] = fn(inputs[i])
-
-    with torch.no_grad():
-        return time_launches(launch, len(inputs), api="torch").median_us
-
-
-def _agreement(got: Any, want: Any) -> tuple[float, float]:
-    """(relative L2 error, cosine similarity) of the logits, in float64."""
-    g, w = got.double().flatten(), want.double().flatten()
-    return float((g - w).norm() / w.norm()), float((g @ w) / (g.norm() * w.norm()))
-
-
 def cmd_run(a: argparse.Namespace) -> int:
     import torch
 
     from bench.nets import model
+    from deploy.measure import agreement, compile_for_inference, forward_ms
     from kernels.spec import target_for_gpu_model
     from kernels.timing import sets_for_l2
 
@@ -150,17 +130,12 @@ def cmd_run(a: argparse.Namespace) -> int:
             x16 = x.cuda().half().contiguous(memory_format=torch.channels_last)
             inputs = [x16.clone() for _ in range(sets_for_l2(x16.numel() * 2, l2))]
             row: dict[str, Any] = {"model": name, "source": source, "n": n}
-            row["eager_fp16_ms"] = _time_forward(eager, inputs) / 1e3
+            row["eager_fp16_ms"] = forward_ms(eager, inputs)
             if not a.no_compile:
-                import torch._inductor.config as inductor
-
-                inductor.freezing = True
                 t0 = time.perf_counter()
-                compiled = torch.compile(eager)
-                with torch.no_grad():
-                    compiled(inputs[0])
+                compiled = compile_for_inference(eager, inputs[0])
                 row["compile_s"] = round(time.perf_counter() - t0, 1)
-                row["compiled_fp16_ms"] = _time_forward(compiled, inputs) / 1e3
+                row["compiled_fp16_ms"] = forward_ms(compiled, inputs)
                 torch._dynamo.reset()
             log(f"{name} n={n}: eager {row['eager_fp16_ms']:.3f} ms, compiled "
                 f"{row.get('compiled_fp16_ms', float('nan')):.3f} ms")
@@ -172,20 +147,13 @@ def cmd_run(a: argparse.Namespace) -> int:
                                     p, target, _schedules(a.schedules), a.cache, "cuda", pdl)
                     xin = [t.float().contiguous(memory_format=torch.channels_last)
                            for t in inputs]
-                    fn = opt
-                    if compiled:
-                        import torch._inductor.config as inductor
-
-                        inductor.freezing = True
-                        fn = torch.compile(opt)
-                        with torch.no_grad():
-                            fn(xin[0])
-                    ours_ms = _time_forward(fn, xin) / 1e3
+                    fn = compile_for_inference(opt, xin[0]) if compiled else opt
+                    ours_ms = forward_ms(fn, xin)
                     with torch.no_grad():
                         got = fn(held.cuda().contiguous(memory_format=torch.channels_last))
                     if compiled:
                         torch._dynamo.reset()
-                    rel, cos = _agreement(got.float(), want)
+                    rel, cos = agreement(got.float(), want)
                     replaced = sum(lp.replaced for lp in opt.plan)
                     r = {**row, "precision": p, "pdl": pdl, "compiled": compiled,
                          "ours_ms": ours_ms, "rel_err": rel, "cosine": cos,

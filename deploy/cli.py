@@ -4,7 +4,7 @@ After `tctune plan MODEL ... --wait` has tuned a model's layers, this looks ever
 the service (one bulk lookup), rewrites the model (deploy.optimize), prints the per-layer
 plan and, on a GPU, checks the optimized model's output against the float32 model and times
 it against PyTorch's fp16 model (channels_last: eager, and torch.compile with inference
-freezing), each as one CUDA graph of back-to-back forwards (kernels.timing).
+freezing), each as one CUDA graph of back-to-back forwards (deploy.measure).
 """
 
 from __future__ import annotations
@@ -27,31 +27,6 @@ def _gpu() -> bool:
         return False
 
 
-def _time_ms(fn: Any, inputs: list[Any]) -> float:
-    import torch
-
-    from kernels.timing import time_launches
-
-    outs: list[Any] = [None] * len(inputs)
-
-    def launch(i: int) -> None:
-        outs[i] = fn(inputs[i])
-
-    with torch.no_grad():
-        return time_launches(launch, len(inputs), api="torch").median_us / 1e3
-
-
-def _compiled(model: Any, example: Any) -> Any:
-    import torch
-    import torch._inductor.config as inductor
-
-    inductor.freezing = True  # BatchNorm folded, weights constant: PyTorch's best inference
-    fn = torch.compile(model)
-    with torch.no_grad():
-        fn(example)
-    return fn
-
-
 def run_and_compare(model: Any, fast: Any, x: Any, compile_: bool) -> dict[str, Any]:
     """Agreement with the float32 model on a held-out input, and the latency of the
     optimized model and of PyTorch's fp16 model (eager and compiled), on the GPU."""
@@ -59,27 +34,26 @@ def run_and_compare(model: Any, fast: Any, x: Any, compile_: bool) -> dict[str, 
 
     import torch
 
+    from deploy.measure import agreement, compile_for_inference, forward_ms
     from kernels.timing import sets_for_l2
 
     held = torch.randn(x.shape, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():  # the reference in float32 on the CPU (no TF32)
-        want = copy.deepcopy(model).float().cpu()(held).double().flatten()
+        want = copy.deepcopy(model).float().cpu()(held)
         got = fast(held.cuda().contiguous(memory_format=torch.channels_last))
-        got = got.double().flatten().cpu()
-    out: dict[str, Any] = {
-        "rel_err": float((got - want).norm() / want.norm()),
-        "cosine": float((got @ want) / (got.norm() * want.norm()))}
+    rel, cos = agreement(got, want)
+    out: dict[str, Any] = {"rel_err": rel, "cosine": cos}
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     x32 = x.cuda().contiguous(memory_format=torch.channels_last)
     inputs = [x32.clone() for _ in range(sets_for_l2(x32.numel() * 4, l2))]
-    ours = _compiled(fast, inputs[0]) if compile_ else fast
-    out["ours_ms"] = _time_ms(ours, inputs)
+    ours = compile_for_inference(fast, inputs[0]) if compile_ else fast
+    out["ours_ms"] = forward_ms(ours, inputs)
     half = copy.deepcopy(model).cuda().half().to(memory_format=torch.channels_last)
     h_inputs = [t.half() for t in inputs]
-    out["eager_fp16_ms"] = _time_ms(half, h_inputs)
+    out["eager_fp16_ms"] = forward_ms(half, h_inputs)
     if compile_:
         torch._dynamo.reset()
-        out["compiled_fp16_ms"] = _time_ms(_compiled(half, h_inputs[0]), h_inputs)
+        out["compiled_fp16_ms"] = forward_ms(compile_for_inference(half, h_inputs[0]), h_inputs)
     return out
 
 

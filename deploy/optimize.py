@@ -26,6 +26,7 @@ from deploy.module import (
 )
 from deploy.plan import LayerPlan
 from kernels.build import Epilogue
+from kernels.launch import supports_pdl
 from kernels.runtime import DefaultScheduleWarning
 from kernels.spec import TARGETS, Precision, Target, get_target, target_for_gpu_model
 
@@ -106,8 +107,8 @@ def optimize(model: nn.Module, example_inputs: Any, precision: str = "fp16",
         raise ValueError(f"backend must be 'auto' or one of {BACKENDS}, got {backend!r}")
     tgt = resolve_target(target)
     if pdl is None:
-        pdl = tgt.sm >= 90
-    elif pdl and tgt.sm < 90:
+        pdl = supports_pdl(tgt.sm)
+    elif pdl and not supports_pdl(tgt.sm):
         raise ValueError(f"pdl (programmatic dependent launch) needs an sm_90 target, not "
                          f"{tgt.name} (sm_{tgt.sm})")
     model = copy.deepcopy(model).eval()

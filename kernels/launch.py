@@ -194,10 +194,10 @@ def launch_config(grid: tuple[int, ...], block: tuple[int, ...], smem: int, stre
     return cfg
 
 
-def supports_pdl(meta: dict[str, Any]) -> bool:
-    """Whether a build waits for its predecessor in its prologue (sm_90 builds, conv.cu):
-    only those may be launched with programmatic dependent launch."""
-    return int(meta["sm"]) >= 90
+def supports_pdl(sm: int) -> bool:
+    """Whether builds for this sm wait for their predecessor in their prologue (sm_90,
+    conv.cu): only those may be launched with programmatic dependent launch."""
+    return int(sm) >= 90
 
 
 def launch(fn: Any, meta: dict[str, Any], x: Any, w: Any, scale: Any, bias: Any, y: Any,
@@ -209,7 +209,7 @@ def launch(fn: Any, meta: dict[str, Any], x: Any, w: Any, scale: Any, bias: Any,
     if has_residual(meta) != (res is not None):
         raise ValueError("a residual build takes a residual tensor, and only a residual build"
                          if res is None else "this build has no residual epilogue")
-    if pdl and not supports_pdl(meta):
+    if pdl and not supports_pdl(meta["sm"]):
         raise ValueError(f"programmatic dependent launch needs an sm_90 build, not sm_{meta['sm']}")
     if meta.get("tma") or pdl:
         ptrs = [a.data.ptr for a in (x, w, scale, bias, y, ws, counters)]

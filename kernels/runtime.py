@@ -414,6 +414,9 @@ class Conv2d:
         epi = epilogue if isinstance(epilogue, Epilogue) else \
             Epilogue("acc" if epilogue == "none" else epilogue, relu, residual)
         self.epilogue = epi.resolved(p)
+        if pdl and not supports_pdl(t.sm):
+            raise ValueError(f"pdl (programmatic dependent launch) needs an sm_90 target, not "
+                             f"sm_{t.sm}")
         problems = shape.problems(p, t)
         if problems:
             raise ValueError(f"layer {shape.key()} cannot run as {p.value}: "
@@ -441,9 +444,6 @@ class Conv2d:
         self.build_result = res
         self.key = res.key
         self.meta = res.meta
-        if pdl and not supports_pdl(self.meta):
-            raise ValueError(f"pdl (programmatic dependent launch) needs an sm_90 target, not "
-                             f"sm_{t.sm}")
         self.pdl = pdl
         self.layout: str = self.schedule["LAYOUT"]
         self._init_contract()

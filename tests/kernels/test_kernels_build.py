@@ -350,7 +350,7 @@ def test_sm90_builds_wait_for_their_predecessor_and_older_ones_have_no_such_wait
         assert res.status == "ok", res.log
         text = summarize(cubin_path(cache, res.key)).text
         assert ("ACQBULK" in text and "PREEXIT" in text) == (sm >= 90), (sm, s)
-        assert supports_pdl(res.meta) == (sm >= 90)
+        assert supports_pdl(res.meta["sm"]) == (sm >= 90)
     meta = build(BuildJob(RESNET50_3X3["stage3"], Precision.INT8, 80, BASE), cache).meta
     with pytest.raises(ValueError, match="needs an sm_90 build"):
         launch(None, meta, *[None] * 7, pdl=True)

@@ -1,0 +1,43 @@
+"""How a whole model is timed and checked, one way for `tctune-deploy` and bench/model_e2e.py:
+one CUDA graph of back-to-back forwards over inputs rotating past L2 (kernels.timing, as
+every baseline is timed), PyTorch's strongest inference compilation, and the agreement of
+logits in float64."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def forward_ms(fn: Any, inputs: list[Any]) -> float:
+    """Median milliseconds per forward: one CUDA graph of back-to-back calls, rotating over
+    `inputs`."""
+    import torch
+
+    from kernels.timing import time_launches
+
+    outs: list[Any] = [None] * len(inputs)
+
+    def launch(i: int) -> None:
+        outs[i] = fn(inputs[i])
+
+    with torch.no_grad():
+        return time_launches(launch, len(inputs), api="torch").median_us / 1e3
+
+
+def compile_for_inference(model: Any, example: Any) -> Any:
+    """`torch.compile` with inference freezing (BatchNorm folded, weights constant),
+    compiled by one call on `example`."""
+    import torch
+    import torch._inductor.config as inductor
+
+    inductor.freezing = True
+    fn = torch.compile(model)
+    with torch.no_grad():
+        fn(example)
+    return fn
+
+
+def agreement(got: Any, want: Any) -> tuple[float, float]:
+    """(relative L2 error, cosine similarity) of two outputs, in float64."""
+    g, w = got.double().flatten().cpu(), want.double().flatten().cpu()
+    return float((g - w).norm() / w.norm()), float((g @ w) / (g.norm() * w.norm()))
