@@ -41,7 +41,9 @@ TARGET = "h100"  # what prebuild builds for; run uses the GPU at hand
 
 def cmd_records(a: argparse.Namespace) -> int:
     """Each tuned layer's best schedule as a record (its latency, cuDNN fp16's, the ratio):
-    the groups of bench/layer_classes.py's files and the rows of bench/zoo.py's."""
+    the groups of bench/layer_classes.py's files and the rows of bench/zoo.py's and
+    bench/layer_search.py's. A layer in several files keeps the best ratio to cuDNN (each
+    file's ratio is within its own run)."""
     out: dict[str, Any] = {}
     for path in a.files:
         doc = json.loads(Path(path).read_text())
@@ -51,7 +53,11 @@ def cmd_records(a: argparse.Namespace) -> int:
                 _add_record(out, target, g["shape"], g["precision"], g["best_schedule"],
                             g["best_us"], g["cudnn_fp16_us"], f"{Path(path).name}: {g['layer']}")
         for r in doc.get("rows", []):
-            if r.get("schedule") and r.get("checked") and r.get("ours_us"):
+            if r.get("best_schedule") and r.get("cudnn_fp16_us"):  # layer_search
+                _add_record(out, target, r["shape"], r["precision"], r["best_schedule"],
+                            r["best_us"], r["cudnn_fp16_us"],
+                            f"{Path(path).name}: {r['layers'][0]}, {len(r['trials'])} trials")
+            elif r.get("schedule") and r.get("checked") and r.get("ours_us"):
                 _add_record(out, target, r["shape"], r["precision"], r["schedule"], r["ours_us"],
                             r["cudnn_fp16_us"], f"{Path(path).name}: {r['model']} {r['layer']}")
     Path(a.out).write_text(json.dumps(out, indent=1))
@@ -62,6 +68,8 @@ def cmd_records(a: argparse.Namespace) -> int:
 def _add_record(out: dict[str, Any], target: Any, shape: dict[str, Any], precision: str,
                 schedule: dict[str, Any], us: float, cudnn_us: float, source: str) -> None:
     key = task_key(ConvShape.from_dict(shape), Precision(precision), target)
+    if key in out and out[key]["speedup"] >= cudnn_us / us:
+        return
     out[key] = {"schedule": schedule, "latency_us": us, "baseline_us": cudnn_us,
                 "baseline": "cuDNN fp16", "speedup": cudnn_us / us, "source": source}
 

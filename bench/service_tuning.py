@@ -2,9 +2,15 @@
 each layer's result against the zoo's best of the same layer (bench/zoo.py, the same GPU).
 
     python -m bench.service_tuning summarize DIR --out bench/data/service_tuning_r50_h100.json
+    python -m bench.service_tuning attach bench/data/service_tuning_r50_h100.json \
+        --layer-search bench/data/layer_search_r50_h100.json
     python -m bench.service_tuning table bench/data/service_tuning_r50_h100.json
 
-DIR holds tune_model.sh's outputs: tuning.json, plan_int8.json, plan_fp16.json.
+DIR holds tune_model.sh's outputs: tuning.json, plan_int8.json, plan_fp16.json. `attach`
+adds each layer's result against a long search of that layer alone (bench/layer_search.py):
+`vs_500_trials` is the service's latency over the search's best, each first divided by the
+cuDNN fp16 time of its own run, so that runs on different machines of one GPU model
+compare.
 """
 
 from __future__ import annotations
@@ -48,6 +54,26 @@ def summarize(folder: Path, zoo: Path = ZOO) -> dict[str, Any]:
     return {**run, "jobs": len(rows), "rows": rows}
 
 
+def attach(doc: dict[str, Any], search: dict[str, Any]) -> dict[str, Any]:
+    """Each row's `vs_500_trials` against the layer search's best of the same task (rows the
+    search did not cover, or without baselines, get none)."""
+    found = {r["key"]: r for r in search["rows"] if r.get("best_us")}
+    for row in doc["rows"]:
+        shape_key, precision = row["task_key"].split("|")[:2]
+        s = found.get(f"{shape_key}|{precision}")
+        row.pop("vs_500_trials", None)
+        if s is None:
+            continue
+        row.update(search_us=s["best_us"], search_baseline_us=s["cudnn_fp16_us"],
+                   search_trials=len(s["trials"]))
+        if row.get("latency_us") and row.get("baseline_us") and s.get("cudnn_fp16_us"):
+            row["vs_500_trials"] = round((row["latency_us"] / row["baseline_us"])
+                                         / (s["best_us"] / s["cudnn_fp16_us"]), 4)
+    doc["layer_search"] = {"gpu": search["gpu"], "date": search["date"],
+                           "strategy": search["strategy"]}
+    return doc
+
+
 def _geo(v: list[float]) -> float:
     return math.exp(sum(map(math.log, v)) / len(v))
 
@@ -65,6 +91,18 @@ def render(path: str) -> str:
         sp = [r["speedup"] for r in rows if r["speedup"]]
         lines.append(f"| {p} | {len(rows)} | {_geo(sp):.2f}x | {sum(s > 1 for s in sp)} | "
                      f"{_geo(vs):.2f}x | {max(vs):.2f}x | {sum(v <= 1.05 for v in vs)} |")
+    long = [r for r in d["rows"] if r.get("vs_500_trials")]
+    if long:
+        lines += ["", f"Against a long search of each layer alone ({d['layer_search']['gpu']}, "
+                  f"{d['layer_search']['date']}; latencies over each run's cuDNN fp16):", "",
+                  "| layer | precision | service us | search trials | search best us | "
+                  "vs long search |", "|---|---|---|---|---|---|"]
+        lines += [f"| {r['layer']} | {r['precision']} | {r['latency_us']:.2f} | "
+                  f"{r['search_trials']} | {r['search_us']:.2f} | {r['vs_500_trials']:.2f}x |"
+                  for r in long]
+        v = [r["vs_500_trials"] for r in long]
+        lines += ["", f"{len(v)} layers: geomean {_geo(v):.2f}x, worst {max(v):.2f}x, "
+                  f"{sum(x <= 1.05 for x in v)} within 5%."]
     return "\n".join(lines)
 
 
@@ -75,10 +113,17 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("folder", type=Path)
     s.add_argument("--out", required=True, type=Path)
     s.add_argument("--zoo", type=Path, default=ZOO)
+    at = sub.add_parser("attach")
+    at.add_argument("file", type=Path)
+    at.add_argument("--layer-search", required=True, type=Path)
     t = sub.add_parser("table")
     t.add_argument("file")
     a = ap.parse_args(argv)
-    if a.cmd == "summarize":
+    if a.cmd == "attach":
+        doc = attach(json.loads(a.file.read_text()), json.loads(a.layer_search.read_text()))
+        a.file.write_text(json.dumps(doc, indent=1))
+        print(render(str(a.file)))
+    elif a.cmd == "summarize":
         a.out.write_text(json.dumps(summarize(a.folder, a.zoo), indent=1))
         print(render(str(a.out)))
     else:

@@ -53,3 +53,30 @@ def test_table_shows_how_each_row_ran(tmp_path: Path) -> None:
     body = [ln for ln in lines if ln.startswith("| resnet50")]
     assert [ln.split(" | ")[3] for ln in body] == ["PDL", "plain", "-", "compiled, PDL"]
     assert "| 1.50x |" in body[0] and "| 1.20x |" in body[1] and "| 2.00x |" in body[3]
+
+
+def test_records_keep_the_best_ratio_over_zoo_and_layer_search(tmp_path: Path) -> None:
+    faster = {"BLK_ROW_WARPS": 1, "MMA": "wgmma"}
+    zoo = {"target": "h100", "rows": [
+        {"model": "resnet50", "layer": "l2", "shape": OTHER.to_dict(), "precision": "fp16",
+         "schedule": SCHED, "checked": True, "ours_us": 12.0, "cudnn_fp16_us": 9.0}]}
+    # The long search's run timed cuDNN slower (another machine): the ratio decides.
+    search = {"target": "h100", "rows": [
+        {"key": "k", "layers": ["resnet50 l2"], "shape": OTHER.to_dict(), "precision": "fp16",
+         "best_schedule": faster, "best_us": 12.5, "cudnn_fp16_us": 10.0,
+         "trials": [{}] * 500},
+        {"key": "k2", "layers": ["resnet50 l1"], "shape": SHAPE.to_dict(), "precision": "fp16",
+         "best_schedule": faster, "best_us": 20.0, "cudnn_fp16_us": 10.0,
+         "trials": [{}] * 64}]}
+    files = []
+    for name, doc in (("zoo.json", zoo), ("search.json", search)):
+        (tmp_path / name).write_text(json.dumps(doc))
+        files.append(str(tmp_path / name))
+    out = tmp_path / "records.json"
+    for order in (files, files[::-1]):
+        assert model_e2e.main(["records", *order, "--out", str(out)]) == 0
+        recs = json.loads(out.read_text())
+        h100 = get_target("h100")
+        r = recs[task_key(OTHER, Precision.FP16, h100)]
+        assert r["schedule"] == faster and r["source"] == "search.json: resnet50 l2, 500 trials"
+        assert recs[task_key(SHAPE, Precision.FP16, h100)]["speedup"] == 0.5

@@ -1,0 +1,265 @@
+"""Long searches of single layers, each alone: the service's search without its database.
+
+  python -m bench.layer_search run --models resnet50 --batches 8 --trials 500 \\
+      --out bench/data/layer_search_r50_h100.json [--top 12] [--stop-after S]       # GPU
+  python -m bench.layer_search table bench/data/layer_search_r50_h100.json
+
+Per (layer shape, precision), the explorer's loop as a job runs it (workers/tasks.py
+explore_round): the first round begins with the runtime's default schedule
+(workers/seeds.py), then the default strategy proposes rounds of `--round` from the layer's
+own measurements only (no prior from other layers), measured through the GPU worker's
+backend (workers/backends/cuda.py: NVRTC builds, each candidate checked on random inputs,
+then timed), with cuDNN fp16 timed by the same backend once per shape. The tasks run a few
+at a time so that one's builds overlap another's measurements. The best-so-far after 16, 32,
+64, ... trials is recorded per task; `bench/service_tuning.py` compares the service's own
+tuning of a model with these bests (`vs_500_trials`), and `bench/model_e2e.py records` takes
+them as schedules. A run with the same --out continues each task from its recorded trials
+(the strategy's choices depend only on the seed and the history, so it proposes what an
+uninterrupted run would).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import math
+import os
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from bench.cli import log
+from bench.zoo import SHAPES_FILE, Group, atomic_write, load_shapes, measure_key, plan
+from kernels.spec import Precision
+
+CURVE_AT = (16, 32, 64, 128, 256, 500)
+ZOO = Path(__file__).resolve().parent / "data" / "zoo_h100.json"
+
+
+def curve(trials: Sequence[dict[str, Any]], at: Sequence[int] = CURVE_AT) -> dict[str, Any]:
+    """Best ok latency among the first k trials, for each k the task reached."""
+    out: dict[str, Any] = {}
+    best = math.inf
+    marks = sorted(k for k in at if k <= len(trials))
+    for i, t in enumerate(trials, 1):
+        if t["status"] == "ok" and t["median_us"] is not None:
+            best = min(best, float(t["median_us"]))
+        if marks and i == marks[0]:
+            out[str(marks.pop(0))] = None if math.isinf(best) else round(best, 4)
+    return out
+
+
+def best_trial(trials: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    ok = [t for t in trials if t["status"] == "ok" and t["median_us"] is not None]
+    return min(ok, key=lambda t: t["median_us"]) if ok else None
+
+
+def by_total_time(groups: Sequence[Group], zoo: dict[str, float]) -> list[Group]:
+    """Groups in descending order of their share of the model's time (the zoo's latency of
+    the shape times its uses); unknown shapes last, in plan order."""
+    def weight(g: Group) -> float:
+        return zoo.get(g.key, 0.0) * sum(u.count for u in g.uses)
+    return sorted(groups, key=lambda g: -weight(g))
+
+
+def zoo_latencies(path: Path = ZOO) -> dict[str, float]:
+    from kernels.spec import ConvShape
+
+    if not path.exists():
+        return {}
+    return {measure_key(ConvShape.from_dict(r["shape"]), r["precision"]): float(r["ours_us"])
+            for r in json.loads(path.read_text())["rows"] if r.get("ours_us")}
+
+
+class LayerSearch:
+    """One task's search: strategy, history and the measured trials (resumable)."""
+
+    def __init__(self, group: Group, target: Any, trials: list[dict[str, Any]], seed: int,
+                 strategy: str) -> None:
+        from kernels.space import ScheduleSpace
+        from search.registry import make_strategy
+        from workers.backends.base import TaskSpec
+
+        self.group = group
+        self.spec = TaskSpec(group.shape, Precision(group.precision), target)
+        self.space = ScheduleSpace(group.shape, self.spec.precision, target)
+        self.strategy = make_strategy(strategy, self.space, seed=seed)
+        self.trials = trials
+
+    def history(self) -> Any:
+        from search.strategy import History, Trial
+
+        return History(trials=[Trial(self.space.index_of(t["schedule"]), t["status"],
+                                     t["median_us"]) for t in self.trials])
+
+    def propose(self, n: int) -> list[dict[str, Any]]:
+        from workers.seeds import start_points
+
+        history = self.history()
+        seeds = start_points(self.spec, self.space, history)[:n]
+        history.pending |= set(seeds)
+        picks = seeds + self.strategy.propose(history, n - len(seeds))
+        return [self.space.schedule_at(i) for i in picks]
+
+
+def build_one(args: tuple[Any, dict[str, Any], str]) -> tuple[str, str, str]:
+    """In a pool process: the worker backend's build (the same NVRTC job and cache)."""
+    from kernels.build import BuildJob, build
+
+    spec, schedule, cache = args
+    r = build(BuildJob(spec.shape, spec.precision, spec.target.sm, schedule), cache)
+    return r.status, r.key, r.log[-2000:]
+
+
+def run(groups: Sequence[Group], doc: dict[str, Any], out: Path, backend: Any, cache: str,
+        trials: int, round_size: int, parallel: int, seed: int, strategy: str,
+        stop_after_s: float = 0.0) -> int:
+    """Search every group to `trials` on `backend` (the cuda one: builds in a process pool
+    into `cache`; any other builds in its own call), rewriting `out` after each round.
+    Returns the number of tasks left unfinished."""
+    from workers.backends.base import BuildOutcome
+
+    target = backend.target
+    if target is None:
+        raise SystemExit(f"no target for GPU {backend.gpu_model!r}")
+    if doc.get("gpu") and doc["gpu"] != backend.gpu_model:
+        raise SystemExit(f"{out} holds timings of {doc['gpu']}, this is {backend.gpu_model}")
+    doc.update(gpu=backend.gpu_model, target=target.name, strategy=strategy,
+               round=round_size, seed=seed)
+    doc.setdefault("date", dt.date.today().isoformat())
+    rows: dict[str, dict[str, Any]] = {r["key"]: r for r in doc.setdefault("rows", [])}
+    lock = threading.Lock()  # the measuring child takes one request at a time; doc writes
+    pool = ProcessPoolExecutor(max_workers=os.cpu_count()) if backend.name == "cuda" else None
+    t0 = time.monotonic()
+
+    def save() -> None:
+        doc["rows"] = list(rows.values())
+        atomic_write(out, json.dumps(doc, indent=1) + "\n")
+
+    def builds(spec: Any, picks: list[dict[str, Any]]) -> list[Any]:
+        if pool is None:
+            return [backend.build(spec, p) for p in picks]
+        futs: list[Future[tuple[str, str, str]]] = [
+            pool.submit(build_one, (spec, p, cache)) for p in picks]
+        return [BuildOutcome(st, artifact=key or None, log=blog)
+                for st, key, blog in (f.result() for f in futs)]
+
+    def task(g: Group) -> bool:
+        with lock:
+            row = rows.setdefault(g.key, {
+                "key": g.key, "shape": g.shape.to_dict(), "n": g.shape.n,
+                "precision": g.precision,
+                "layers": [f"{u.model} {u.layers[0]}" for u in g.uses],
+                "count": sum(u.count for u in g.uses), "trials": []})
+        s = LayerSearch(g, target, row["trials"], seed, strategy)
+        if row.get("cudnn_fp16_us") is None:
+            with lock:
+                row["cudnn_fp16_us"] = backend.baseline_us(s.spec)
+        while len(row["trials"]) < trials:
+            if stop_after_s and time.monotonic() - t0 > stop_after_s:
+                return False
+            picks = s.propose(min(round_size, trials - len(row["trials"])))
+            if not picks:
+                row["note"] = "space exhausted"
+                break
+            measured = []
+            for p, b in zip(picks, builds(s.spec, picks), strict=True):
+                with lock:
+                    m = backend.measure(s.spec, p, b)
+                measured.append({"schedule": p, "status": m.status,
+                                 "median_us": m.median_us})
+            with lock:
+                row["trials"].extend(measured)
+                b = best_trial(row["trials"])
+                row.update(curve=curve(row["trials"]), best_us=b and b["median_us"],
+                           best_schedule=b and b["schedule"],
+                           wrong=sum(t["status"] == "wrong" for t in row["trials"]))
+                save()
+            log(f"{g.shape.key()} {g.precision}: {len(row['trials'])}/{trials} trials, best "
+                f"{row['best_us']} us (cuDNN fp16 {row['cudnn_fp16_us']}), "
+                f"{time.monotonic() - t0:.0f} s")
+        return True
+
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, parallel)) as ex:
+            done = list(ex.map(task, groups))
+    finally:
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
+        save()
+    return sum(not d for d in done)
+
+
+def render(doc: dict[str, Any]) -> str:
+    marks = [str(k) for k in CURVE_AT]
+    lines = [f"{doc['gpu']}, strategy {doc['strategy']}, rounds of {doc['round']}, "
+             f"{doc['date']}", "",
+             "| layer | shape | precision | trials | wrong | cuDNN fp16 us | "
+             + " | ".join(f"best@{k}" for k in marks) + " | best/cuDNN |",
+             "|---" * (7 + len(marks)) + "|"]
+    from bench.zoo import shape_text
+
+    for r in doc["rows"]:
+        c = r.get("curve", {})
+        base, best = r.get("cudnn_fp16_us"), r.get("best_us")
+        more = f" (+{r['count'] - 1})" if r["count"] > 1 else ""
+        ratio = f"{best / base:.2f}x" if best and base else "-"
+        points = " | ".join(f"{c[k]:.2f}" if c.get(k) else "-" for k in marks)
+        lines.append(f"| {r['layers'][0]}{more} | {shape_text(r['shape'])} | {r['precision']} | "
+                     f"{len(r['trials'])} | {r.get('wrong', 0)} | "
+                     f"{base if base is not None else '-'} | {points} | {ratio} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.layer_search", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="search layers on this machine's GPU")
+    r.add_argument("--out", required=True)
+    r.add_argument("--cache", default="/tmp/tctune-layer-search")
+    r.add_argument("--shapes", default=str(SHAPES_FILE))
+    r.add_argument("--models", default="resnet50")
+    r.add_argument("--batches", default="8")
+    r.add_argument("--precisions", default="int8,fp16")
+    r.add_argument("--top", type=int, default=0,
+                   help="only the TOP tasks with the largest share of the model's time "
+                        "(the zoo's latencies); 0: all")
+    r.add_argument("--trials", type=int, default=500)
+    r.add_argument("--round", type=int, default=32)
+    r.add_argument("--parallel", type=int, default=3, help="tasks searched at once")
+    r.add_argument("--strategy", default="diversity")
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--stop-after", type=float, default=0.0,
+                   help="seconds; then stop after the rounds in flight (run again to go on)")
+    t = sub.add_parser("table", help="the Markdown table of a run")
+    t.add_argument("file")
+    a = ap.parse_args(argv)
+    if a.cmd == "table":
+        print(render(json.loads(Path(a.file).read_text())))
+        return 0
+    groups = plan(load_shapes(a.shapes), a.models.split(","),
+                  [int(b) for b in a.batches.split(",")], a.precisions.split(","))
+    groups = [g for g in groups if not g.shape.problems(Precision(g.precision))]
+    if a.top:
+        groups = by_total_time(groups, zoo_latencies())[:a.top]
+    out = Path(a.out)
+    doc: dict[str, Any] = json.loads(out.read_text()) if out.exists() else {}
+    from workers.backends.cuda import CudaBackend
+
+    backend = CudaBackend(a.cache)
+    try:
+        left = run(groups, doc, out, backend, a.cache, a.trials, a.round, a.parallel, a.seed,
+                   a.strategy, a.stop_after)
+    finally:
+        backend.close()
+    log(f"{left} tasks left" if left else "complete")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

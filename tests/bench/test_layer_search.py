@@ -1,0 +1,63 @@
+"""bench/layer_search.py on the simulated backend: the service's first round and strategy,
+per-task best-so-far curves, and a stopped run that continues as if never stopped."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from bench.layer_search import by_total_time, curve, run
+from bench.zoo import load_shapes, plan
+from kernels.runtime import default_schedule
+from kernels.spec import get_target
+from workers.backends.simulated import SimulatedBackend
+
+
+def _groups() -> list:
+    return plan(load_shapes(), ["resnet18"], [8], ["int8"])[1:3]
+
+
+def _run(tmp: Path, name: str, trials: int, doc: dict | None = None) -> dict:
+    out = tmp / name
+    backend = SimulatedBackend(get_target("h100"))
+    left = run(_groups(), doc if doc is not None else {}, out, backend, str(tmp / "cache"),
+               trials=trials, round_size=16, parallel=2, seed=3, strategy="diversity")
+    assert left == 0
+    return json.loads(out.read_text())
+
+
+def test_a_stopped_search_continues_as_an_uninterrupted_one(tmp_path: Path) -> None:
+    whole = _run(tmp_path, "whole.json", 48)
+    part = _run(tmp_path, "part.json", 32)
+    resumed = _run(tmp_path, "part.json", 48, doc=part)
+    assert len(whole["rows"]) == 2
+    for a, b in zip(whole["rows"], resumed["rows"], strict=True):
+        assert a["key"] == b["key"]
+        assert [t["schedule"] for t in a["trials"]] == [t["schedule"] for t in b["trials"]]
+        assert len(a["trials"]) == 48
+        assert len({json.dumps(t["schedule"], sort_keys=True) for t in a["trials"]}) == 48
+        assert set(a["curve"]) == {"16", "32"}
+        assert a["best_us"] == min(t["median_us"] for t in a["trials"] if t["status"] == "ok")
+        assert a["cudnn_fp16_us"] > 0
+
+
+def test_the_first_trial_is_the_runtimes_default(tmp_path: Path) -> None:
+    doc = _run(tmp_path, "d.json", 16)
+    for g, row in zip(_groups(), doc["rows"], strict=True):
+        default, _ = default_schedule(g.shape, g.precision, get_target("h100"))
+        assert row["trials"][0]["schedule"] == {**row["trials"][0]["schedule"], **default}
+
+
+def test_curve_is_the_best_so_far() -> None:
+    ts = [{"status": "ok", "median_us": v} for v in (5.0, 7.0)] + \
+         [{"status": "wrong", "median_us": None}] * 14 + [{"status": "ok", "median_us": 3.0}] * 20
+    assert curve(ts) == {"16": 5.0, "32": 3.0}
+    assert curve([{"status": "wrong", "median_us": None}] * 16) == {"16": None}
+
+
+def test_tasks_are_ordered_by_their_share_of_the_model() -> None:
+    gs = plan(load_shapes(), ["resnet50"], [8], ["int8"])
+    zoo = {g.key: 1.0 for g in gs}
+    heavy = gs[5]
+    zoo[heavy.key] = 100.0
+    assert by_total_time(gs, zoo)[0] is heavy
