@@ -120,6 +120,11 @@ class CostModel:
         else:
             self.params["objective"] = "reg:squarederror"
         self.boosters: list[xgb.Booster] = []
+        # The training matrix of the last fit or step, kept alive: XGBoost's ranking objective
+        # caches its pairs by the address of the matrix's metadata, so a new matrix allocated
+        # where a freed one was would be boosted with the old one's cache (a crash when the
+        # sizes differ, wrong pairs when they do not).
+        self._dm: xgb.DMatrix | None = None
 
     def _dmatrix(self, rows: Rows, base_margin: np.ndarray | None) -> xgb.DMatrix:
         order = np.argsort(rows.group, kind="stable")  # ranking needs rows sorted by group
@@ -139,6 +144,7 @@ class CostModel:
         dm = self._dmatrix(rows, base_margin)
         self.boosters = [xgb.train(self._bag_params(j), dm, num_boost_round=self.rounds)
                          for j in range(self.bags)]
+        self._dm = dm
         FITS["scratch"] += len(self.boosters)
         return self
 
@@ -164,6 +170,7 @@ class CostModel:
             for i in range(rounds):
                 b.update(dm, iteration=i)
         out.boosters = boosters
+        out._dm = dm
         FITS["extend"] += len(boosters)
         return out
 

@@ -119,3 +119,24 @@ def test_extended_model_margins_are_the_old_ones_plus_the_new_trees(bags: int) -
     err = [np.abs(m.predict(X[64:200], base_margin=base[64:200]) - y[64:200]).mean()
            for m in (old, new)]
     assert err[1] < err[0]
+
+
+def test_rank_steps_on_new_matrices_never_reuse_a_freed_matrix_cache() -> None:
+    """XGBoost's ranking objective caches by the address of the training matrix's metadata:
+    a step on a new matrix allocated where the last fit's freed one was crashed (or boosted
+    on the old matrix's pairs). Steps on growing training sets, as a refit chain makes them."""
+    from search.cost_model import CostModel, Rows
+
+    rng = np.random.default_rng(0)
+    X = rng.random((400, 12)).astype(np.float32)
+    y = X @ rng.random(12) + rng.normal(0, 0.05, 400)
+
+    def rows(n: int) -> Rows:
+        return Rows(X[:n], y[:n], np.zeros(n, dtype=np.int64))
+
+    for start in range(96, 224, 32):
+        model = CostModel("rank", rounds=5).fit(rows(start))
+        for n in range(start + 32, 400, 32):
+            model = model.extended(rows(n), rounds=2, in_place=True)
+        copy = model.extended(rows(400), rounds=2)
+        assert copy.trees == model.trees + 2
