@@ -1,0 +1,158 @@
+"""Every conv of a model on its recorded best schedule against cuDNN fp16, all in one run.
+
+  python -m bench.model_e2e records bench/data/zoo_h100.json \\
+      bench/data/layer_search_r50_h100.json --out R.json                        # CPU
+  python -m bench.retime prebuild --records R.json --cache C --models resnet50   # CPU
+  python -m bench.retime run --records R.json --cache C --models resnet50 --batches 8 \\
+      --out bench/data/retime_r50_h100.json                                     # GPU
+  python -m bench.retime table bench/data/retime_r50_h100.json
+
+The schedules come from earlier runs (bench/zoo.py's short searches, bench/layer_search.py's
+long ones); the ratios do not: each distinct (shape, precision) is built, checked on random
+inputs and timed, and cuDNN fp16 timed once per shape, through the GPU worker's backend
+(workers/backends/cuda.py, kernels/cudnn.py's baseline: the faster of cuDNN's two algorithm
+picks) in this one run. A network row sums its layers weighted by their counts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from bench.cli import log
+from bench.zoo import SHAPES_FILE, atomic_write, load_shapes, plan, shape_text
+from kernels.spec import Precision, task_key
+
+
+def network_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per (model, n, precision): the layers' sums weighted by count; None where a layer
+    has no time."""
+    nets: dict[tuple[str, int, str], list[dict[str, Any]]] = {}
+    for r in rows:
+        for model, count in r["uses"]:
+            nets.setdefault((model, r["n"], r["precision"]), []).append({**r, "count": count})
+    out = []
+    for (model, n, p), rs in nets.items():
+        whole = all(r.get("ours_us") and r.get("cudnn_fp16_us") for r in rs)
+        ours = sum(r["ours_us"] * r["count"] for r in rs) if whole else None
+        base = sum(r["cudnn_fp16_us"] * r["count"] for r in rs) if whole else None
+        out.append({"model": model, "n": n, "precision": p, "layers": sum(r["count"] for r in rs),
+                    "ours_us": ours and round(ours, 3), "cudnn_fp16_us": base and round(base, 3),
+                    "ratio": round(ours / base, 4) if ours and base else None})
+    return out
+
+
+def prebuild(a: argparse.Namespace) -> int:
+    """Build what `run` will measure (NVRTC, no GPU) into --cache, for the run's target."""
+    from kernels.build import BuildJob, build_many
+    from kernels.spec import get_target
+
+    records = json.loads(Path(a.records).read_text())
+    target = get_target(a.target)
+    jobs = []
+    for g in plan(load_shapes(a.shapes), a.models.split(","),
+                  [int(b) for b in a.batches.split(",")], a.precisions.split(",")):
+        rec = records.get(task_key(g.shape, Precision(g.precision), target))
+        if rec:
+            jobs.append(BuildJob(g.shape, Precision(g.precision), target.sm, rec["schedule"]))
+    res = build_many(jobs, a.cache)
+    log(f"{sum(r.status == 'ok' for r in res)} of {len(jobs)} built into {a.cache}")
+    return 0
+
+
+def run(a: argparse.Namespace) -> int:
+    from workers.backends.base import TaskSpec
+    from workers.backends.cuda import CudaBackend
+
+    records = json.loads(Path(a.records).read_text())
+    groups = plan(load_shapes(a.shapes), a.models.split(","),
+                  [int(b) for b in a.batches.split(",")], a.precisions.split(","))
+    backend = CudaBackend(a.cache)
+    target = backend.target
+    if target is None:
+        raise SystemExit(f"no target for GPU {backend.gpu_model!r}")
+    rows: list[dict[str, Any]] = []
+    cudnn: dict[str, float | None] = {}
+    doc: dict[str, Any] = {"gpu": backend.gpu_model, "date": dt.date.today().isoformat(),
+                           "records": a.records, "rows": rows}
+    try:
+        for g in groups:
+            prec = Precision(g.precision)
+            spec = TaskSpec(g.shape, prec, target)
+            rec = records.get(task_key(g.shape, prec, target))
+            row: dict[str, Any] = {
+                "layer": g.uses[0].layers[0], "shape": g.shape.to_dict(), "n": g.shape.n,
+                "precision": g.precision, "uses": [[u.model, u.count] for u in g.uses],
+                "schedule": rec and rec["schedule"], "source": rec and rec.get("source"),
+                "ours_us": None, "status": "no record"}
+            if rec:
+                b = backend.build(spec, rec["schedule"])
+                m = backend.measure(spec, rec["schedule"], b)
+                row.update(status=m.status, ours_us=m.median_us, iqr_us=m.iqr_us)
+            if g.shape.key() not in cudnn:
+                cudnn[g.shape.key()] = backend.baseline_us(spec)
+            row["cudnn_fp16_us"] = cudnn[g.shape.key()]
+            rows.append(row)
+            log(f"{g.shape.key()} {g.precision}: {row['status']} {row['ours_us']} us, cuDNN fp16 "
+                f"{row['cudnn_fp16_us']} us")
+            doc["networks"] = network_rows(rows)
+            atomic_write(Path(a.out), json.dumps(doc, indent=1) + "\n")
+    finally:
+        backend.close()
+    return 0
+
+
+def render(doc: dict[str, Any]) -> str:
+    lines = [f"{doc['gpu']}, {doc['date']}", "",
+             "| model | batch | precision | convs | ours us | cuDNN fp16 us | ours/cuDNN |",
+             "|---|---|---|---|---|---|---|"]
+    for r in doc["networks"]:
+        ratio = f"{r['ratio']:.2f}x" if r["ratio"] else "-"
+        lines.append(f"| {r['model']} | {r['n']} | {r['precision']} | {r['layers']} | "
+                     f"{r['ours_us'] or '-'} | {r['cudnn_fp16_us'] or '-'} | {ratio} |")
+    lines += ["", "| layer | shape | n | precision | ours us | cuDNN fp16 us | ours/cuDNN | "
+              "schedule from |", "|---|---|---|---|---|---|---|---|"]
+    for r in doc["rows"]:
+        ours, base = r.get("ours_us"), r.get("cudnn_fp16_us")
+        ratio = f"{ours / base:.2f}x" if ours and base else "-"
+        lines.append(f"| {r['layer']} | {shape_text(r['shape'])} | {r['n']} | {r['precision']} | "
+                     f"{ours if ours else r['status']} | {base or '-'} | {ratio} | "
+                     f"{(r.get('source') or '-').split(':')[0]} |")
+    ratios = [r["ours_us"] / r["cudnn_fp16_us"] for r in doc["rows"]
+              if r.get("ours_us") and r.get("cudnn_fp16_us")]
+    if ratios:
+        geo = math.exp(sum(map(math.log, ratios)) / len(ratios))
+        lines += ["", f"{len(ratios)} layer measurements: geomean ours/cuDNN {geo:.2f}x"]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.retime", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="time on this machine's GPU")
+    r.add_argument("--out", required=True)
+    pb = sub.add_parser("prebuild", help="build the kernels on a CPU")
+    pb.add_argument("--target", default="h100")
+    for p in (r, pb):
+        p.add_argument("--records", required=True)
+        p.add_argument("--cache", default="/tmp/tctune-retime")
+        p.add_argument("--shapes", default=str(SHAPES_FILE))
+        p.add_argument("--models", default="resnet50")
+        p.add_argument("--batches", default="8")
+        p.add_argument("--precisions", default="int8,fp16")
+    t = sub.add_parser("table", help="the Markdown tables of a run")
+    t.add_argument("file")
+    a = ap.parse_args(argv)
+    if a.cmd == "table":
+        print(render(json.loads(Path(a.file).read_text())))
+        return 0
+    return run(a) if a.cmd == "run" else prebuild(a)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
