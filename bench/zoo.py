@@ -15,7 +15,10 @@ and bench/nets.py's U-Net at 256x256.
       also 1 and 32 (unless --batches says otherwise). FILE is rewritten after every
       measurement and a run with the same --out skips what FILE already has: the zoo can be
       split over several time-limited runs (--stop-after: start no measurement after S s).
-  python -m bench.zoo table FILE                                        # markdown
+  python -m bench.zoo table FILE [--out bench/ZOO.md]                   # markdown
+      every table; with --out the per-layer tables (one row per layer and batch, int8 and
+      fp16 side by side, with each layer's floor) go to the file and the networks' sums and
+      the zoo's summary (what bench/RESULTS.md keeps) are printed.
 
 The search of one (shape, batch, precision), at most --budget candidates: a start set of half
 the budget (up to a quarter from transfer: the best schedules this run found for the same
@@ -768,6 +771,10 @@ def _f(v: float | None, nd: int = 2) -> str:
     return "-" if v is None else f"{v:.{nd}f}"
 
 
+def _fx(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}x"
+
+
 def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a and b else None
 
@@ -817,33 +824,79 @@ def _row_order(r: dict[str, Any]) -> tuple[Any, ...]:
             PRECISIONS.index(p) if p in PRECISIONS else len(PRECISIONS), p)
 
 
-def render(doc: dict[str, Any]) -> str:
-    target = target_for_gpu_model(doc.get("gpu") or "") or get_target("h100")
-    lines = [f"GPU: {doc.get('gpu')}, {doc.get('date')}. ours/cuDNN < 1: ours faster. "
-             f"floor = max(bytes / DRAM bandwidth, 2 * MACs / Tensor Core peak), bytes = x and "
-             f"w read once, y written once in the row's precision (+ the epilogue's fp32 "
-             f"vectors), with {target.name}'s {target.bandwidth_gbs:g} GB/s and dense fp16 "
-             f"{target.peak(Precision.FP16):g} / int8 {target.peak(Precision.INT8):g} TFLOP/s "
-             f"(kernels/spec.py). Goals (ours / cuDNN fp16): "
-             + "; ".join(f"{p}: every layer <= {g.layer}x, geomean <= {g.geomean}x, "
-                         f"ResNet-50 summed <= {g.resnet50_sum}x" for p, g in GOALS.items())]
+def _pair(a: str, b: str) -> str:
+    return a if a == b else f"{a} / {b}"
+
+
+def layer_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, dict[str, Any]]]:
+    """One model's rows joined per layer: [{precision: row}], batch 8 first, then the other
+    batches, the layers in forward order within each batch."""
+    out: dict[tuple[Any, ...], dict[str, dict[str, Any]]] = {}
+    for r in sorted(rows, key=lambda r: (r["n"] != DEFAULT_BATCH, r["n"])):
+        key = (r["n"], r["layer"], ConvShape.from_dict(r["shape"]).key())
+        out.setdefault(key, {})[r["precision"]] = r
+    return list(out.values())
+
+
+LAYER_HEADER = ("| layer | shape | n | count | int8 us | fp16 us | cuDNN fp16 us | "
+                "CUTLASS int8 / fp16 us | int8/cuDNN | fp16/cuDNN | floor int8 / fp16 us |")
+
+
+def layer_line(by_prec: dict[str, dict[str, Any]], target: Target) -> str:
+    """One table row per layer with both precisions side by side ("-": not measured, or
+    nothing ran); cuDNN fp16 is one figure unless the two precisions' runs timed it apart."""
+    first = next(iter(by_prec.values()))
+    shape = ConvShape.from_dict(first["shape"])
+    layer = first["layer"] + (f" (+{len(first['layers']) - 1})"
+                              if len(first["layers"]) > 1 else "")
+    i8, f16 = by_prec.get("int8", {}), by_prec.get("fp16", {})
+    cudnn = _pair(_f(i8.get("cudnn_fp16_us")), _f(f16.get("cudnn_fp16_us"))) \
+        if i8 and f16 else _f(first.get("cudnn_fp16_us"))
+    ratios = [_fx(_ratio(r.get("ours_us"), r.get("cudnn_fp16_us"))) for r in (i8, f16)]
+    floors = " / ".join(f"{roofline_us(shape, p, target):.3g}" for p in PRECISIONS)
+    return (f"| {layer} | {shape_text(first['shape'])} | {first['n']} | {first['count']} | "
+            f"{_f(i8.get('ours_us'))} | {_f(f16.get('ours_us'))} | {cudnn} | "
+            f"{_f(i8.get('cutlass_us'))} / {_f(f16.get('cutlass_us'))} | "
+            f"{ratios[0]} | {ratios[1]} | {floors} |")
+
+
+def _header(doc: dict[str, Any], target: Target) -> str:
+    return (f"GPU: {doc.get('gpu')}, {doc.get('date')}. ours/cuDNN < 1: ours faster. "
+            f"floor = max(bytes / DRAM bandwidth, 2 * MACs / Tensor Core peak), bytes = x and "
+            f"w read once, y written once in the precision's width (+ the epilogue's fp32 "
+            f"vectors), with {target.name}'s {target.bandwidth_gbs:g} GB/s and dense fp16 "
+            f"{target.peak(Precision.FP16):g} / int8 {target.peak(Precision.INT8):g} TFLOP/s "
+            f"(kernels/spec.py). Goals (ours / cuDNN fp16): "
+            + "; ".join(f"{p}: every layer <= {g.layer}x, geomean <= {g.geomean}x, "
+                        f"ResNet-50 summed <= {g.resnet50_sum}x" for p, g in GOALS.items()))
+
+
+def _target(doc: dict[str, Any]) -> Target:
+    return target_for_gpu_model(doc.get("gpu") or "") or get_target("h100")
+
+
+def render_layers(doc: dict[str, Any]) -> list[str]:
+    """Per model, one row per layer and batch with both precisions."""
+    target = _target(doc)
     rows = doc.get("rows", [])
-    models = list(dict.fromkeys(r["model"] for r in rows))
-    for model in models:
-        rs = sorted((r for r in rows if r["model"] == model), key=_row_order)
-        lines += ["", f"### {model}", "",
-                  "| layer | shape | n | count | precision | ours us | cuDNN fp16 us | "
-                  "CUTLASS us | ours/cuDNN | floor us |", "|---" * 10 + "|"]
-        for r in rs:
-            layer = r["layer"] + (f" (+{len(r['layers']) - 1})" if len(r["layers"]) > 1 else "")
-            floor = roofline_us(ConvShape.from_dict(r["shape"]), r["precision"], target)
-            ratio = _ratio(r["ours_us"], r["cudnn_fp16_us"])
-            lines.append(f"| {layer} | {shape_text(r['shape'])} | {r['n']} | {r['count']} | "
-                         f"{r['precision']} | {_f(r['ours_us'])} | {_f(r['cudnn_fp16_us'])} | "
-                         f"{_f(r['cutlass_us'])} | {_f(ratio)}x | {floor:.3g} |")
-        lines += ["", "| n | precision | layers (convs) | ours us, summed | cuDNN fp16 us, "
-                  "summed | CUTLASS us, summed | ours/cuDNN summed | geomean of layers | goals |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+    lines: list[str] = []
+    for model in dict.fromkeys(r["model"] for r in rows):
+        lines += ["", f"### {model}", "", LAYER_HEADER, "|---" * 11 + "|"]
+        lines += [layer_line(by_prec, target)
+                  for by_prec in layer_rows([r for r in rows if r["model"] == model])]
+    return lines
+
+
+def render_summary(doc: dict[str, Any]) -> list[str]:
+    """Each network's sums against the goals, then the zoo: each distinct (shape, batch) once
+    per precision."""
+    rows = doc.get("rows", [])
+    lines = ["", "### Networks (convs summed, weighted by count)", "",
+             "| model | n | precision | layers (convs) | ours us, summed | cuDNN fp16 us, summed "
+             "| CUTLASS us, summed | ours/cuDNN summed | geomean of layers | goals |",
+             "|---" * 10 + "|"]
+    for model in dict.fromkeys(r["model"] for r in rows):
+        rs = [r for r in rows if r["model"] == model]
         for net in sorted((x for x in doc.get("networks", []) if x["model"] == model),
                           key=_row_order):
             ratios = [_ratio(r["ours_us"], r["cudnn_fp16_us"]) for r in rs
@@ -852,10 +905,9 @@ def render(doc: dict[str, Any]) -> str:
             gm, verdict = _verdict(ratios, net["precision"],
                                    total if model == "resnet50" and total is not None else None)
             part = "" if net["complete"] else f" of {net['layers_total']}"
-            lines.append(f"| {net['n']} | {net['precision']} | {net['layers']}{part} "
+            lines.append(f"| {model} | {net['n']} | {net['precision']} | {net['layers']}{part} "
                          f"({net['convs']}) | {_f(net['ours_us'])} | {_f(net['cudnn_fp16_us'])} "
                          f"| {_f(net['cutlass_us'])} | {_f(total)}x | {_f(gm)}x | {verdict} |")
-    # The zoo: each distinct (shape, batch) once per precision.
     lines += ["", "### The zoo (each distinct shape and batch once)", "",
               "| precision | measurements | geomean ours/cuDNN | worst | goals |",
               "|---|---|---|---|---|"]
@@ -866,7 +918,25 @@ def render(doc: dict[str, Any]) -> str:
         gm, verdict = _verdict(ratios, prec)
         worst = max((x for x in ratios if x is not None), default=None)
         lines.append(f"| {prec} | {len(uniq)} | {_f(gm)}x | {_f(worst)}x | {verdict} |")
-    return "\n".join(lines)
+    return lines
+
+
+def render(doc: dict[str, Any]) -> str:
+    """The whole table: the header, each model's layers, the networks' sums and the zoo."""
+    return "\n".join([_header(doc, _target(doc)), *render_layers(doc), *render_summary(doc)])
+
+
+ZOO_MD_TITLE = "# The zoo, layer by layer"
+
+
+def render_zoo_md(doc: dict[str, Any], source: str) -> str:
+    """bench/ZOO.md: the per-layer tables of every model with their sums, generated."""
+    return "\n".join([
+        ZOO_MD_TITLE, "",
+        f"Generated from `{source}` by `python -m bench.zoo table {source} --out "
+        f"bench/ZOO.md`. What it measures, the commands and the summary: bench/RESULTS.md, "
+        f"\"A zoo of real layers\".",
+        "", _header(doc, _target(doc)), *render_layers(doc), *render_summary(doc)]) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -892,11 +962,20 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--cutlass-lib", default=None)
     r.add_argument("--cache", default="/tmp/tctune-cache")
     r.add_argument("--seed", type=int, default=11)
-    t = sub.add_parser("table")
+    t = sub.add_parser("table", help="markdown: everything, or with --out the per-layer "
+                       "document written to OUT and the summary printed")
     t.add_argument("file")
+    t.add_argument("--out", default=None,
+                   help="write the per-layer tables here (bench/ZOO.md) and print only the "
+                        "networks' sums and the zoo's summary")
     a = ap.parse_args(argv)
     if a.cmd == "table":
-        print(render(json.loads(Path(a.file).read_text())))
+        doc = json.loads(Path(a.file).read_text())
+        if a.out is None:
+            print(render(doc))
+        else:
+            atomic_write(Path(a.out), render_zoo_md(doc, a.file))
+            print("\n".join([_header(doc, _target(doc)), *render_summary(doc)]))
         return 0
     return {"shapes": cmd_shapes, "run": cmd_run}[a.cmd](a)
 

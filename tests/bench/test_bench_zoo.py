@@ -233,36 +233,80 @@ def test_roofline_floor() -> None:
     assert zoo.roofline_us(wide, "int8", H100) == pytest.approx(2 * macs / 1979e12 * 1e6)
 
 
-def test_table_renders_rows_sums_and_goals() -> None:
-    rows = [row("resnet50", 64, 3, "fp16", 0.8, 1.0), row("resnet50", 128, 1, "fp16", 1.6, 2.0),
-            row("resnet50", 64, 3, "int8", 0.5, 1.0), row("resnet50", 128, 1, "int8", 1.6, 2.0),
+def table_doc() -> dict[str, Any]:
+    rows = [row("resnet50", 64, 3, "int8", 0.5, 1.0), row("resnet50", 128, 1, "int8", 1.6, 2.0),
+            row("resnet50", 64, 3, "fp16", 0.8, 1.0), row("resnet50", 128, 1, "fp16", 1.6, 2.0),
             row("unet", 64, 1, "int8", 0.5, 1.0)]
-    rows[0]["cutlass_us"] = 0.9
+    rows[2]["cutlass_us"] = 0.9
     shapes = {"models": {"resnet50": {"shapes": [{}, {}]}, "unet": {"shapes": [{}]}}}
-    doc = {"gpu": "NVIDIA H100 80GB HBM3", "date": "2026-01-01", "rows": rows,
-           "networks": zoo.network_rows(rows, shapes)}
+    return {"gpu": "NVIDIA H100 80GB HBM3", "date": "2026-01-01", "rows": rows,
+            "networks": zoo.network_rows(rows, shapes)}
+
+
+def test_table_renders_rows_sums_and_goals() -> None:
+    doc = table_doc()
     md = zoo.render(doc)
     lines = md.splitlines()
     assert "### resnet50" in lines and "### unet" in lines
-    floor = zoo.roofline_us(ConvShape.from_dict(rows[0]["shape"]), "fp16", H100)
-    assert (f"| l64 (+2) | 14x14x64->64, 1x1/1 | 8 | 3 | fp16 | 0.80 | 1.00 | 0.90 | 0.80x | "
-            f"{floor:.3g} |") in lines
-    # int8 rows before fp16 rows, each in the layers' order
+    # one row per layer, int8 and fp16 side by side, in the layers' order
+    floors = [zoo.roofline_us(ConvShape.from_dict(doc["rows"][0]["shape"]), p, H100)
+              for p in ("int8", "fp16")]
+    assert (f"| l64 (+2) | 14x14x64->64, 1x1/1 | 8 | 3 | 0.50 | 0.80 | 1.00 | - / 0.90 | 0.50x | "
+            f"0.80x | {floors[0]:.3g} / {floors[1]:.3g} |") in lines
     body = [x for x in lines if x.startswith(("| l64", "| l128"))]
-    assert [x.split(" | ")[4] for x in body[:4]] == ["int8", "int8", "fp16", "fp16"]
-    assert [x.split(" | ")[0] for x in body[:2]] == ["| l64 (+2)", "| l128"]
+    assert [x.split(" | ")[0] for x in body] == ["| l64 (+2)", "| l128", "| l64"]
+    assert body[2].split(" | ")[4:6] == ["0.50", "-"]  # unet: int8 only
     # fp16: layers 0.8 and 0.8 <= 1.0, geomean 0.8 <= 0.85, summed (3*0.8+1.6)/(3+2) = 0.8
-    fp16 = next(x for x in lines if x.startswith("| 8 | fp16 | 2 (4) |"))
+    fp16 = next(x for x in lines if x.startswith("| resnet50 | 8 | fp16 | 2 (4) |"))
     assert "| 4.00 | 5.00 | - | 0.80x | 0.80x |" in fp16
     assert "layers <= 1.00x: 2/2" in fp16 and "(all met)" in fp16
     assert "summed <= 0.85x: met" in fp16
     # int8: 0.5 and 0.8 (over 0.7); geomean sqrt(0.4) = 0.63 > 0.55; summed 3.1/5 = 0.62
-    int8 = next(x for x in lines if x.startswith("| 8 | int8 | 2 (4) |"))
+    int8 = next(x for x in lines if x.startswith("| resnet50 | 8 | int8 | 2 (4) |"))
     assert "layers <= 0.70x: 1/2" in int8 and f"| {math.sqrt(0.4):.2f}x |" in int8
     assert "(not all met)" in int8 and "summed <= 0.50x: not met" in int8
+    # int8 before fp16 in the sums, models in the rows' order
+    nets = [x.split(" | ")[:3] for x in lines if x.startswith(("| resnet50 |", "| unet |"))]
+    assert nets == [["| resnet50", "8", "int8"], ["| resnet50", "8", "fp16"],
+                    ["| unet", "8", "int8"]]
     # the zoo: each distinct measurement once (unet's int8 shape is resnet50's l64)
     zoo_int8 = next(x for x in lines if x.startswith("| int8 | 2 |"))
     assert f"| {math.sqrt(0.4):.2f}x | 0.80x |" in zoo_int8
+
+
+def test_layer_row_joins_the_precisions_of_one_layer() -> None:
+    i8 = row("m", 64, 1, "int8", 0.5, 1.0)
+    f16 = row("m", 64, 1, "fp16", None, 1.0)  # nothing ran
+    i8["cutlass_us"] = 0.75
+    other_batch = row("m", 64, 1, "int8", 2.0, 4.0, n=32)
+    other_batch["shape"]["n"] = 32
+    joined = zoo.layer_rows([other_batch, i8, f16])
+    assert [sorted(x) for x in joined] == [["fp16", "int8"], ["int8"]]  # batch 8 first
+    assert joined[0]["int8"] is i8 and joined[0]["fp16"] is f16
+    cells = zoo.layer_line(joined[0], H100).split(" | ")
+    assert cells[1:] == ["14x14x64->64, 1x1/1", "8", "1", "0.50", "-", "1.00", "0.75 / -",
+                         "0.50x", "-", cells[-1]]
+    assert cells[-1].count(" / ") == 1 and cells[-1].endswith(" |")
+    # cuDNN timed apart by the two precisions' runs: both figures
+    f16["cudnn_fp16_us"] = 1.2
+    assert "| 1.00 / 1.20 |" in zoo.layer_line(joined[0], H100)
+    assert zoo.layer_line({"fp16": f16}, H100).split(" | ")[4:7] == ["-", "-", "1.20"]
+
+
+def test_table_out_writes_the_layers_and_prints_the_summary(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data, out = tmp_path / "zoo.json", tmp_path / "ZOO.md"
+    data.write_text(json.dumps(table_doc()))
+    assert zoo.main(["table", str(data), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    written = out.read_text().splitlines()
+    assert written[0] == zoo.ZOO_MD_TITLE and "### resnet50" in written
+    assert any(x.startswith("| l64 (+2) |") for x in written)
+    assert not any(x.startswith(("| l64", "### resnet50")) for x in printed)
+    summary = [x for x in printed if x.startswith("| resnet50 | 8 |")]
+    assert len(summary) == 2 and all(x in written for x in summary)
+    assert zoo.main(["table", str(data)]) == 0
+    assert capsys.readouterr().out.rstrip("\n") == zoo.render(table_doc())
 
 
 # ---- the resumable run ---------------------------------------------------------------------
