@@ -61,3 +61,18 @@ def test_tasks_are_ordered_by_their_share_of_the_model() -> None:
     heavy = gs[5]
     zoo[heavy.key] = 100.0
     assert by_total_time(gs, zoo)[0] is heavy
+
+
+def test_render_summarizes_each_mark_against_the_final_best() -> None:
+    from bench.layer_search import render
+
+    shape = _groups()[0].shape.to_dict()
+    row = {"layers": ["resnet18 a"], "count": 1, "shape": shape, "precision": "int8",
+           "trials": [{}] * 500, "wrong": 0,
+           "curve": {"16": 2.0, "32": 1.5, "64": 1.04, "128": 1.0, "256": 1.0, "500": 1.0}}
+    text = render({"gpu": "g", "strategy": "diversity", "round": 32, "date": "d",
+                   "rows": [row, {**row, "curve": {**row["curve"], "16": 8.0}},
+                            {**row, "curve": {"16": 3.0}, "trials": [{}] * 16}]})
+    assert "| 16 | 4.000x | 8.00x | 0/2 |" in text
+    assert "| 64 | 1.040x | 1.04x | 2/2 |" in text
+    assert "Over the 2 tasks searched to 500 trials" in text
