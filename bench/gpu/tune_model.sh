@@ -6,6 +6,7 @@
 #   carry: [".whl"] (and a kernel cache for model_e2e, e.g. ".run")
 #   command: bash bench/gpu/tune_model.sh [MODEL] [TRIALS] [N,C,H,W] [E2E_CACHE]
 #   e.g.     bash bench/gpu/tune_model.sh torchvision:resnet50 32 8,3,224,224 .run/e2e_cache
+#   (VARIANTS=compiled runs the model only compiled with PDL, as bench/model_e2e.py's --variants)
 # Then, on any machine: python -m bench.service_tuning summarize $OUT --out F.
 set -uo pipefail
 out=${OUT:-/tmp/tune_model}; mkdir -p "$out"
@@ -37,4 +38,5 @@ python3 -c "import json, sys; json.dump({'model': sys.argv[1], 'trials': int(sys
 cat "$out/tuning.json"; echo
 name=${model#torchvision:}
 python3 -m bench.model_e2e run --cache "$cache" --schedules http://127.0.0.1:8000 \
-    --models "$name" --batches "${shape%%,*}" --out "$out/e2e_service.json"
+    --models "$name" --batches "${shape%%,*}" --variants "${VARIANTS:-plain,pdl,compiled}" \
+    --out "$out/e2e_service.json"
