@@ -32,8 +32,8 @@ from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from bench.cli import log
-from bench.zoo import SHAPES_FILE, Group, atomic_write, load_shapes, measure_key, plan
+from bench.cli import geomean, log
+from bench.zoo import Group, add_layer_args, atomic_write, measure_key, planned
 from kernels.spec import Precision
 
 CURVE_AT = (16, 32, 64, 128, 256, 500)
@@ -219,8 +219,7 @@ def render(doc: dict[str, Any]) -> str:
                   "| k | geomean | worst | within 5% |", "|---|---|---|---|"]
         for k in marks[:-1]:
             v = [r["curve"][k] / r["curve"][marks[-1]] for r in done if r["curve"].get(k)]
-            geo = math.exp(sum(map(math.log, v)) / len(v))
-            lines.append(f"| {k} | {geo:.3f}x | {max(v):.2f}x | "
+            lines.append(f"| {k} | {geomean(v):.3f}x | {max(v):.2f}x | "
                          f"{sum(x <= 1.05 for x in v)}/{len(v)} |")
     return "\n".join(lines)
 
@@ -232,10 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     r = sub.add_parser("run", help="search layers on this machine's GPU")
     r.add_argument("--out", required=True)
     r.add_argument("--cache", default="/tmp/tctune-layer-search")
-    r.add_argument("--shapes", default=str(SHAPES_FILE))
-    r.add_argument("--models", default="resnet50")
-    r.add_argument("--batches", default="8")
-    r.add_argument("--precisions", default="int8,fp16")
+    add_layer_args(r, models="resnet50", batches="8")
     r.add_argument("--top", type=int, default=0,
                    help="only the TOP tasks with the largest share of the model's time "
                         "(the zoo's latencies); 0: all")
@@ -252,9 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.cmd == "table":
         print(render(json.loads(Path(a.file).read_text())))
         return 0
-    groups = plan(load_shapes(a.shapes), a.models.split(","),
-                  [int(b) for b in a.batches.split(",")], a.precisions.split(","))
-    groups = [g for g in groups if not g.shape.problems(Precision(g.precision))]
+    groups = [g for g in planned(a) if not g.shape.problems(Precision(g.precision))]
     if a.top:
         groups = by_total_time(groups, zoo_latencies())[:a.top]
     out = Path(a.out)

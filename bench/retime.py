@@ -19,12 +19,11 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import math
 from pathlib import Path
 from typing import Any
 
-from bench.cli import log
-from bench.zoo import SHAPES_FILE, atomic_write, load_shapes, plan, shape_text
+from bench.cli import geomean, log
+from bench.zoo import add_layer_args, atomic_write, planned, shape_text
 from kernels.spec import Precision, task_key
 
 
@@ -54,8 +53,7 @@ def prebuild(a: argparse.Namespace) -> int:
     records = json.loads(Path(a.records).read_text())
     target = get_target(a.target)
     jobs = []
-    for g in plan(load_shapes(a.shapes), a.models.split(","),
-                  [int(b) for b in a.batches.split(",")], a.precisions.split(",")):
+    for g in planned(a):
         rec = records.get(task_key(g.shape, Precision(g.precision), target))
         if rec:
             jobs.append(BuildJob(g.shape, Precision(g.precision), target.sm, rec["schedule"]))
@@ -69,8 +67,7 @@ def run(a: argparse.Namespace) -> int:
     from workers.backends.cuda import CudaBackend
 
     records = json.loads(Path(a.records).read_text())
-    groups = plan(load_shapes(a.shapes), a.models.split(","),
-                  [int(b) for b in a.batches.split(",")], a.precisions.split(","))
+    groups = planned(a)
     backend = CudaBackend(a.cache)
     target = backend.target
     if target is None:
@@ -125,8 +122,8 @@ def render(doc: dict[str, Any]) -> str:
     ratios = [r["ours_us"] / r["cudnn_fp16_us"] for r in doc["rows"]
               if r.get("ours_us") and r.get("cudnn_fp16_us")]
     if ratios:
-        geo = math.exp(sum(map(math.log, ratios)) / len(ratios))
-        lines += ["", f"{len(ratios)} layer measurements: geomean ours/cuDNN {geo:.2f}x"]
+        lines += ["", f"{len(ratios)} layer measurements: geomean ours/cuDNN "
+                  f"{geomean(ratios):.2f}x"]
     return "\n".join(lines)
 
 
@@ -141,10 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     for p in (r, pb):
         p.add_argument("--records", required=True)
         p.add_argument("--cache", default="/tmp/tctune-retime")
-        p.add_argument("--shapes", default=str(SHAPES_FILE))
-        p.add_argument("--models", default="resnet50")
-        p.add_argument("--batches", default="8")
-        p.add_argument("--precisions", default="int8,fp16")
+        add_layer_args(p, models="resnet50", batches="8")
     t = sub.add_parser("table", help="the Markdown tables of a run")
     t.add_argument("file")
     a = ap.parse_args(argv)

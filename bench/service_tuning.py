@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
 from typing import Any
 
+from bench.cli import geomean
 from kernels.spec import ConvShape
 
 ZOO = Path(__file__).resolve().parent / "data" / "zoo_h100.json"
@@ -73,10 +73,6 @@ def attach(doc: dict[str, Any], search: dict[str, Any]) -> dict[str, Any]:
     return doc
 
 
-def _geo(v: list[float]) -> float:
-    return math.exp(sum(map(math.log, v)) / len(v))
-
-
 def render(path: str) -> str:
     d = json.loads(Path(path).read_text())
     lines = [f"{d['model']}, input {d['input_shape']}, {d['trials']} trials per layer, "
@@ -88,8 +84,8 @@ def render(path: str) -> str:
         rows = [r for r in d["rows"] if r["precision"] == p and r["latency_us"]]
         vs = [r["vs_zoo"] for r in rows if r["vs_zoo"]]
         sp = [r["speedup"] for r in rows if r["speedup"]]
-        lines.append(f"| {p} | {len(rows)} | {_geo(sp):.2f}x | {sum(s > 1 for s in sp)} | "
-                     f"{_geo(vs):.2f}x | {max(vs):.2f}x | {sum(v <= 1.05 for v in vs)} |")
+        lines.append(f"| {p} | {len(rows)} | {geomean(sp):.2f}x | {sum(s > 1 for s in sp)} | "
+                     f"{geomean(vs):.2f}x | {max(vs):.2f}x | {sum(v <= 1.05 for v in vs)} |")
     long = [r for r in d["rows"] if r.get("vs_500_trials")]
     if long:
         lines += ["", f"Against a long search of each layer alone ({d['layer_search']['gpu']}, "
@@ -100,7 +96,7 @@ def render(path: str) -> str:
                   f"{r['search_trials']} | {r['search_us']:.2f} | {r['vs_500_trials']:.2f}x |"
                   for r in long]
         v = [r["vs_500_trials"] for r in long]
-        lines += ["", f"{len(v)} layers: geomean {_geo(v):.2f}x, worst {max(v):.2f}x, "
+        lines += ["", f"{len(v)} layers: geomean {geomean(v):.2f}x, worst {max(v):.2f}x, "
                   f"{sum(x <= 1.05 for x in v)} within 5%."]
     return "\n".join(lines)
 

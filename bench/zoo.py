@@ -49,7 +49,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from bench.cli import log
+from bench.cli import geomean, log
 from bench.layer_classes import PATHS
 from kernels.space import (
     Schedule,
@@ -255,6 +255,23 @@ def batches_for(model: str, batches: Sequence[int] | None) -> tuple[int, ...]:
     if batches:
         return tuple(batches)
     return (DEFAULT_BATCH, *EXTRA_BATCHES.get(model, ()))
+
+
+def add_layer_args(p: argparse.ArgumentParser, models: str = ",".join(MODELS),
+                   batches: str = "", precisions: str = ",".join(PRECISIONS)) -> None:
+    """The options that pick a benchmark's layers: the shapes file, models, batches and
+    precisions (`planned` turns them into groups)."""
+    p.add_argument("--shapes", default=str(SHAPES_FILE))
+    p.add_argument("--models", default=models)
+    p.add_argument("--batches", default=batches,
+                   help="comma-separated; empty: 8, and ResNet-50 also at 1 and 32")
+    p.add_argument("--precisions", default=precisions)
+
+
+def planned(a: argparse.Namespace) -> list[Group]:
+    """The groups that `add_layer_args`'s options pick."""
+    return plan(load_shapes(a.shapes), _csv(a.models), [int(b) for b in _csv(a.batches)] or None,
+                _csv(a.precisions))
 
 
 def plan(shapes_doc: dict[str, Any], models: Sequence[str], batches: Sequence[int] | None,
@@ -710,8 +727,7 @@ def _csv(s: str) -> list[str]:
 
 def cmd_run(a: argparse.Namespace) -> int:
     shapes_doc = load_shapes(a.shapes)
-    groups = plan(shapes_doc, _csv(a.models), [int(b) for b in _csv(a.batches)] or None,
-                  _csv(a.precisions))
+    groups = planned(a)
     out = Path(a.out)
     doc: dict[str, Any] = json.loads(out.read_text()) if out.exists() else {}
     have = {measure_key(ConvShape.from_dict(r["shape"]), r["precision"]): r
@@ -779,10 +795,6 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a and b else None
 
 
-def _geomean(xs: Sequence[float]) -> float | None:
-    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
-
-
 def shape_text(s: dict[str, Any]) -> str:
     st, pad, dil = s["stride"], s["pad"], s["dilation"]
     out = f"{s['h']}x{s['w']}x{s['c']}->{s['k']}, {s['r']}x{s['s']}/{st[0]}"
@@ -802,7 +814,7 @@ def _verdict(ratios: list[float | None], prec: str, summed: float | None = None
     (nothing ran) counts as over the layer goal."""
     goal = GOALS.get(prec)
     have = [r for r in ratios if r is not None]
-    gm = _geomean(have)
+    gm = geomean(have)
     if goal is None:
         return gm, ""
     over = sum(r is None or r > goal.layer for r in ratios)
@@ -948,11 +960,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--models", default=",".join(MODELS))
     r = sub.add_parser("run", help="measure on the GPU (resumable)")
     r.add_argument("--out", required=True)
-    r.add_argument("--shapes", default=str(SHAPES_FILE))
-    r.add_argument("--models", default=",".join(MODELS))
-    r.add_argument("--batches", default="",
-                   help="for every model (default: 8, and ResNet-50 also 1 and 32)")
-    r.add_argument("--precisions", default=",".join(PRECISIONS))
+    add_layer_args(r)
     r.add_argument("--budget", type=int, default=DEFAULT_BUDGET,
                    help="candidates per (shape, batch, precision)")
     r.add_argument("--transfer", type=int, default=None,
