@@ -9,6 +9,7 @@ from fastapi import Depends, FastAPI
 from fastapi.exceptions import RequestValidationError
 
 from api.broker import Broker
+from api.errors import storage_unavailable
 from api.inputs import InputGuard, known_query_only, validation_error
 from api.limits import BodyLimit
 from api.metrics import Metrics, MetricsMiddleware
@@ -27,7 +28,8 @@ from api.routes import (
     tune,
     workers,
 )
-from api.schemas import InputProblems
+from api.schemas import InputProblems, Problem
+from store.errors import UNAVAILABLE
 from store.ratelimit import RateLimit
 from store.settings import Settings, get_settings
 
@@ -57,7 +59,10 @@ def create_app(settings: Settings | None = None, dispatcher: bool = True) -> Fas
                   # parameter, a NUL byte in the path or query), in FastAPI's format.
                   responses={422: {"description": "invalid input: each problem names its "
                                                   "field (loc) and says why (msg)",
-                                   "model": InputProblems}},
+                                   "model": InputProblems},
+                             # store/errors.py: any endpoint that reads or writes the database
+                             503: {"description": "the database is unavailable; Retry-After "
+                                                  "says when to try again", "model": Problem}},
                   description="Autotuning of reduced-precision convolution on Tensor Cores")
     app.state.settings = cfg
     app.state.broker = None if cfg.embedded else Broker(cfg.broker_url)
@@ -67,6 +72,8 @@ def create_app(settings: Settings | None = None, dispatcher: bool = True) -> Fas
                        overrides={"/import": cfg.max_import_bytes})
     app.add_middleware(InputGuard)
     app.add_exception_handler(RequestValidationError, validation_error)
+    for exc in UNAVAILABLE:
+        app.add_exception_handler(exc, storage_unavailable)
     app.state.metrics = Metrics(cfg, app.state.broker)
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
     for module in (tune, jobs, job_events, schedule, lookup, schedules, workers, tasks,

@@ -8,10 +8,12 @@ from typing import Any
 
 from fastapi import Request, Response
 from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException
 
 from api.schemas import Problem
+from store.errors import RETRY_AFTER_S, unavailable_reason
 from store.jsoncheck import Loc, parse_json
 
 
@@ -33,6 +35,14 @@ READ_ERRORS: dict[int | str, dict[str, Any]] = {
     401: problem("no valid token (only when the service requires tokens for reads)")}
 BODY_ERRORS: dict[int | str, dict[str, Any]] = {
     413: problem("request body larger than the service accepts")}
+
+
+async def storage_unavailable(_request: Request, exc: Exception) -> Response:
+    """A database that cannot be reached (store/errors.py): 503 with the driver's reason and
+    when to try again, never a 500."""
+    return JSONResponse(status_code=503, headers={"Retry-After": str(RETRY_AFTER_S)},
+                        content={"detail": f"the database is unavailable, try again: "
+                                           f"{unavailable_reason(exc)}"})
 
 
 class JsonBodyRoute(APIRoute):

@@ -21,8 +21,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from celery import Celery, signals
-from sqlalchemy.exc import OperationalError
 
+from store.errors import UNAVAILABLE
 from store.settings import get_settings
 from workers import batcher, tasks
 from workers.backends import backend_for, builder_backend
@@ -70,7 +70,7 @@ def _fresh_connections(**_: Any) -> None:
     from store.db import get_engine
 
     get_engine(get_settings().db_url).dispose(close=False)
-RETRY = {"autoretry_for": (OperationalError, ConnectionError), "retry_backoff": True,
+RETRY = {"autoretry_for": (*UNAVAILABLE, ConnectionError), "retry_backoff": True,
          "retry_backoff_max": 60, "max_retries": 20}
 
 

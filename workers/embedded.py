@@ -20,6 +20,7 @@ from typing import Any
 
 from store import repository as repo
 from store.db import session_scope
+from store.errors import UNAVAILABLE, unavailable_reason
 from store.settings import Settings
 from workers import tasks
 from workers.backends import backend_for, local_gpu_target, served_targets
@@ -148,6 +149,11 @@ class EmbeddedDispatcher:
                 with session_scope(self.settings.db_url) as s:
                     repo.forget_dispatches(s, job_id)
                 ids = tasks.explore(self.settings.db_url, job_id, self.settings.batch_size)
+            except UNAVAILABLE as exc:  # the database, not the job: try again later
+                log.warning("explore of job %s waits for the database: %s", job_id,
+                            unavailable_reason(exc))
+                self._back_off(job_id)
+                continue
             except Exception as exc:  # a broken job must not stop the others
                 log.exception("explore failed for job %s", job_id)
                 with session_scope(self.settings.db_url) as s:
@@ -177,12 +183,16 @@ class EmbeddedDispatcher:
             elif exc is not None:
                 # Left open: a later explore round re-issues it, after a growing pause.
                 log.error("%s of candidate %s failed: %r", stage, cid, exc)
-                fails = self._backoff.get(job_id, (0.0, 0))[1] + 1
-                self._backoff[job_id] = (time.monotonic() + min(60.0, 0.5 * 2**fails), fails)
+                self._back_off(job_id)
             elif stage == "build":
                 self._submit("measure", cid, job_id)
             else:
                 self._backoff.pop(job_id, None)
+
+    def _back_off(self, job_id: int) -> None:
+        """Leave the job alone for a pause that doubles with each failure in a row."""
+        fails = self._backoff.get(job_id, (0.0, 0))[1] + 1
+        self._backoff[job_id] = (time.monotonic() + min(60.0, 0.5 * 2**fails), fails)
 
     def _run(self) -> None:
         log.info("embedded dispatcher started (pid %s)", os.getpid())
