@@ -17,11 +17,11 @@ from prometheus_client.core import (
 )
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
-from sqlalchemy import func, select
 
 from api.broker import Broker
+from store import repository as repo
 from store.db import session_scope
-from store.models import Candidate, ExplorerStat, Job, Measurement
+from store.models import ExplorerStat
 from store.settings import Settings
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
@@ -39,17 +39,14 @@ class FleetCollector(Collector):
         cands = GaugeMetricFamily("tctune_candidates_open",
                                   "Proposed candidates not measured yet", labels=["state"])
         with session_scope(self.settings.db_url) as s:
-            for state, n in s.execute(select(Job.status, func.count()).group_by(Job.status)):
-                jobs.add_metric([state], n)
-            for status, backend, n in s.execute(
-                    select(Measurement.status, Measurement.backend, func.count())
-                    .group_by(Measurement.status, Measurement.backend)):
-                meas.add_metric([status, backend], n)
-            for state, n in s.execute(select(Candidate.state, func.count())
-                                      .where(Candidate.state != "done")
-                                      .group_by(Candidate.state)):
-                cands.add_metric([state], n)
-            explorers = list(s.execute(select(ExplorerStat)).scalars())
+            counts = repo.fleet_counts(s)
+        for state, n in counts.jobs:
+            jobs.add_metric([state], n)
+        for status, backend, n in counts.measurements:
+            meas.add_metric([status, backend], n)
+        for state, n in counts.open_candidates:
+            cands.add_metric([state], n)
+        explorers = counts.explorers
         yield jobs
         yield meas
         yield cands

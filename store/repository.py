@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Select, and_, bindparam, func, select, update
+from sqlalchemy import Connection, Select, and_, bindparam, delete, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -23,6 +23,7 @@ from kernels.spec import ConvShape, Precision, Target, task_key
 from store.models import (
     ACTIVE_JOB_STATES,
     ApiToken,
+    Artifact,
     BestSchedule,
     Candidate,
     ExplorerStat,
@@ -106,6 +107,14 @@ def active_jobs(session: Session) -> Sequence[Job]:
     return session.scalars(
         select(Job).where(Job.status.in_(ACTIVE_JOB_STATES)).order_by(Job.id)
     ).all()
+
+
+def list_jobs(session: Session, status: str | None, limit: int) -> Sequence[tuple[Job, Task]]:
+    """The newest jobs (in `status` only, if given) with their tasks."""
+    stmt = select(Job, Task).join(Task, Task.id == Job.task_id).order_by(Job.id.desc())
+    if status:
+        stmt = stmt.where(Job.status == status)
+    return [(job, task) for job, task in session.execute(stmt.limit(limit))]
 
 
 def set_job_status(session: Session, job: Job, status: str, error: str | None = None) -> None:
@@ -425,6 +434,56 @@ def revoke_token(session: Session, token_id: int) -> bool:
 def active_jobs_of(session: Session, token_id: int) -> int:
     return int(session.scalar(select(func.count(Job.id)).where(
         Job.submitted_by == token_id, Job.status.in_(ACTIVE_JOB_STATES))) or 0)
+
+
+# --- kernel artifacts -------------------------------------------------------------------
+def publish_artifact(session: Session, key: str, cubin: bytes, meta: str) -> None:
+    """Store a build under its cache key, once (a second publisher's insert is ignored)."""
+    stmt = insert_for(session, Artifact).values(key=key, cubin=cubin, meta=meta,
+                                                created_at=utcnow())
+    session.execute(stmt.on_conflict_do_nothing(index_elements=["key"]))
+
+
+def get_artifact(session: Session, key: str) -> tuple[bytes, str] | None:
+    row = session.get(Artifact, key)
+    return None if row is None else (row.cubin, row.meta)
+
+
+def prune_artifacts(session: Session, job_id: int, task_id: int) -> int:
+    """Drop the artifacts of a finished job's candidates, except its task's best one."""
+    best = best_measurement(session, task_id)
+    keep = None if best is None else session.scalar(
+        select(Candidate.artifact).where(Candidate.task_id == task_id,
+                                         Candidate.schedule_hash == best.schedule_hash)
+        .limit(1))
+    keys = select(Candidate.artifact).where(Candidate.job_id == job_id,
+                                            Candidate.artifact.is_not(None))
+    stmt = delete(Artifact).where(Artifact.key.in_(keys))
+    if keep:
+        stmt = stmt.where(Artifact.key != keep)
+    return int(session.execute(stmt.execution_options(synchronize_session=False)).rowcount or 0)
+
+
+# --- fleet counts (/metrics) ------------------------------------------------------------
+@dataclass
+class FleetCounts:
+    jobs: list[tuple[str, int]]  # (status, jobs)
+    measurements: list[tuple[str, str, int]]  # (status, backend, measurements)
+    open_candidates: list[tuple[str, int]]  # (state, candidates not measured yet)
+    explorers: list[ExplorerStat]
+
+
+def fleet_counts(session: Session) -> FleetCounts:
+    return FleetCounts(
+        jobs=[(st, n) for st, n in session.execute(
+            select(Job.status, func.count()).group_by(Job.status))],
+        measurements=[(st, b, n) for st, b, n in session.execute(
+            select(Measurement.status, Measurement.backend, func.count())
+            .group_by(Measurement.status, Measurement.backend))],
+        open_candidates=[(st, n) for st, n in session.execute(
+            select(Candidate.state, func.count()).where(Candidate.state != "done")
+            .group_by(Candidate.state))],
+        explorers=list(session.scalars(select(ExplorerStat))))
 
 
 # --- explorer stats ---------------------------------------------------------------------

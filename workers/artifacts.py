@@ -9,12 +9,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from store import repository as repo
 from store.db import session_scope
-from store.models import Artifact, Candidate, utcnow
 
 
 def _paths(cache_dir: str | os.PathLike[str], key: str) -> tuple[Path, Path]:
@@ -30,9 +28,7 @@ def publish(db_url: str, cache_dir: str | os.PathLike[str], key: str) -> bool:
     if not (cubin.exists() and meta.exists()):
         return False
     with session_scope(db_url) as s:
-        stmt = repo.insert_for(s, Artifact).values(
-            key=key, cubin=cubin.read_bytes(), meta=meta.read_text(), created_at=utcnow())
-        s.execute(stmt.on_conflict_do_nothing(index_elements=["key"]))
+        repo.publish_artifact(s, key, cubin.read_bytes(), meta.read_text())
     return True
 
 
@@ -42,10 +38,10 @@ def fetch(db_url: str, cache_dir: str | os.PathLike[str], key: str) -> bool:
     if cubin.exists() and meta.exists():
         return True
     with session_scope(db_url) as s:
-        row = s.get(Artifact, key)
-        if row is None:
-            return False
-        data, text = row.cubin, row.meta
+        found = repo.get_artifact(s, key)
+    if found is None:
+        return False
+    data, text = found
     cubin.parent.mkdir(parents=True, exist_ok=True)
     for path, payload in ((cubin, data), (meta, text.encode())):
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -56,14 +52,4 @@ def fetch(db_url: str, cache_dir: str | os.PathLike[str], key: str) -> bool:
 
 def prune(session: Session, job_id: int, task_id: int) -> int:
     """Drop the artifacts of a finished job's candidates, except its task's best one."""
-    best = repo.best_measurement(session, task_id)
-    keep = None if best is None else session.scalar(
-        select(Candidate.artifact).where(Candidate.task_id == task_id,
-                                         Candidate.schedule_hash == best.schedule_hash)
-        .limit(1))
-    keys = select(Candidate.artifact).where(Candidate.job_id == job_id,
-                                            Candidate.artifact.is_not(None))
-    stmt = delete(Artifact).where(Artifact.key.in_(keys))
-    if keep:
-        stmt = stmt.where(Artifact.key != keep)
-    return int(session.execute(stmt.execution_options(synchronize_session=False)).rowcount or 0)
+    return repo.prune_artifacts(session, job_id, task_id)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, HTTPException, Query, status
-from sqlalchemy import select
 
 from api.auth import Reader, Tuner
 from api.deps import DB, MAX_ID, RowId
@@ -71,10 +70,8 @@ def list_jobs(session: DB, _: Reader,
     wanted = {s.lower() for s in (status, state) if s}
     if len(wanted) > 1:
         raise unprocessable([(("query", "state"), "gives another state than `status`")])
-    stmt = select(Job, Task).join(Task, Task.id == Job.task_id).order_by(Job.id.desc())
-    if wanted:
-        stmt = stmt.where(Job.status == wanted.pop())
-    return [_summary(session, job, task) for job, task in session.execute(stmt.limit(limit))]
+    return [_summary(session, job, task) for job, task in
+            repo.list_jobs(session, wanted.pop() if wanted else None, limit)]
 
 
 def _summary(session: DB, job: Job, task: Task | None = None) -> JobSummary:
