@@ -113,3 +113,26 @@ def test_the_checks_catch_a_lazy_import() -> None:
     assert allowed("deploy", "api.client") and allowed("deploy", "api")
     assert not allowed("deploy", "api.app") and not allowed("deploy", "workers.tasks")
     assert allowed("api", "workers.embedded") and not allowed("workers", "api.schemas")
+
+
+# Query construction belongs to store/ (store/repository.py and store/hotpath.py): outside it
+# a module may hold a session or a connection, not build statements. The one exception is
+# the health check's `SELECT 1` round trip.
+QUERY_BUILDERS = {"select", "insert", "update", "delete", "func", "text", "and_", "or_"}
+QUERY_EXCEPTIONS = {("api/routes/health.py", "text")}
+
+
+def test_queries_are_built_only_in_the_store() -> None:
+    wrong = []
+    for pkg in PACKAGES:
+        if pkg in ("store", "migrations"):
+            continue
+        for f in sorted((ROOT / pkg).rglob("*.py")):
+            rel = str(f.relative_to(ROOT))
+            for node in ast.walk(ast.parse(f.read_text(), rel)):
+                if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+                        "sqlalchemy"):
+                    wrong += [f"{rel}:{node.lineno} imports {a.name}" for a in node.names
+                              if a.name in QUERY_BUILDERS
+                              and (rel, a.name) not in QUERY_EXCEPTIONS]
+    assert not wrong
