@@ -1,9 +1,12 @@
 """The embedded dispatcher: the whole fleet in one machine, no broker.
 
-A thread in the API process plays the central explorer and hands build and measure tasks
-to local process pools that run the same task functions as the Celery workers. All state
-lives in the database, so a killed service restarts where it stopped: the explorer re-issues
-open candidates first and measurements are written once.
+A thread in the API process dispatches: it hands build and measure tasks to local process
+pools that run the same task functions as the Celery workers, and proposals to an explorer
+thread of their own, so that measurements keep flowing while a strategy thinks. Like the
+fleet's explorer, a job has up to `rounds_in_flight` rounds open at once (the next proposed
+while the current one is measured; `tasks.explore_round`). All state lives in the database,
+so a killed service restarts where it stopped: the explorer re-issues open candidates first
+and measurements are written once.
 """
 
 from __future__ import annotations
@@ -14,7 +17,13 @@ import os
 import socket
 import threading
 import time
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures import (
+    FIRST_COMPLETED,
+    Future,
+    ProcessPoolExecutor,
+    ThreadPoolExecutor,
+    wait,
+)
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
@@ -84,6 +93,12 @@ class EmbeddedDispatcher:
         self._pools: dict[str, ProcessPoolExecutor] = {}
         self._meta: dict[Future[Any], tuple[str, int, int]] = {}  # future -> (stage, cand, job)
         self._inflight: dict[int, int] = {}  # job id -> futures outstanding
+        # Proposals run here, one at a time, while the loop goes on feeding the pools.
+        self._explorer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tctune-explore")
+        self._exploring: dict[Future[Any], int] = {}  # explore future -> job id
+        # job id -> its futures outstanding when its last proposal added nothing: asked
+        # again only once one of them has finished (or none is left).
+        self._waiting: dict[int, int] = {}
         self._last_beat = 0.0
         self._beaten = False  # the first heartbeat restarts the fleet page's start time
         # job id -> (monotonic time before which it is not re-explored, failures in a row)
@@ -96,6 +111,7 @@ class EmbeddedDispatcher:
     def stop(self, timeout: float = 10.0) -> None:
         self._stop.set()
         self._thread.join(timeout)
+        self._explorer.shutdown(wait=False, cancel_futures=True)
         for pool in self._pools.values():
             pool.shutdown(wait=False, cancel_futures=True)
 
@@ -136,40 +152,61 @@ class EmbeddedDispatcher:
                                started=not self._beaten)
         self._beaten = True
 
-    def _explore_idle_jobs(self) -> None:
+    def _explore_jobs(self) -> None:
+        """Ask the explorer thread for the next round of each active job that may take one
+        and is not being explored already."""
         with session_scope(self.settings.db_url) as s:
             job_ids = [j.id for j in repo.active_jobs(s)]
+        busy = set(self._exploring.values())
         for job_id in job_ids:
-            if self._inflight.get(job_id) or \
-                    self._backoff.get(job_id, (0.0, 0))[0] > time.monotonic():
+            inflight = self._inflight.get(job_id, 0)
+            if job_id in busy or self._backoff.get(job_id, (0.0, 0))[0] > time.monotonic() \
+                    or (inflight and self._waiting.get(job_id) == inflight):
                 continue
-            try:
-                # Nothing of this job is in flight here, and this process is the only
-                # dispatcher: any open candidate (a failed step) is sent again.
-                with session_scope(self.settings.db_url) as s:
-                    repo.forget_dispatches(s, job_id)
-                ids = tasks.explore(self.settings.db_url, job_id, self.settings.batch_size)
-            except UNAVAILABLE as exc:  # the database, not the job: try again later
-                log.warning("explore of job %s waits for the database: %s", job_id,
-                            unavailable_reason(exc))
-                self._back_off(job_id)
-                continue
-            except Exception as exc:  # a broken job must not stop the others
-                log.exception("explore failed for job %s", job_id)
-                with session_scope(self.settings.db_url) as s:
-                    job = repo.get_job(s, job_id)
-                    if job is not None:
-                        repo.set_job_status(s, job, "failed", error=f"explorer: {exc}")
-                continue
-            for cid in ids:
-                self._submit("build", cid, job_id)
+            self._exploring[self._explorer.submit(self._explore, job_id, not inflight)] = job_id
+
+    def _explore(self, job_id: int, drained: bool) -> tasks.Proposal:
+        """In the explorer thread. A job with nothing in flight here (`drained`) has no open
+        candidate on its way: any open one (a failed step, a killed service's) is sent again."""
+        if drained:
+            with session_scope(self.settings.db_url) as s:
+                repo.forget_dispatches(s, job_id)
+        return tasks.explore_round(self.settings.db_url, job_id, self.settings.batch_size,
+                                   self.settings.rounds_in_flight)
+
+    def _explored(self, fut: Future[Any]) -> None:
+        job_id = self._exploring.pop(fut)
+        try:
+            ids = fut.result().ids
+        except UNAVAILABLE as exc:  # the database, not the job: try again later
+            log.warning("explore of job %s waits for the database: %s", job_id,
+                        unavailable_reason(exc))
+            self._back_off(job_id)
+            return
+        except Exception as exc:  # a broken job must not stop the others
+            log.error("explore failed for job %s", job_id, exc_info=exc)
+            with session_scope(self.settings.db_url) as s:
+                job = repo.get_job(s, job_id)
+                if job is not None:
+                    repo.set_job_status(s, job, "failed", error=f"explorer: {exc}")
+            return
+        if ids:
+            self._waiting.pop(job_id, None)
+        else:
+            self._waiting[job_id] = self._inflight.get(job_id, 0)
+        for cid in ids:
+            self._submit("build", cid, job_id)
 
     def _collect(self) -> None:
-        if not self._meta:
+        if not self._meta and not self._exploring:
             self._stop.wait(0.2)
             return
-        done, _ = wait(list(self._meta), timeout=0.2, return_when=FIRST_COMPLETED)
+        done, _ = wait([*self._meta, *self._exploring], timeout=0.2,
+                       return_when=FIRST_COMPLETED)
         for fut in done:
+            if fut in self._exploring:
+                self._explored(fut)
+                continue
             stage, cid, job_id = self._meta.pop(fut)
             self._inflight[job_id] -= 1
             if not self._inflight[job_id]:
@@ -199,7 +236,7 @@ class EmbeddedDispatcher:
         while not self._stop.is_set():
             try:
                 self._heartbeat()
-                self._explore_idle_jobs()
+                self._explore_jobs()
                 self._collect()
             except Exception:
                 log.exception("dispatcher loop error; retrying")
