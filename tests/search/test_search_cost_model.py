@@ -119,3 +119,29 @@ def test_extended_model_margins_are_the_old_ones_plus_the_new_trees(bags: int) -
     err = [np.abs(m.predict(X[64:200], base_margin=base[64:200]) - y[64:200]).mean()
            for m in (old, new)]
     assert err[1] < err[0]
+
+
+@pytest.mark.parametrize("loss", ["rank", "reg"])
+def test_a_model_boosted_in_place_between_copies_keeps_training(loss: str) -> None:
+    """The task model's chain: boosted in place at each step, a copy boosted further on
+    more rows in between. The rank objective's cache is keyed by where the training set
+    lives; a freed set's place taken by a new one must not pass for it (XGBoost aborted:
+    rank.size() == predt.size(), in this very sequence)."""
+    rng = np.random.default_rng(0)
+    X = rng.random((400, 20)).astype(np.float32)
+    y = rng.random(400)
+
+    def rows(k: int) -> Rows:
+        return Rows(X[:k], y[:k], np.zeros(k, np.int64))
+
+    chain = CostModel(loss, rounds=30, bags=3, seed=1).fit(rows(160))
+    ahead = []
+    for k in range(192, 400, 32):
+        chain.extended(rows(k), rounds=10, in_place=True)
+        ahead.append((chain.predict_each(X), chain.extended(rows(k + 8), rounds=10)))
+    assert chain.trees == 30 + 7 * 10
+    for j, (then, copy) in enumerate(ahead):
+        # Each copy is the chain as it was and its own trees.
+        assert copy.trees == 30 + (j + 2) * 10
+        np.testing.assert_allclose(then + copy.predict_each(X, since=copy.trees - 10),
+                                   copy.predict_each(X), atol=1e-4)
