@@ -8,7 +8,7 @@ proposes exactly what the old one would have.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -86,8 +86,11 @@ class ScoreTable:
     schedule: a dense table of a whole space (9-27 million indices) would cost 70-220 MB
     and a fill per proposal. Indexing takes space indices (scalars or arrays)."""
 
-    def __init__(self, valid: np.ndarray, scores: np.ndarray, size: int) -> None:
+    def __init__(self, valid: np.ndarray, scores: np.ndarray, size: int,
+                 rescore: Callable[[np.ndarray], np.ndarray] | None = None) -> None:
         self.valid, self.scores, self.size = valid, scores, size
+        # Scores of unscored valid rows on demand (positions in `valid`), for `complete`.
+        self.rescore = rescore
 
     def __len__(self) -> int:
         return self.size
@@ -96,6 +99,17 @@ class ScoreTable:
         inside, pos = valid_rows(self.valid, index)
         out = np.where(inside, self.scores[pos], -np.inf)
         return float(out) if out.ndim == 0 else out
+
+    def complete(self, indices: np.ndarray) -> np.ndarray:
+        """The scores of these space indices, a valid schedule outside the candidate set
+        scored now (by the model that chose the set): a few picks or measured schedules,
+        not the annealer's lookups."""
+        inside, pos = valid_rows(self.valid, indices)
+        out = np.where(inside, self.scores[pos], -np.inf)
+        missing = inside & np.isneginf(out)
+        if self.rescore is not None and missing.any():
+            out[missing] = self.rescore(pos[missing])
+        return out
 
 
 def valid_rows(valid: np.ndarray, indices: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -185,6 +199,9 @@ class ModelBasedStrategy(Strategy):
         self._prior_table: tuple[int, np.ndarray, CostModel] | None = None
         self.bag_scores: np.ndarray | None = None
         self.own_scores: np.ndarray | None = None
+        # Per voice (its seed salt): the model that chose its last candidate set, its trees
+        # then and its base; None where the last scoring was of every row.
+        self._scored_by: dict[int, tuple[CostModel, int, Base | None] | None] = {}
 
     # --- cached views of the space ------------------------------------------------------
     @property
@@ -279,7 +296,16 @@ class ModelBasedStrategy(Strategy):
         scores = own if own is not None else (None if base is None else base[0])
         if scores is None:
             return None
-        table = ScoreTable(self.space.valid_indices, scores, self.space.size)
+        rescore = None
+        by = self._scored_by.get(0)
+        if own is not None and by is not None and not np.isfinite(scores).all():
+            model, trees, b = by
+
+            def rescore(rows: np.ndarray) -> np.ndarray:
+                mean = model.predict_each(self.task_features[rows], upto=trees).mean(axis=0)
+                return mean if b is None else mean + b[0][rows]  # type: ignore[no-any-return]
+
+        table = ScoreTable(self.space.valid_indices, scores, self.space.size, rescore)
         self._last_table = table
         # Each bag's scores over the valid schedules (rows in valid_indices order), for
         # strategies that explore where the bags disagree; None with a single booster.
@@ -339,6 +365,7 @@ class ModelBasedStrategy(Strategy):
         X = self.task_features
         if not self.partial_scores or len(X) < SHORTLIST_MIN_ROWS or \
                 model.trees <= SCREEN_TREES:
+            self._scored_by[salt] = None
             return model.predict_each(X), None
         screen = model.predict_each(X, upto=SCREEN_TREES)
         # The rows are chosen on the score the batch pick sees (the base's margin added).
@@ -352,6 +379,9 @@ class ModelBasedStrategy(Strategy):
         rows = np.unique(np.concatenate([top, drawn, own[inside]]))
         each = np.full(screen.shape, -np.inf)
         each[:, rows] = screen[:, rows] + model.predict_each(X[rows], since=SCREEN_TREES)
+        # Its first trees stay as they are while the chain grows it (predictions of picks
+        # outside the set: `ScoreTable.complete`).
+        self._scored_by[salt] = (model, model.trees, base)
         return each, rows
 
     def _fit_task(self, trials: Sequence[Trial], base: Base | None,
@@ -450,7 +480,7 @@ class ModelBasedStrategy(Strategy):
                 if t.status == "ok" and t.median_us]
         if len(done) < 3:
             return {}, 0
-        x = table[np.array([i for i, _ in done], dtype=np.int64)]
+        x = table.complete(np.array([i for i, _ in done], dtype=np.int64))
         y = np.log(np.array([us for _, us in done]))
         fit = np.isfinite(x)
         x, y = x[fit], y[fit]
@@ -458,7 +488,7 @@ class ModelBasedStrategy(Strategy):
             return {}, 0
         a, b = np.polyfit(x, y, 1)
         pick = np.asarray(picks, dtype=np.int64)
-        score = table[pick]
+        score = table.complete(pick)
         return ({int(i): round(float(np.exp(a * v + b)), 3) for i, v in zip(pick, score,
                                                                               strict=True)
                  if np.isfinite(v)}, len(x))
