@@ -72,7 +72,7 @@ def shortlist(margins: np.ndarray, k: int = SHORTLIST_ROWS) -> np.ndarray:
 # 7 boosters x 100 trees was most of a retraining's time and half of a long job's explorer
 # CPU. The first 10 trees (eta 0.2) order the top much as all 100 do: on stage3 int8
 # (137,511 valid) at 256 trials each voice's 32 best by the whole model were all among the
-# candidates, its 2,048 best 86-100% (docs/decisions.md, "Scoring a candidate set at a
+# candidates, its 2,048 best 86-100% (docs/decisions.md, "Scoring the whole space at a
 # retraining"). A function of the seed and the trials the model learned from, as
 # everything here (a restarted explorer scores the same rows).
 SCREEN_TREES = 10
@@ -370,8 +370,8 @@ class ModelBasedStrategy(Strategy):
         screen = model.predict_each(X, upto=SCREEN_TREES)
         # The rows are chosen on the score the batch pick sees (the base's margin added).
         top = shortlist(screen if base is None else screen + base[0], SCREEN_ROWS)
-        # Uniform draws keep some breadth (and the knob importance an unbiased sample);
-        # their generator is the seed's and the trial count's, like the strategy's own.
+        # Uniform draws keep some breadth in the set (and in what the knob importance
+        # sees); their generator is the seed's, the trial count's and the voice's.
         drawn = np.random.default_rng([self.seed, len(trials), salt]).choice(
             len(X), RANDOM_ROWS, replace=False)
         inside, own = valid_rows(self.space.valid_indices,
