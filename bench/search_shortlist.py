@@ -1,15 +1,16 @@
-"""What the shortlisted boosting steps cost in search quality, on whole spaces.
+"""What scoring part of a whole space costs in search quality.
 
 The replay datasets are subspaces (at most 15,000 valid schedules), below the size where
-the default strategy updates only a shortlist between retrainings
-(`search.model_based.SHORTLIST_MIN_ROWS`). Here the GPU is the analytical model over a
-layer's whole valid space (simulated; 1.5% noise), and the default strategy runs twice per
-seed: as it is, and with every boosting step scoring the whole space. Reported as the
-replay reports (`tctune bench search`): trials to 95% / 99% of the space's best (median
-over seeds) and the score at 64 / 200 / the last trial against random search.
+the default strategy scores a candidate set when it retrains from scratch and a shortlist
+of it at the boosting steps in between (`search.model_based.SHORTLIST_MIN_ROWS`). Here the
+GPU is the analytical model over a layer's whole valid space (simulated; 1.5% noise), and
+the default strategy runs per seed as it is, with every retraining scoring the whole space
+(the shortlist kept), and with every retraining and boosting step scoring the whole space.
+Reported as the replay reports (`tctune bench search`): trials to 95% / 99% of the space's
+best (median over seeds) and the score at 64 / 200 / the last trial against random search.
 
     python bench/search_shortlist.py [--seeds 5] [--trials 400] [--jobs 2]
-        [--out bench/data/search_shortlist.json]
+        [--variants NAME,...] [--out bench/data/search_shortlist.json]
 """
 
 from __future__ import annotations
@@ -34,7 +35,14 @@ from search.replay import random_expectation, run_one, score_at, trials_to  # no
 from workers.backends.simulated import simulate_latency_us  # noqa: E402
 
 SPACES = [("stage3", Precision.INT8), ("stage2", Precision.FP16)]
-VARIANTS = {"shortlist (default)": model_based.SHORTLIST_MIN_ROWS, "whole space": 1 << 62}
+# Each variant's settings of search.model_based (a threshold above any space turns a part
+# off).
+VARIANTS: dict[str, dict[str, int]] = {
+    "candidates (default)": {},
+    "whole space at retrainings": {"SCREEN_TREES": 1 << 62},
+    "whole space": {"SHORTLIST_MIN_ROWS": 1 << 62},
+}
+DEFAULTS = {name: getattr(model_based, name) for v in VARIANTS.values() for name in v}
 
 
 def whole_space(stage: str, precision: Precision) -> ReplayDataset:
@@ -54,7 +62,9 @@ def whole_space(stage: str, precision: Precision) -> ReplayDataset:
 
 
 def _run(stage: str, precision: str, variant: str, seed: int, trials: int) -> list[float]:
-    model_based.SHORTLIST_MIN_ROWS = VARIANTS[variant]
+    # A pool's process runs several units: every setting back to its default first.
+    for name, value in {**DEFAULTS, **VARIANTS[variant]}.items():
+        setattr(model_based, name, value)
     ds = whole_space(stage, Precision(precision))
     return run_one(ds, "diversity", seed, trials).tolist()
 
@@ -64,9 +74,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--trials", type=int, default=400)
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--variants", default=",".join(VARIANTS),
+                    help=f"comma-separated, of: {', '.join(VARIANTS)}")
     ap.add_argument("--out", default="bench/data/search_shortlist.json")
     args = ap.parse_args(argv)
-    units = [(st, p.value, v, seed) for st, p in SPACES for v in VARIANTS
+    variants = args.variants.split(",")
+    if unknown := set(variants) - set(VARIANTS):
+        ap.error(f"unknown variants {sorted(unknown)}")
+    units = [(st, p.value, v, seed) for st, p in SPACES for v in variants
              for seed in range(args.seeds)]
     with ProcessPoolExecutor(args.jobs) as pool:
         curves = list(pool.map(_run, *zip(*units, strict=True),
@@ -75,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     for st, p in SPACES:
         ds = whole_space(st, p)
         rand = random_expectation(ds.throughput(ds.space.valid_indices), args.trials)
-        for v in VARIANTS:
+        for v in variants:
             c = np.array([cv for u, cv in zip(units, curves, strict=True)
                           if u[:3] == (st, p.value, v)])
             rows.append({"space": ds.name, "valid": int(len(ds.space.valid_indices)),
@@ -90,7 +105,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{ds.name:28s} {v:20s} t95 {r['trials_to_95']} t99 {r['trials_to_99']} "
                   f"{scores}", flush=True)
     meta = {"date": dt.date.today().isoformat(), "seeds": args.seeds, "trials": args.trials,
-            "shortlist_rows": model_based.SHORTLIST_ROWS}
+            "shortlist_rows": model_based.SHORTLIST_ROWS,
+            "screen_trees": model_based.SCREEN_TREES, "screen_rows": model_based.SCREEN_ROWS,
+            "random_rows": model_based.RANDOM_ROWS}
     Path(args.out).write_text(json.dumps({"meta": meta, "rows": rows}) + "\n")
     print(f"wrote {args.out}")
     return 0

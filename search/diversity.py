@@ -36,7 +36,7 @@ import numpy as np
 
 from kernels.space import ScheduleSpace
 from search.annealing import anneal
-from search.model_based import ModelBasedStrategy, ScoreTable
+from search.model_based import ModelBasedStrategy, ScoreTable, valid_rows
 from search.moves import Moves
 from search.options import Option, with_defaults
 from search.strategy import History
@@ -219,6 +219,12 @@ class DiversityAware(ModelBasedStrategy):
         self.pick: str = o["pick"]
         self.first_n: int = o["first_n"]
 
+    @property
+    def partial_scores(self) -> bool:
+        # The bag pick takes each voice's best scored rows; the annealer (also the
+        # pick of a single booster) walks the space.
+        return self.pick == "bags" and self.bags > 1
+
     def propose(self, history: History, n: int) -> list[int]:
         rng = self.rng(history)
         table = self.score_table(history.trials, history.prior)
@@ -265,10 +271,21 @@ class DiversityAware(ModelBasedStrategy):
         assert self.bag_scores is not None
         voices = np.vstack([table.scores[None, :], self.bag_scores,
                             *([] if self.own_scores is None else [self.own_scores])])
+        # A row no voice scored (outside a large space's candidate sets) is never taken;
+        # leaving those out spares sorting the whole space (the same picks).
+        free &= np.isfinite(voices).any(axis=0)
         return [int(i) for i in valid[voice_pick(voices, free, want)]]
 
     def free_rows(self, table: ScoreTable, history: History, want: int,
                   rng: np.random.Generator) -> np.ndarray:
         """Which rows of `valid_indices` the bag pick may take: every unseen valid schedule
-        (the space is scored whole, so no annealing walk has to find them first)."""
-        return ~self.seen_mask(history)[self.space.valid_indices]
+        (the model's scores are a table over the valid schedules, so no annealing walk has
+        to find them first)."""
+        valid = self.space.valid_indices
+        free = np.ones(len(valid), dtype=bool)
+        seen = history.seen
+        if seen:
+            # By sorted lookup: a mask over the whole index space costs 9-27 MB a call.
+            inside, pos = valid_rows(valid, np.fromiter(seen, dtype=np.int64, count=len(seen)))
+            free[pos[inside]] = False
+        return free

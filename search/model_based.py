@@ -8,7 +8,7 @@ proposes exactly what the old one would have.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -45,13 +45,14 @@ def refit_point(n: int, growth: float) -> int:
 
 
 # Spaces with at least SHORTLIST_MIN_ROWS valid schedules (whole spaces of a layer, not the
-# replay's subspaces) score every schedule only when a model is trained from scratch; the
-# boosting steps in between update the margins of a shortlist: each voice's and the
-# mean's SHORTLIST_ROWS best at the last full scoring. Those steps add a few trees fitted
-# on the newest trials, which move the order near the top; a schedule far below every
-# voice's top is not picked before the next full scoring (docs/decisions.md, "Scoring
-# the whole space at every boosting step"). The whole space costs 100-150 ms per 100 trees per
-# booster on 137,000 schedules; the shortlist a tenth of that.
+# replay's subspaces) are scored only when a model is trained from scratch, and then its
+# candidate set (below); the boosting steps in between update the margins of a shortlist:
+# each voice's and the mean's SHORTLIST_ROWS best at that scoring. Those steps add a few
+# trees fitted on the newest trials, which move the order near the top; a schedule far
+# below every voice's top is not picked before the next training from scratch
+# (docs/decisions.md, "Scoring the whole space at every boosting step"). The whole space
+# costs about 100 ms per 100 trees per booster on 137,000 schedules; the shortlist a tenth
+# of that.
 SHORTLIST_ROWS = 2048
 SHORTLIST_MIN_ROWS = 16 * SHORTLIST_ROWS
 
@@ -63,13 +64,33 @@ def shortlist(margins: np.ndarray, k: int = SHORTLIST_ROWS) -> np.ndarray:
     return np.unique(np.concatenate(rows))
 
 
+# A model trained from scratch on such a space (for a strategy that takes its batch from
+# the scored rows, `partial_scores`) scores every schedule with its first SCREEN_TREES
+# trees only, and with all of them a candidate set: each voice's and the mean's
+# SCREEN_ROWS best by that first look, RANDOM_ROWS uniform draws and the trials' own rows;
+# the rest score -inf until the next training from scratch. Scoring the whole space with
+# 7 boosters x 100 trees was most of a retraining's time and half of a long job's explorer
+# CPU. The first 10 trees (eta 0.2) order the top much as all 100 do: on stage3 int8
+# (137,511 valid) at 256 trials each voice's 32 best by the whole model were all among the
+# candidates, its 2,048 best 86-100% (docs/decisions.md, "Scoring the whole space at a
+# retraining"). A function of the seed and the trials the model learned from, as
+# everything here (a restarted explorer scores the same rows).
+SCREEN_TREES = 10
+SCREEN_ROWS = 2 * SHORTLIST_ROWS
+RANDOM_ROWS = SHORTLIST_ROWS
+
+
 class ScoreTable:
-    """The model's score of every index of the space (-inf where invalid), stored per valid
+    """The model's score of every index of the space (-inf where invalid, and where a
+    large space's candidate set left a valid schedule unscored), stored per valid
     schedule: a dense table of a whole space (9-27 million indices) would cost 70-220 MB
     and a fill per proposal. Indexing takes space indices (scalars or arrays)."""
 
-    def __init__(self, valid: np.ndarray, scores: np.ndarray, size: int) -> None:
+    def __init__(self, valid: np.ndarray, scores: np.ndarray, size: int,
+                 rescore: Callable[[np.ndarray], np.ndarray] | None = None) -> None:
         self.valid, self.scores, self.size = valid, scores, size
+        # Scores of unscored valid rows on demand (positions in `valid`), for `complete`.
+        self.rescore = rescore
 
     def __len__(self) -> int:
         return self.size
@@ -78,6 +99,17 @@ class ScoreTable:
         inside, pos = valid_rows(self.valid, index)
         out = np.where(inside, self.scores[pos], -np.inf)
         return float(out) if out.ndim == 0 else out
+
+    def complete(self, indices: np.ndarray) -> np.ndarray:
+        """The scores of these space indices, a valid schedule outside the candidate set
+        scored now (by the model that chose the set): a few picks or measured schedules,
+        not the annealer's lookups."""
+        inside, pos = valid_rows(self.valid, indices)
+        out = np.where(inside, self.scores[pos], -np.inf)
+        missing = inside & np.isneginf(out)
+        if self.rescore is not None and missing.any():
+            out[missing] = self.rescore(pos[missing])
+        return out
 
 
 def valid_rows(valid: np.ndarray, indices: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -167,6 +199,9 @@ class ModelBasedStrategy(Strategy):
         self._prior_table: tuple[int, np.ndarray, CostModel] | None = None
         self.bag_scores: np.ndarray | None = None
         self.own_scores: np.ndarray | None = None
+        # Per voice (its seed salt): the model that chose its last candidate set, its trees
+        # then and its base; None where the last scoring was of every row.
+        self._scored_by: dict[int, tuple[CostModel, int, Base | None] | None] = {}
 
     # --- cached views of the space ------------------------------------------------------
     @property
@@ -192,8 +227,17 @@ class ModelBasedStrategy(Strategy):
         if self._task_features is None:
             f = self.features
             varies = np.ptp(f, axis=0) > 0 if len(f) else np.zeros(f.shape[1], bool)
-            self._task_features = f[:, varies] if varies.any() else f
+            # Row-major: XGBoost's prediction reads a column-major array at 1.7x the cost
+            # of a row-major one (the same values, the same scores).
+            self._task_features = np.ascontiguousarray(f[:, varies] if varies.any() else f)
         return self._task_features
+
+    @property
+    def partial_scores(self) -> bool:
+        """Whether a model trained from scratch may leave schedules outside its candidate
+        set unscored (-inf) on a large space: fine for a strategy that takes its batch
+        from the scored rows, not for one that walks the space on the scores."""
+        return False
 
     def seen_mask(self, history: History) -> np.ndarray:
         mask = np.zeros(self.space.size, dtype=bool)
@@ -252,7 +296,16 @@ class ModelBasedStrategy(Strategy):
         scores = own if own is not None else (None if base is None else base[0])
         if scores is None:
             return None
-        table = ScoreTable(self.space.valid_indices, scores, self.space.size)
+        rescore = None
+        by = self._scored_by.get(0)
+        if own is not None and by is not None and not np.isfinite(scores).all():
+            model, trees, b = by
+
+            def rescore(rows: np.ndarray) -> np.ndarray:
+                mean = model.predict_each(self.task_features[rows], upto=trees).mean(axis=0)
+                return mean if b is None else mean + b[0][rows]  # type: ignore[no-any-return]
+
+        table = ScoreTable(self.space.valid_indices, scores, self.space.size, rescore)
         self._last_table = table
         # Each bag's scores over the valid schedules (rows in valid_indices order), for
         # strategies that explore where the bags disagree; None with a single booster.
@@ -303,6 +356,34 @@ class ModelBasedStrategy(Strategy):
         return (Rows(self.task_features[rows], y, np.zeros(len(y), dtype=np.int64)),
                 None if base is None else base[0][rows])
 
+    def score_new(self, model: CostModel, trials: Sequence[Trial], base: Base | None,
+                  salt: int = 0) -> tuple[np.ndarray, np.ndarray | None]:
+        """(bags, valid schedules) margins of a model just trained from scratch on these
+        trials, and the rows it scored with every tree (None: all of them). On a space of
+        SHORTLIST_MIN_ROWS or more (`partial_scores`): the candidate set (SCREEN_TREES
+        above); elsewhere every row, as before."""
+        X = self.task_features
+        if not self.partial_scores or len(X) < SHORTLIST_MIN_ROWS or \
+                model.trees <= SCREEN_TREES:
+            self._scored_by[salt] = None
+            return model.predict_each(X), None
+        screen = model.predict_each(X, upto=SCREEN_TREES)
+        # The rows are chosen on the score the batch pick sees (the base's margin added).
+        top = shortlist(screen if base is None else screen + base[0], SCREEN_ROWS)
+        # Uniform draws keep some breadth in the set (and in what the knob importance
+        # sees); their generator is the seed's, the trial count's and the voice's.
+        drawn = np.random.default_rng([self.seed, len(trials), salt]).choice(
+            len(X), RANDOM_ROWS, replace=False)
+        inside, own = valid_rows(self.space.valid_indices,
+                                 np.array([t.index for t in trials], dtype=np.int64))
+        rows = np.unique(np.concatenate([top, drawn, own[inside]]))
+        each = np.full(screen.shape, -np.inf)
+        each[:, rows] = screen[:, rows] + model.predict_each(X[rows], since=SCREEN_TREES)
+        # Its first trees stay as they are while the chain grows it (predictions of picks
+        # outside the set: `ScoreTable.complete`).
+        self._scored_by[salt] = (model, model.trees, base)
+        return each, rows
+
     def _fit_task(self, trials: Sequence[Trial], base: Base | None,
                   voice: tuple[str, int, int] | None = None) -> CostModel | None:
         data = self.task_rows(trials, base)
@@ -319,9 +400,10 @@ class ModelBasedStrategy(Strategy):
         on top of the base (not included); None with nothing to learn from. `voice`
         (loss, bags, seed salt): a set of voices instead, on the same refit schedule."""
         n = len(trials)
+        salt = 0 if voice is None else voice[2]
         if self.refit <= 1 or n < REFIT_STEP:
             model = self._fit_task(trials, base, voice)
-            return None if model is None else model.predict_each(self.task_features)
+            return None if model is None else self.score_new(model, trials, base, salt)[0]
         start = refit_point(n, self.refit)
         last = start + (n - start) // REFIT_STEP * REFIT_STEP
         base_id = None if base is None else base[2]
@@ -331,10 +413,14 @@ class ModelBasedStrategy(Strategy):
             if model is None:  # nothing measured by the refit point: no chain yet
                 self._chains.pop(voice, None)
                 model = self._fit_task(trials, base, voice)
-                return None if model is None else model.predict_each(self.task_features)
-            each = model.predict_each(self.task_features)
+                return None if model is None else self.score_new(model, trials, base,
+                                                                 salt)[0]
+            each, scored = self.score_new(model, trials[:start], base, salt)
             rows = None
-            if len(each[0]) >= SHORTLIST_MIN_ROWS:
+            if scored is not None:  # of a candidate set only its rows can make it
+                rows = scored[shortlist(each[:, scored] if base is None
+                                        else each[:, scored] + base[0][scored])]
+            elif len(each[0]) >= SHORTLIST_MIN_ROWS:
                 rows = shortlist(each if base is None else each + base[0])
             c = {"base": base_id, "base_scores": base, "start": start, "upto": start,
                  "model": model, "each": each, "rows": rows,
@@ -394,7 +480,7 @@ class ModelBasedStrategy(Strategy):
                 if t.status == "ok" and t.median_us]
         if len(done) < 3:
             return {}, 0
-        x = table[np.array([i for i, _ in done], dtype=np.int64)]
+        x = table.complete(np.array([i for i, _ in done], dtype=np.int64))
         y = np.log(np.array([us for _, us in done]))
         fit = np.isfinite(x)
         x, y = x[fit], y[fit]
@@ -402,7 +488,7 @@ class ModelBasedStrategy(Strategy):
             return {}, 0
         a, b = np.polyfit(x, y, 1)
         pick = np.asarray(picks, dtype=np.int64)
-        score = table[pick]
+        score = table.complete(pick)
         return ({int(i): round(float(np.exp(a * v + b)), 3) for i, v in zip(pick, score,
                                                                               strict=True)
                  if np.isfinite(v)}, len(x))
@@ -418,6 +504,9 @@ class ModelBasedStrategy(Strategy):
         if self._valid_digits is None:  # each valid schedule's value position per knob
             self._valid_digits = self.space.digits(self.space.valid_indices).astype(np.int8)
         d, scores = self._valid_digits, table.scores
+        scored = np.isfinite(scores)  # a large space's candidate set, or every row
+        if not scored.all():
+            d, scores = d[scored], scores[scored]
         spread = {}
         for i, name in enumerate(self.space.names):
             counts = np.bincount(d[:, i], minlength=int(self.space.radices[i]))

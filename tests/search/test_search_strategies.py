@@ -373,3 +373,86 @@ def test_boosting_steps_on_a_whole_space_update_its_shortlist() -> None:
     outside[rows] = False
     np.testing.assert_array_equal(after[:, outside], before[:, outside])
     assert not np.allclose(after[:, rows], before[:, rows])
+
+
+def _whole_space_trials(n: int, seed: int = 0) -> tuple[ScheduleSpace, list[Trial]]:
+    """ResNet-50 stage3 int8 on the H100 (137,511 valid schedules) and n simulated trials."""
+    from workers.backends.simulated import simulate_latency_us
+
+    space = ScheduleSpace(RESNET50_3X3["stage3"], Precision.INT8, TARGETS["h100"])
+    idx = np.random.default_rng(seed).choice(space.valid_indices, n, replace=False)
+    lat = simulate_latency_us(space.shape, space.precision, space.target, space.columns(idx))
+    return space, [Trial(int(i), "ok", float(us)) for i, us in zip(idx, lat, strict=True)]
+
+
+def test_a_retraining_on_a_whole_space_scores_its_candidate_set_only() -> None:
+    """Trained from scratch on a whole layer's space, the model scores each voice's best
+    by its first trees, a uniform sample and the trials with all its trees, the rest
+    -inf; the batch comes from those rows, and their scores are the whole model's."""
+    from search.model_based import RANDOM_ROWS, SCREEN_ROWS, SHORTLIST_MIN_ROWS, valid_rows
+
+    space, trials = _whole_space_trials(100)
+    valid = space.valid_indices
+    assert len(valid) >= SHORTLIST_MIN_ROWS
+    strat = make_strategy("diversity", space, seed=1, **FAST)
+    batch = strat.propose(History(trials=trials), 32)  # from scratch at 96, a step at 100
+    chain = strat._chains[None]  # type: ignore[attr-defined]
+    model, each = chain["model"], chain["each"]
+    scored = np.flatnonzero(np.isfinite(each[0]))
+    assert (np.isfinite(each) == np.isfinite(each[0])).all()  # every bag the same rows
+    assert SCREEN_ROWS + RANDOM_ROWS <= len(scored) <= 15_000 < len(valid) // 9
+    inside, rows = valid_rows(valid, np.array([t.index for t in trials[:96]]))
+    assert inside.all() and np.isin(rows, scored).all()  # the trials it learned from
+    assert not np.isin(np.array([t.index for t in trials[96:]]), valid[scored]).all()
+    # The chain keeps the retraining's model (the step at 100 grew a copy): its margins
+    # on the candidates are the whole model's.
+    assert model.trees == FAST["rounds"]
+    np.testing.assert_allclose(each[:, scored], model.predict_each(strat.task_features[scored]),
+                               rtol=1e-5, atol=1e-5)
+    assert np.isfinite(strat.own_scores).any(axis=0).sum() < len(valid) // 9  # type: ignore
+    table = strat._last_table  # type: ignore[attr-defined]
+    assert np.isfinite(table[np.asarray(batch[:-1])]).all()  # the random 1 of 32 aside
+    preds, insight = strat.describe(History(trials=trials), batch)
+    assert insight is not None and np.isfinite(list(insight["knob_importance"].values())).all()
+    # Every pick gets a prediction, the random one outside the set too: scored on demand
+    # by the model that chose the set.
+    assert len(preds) == 32 and all(np.isfinite(v) and v > 0 for v in preds.values())
+    out = np.flatnonzero(~np.isfinite(table.scores))[:5]
+    np.testing.assert_allclose(
+        table.complete(valid[out]),
+        model.predict_each(strat.task_features[out]).mean(axis=0),  # type: ignore[union-attr]
+        rtol=1e-5, atol=1e-5)
+
+
+def test_a_retraining_scores_every_row_on_a_small_space_and_for_the_annealer(
+        ds: ReplayDataset) -> None:
+    """Below the threshold (the replay's subspaces) and with the annealer's pick, which
+    walks the space on the scores, a model trained from scratch scores every schedule."""
+    trials = _history(ds, 100, pending=0, seed=3).trials
+    strat = make_strategy("diversity", ds.space, seed=1, **FAST)
+    strat.propose(History(trials=trials), 32)
+    assert np.isfinite(strat._chains[None]["each"]).all()  # type: ignore[attr-defined]
+    assert np.isfinite(strat.own_scores).all()  # type: ignore[arg-type]
+    space, big = _whole_space_trials(40)
+    top = make_strategy("diversity", space, seed=1, pick="top", **FAST)
+    table = top.score_table(big)
+    assert table is not None and np.isfinite(table.scores).all()
+
+
+def test_candidate_sets_are_a_function_of_the_seed_and_trials() -> None:
+    """A strategy that proposed along the way and a fresh one (the explorer after a
+    restart) score the same candidates and propose the same batch on a whole space;
+    another seed draws other candidates."""
+    space, trials = _whole_space_trials(140, seed=2)
+    live = make_strategy("diversity", space, seed=3, **FAST)
+    for n in (64, 100, 120):
+        live.propose(History(trials=trials[:n]), 32)
+    h = History(trials=trials[:140])
+    fresh = make_strategy("diversity", space, seed=3, **FAST)
+    assert live.propose(h, 32) == fresh.propose(h, 32)
+    np.testing.assert_array_equal(live.bag_scores, fresh.bag_scores)  # type: ignore[arg-type]
+    np.testing.assert_array_equal(live.own_scores, fresh.own_scores)  # type: ignore[arg-type]
+    other = make_strategy("diversity", space, seed=4, **FAST)
+    other.propose(h, 32)
+    assert not np.array_equal(np.isfinite(other.own_scores),  # type: ignore[arg-type]
+                              np.isfinite(fresh.own_scores))  # type: ignore[arg-type]
