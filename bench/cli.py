@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
+import json
 import math
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 
@@ -18,3 +21,22 @@ def geomean(xs: Iterable[float]) -> float | None:
     """The geometric mean of positive values; None for none."""
     v = list(xs)
     return math.exp(sum(math.log(x) for x in v) / len(v)) if v else None
+
+
+def commands(prog: str, doc: str | None) -> tuple[argparse.ArgumentParser, Any]:
+    """A benchmark's parser with subcommands, its module docstring as the help."""
+    ap = argparse.ArgumentParser(prog=prog, description=doc,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    return ap, ap.add_subparsers(dest="cmd", required=True)
+
+
+def add_table(sub: Any, help_text: str = "the Markdown tables of a run") -> None:
+    sub.add_parser("table", help=help_text).add_argument("file")
+
+
+def print_table(a: argparse.Namespace, render: Callable[[dict[str, Any]], str]) -> bool:
+    """`table FILE`: print the rendered tables of a result file; False for other commands."""
+    if a.cmd != "table":
+        return False
+    print(render(json.loads(Path(a.file).read_text())))
+    return True

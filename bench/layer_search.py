@@ -20,7 +20,6 @@ uninterrupted run would).
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import json
 import math
@@ -32,7 +31,7 @@ from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from bench.cli import geomean, log
+from bench.cli import add_table, commands, geomean, log, print_table
 from bench.zoo import Group, add_layer_args, atomic_write, measure_key, planned
 from kernels.spec import Precision
 
@@ -226,9 +225,7 @@ def render(doc: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.layer_search", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = ap.add_subparsers(dest="cmd", required=True)
+    ap, sub = commands("python -m bench.layer_search", __doc__)
     r = sub.add_parser("run", help="search layers on this machine's GPU")
     r.add_argument("--out", required=True)
     r.add_argument("--cache", default="/tmp/tctune-layer-search")
@@ -243,11 +240,9 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--stop-after", type=float, default=0.0,
                    help="seconds; then stop after the rounds in flight (run again to go on)")
-    t = sub.add_parser("table", help="the Markdown table of a run")
-    t.add_argument("file")
+    add_table(sub)
     a = ap.parse_args(argv)
-    if a.cmd == "table":
-        print(render(json.loads(Path(a.file).read_text())))
+    if print_table(a, render):
         return 0
     groups = [g for g in planned(a) if not g.shape.problems(Precision(g.precision))]
     if a.top:

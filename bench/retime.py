@@ -22,7 +22,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from bench.cli import geomean, log
+from bench.cli import add_table, commands, geomean, log, print_table
 from bench.zoo import add_layer_args, atomic_write, planned, shape_text
 from kernels.spec import Precision, task_key
 
@@ -128,9 +128,7 @@ def render(doc: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.retime", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = ap.add_subparsers(dest="cmd", required=True)
+    ap, sub = commands("python -m bench.retime", __doc__)
     r = sub.add_parser("run", help="time on this machine's GPU")
     r.add_argument("--out", required=True)
     pb = sub.add_parser("prebuild", help="build the kernels on a CPU")
@@ -139,11 +137,9 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--records", required=True)
         p.add_argument("--cache", default="/tmp/tctune-retime")
         add_layer_args(p, models="resnet50", batches="8")
-    t = sub.add_parser("table", help="the Markdown tables of a run")
-    t.add_argument("file")
+    add_table(sub)
     a = ap.parse_args(argv)
-    if a.cmd == "table":
-        print(render(json.loads(Path(a.file).read_text())))
+    if print_table(a, render):
         return 0
     return run(a) if a.cmd == "run" else prebuild(a)
 
