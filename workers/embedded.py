@@ -4,9 +4,9 @@ A thread in the API process dispatches: it hands build and measure tasks to loca
 pools that run the same task functions as the Celery workers, and proposals to an explorer
 thread of their own, so that measurements keep flowing while a strategy thinks. Like the
 fleet's explorer, a job has up to `rounds_in_flight` rounds open at once (the next proposed
-while the current one is measured; `tasks.explore_round`). All state lives in the database,
-so a killed service restarts where it stopped: the explorer re-issues open candidates first
-and measurements are written once.
+while the current one is measured; `tasks.explore_round`), once its first round is
+measured. All state lives in the database, so a killed service restarts where it stopped:
+the explorer re-issues open candidates first and measurements are written once.
 """
 
 from __future__ import annotations
@@ -171,8 +171,11 @@ class EmbeddedDispatcher:
         if drained:
             with session_scope(self.settings.db_url) as s:
                 repo.forget_dispatches(s, job_id)
+        # A job's first round is measured before the next is proposed: short jobs (a whole
+        # model at a few dozen trials a layer) would otherwise spend their budget blind.
         return tasks.explore_round(self.settings.db_url, job_id, self.settings.batch_size,
-                                   self.settings.rounds_in_flight)
+                                   self.settings.rounds_in_flight,
+                                   pipeline_after=self.settings.batch_size)
 
     def _explored(self, fut: Future[Any]) -> None:
         job_id = self._exploring.pop(fut)

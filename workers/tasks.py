@@ -146,7 +146,7 @@ def round_size(session: Any, db_url: str, target: str, batch_size: int, max_roun
 
 def explore_round(db_url: str, job_id: int, batch_size: int = 32, rounds_in_flight: int = 1,
                   prior_refresh_s: float = 0.0, max_round: int = 0,
-                  alive_s: float = 20.0) -> Proposal:
+                  alive_s: float = 20.0, pipeline_after: int = 0) -> Proposal:
     """Propose the job's next round unless `rounds_in_flight` rounds are open already.
 
     Open candidates never sent (or forgotten) are returned to be dispatched again. With
@@ -154,7 +154,9 @@ def explore_round(db_url: str, job_id: int, batch_size: int = 32, rounds_in_flig
     measured so far, with the open candidates as pending so that none is proposed twice,
     and never beyond the budget: proposals stop at trials - measured - open. A round holds
     `batch_size` candidates, or up to `max_round` while GPUs of the target wait for work
-    (`round_size`; a worker is alive whose heartbeat is at most `alive_s` old).
+    (`round_size`; a worker is alive whose heartbeat is at most `alive_s` old). With
+    `pipeline_after`, a round is proposed while another is open only once the job has that
+    many trials measured (a strategy proposing from no measurement at all proposes blind).
     """
     with session_scope(db_url) as s:
         job = repo.get_job(s, job_id, lock=True)  # one explorer per job at a time
@@ -167,7 +169,7 @@ def explore_round(db_url: str, job_id: int, batch_size: int = 32, rounds_in_flig
         resend = [r.id for r in open_rows if not r.dispatched]
         repo.mark_dispatched(s, resend)
         in_flight = len({r.round for r in open_rows})
-        if in_flight >= max(1, rounds_in_flight):
+        if in_flight >= max(1, rounds_in_flight) or (in_flight and measured < pipeline_after):
             return Proposal(resend, target=target)
         if not open_rows and measured >= job.trials:
             finish_if_done(s, job)

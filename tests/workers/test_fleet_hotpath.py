@@ -161,3 +161,17 @@ def test_trials_cache_sees_a_row_committed_late(db: str) -> None:
         trials = history.trials_of(s, db, task_id, space)
         assert [t.index for t in trials] == [int(i) for i in space.valid_indices[:2]]
         assert s.scalar(select(func.count(Measurement.id))) == 2
+
+
+def test_a_job_pipelines_only_once_its_first_round_is_measured(db: str) -> None:
+    """pipeline_after (the embedded dispatcher's): no second round proposed from nothing."""
+    backend = SimulatedBackend(H200)
+    job_id = _job(db, 64)
+    first = tasks.explore_round(db, job_id, 16, rounds_in_flight=2, pipeline_after=16)
+    assert len(first.ids) == 16
+    assert tasks.explore_round(db, job_id, 16, rounds_in_flight=2, pipeline_after=16).ids == []
+    _run_round(db, first.ids, backend)
+    second = tasks.explore_round(db, job_id, 16, rounds_in_flight=2, pipeline_after=16)
+    third = tasks.explore_round(db, job_id, 16, rounds_in_flight=2, pipeline_after=16)
+    assert len(second.ids) == 16 and len(third.ids) == 16  # now two rounds in flight
+    assert not set(second.ids) & set(third.ids)
