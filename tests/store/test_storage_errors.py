@@ -5,11 +5,13 @@ answers as before once it is back, and no job failed for it."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, text
+from sqlalchemy.exc import OperationalError
 
 from api.app import create_app
 from kernels.spec import ConvShape
@@ -31,10 +33,19 @@ class Outage:
         self.admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
 
     def _rename(self, old: str, new: str) -> None:
-        with self.admin.connect() as conn:
-            conn.execute(text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                              "WHERE datname = :d AND pid <> pg_backend_pid()"), {"d": old})
-            conn.execute(text(f'ALTER DATABASE "{old}" RENAME TO "{new}"'))
+        # A running service reconnects at once: end its sessions and rename in a retry loop
+        # until no session came back in between.
+        for attempt in range(50):
+            with self.admin.connect() as conn:
+                conn.execute(text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                                  "WHERE datname = :d AND pid <> pg_backend_pid()"), {"d": old})
+                try:
+                    conn.execute(text(f'ALTER DATABASE "{old}" RENAME TO "{new}"'))
+                    return
+                except OperationalError:
+                    if attempt == 49:
+                        raise
+            time.sleep(0.05)
 
     def __enter__(self) -> Outage:
         self._rename(self.name, self.name + "_away")
@@ -80,8 +91,6 @@ def test_a_job_outlives_a_database_outage_mid_run(make_service, pg_url: str) -> 
     away mid-job for a few seconds. Whatever step that hits (listing jobs, a proposal, a
     build, a measurement's write), the job is not failed, and it ends with its budget
     measured exactly once."""
-    import time
-
     import httpx
     from sqlalchemy import select
 
