@@ -32,11 +32,10 @@ from pathlib import Path
 from typing import Any
 
 from bench.cli import add_table, commands, geomean, log, print_table
-from bench.zoo import Group, add_layer_args, atomic_write, measure_key, planned
+from bench.zoo import Group, add_layer_args, atomic_write, planned, zoo_bests
 from kernels.spec import Precision
 
 CURVE_AT = (16, 32, 64, 128, 256, 500)
-ZOO = Path(__file__).resolve().parent / "data" / "zoo_h100.json"
 
 
 def curve(trials: Sequence[dict[str, Any]], at: Sequence[int] = CURVE_AT) -> dict[str, Any]:
@@ -63,15 +62,6 @@ def by_total_time(groups: Sequence[Group], zoo: dict[str, float]) -> list[Group]
     def weight(g: Group) -> float:
         return zoo.get(g.key, 0.0) * sum(u.count for u in g.uses)
     return sorted(groups, key=lambda g: -weight(g))
-
-
-def zoo_latencies(path: Path = ZOO) -> dict[str, float]:
-    from kernels.spec import ConvShape
-
-    if not path.exists():
-        return {}
-    return {measure_key(ConvShape.from_dict(r["shape"]), r["precision"]): float(r["ours_us"])
-            for r in json.loads(path.read_text())["rows"] if r.get("ours_us")}
 
 
 class LayerSearch:
@@ -246,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     groups = [g for g in planned(a) if not g.shape.problems(Precision(g.precision))]
     if a.top:
-        groups = by_total_time(groups, zoo_latencies())[:a.top]
+        groups = by_total_time(groups, zoo_bests())[:a.top]
     out = Path(a.out)
     doc: dict[str, Any] = json.loads(out.read_text()) if out.exists() else {}
     from workers.backends.cuda import CudaBackend

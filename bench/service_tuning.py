@@ -23,18 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from bench.cli import geomean
-from kernels.spec import ConvShape
-
-ZOO = Path(__file__).resolve().parent / "data" / "zoo_h100.json"
+from bench.zoo import ZOO_FILE, zoo_bests
 
 
-def zoo_bests(path: Path = ZOO) -> dict[tuple[str, str], float]:
-    """(ConvShape.key(), precision) -> the zoo's best latency (us)."""
-    return {(ConvShape.from_dict(r["shape"]).key(), r["precision"]): float(r["ours_us"])
-            for r in json.loads(path.read_text())["rows"] if r.get("ours_us")}
-
-
-def summarize(folder: Path, zoo: Path = ZOO) -> dict[str, Any]:
+def summarize(folder: Path, zoo: Path = ZOO_FILE) -> dict[str, Any]:
     run = json.loads((folder / "tuning.json").read_text())
     bests = zoo_bests(zoo)
     rows: list[dict[str, Any]] = []
@@ -46,7 +38,7 @@ def summarize(folder: Path, zoo: Path = ZOO) -> dict[str, Any]:
                 continue
             seen.add(r["task_key"])
             shape_key = r["task_key"].split("|")[0]
-            zb = bests.get((shape_key, p))
+            zb = bests.get(f"{shape_key}|{p}")  # bench.zoo.measure_key
             rows.append({"layer": r["name"], "task_key": r["task_key"], "precision": p,
                          "latency_us": r.get("latency_us"), "baseline_us": r.get("baseline_us"),
                          "speedup": r.get("speedup"), "zoo_us": zb,
@@ -107,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     s = sub.add_parser("summarize")
     s.add_argument("folder", type=Path)
     s.add_argument("--out", required=True, type=Path)
-    s.add_argument("--zoo", type=Path, default=ZOO)
+    s.add_argument("--zoo", type=Path, default=ZOO_FILE)
     at = sub.add_parser("attach")
     at.add_argument("file", type=Path)
     at.add_argument("--layer-search", required=True, type=Path)

@@ -61,6 +61,7 @@ from kernels.space import (
 from kernels.spec import ConvShape, Precision, Target, get_target, target_for_gpu_model
 
 SHAPES_FILE = Path(__file__).resolve().parent / "data" / "zoo_shapes.json"
+ZOO_FILE = Path(__file__).resolve().parent / "data" / "zoo_h100.json"
 MODELS = ("resnet50", "resnet18", "densenet121", "mobilenet_v2", "efficientnet_b0", "unet")
 INPUT_HW = {"unet": 256}  # every other model at 224x224
 DEFAULT_BATCH = 8
@@ -244,6 +245,14 @@ class Group:
 
 def measure_key(shape: ConvShape, precision: str) -> str:
     return f"{shape.key()}|{precision}"
+
+
+def zoo_bests(path: Path = ZOO_FILE) -> dict[str, float]:
+    """measure_key -> the best latency (us) a zoo run recorded; empty without the file."""
+    if not path.exists():
+        return {}
+    return {measure_key(ConvShape.from_dict(r["shape"]), r["precision"]): float(r["ours_us"])
+            for r in json.loads(path.read_text())["rows"] if r.get("ours_us")}
 
 
 def with_batch(g: dict[str, Any], n: int) -> ConvShape:

@@ -18,10 +18,6 @@ UNAVAILABLE: tuple[type[BaseException], ...] = (
 RETRY_AFTER_S = 5
 
 
-def is_unavailable(exc: BaseException) -> bool:
-    return isinstance(exc, UNAVAILABLE)
-
-
 def unavailable_reason(exc: BaseException) -> str:
     """The driver's first line, without the SQL statement and parameters SQLAlchemy appends
     (a response must not echo queries or data)."""
