@@ -25,13 +25,20 @@ SHAPE = RESNET50_3X3["stage5"]  # the smallest space: a model-based proposal in 
 
 
 @pytest.fixture
-def client(db: str, tmp_path: Path) -> Iterator[TestClient]:
+def fresh_stats() -> Iterator[None]:
+    """The explorer's counts start at 0 (nothing recorded by an earlier test of this
+    process) and none is left for the next."""
+    explorer_stats.reset()
+    yield
+    explorer_stats.reset()
+
+
+@pytest.fixture
+def client(db: str, tmp_path: Path, fresh_stats: None) -> Iterator[TestClient]:
     """An API (no dispatcher) on the test's database; the explorer's counts start at 0."""
-    explorer_stats.reset()  # nothing recorded by an earlier test of this process
     settings = Settings(data_dir=tmp_path, database_url=db, backend="simulated", auth="off")
     with TestClient(create_app(settings, dispatcher=False)) as c:
         yield c
-    explorer_stats.reset()
 
 
 def _job(url: str, strategy: str, trials: int, **options: object) -> int:
@@ -104,7 +111,7 @@ def test_random_proposals_fit_no_model(client: TestClient, db: str) -> None:
     assert got[("tctune_explorer_proposed_total", ())] == proposed
 
 
-def test_counts_add_up_across_writes_and_explorer_processes(db: str) -> None:
+def test_counts_add_up_across_writes_and_explorer_processes(db: str, fresh_stats: None) -> None:
     """A write adds to the process's row (never sets it), and the scrape sums every row:
     an explorer that is gone still counts. A proposal counts the boosters trained since
     the one before, from scratch and boosted further."""
@@ -114,63 +121,57 @@ def test_counts_add_up_across_writes_and_explorer_processes(db: str) -> None:
     from search.cost_model import CostModel, Rows
     from store.models import ExplorerStat
 
-    explorer_stats.reset()
-    try:
-        rng = np.random.default_rng(0)
-        rows = Rows(rng.random((40, 3)), rng.random(40), np.zeros(40, dtype=int))
-        CostModel("reg", rounds=2, bags=2).fit(rows).extended(rows, rounds=1)
-        explorer_stats.record_proposal(0.02, 4)
-        explorer_stats.flush(db, force=True)
-        explorer_stats.record_proposal(3.0, 5)
-        explorer_stats.flush(db, force=True)
-        explorer_stats._write(db, "gone-host:1", explorer_stats._Counts(
-            proposals=1, seconds_sum=20.0, buckets={"+Inf": 1}, proposed=7))
-        with session_scope(db) as s:
-            rows = {r.name: r for r in s.scalars(select(ExplorerStat))}
-        mine = rows[explorer_stats.process_name()]
-        assert (mine.proposals, mine.proposed) == (2, 9)
-        assert (mine.fits_scratch, mine.fits_extend) == (2, 2)
-        assert mine.buckets == {"0.025": 1, "5.0": 1}
-        assert mine.seconds_sum == pytest.approx(3.02)
-        settings = Settings(database_url=db, backend="simulated", auth="off")
-        with TestClient(create_app(settings, dispatcher=False)) as c:
-            got = _scrape(c)
-        assert got[("tctune_explorer_proposal_seconds_count", ())] == 3
-        assert got[("tctune_explorer_proposal_seconds_sum", ())] == pytest.approx(23.02)
-        assert got[("tctune_explorer_proposal_seconds_bucket", (("le", "0.01"),))] == 0
-        assert got[("tctune_explorer_proposal_seconds_bucket", (("le", "0.025"),))] == 1
-        assert got[("tctune_explorer_proposal_seconds_bucket", (("le", "2.5"),))] == 1
-        assert got[("tctune_explorer_proposal_seconds_bucket", (("le", "5.0"),))] == 2
-        assert got[("tctune_explorer_proposal_seconds_bucket", (("le", "10.0"),))] == 2
-        assert got[("tctune_explorer_proposed_total", ())] == 16
-        assert got[("tctune_explorer_model_fits_total", (("kind", "scratch"),))] == 2
-        assert got[("tctune_explorer_model_fits_total", (("kind", "extend"),))] == 2
-    finally:
-        explorer_stats.reset()
+    rng = np.random.default_rng(0)
+    rows = Rows(rng.random((40, 3)), rng.random(40), np.zeros(40, dtype=int))
+    CostModel("reg", rounds=2, bags=2).fit(rows).extended(rows, rounds=1)
+    explorer_stats.record_proposal(0.02, 4)
+    explorer_stats.flush(db, force=True)
+    explorer_stats.record_proposal(3.0, 5)
+    explorer_stats.flush(db, force=True)
+    explorer_stats._write(db, "gone-host:1", explorer_stats._Counts(
+        proposals=1, seconds_sum=20.0, buckets={"+Inf": 1}, proposed=7))
+    with session_scope(db) as s:
+        rows = {r.name: r for r in s.scalars(select(ExplorerStat))}
+    mine = rows[explorer_stats.process_name()]
+    assert (mine.proposals, mine.proposed) == (2, 9)
+    assert (mine.fits_scratch, mine.fits_extend) == (2, 2)
+    assert mine.buckets == {"0.025": 1, "5.0": 1}
+    assert mine.seconds_sum == pytest.approx(3.02)
+    settings = Settings(database_url=db, backend="simulated", auth="off")
+    with TestClient(create_app(settings, dispatcher=False)) as c:
+        got = _scrape(c)
+    assert got[("tctune_explorer_proposal_seconds_count", ())] == 3
+    assert got[("tctune_explorer_proposal_seconds_sum", ())] == pytest.approx(23.02)
+    assert got[("tctune_explorer_proposal_seconds_bucket", (("le", "0.01"),))] == 0
+    assert got[("tctune_explorer_proposal_seconds_bucket", (("le", "0.025"),))] == 1
+    assert got[("tctune_explorer_proposal_seconds_bucket", (("le", "2.5"),))] == 1
+    assert got[("tctune_explorer_proposal_seconds_bucket", (("le", "5.0"),))] == 2
+    assert got[("tctune_explorer_proposal_seconds_bucket", (("le", "10.0"),))] == 2
+    assert got[("tctune_explorer_proposed_total", ())] == 16
+    assert got[("tctune_explorer_model_fits_total", (("kind", "scratch"),))] == 2
+    assert got[("tctune_explorer_model_fits_total", (("kind", "extend"),))] == 2
 
 
-def test_a_failed_write_fails_no_proposal_and_keeps_its_counts(tmp_path: Path) -> None:
+def test_a_failed_write_fails_no_proposal_and_keeps_its_counts(tmp_path: Path,
+                                                               fresh_stats: None) -> None:
     """No table (a database not migrated): the write fails, nothing raises, and the counts
     go with the next write, once there is a table."""
     from store import migrate
 
     url = f"sqlite:///{tmp_path / 'late.db'}"
-    explorer_stats.reset()
-    try:
-        explorer_stats.record_proposal(0.5, 3)
-        explorer_stats.flush(url, force=True)  # must not raise
-        migrate.upgrade(url)
-        explorer_stats.flush(url, force=True)
-        with session_scope(url) as s:
-            from store.models import ExplorerStat
+    explorer_stats.record_proposal(0.5, 3)
+    explorer_stats.flush(url, force=True)  # must not raise
+    migrate.upgrade(url)
+    explorer_stats.flush(url, force=True)
+    with session_scope(url) as s:
+        from store.models import ExplorerStat
 
-            row = s.get(ExplorerStat, explorer_stats.process_name())
-            assert row is not None and (row.proposals, row.proposed) == (1, 3)
-    finally:
-        explorer_stats.reset()
+        row = s.get(ExplorerStat, explorer_stats.process_name())
+        assert row is not None and (row.proposals, row.proposed) == (1, 3)
 
 
-def test_on_sqlite_a_write_does_not_wait_on_the_explorer_s_own_lock(tmp_path: Path) -> None:
+def test_on_sqlite_a_write_does_not_wait_on_the_explorer_s_own_lock(tmp_path: Path,
+                                                                    fresh_stats: None) -> None:
     """The explorer records inside its transaction, which may hold SQLite's write lock
     (it re-marked open candidates as sent): the write gives up at once instead of waiting
     the usual 30 s on itself, and goes with a later one."""
@@ -179,18 +180,14 @@ def test_on_sqlite_a_write_does_not_wait_on_the_explorer_s_own_lock(tmp_path: Pa
 
     url = f"sqlite:///{tmp_path / 'locked.db'}"
     migrate.upgrade(url)
-    explorer_stats.reset()
-    try:
-        with session_scope(url) as s:
-            repo.create_token(s, "holds the write lock", "read")
-            s.flush()
-            explorer_stats.record_proposal(0.1, 2)
-            started = time.monotonic()
-            explorer_stats.flush(url, force=True)
-            assert time.monotonic() - started < 5
+    with session_scope(url) as s:
+        repo.create_token(s, "holds the write lock", "read")
+        s.flush()
+        explorer_stats.record_proposal(0.1, 2)
+        started = time.monotonic()
         explorer_stats.flush(url, force=True)
-        with session_scope(url) as s:
-            row = s.get(ExplorerStat, explorer_stats.process_name())
-            assert row is not None and (row.proposals, row.proposed) == (1, 2)
-    finally:
-        explorer_stats.reset()
+        assert time.monotonic() - started < 5
+    explorer_stats.flush(url, force=True)
+    with session_scope(url) as s:
+        row = s.get(ExplorerStat, explorer_stats.process_name())
+        assert row is not None and (row.proposals, row.proposed) == (1, 2)
