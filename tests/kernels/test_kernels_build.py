@@ -15,6 +15,7 @@ from kernels.sass import cuobjdump_path, summarize
 from kernels.space import ScheduleSpace, geometry, validity
 from kernels.spec import RESNET50_3X3, ConvShape, Precision, get_target
 from tests.conftest import SASS_MISSING
+from tests.kernels.builds import assert_all_compile
 
 SM_TARGET = {75: "t4", 80: "a100", 90: "h100"}
 SAMPLES = int(os.environ.get("TCTUNE_BUILD_SAMPLES", "200"))
@@ -59,10 +60,7 @@ def sample_jobs(precision: Precision, sm: int, count: int, seed: int) -> list[Bu
 def test_sampled_valid_schedules_compile_for_every_sm(precision: str, cache: Path) -> None:
     jobs = [j for sm in (75, 80, 90)
             for j in sample_jobs(Precision(precision), sm, SAMPLES, seed=sm)]
-    results = build_many(jobs, cache)
-    bad = [(j.sm, j.shape.key(), j.schedule, r.log[-400:])
-           for j, r in zip(jobs, results, strict=True) if r.status != "ok"]
-    assert not bad, f"{len(bad)} valid schedules failed to compile, e.g. {bad[:3]}"
+    assert_all_compile(jobs, cache)
 
 
 def test_compile_failure_is_data(cache: Path) -> None:

@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 
 from kernels import reference as ref
-from kernels.build import BuildJob, Epilogue, build, build_many, cubin_path, defines
+from kernels.build import BuildJob, Epilogue, build, defines
 from kernels.launch import launch
 from kernels.runtime import Conv2d
-from kernels.sass import cuobjdump_path, summarize
 from kernels.space import ScheduleSpace, fold_tap_bytes, geometry, padded_channels
 from kernels.spec import RESNET50_3X3, ConvShape, Precision, get_target
+from tests.kernels.builds import assert_all_compile, assert_mma_and_copy, sass_of
 
 STEM = ConvShape(8, 224, 224, 3, 64, 7, 7, stride=2, pad=3)
 ODD = ConvShape(3, 17, 19, 5, 24, 3, 3, pad=1)  # 5 channels: int8 8 bytes, fp16 16 bytes
@@ -112,12 +112,10 @@ def test_folded_schedules_compile_for_every_sm(cache: Path) -> None:
     jobs = [j for sm in (75, 80, 90) for shape in (STEM, ODD)
             for p in (Precision.INT8, Precision.FP16)
             for j in _sample(shape, p, sm, 4, seed=sm, FOLD_TAPS=[1])]
-    results = build_many(jobs, cache)
-    bad = [(j.sm, j.shape.key(), j.schedule, r.log[-300:])
-           for j, r in zip(jobs, results, strict=True) if r.status != "ok"]
-    assert not bad, bad[:3]
+    assert_all_compile(jobs, cache)
 
 
+@pytest.mark.usefixtures("sass_tools")
 @pytest.mark.parametrize("precision,sm,schedule,mma,copy", [
     ("int8", 75, {**SYNC, "STAGES": 1}, "IMMA", "LDG"),
     ("fp16", 80, SYNC, "HMMA", "LDGSTS"),
@@ -126,12 +124,9 @@ def test_folded_schedules_compile_for_every_sm(cache: Path) -> None:
 ])
 def test_folded_builds_hold_the_intended_instructions(precision: str, sm: int, schedule: dict,
                                                       mma: str, copy: str, cache: Path) -> None:
-    assert cuobjdump_path(), "cuobjdump comes with the dev extra (nvidia-cuda-cuobjdump)"
-    res = build(BuildJob(STEM, Precision(precision), sm, {**schedule, "FOLD_TAPS": 1}), cache)
-    assert res.status == "ok", res.log[-500:]
-    summary = summarize(cubin_path(cache, res.key))
-    assert any(mma in m for m in summary.mma) and not summary.spills
-    assert any(copy in line for line in summary.text.splitlines())
+    assert_mma_and_copy(
+        sass_of(BuildJob(STEM, Precision(precision), sm, {**schedule, "FOLD_TAPS": 1}), cache),
+        mma, copy)
 
 
 # ---- the residual epilogue ---------------------------------------------------------------
@@ -157,10 +152,7 @@ def test_residual_builds_compile_for_every_sm(cache: Path) -> None:
             for shape in (RESNET50_3X3["stage4"], ConvShape(8, 14, 14, 64, 40, 1, 1))
             for relu, j in zip((False, True), _sample(shape, p, sm, 2, seed=sm + 1),
                                strict=True)]
-    results = build_many(jobs, cache)
-    bad = [(j.sm, j.schedule, r.log[-300:]) for j, r in zip(jobs, results, strict=True)
-           if r.status != "ok"]
-    assert not bad, bad[:3]
+    assert_all_compile(jobs, cache)
 
 
 def test_residual_reference_is_the_kernels_arithmetic() -> None:

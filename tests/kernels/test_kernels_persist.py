@@ -10,11 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kernels.build import BuildJob, Epilogue, build, build_many, cubin_path
+from kernels.build import BuildJob, Epilogue, build
 from kernels.launch import launch_dims
-from kernels.sass import cuobjdump_path, summarize
 from kernels.space import ScheduleSpace, geometry, register_slack
 from kernels.spec import ConvShape, Precision, get_target
+from tests.kernels.builds import assert_all_compile, assert_mma_and_copy, sass_of
 from tests.kernels.test_kernels_fold_residual import cols_of
 
 EXPAND = ConvShape(8, 56, 56, 64, 256, 1, 1)  # ResNet-50's output-bound 1x1
@@ -104,12 +104,10 @@ def test_persistent_schedules_compile_for_sm80_and_sm90(cache: Path) -> None:
                 for i in rng.choice(space.valid_indices, size=4, replace=False):
                     jobs.append(BuildJob(shape, p, sm, space.schedule_at(int(i)),
                                          Epilogue(residual=bool(rng.random() < 0.5))))
-    results = build_many(jobs, cache)
-    bad = [(j.sm, j.shape.key(), j.schedule, r.log[-300:])
-           for j, r in zip(jobs, results, strict=True) if r.status != "ok"]
-    assert not bad, bad[:3]
+    assert_all_compile(jobs, cache)
 
 
+@pytest.mark.usefixtures("sass_tools")
 @pytest.mark.parametrize("precision,sm,schedule,mma,copy", [
     ("int8", 80, SYNC, "IMMA", "LDGSTS"), ("fp16", 90, SYNC, "HMMA", "LDGSTS"),
     ("int8", 90, WG, "GMMA", "LDGSTS"), ("fp16", 90, {**WG, "TMA": 1}, "GMMA", "UTMALDG"),
@@ -117,9 +115,6 @@ def test_persistent_schedules_compile_for_sm80_and_sm90(cache: Path) -> None:
 def test_persistent_builds_hold_the_intended_instructions(precision: str, sm: int,
                                                           schedule: dict, mma: str, copy: str,
                                                           cache: Path) -> None:
-    assert cuobjdump_path(), "cuobjdump comes with the dev extra (nvidia-cuda-cuobjdump)"
-    res = build(BuildJob(EXPAND, Precision(precision), sm, {**schedule, "PERSIST": 2}), cache)
-    assert res.status == "ok", res.log[-500:]
-    summary = summarize(cubin_path(cache, res.key))
-    assert any(mma in m for m in summary.mma) and not summary.spills
-    assert any(copy in line for line in summary.text.splitlines())
+    assert_mma_and_copy(
+        sass_of(BuildJob(EXPAND, Precision(precision), sm, {**schedule, "PERSIST": 2}), cache),
+        mma, copy)

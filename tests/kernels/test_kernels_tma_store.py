@@ -11,11 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kernels.build import BuildJob, Epilogue, build, build_many, cubin_path
+from kernels.build import BuildJob, Epilogue, build
 from kernels.runtime import schedule_fits
-from kernels.sass import cuobjdump_path, summarize
 from kernels.space import ScheduleSpace, geometry
 from kernels.spec import ConvShape, Precision, get_target
+from tests.kernels.builds import assert_all_compile, sass_of
 from tests.kernels.test_kernels_fold_residual import cols_of
 
 EXPAND = ConvShape(8, 56, 56, 64, 256, 1, 1)  # ResNet-50's output-bound 1x1
@@ -94,19 +94,15 @@ def test_tma_store_schedules_compile_for_sm90(cache: Path) -> None:
             for i in rng.choice(space.valid_indices, size=4, replace=False):
                 jobs.append(BuildJob(shape, p, 90, space.schedule_at(int(i)),
                                      Epilogue(relu=True, residual=bool(rng.random() < 0.5))))
-    results = build_many(jobs, cache)
-    bad = [(j.shape.key(), j.schedule, r.log[-300:])
-           for j, r in zip(jobs, results, strict=True) if r.status != "ok"]
-    assert not bad, bad[:3]
+    assert_all_compile(jobs, cache)
 
 
+@pytest.mark.usefixtures("sass_tools")
 @pytest.mark.parametrize("precision,persist", [("int8", 0), ("int8", 2), ("fp16", 1)])
 def test_tma_store_builds_store_through_the_tma_unit(precision: str, persist: int,
                                                      cache: Path) -> None:
-    assert cuobjdump_path(), "cuobjdump comes with the dev extra (nvidia-cuda-cuobjdump)"
-    res = build(BuildJob(EXPAND, Precision(precision), 90, {**TMA, "PERSIST": persist}), cache)
-    assert res.status == "ok", res.log[-500:]
-    summary = summarize(cubin_path(cache, res.key))
+    summary = sass_of(BuildJob(EXPAND, Precision(precision), 90, {**TMA, "PERSIST": persist}),
+                      cache)
     assert any("GMMA" in m for m in summary.mma) and not summary.spills
     assert re.search(r"\sUTMASTG[\s.]", summary.text)
     # no thread writes y: the only global stores are the TMA unit's
