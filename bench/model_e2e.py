@@ -41,8 +41,9 @@ TARGET = "h100"  # what prebuild builds for; run uses the GPU at hand
 
 def cmd_records(a: argparse.Namespace) -> int:
     """Each tuned layer's best schedule as a record (its latency, cuDNN fp16's, the ratio):
-    the groups of bench/layer_classes.py's files and the rows of bench/zoo.py's and
-    bench/layer_search.py's. A layer in several files keeps the fastest schedule: files of
+    the groups of bench/layer_classes.py's files and the rows of bench/zoo.py's,
+    bench/layer_search.py's and bench/retime.py's (a retime of recorded schedules on changed
+    kernels measures them again). A layer in several files keeps the fastest schedule: files of
     one GPU model compare by latency (a schedule's time moves by a few percent between runs,
     cuDNN's by up to 1.7x: kernels/cudnn.py)."""
     out: dict[str, Any] = {}
@@ -58,9 +59,13 @@ def cmd_records(a: argparse.Namespace) -> int:
                 _add_record(out, target, r["shape"], r["precision"], r["best_schedule"],
                             r["best_us"], r["cudnn_fp16_us"],
                             f"{Path(path).name}: {r['layers'][0]}, {len(r['trials'])} trials")
-            elif r.get("schedule") and r.get("checked") and r.get("ours_us"):
+            elif r.get("schedule") and r.get("checked") and r.get("ours_us"):  # zoo
                 _add_record(out, target, r["shape"], r["precision"], r["schedule"], r["ours_us"],
                             r["cudnn_fp16_us"], f"{Path(path).name}: {r['model']} {r['layer']}")
+            elif r.get("schedule") and r.get("status") == "ok":  # bench/retime.py
+                model = r["uses"][0][0]
+                _add_record(out, target, r["shape"], r["precision"], r["schedule"], r["ours_us"],
+                            r["cudnn_fp16_us"], f"{Path(path).name}: {model} {r['layer']}")
     Path(a.out).write_text(json.dumps(out, indent=1))
     log(f"{len(out)} records -> {a.out}")
     return 0

@@ -84,13 +84,22 @@ __device__ __forceinline__ void copy_vw(u8* dst, const u8* src) {
 
 // The epilogue of one value: int -> requantized int (clamped), fp -> float with bias; `rv`
 // is the residual (res_at), added last: acc * scale + bias + rv, each step rounded to float.
-__device__ __forceinline__ int requant(int a, float sc, float bi, float rv = 0.f) {
+// The result is the bit pattern of (clamped value + 1.5 * 2^23): the add rounds to the nearest
+// even integer (as cvt.rni) and leaves it in the low mantissa bits, so its low 8 (4) bits are
+// the int8 (int4) value. A float -> int conversion runs 16 per clock per SM against 128 adds,
+// and output-bound layers do one per output element.
+constexpr float ROUND_MAGIC = 12582912.f;  // 1.5 * 2^23
+constexpr int ROUND_MAGIC_BITS = 0x4B400000;
+__device__ __forceinline__ u32 requant_bits(int a, float sc, float bi, float rv = 0.f) {
   using namespace cfg;
   constexpr float LO = ELEM_BITS == 8 ? -128.f : -8.f, HI = ELEM_BITS == 8 ? 127.f : 7.f;
   float v = f_add_rn(f_mul_rn(s32_to_f32(a), sc), bi);
   if constexpr (RES) v = f_add_rn(v, rv);
   v = fminf(fmaxf(v, RELU ? 0.f : LO), HI);
-  return f32_to_s32_rni(v);
+  return __float_as_uint(f_add_rn(v, ROUND_MAGIC));
+}
+__device__ __forceinline__ int requant(int a, float sc, float bi, float rv = 0.f) {
+  return (int)requant_bits(a, sc, bi, rv) - ROUND_MAGIC_BITS;
 }
 __device__ __forceinline__ float fp_epi(float a, float bi, float rv = 0.f) {
   using namespace cfg;
@@ -226,6 +235,9 @@ __device__ __forceinline__ void epilogue(WT& wt, u8* smem, int m0, int n0, int t
     // fp16: bias + ReLU + convert in registers, one f16x2 word per row half.
 #pragma unroll
     for (int j = 0; j < EWCT; ++j) {
+      // Tile columns past K are never stored: skip their work (warp-uniform; layers with
+      // fewer output channels than a tile, such as a segmentation head's K = 2).
+      if (K % BN != 0 && n0 + wt.wn0 + j * 8 >= K) continue;
       const int col = wt.wn0 + j * 8 + 2 * t, n = n0 + col;
       const float b0 = (EPI && n < K) ? bias[n] : 0.f, b1 = (EPI && n + 1 < K) ? bias[n + 1] : 0.f;
 #pragma unroll
@@ -244,39 +256,50 @@ __device__ __forceinline__ void epilogue(WT& wt, u8* smem, int m0, int n0, int t
     // int8 / int4: requantize in registers, then pack across the quad.
     constexpr int GROUP = ELEM_BITS == 8 ? 2 : 4;  // halves that share one 32-bit word set
     // Columns outer, row tiles inner: a group's scale and bias values are live for one group
-    // only (with the row tiles outer the compiler keeps every column's in registers).
+    // only (with the row tiles outer the compiler keeps every column's in registers). They
+    // are loaded before the row tiles' loop: the compiler cannot move loads of `scale` past
+    // the staging stores, so loads inside it run once per row tile.
 #pragma unroll
     for (int h0 = 0; h0 < HALVES; h0 += GROUP) {
+      constexpr int NJ = GROUP / ROWS_H;  // tile columns of the group's halves
+      float s0[NJ], s1[NJ], c0[NJ], c1[NJ];
+#pragma unroll
+      for (int jj = 0; jj < NJ; ++jj) {
+        const int j = h0 / ROWS_H + jj, n = n0 + wt.wn0 + j * 8 + 2 * t;
+        const bool in0 = j < EWCT && n < K, in1 = j < EWCT && n + 1 < K;
+        s0[jj] = in0 ? scale[n] : 0.f; s1[jj] = in1 ? scale[n + 1] : 0.f;
+        c0[jj] = in0 ? bias[n] : 0.f; c1[jj] = in1 ? bias[n + 1] : 0.f;
+      }
 #pragma unroll
       for (int i = 0; i < WRT; ++i) {
-        // Each thread's two values of every half in the group, as 8 (int4) or 16 (int8) bits.
+        // Each thread's two values of every half in the group: int8 in the low two bytes
+        // (the upper two are not zeroed), int4 in the low byte.
         u32 bits[GROUP];
 #pragma unroll
         for (int k = 0; k < GROUP; ++k) {
           bits[k] = 0;
-          if (h0 + k < HALVES) {
-            int j, rh;
-            half_pos(h0 + k, j, rh);
-            const int n = n0 + wt.wn0 + j * 8 + 2 * t;
-            const float s0 = n < K ? scale[n] : 0.f, s1 = n + 1 < K ? scale[n + 1] : 0.f;
-            const float c0 = n < K ? bias[n] : 0.f, c1 = n + 1 < K ? bias[n + 1] : 0.f;
+          int j, rh;
+          half_pos(h0 + k, j, rh);
+          if (h0 + k < HALVES && (K % BN == 0 || n0 + wt.wn0 + j * 8 < K)) {  // columns < K
             float r0 = 0.f, r1 = 0.f;
             if constexpr (RES) {
-              const int row = wt.wm0 + i * ROWSTEP + rh * 8 + g, col = n - n0;
+              const int row = wt.wm0 + i * ROWSTEP + rh * 8 + g, col = wt.wn0 + j * 8 + 2 * t;
               r0 = res_tile(rs, res, row, col);
               r1 = res_tile(rs, res, row, col + 1);
             }
-            const int q0 = requant(wt.acc[i][j][2 * rh], s0, c0, r0);
-            const int q1 = requant(wt.acc[i][j][2 * rh + 1], s1, c1, r1);
-            bits[k] = ELEM_BITS == 8 ? ((u32)(q0 & 0xFF) | ((u32)(q1 & 0xFF) << 8))
-                                     : ((u32)(q0 & 0xF) | ((u32)(q1 & 0xF) << 4));
+            const int jj = k / ROWS_H;
+            const u32 q0 = requant_bits(wt.acc[i][j][2 * rh], s0[jj], c0[jj], r0);
+            const u32 q1 = requant_bits(wt.acc[i][j][2 * rh + 1], s1[jj], c1[jj], r1);
+            bits[k] = ELEM_BITS == 8 ? byte_perm(q0, q1, 0x0040)
+                                     : ((q0 & 0xFu) | ((q1 & 0xFu) << 4));
           }
         }
         if constexpr (ELEM_BITS == 8) {
           // Even t keeps half 0 and receives its neighbour's half-0 bytes; odd t does half 1.
           const u32 send = (t & 1) ? bits[0] : bits[1];
           const u32 recv = shfl_xor(send, 1);
-          const u32 word = (t & 1) ? (recv | (bits[1] << 16)) : (bits[0] | (recv << 16));
+          const u32 word = (t & 1) ? byte_perm(recv, bits[1], 0x5410)
+                                   : byte_perm(bits[0], recv, 0x5410);
           const int h = h0 + (t & 1);
           if (h < HALVES) {
             int j, rh;

@@ -170,9 +170,6 @@ __device__ __forceinline__ float f_add_rn(float a, float b) {
 __device__ __forceinline__ float s32_to_f32(int a) {
   float d; asm("cvt.rn.f32.s32 %0, %1;" : "=f"(d) : "r"(a)); return d;
 }
-__device__ __forceinline__ int f32_to_s32_rni(float a) {
-  int d; asm("cvt.rni.s32.f32 %0, %1;" : "=r"(d) : "f"(a)); return d;
-}
 __device__ __forceinline__ u32 pack_f16x2(float lo, float hi) {
   u32 d;
 #if TC_SM >= 80
@@ -184,6 +181,10 @@ __device__ __forceinline__ u32 pack_f16x2(float lo, float hi) {
   d = (u32)l | ((u32)h << 16);
 #endif
   return d;
+}
+// Byte i of the result is byte (sel >> 4i) & 7 of {b:a} (a = bytes 0-3): one PRMT.
+__device__ __forceinline__ u32 byte_perm(u32 a, u32 b, u32 sel) {
+  u32 d; asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel)); return d;
 }
 __device__ __forceinline__ u32 shfl_xor(u32 v, int m) {
   u32 d; asm volatile("shfl.sync.bfly.b32 %0, %1, %2, 0x1f, 0xffffffff;" : "=r"(d) : "r"(v), "r"(m));

@@ -80,3 +80,27 @@ def test_records_keep_the_fastest_over_zoo_and_layer_search(tmp_path: Path) -> N
         r = recs[task_key(OTHER, Precision.FP16, h100)]
         assert r["schedule"] == faster and r["source"] == "search.json: resnet50 l2, 500 trials"
         assert recs[task_key(SHAPE, Precision.FP16, h100)]["speedup"] == 0.5
+
+
+def test_records_take_a_retime_of_changed_kernels(tmp_path: Path) -> None:
+    """bench/retime.py's rows: a recorded schedule measured again on changed kernels beats its
+    own older record; a row that failed its check is no record."""
+    zoo = {"target": "h100", "rows": [
+        {"model": "resnet50", "layer": "l1", "shape": SHAPE.to_dict(), "precision": "int8",
+         "schedule": SCHED, "checked": True, "ours_us": 9.0, "cudnn_fp16_us": 8.0}]}
+    retime = {"rows": [
+        {"layer": "l1", "shape": SHAPE.to_dict(), "precision": "int8", "uses": [["resnet50", 4]],
+         "schedule": SCHED, "status": "ok", "ours_us": 7.5, "cudnn_fp16_us": 8.0},
+        {"layer": "l2", "shape": OTHER.to_dict(), "precision": "int8", "uses": [["resnet50", 1]],
+         "schedule": SCHED, "status": "wrong", "ours_us": None, "cudnn_fp16_us": 9.0}]}
+    files = []
+    for name, doc in (("zoo.json", zoo), ("retime.json", retime)):
+        (tmp_path / name).write_text(json.dumps(doc))
+        files.append(str(tmp_path / name))
+    out = tmp_path / "records.json"
+    assert model_e2e.main(["records", *files, "--out", str(out)]) == 0
+    recs = json.loads(out.read_text())
+    h100 = get_target("h100")
+    assert set(recs) == {task_key(SHAPE, Precision.INT8, h100)}
+    r = recs[task_key(SHAPE, Precision.INT8, h100)]
+    assert r["latency_us"] == 7.5 and r["source"] == "retime.json: resnet50 l1"
