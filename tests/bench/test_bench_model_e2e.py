@@ -14,6 +14,17 @@ OTHER = ConvShape(8, 28, 28, 128, 128, 3, 3, pad=(1, 1))
 SCHED = {"BLK_ROW_WARPS": 2, "MMA": "wgmma"}
 
 
+def _records(tmp_path: Path, docs: dict[str, dict], order: slice = slice(None)) -> dict:
+    """`model_e2e records` over the named documents (written to tmp_path), in that order."""
+    files = []
+    for name, doc in docs.items():
+        (tmp_path / name).write_text(json.dumps(doc))
+        files.append(str(tmp_path / name))
+    out = tmp_path / "records.json"
+    assert model_e2e.main(["records", *files[order], "--out", str(out)]) == 0
+    return json.loads(out.read_text())
+
+
 def test_records_come_from_layer_classes_groups_and_checked_zoo_rows(tmp_path: Path) -> None:
     classes = {"target": "h100", "groups": [
         {"layer": "expand", "shape": SHAPE.to_dict(), "precision": "int8",
@@ -25,13 +36,7 @@ def test_records_come_from_layer_classes_groups_and_checked_zoo_rows(tmp_path: P
          "schedule": SCHED, "checked": True, "ours_us": 12.0, "cudnn_fp16_us": 9.0},
         {"model": "resnet50", "layer": "bad", "shape": SHAPE.to_dict(), "precision": "fp16",
          "schedule": SCHED, "checked": False, "ours_us": 1.0, "cudnn_fp16_us": 9.0}]}
-    files = []
-    for name, doc in (("classes.json", classes), ("zoo.json", zoo)):
-        (tmp_path / name).write_text(json.dumps(doc))
-        files.append(str(tmp_path / name))
-    out = tmp_path / "records.json"
-    assert model_e2e.main(["records", *files, "--out", str(out)]) == 0
-    recs = json.loads(out.read_text())
+    recs = _records(tmp_path, {"classes.json": classes, "zoo.json": zoo})
     h100 = get_target("h100")
     assert set(recs) == {task_key(SHAPE, Precision.INT8, h100),
                          task_key(OTHER, Precision.FP16, h100)}
@@ -68,14 +73,8 @@ def test_records_keep_the_fastest_over_zoo_and_layer_search(tmp_path: Path) -> N
         {"key": "k2", "layers": ["resnet50 l1"], "shape": SHAPE.to_dict(), "precision": "fp16",
          "best_schedule": faster, "best_us": 20.0, "cudnn_fp16_us": 10.0,
          "trials": [{}] * 64}]}
-    files = []
-    for name, doc in (("zoo.json", zoo), ("search.json", search)):
-        (tmp_path / name).write_text(json.dumps(doc))
-        files.append(str(tmp_path / name))
-    out = tmp_path / "records.json"
-    for order in (files, files[::-1]):
-        assert model_e2e.main(["records", *order, "--out", str(out)]) == 0
-        recs = json.loads(out.read_text())
+    for order in (slice(None), slice(None, None, -1)):
+        recs = _records(tmp_path, {"zoo.json": zoo, "search.json": search}, order)
         h100 = get_target("h100")
         r = recs[task_key(OTHER, Precision.FP16, h100)]
         assert r["schedule"] == faster and r["source"] == "search.json: resnet50 l2, 500 trials"
@@ -93,13 +92,7 @@ def test_records_take_a_retime_of_changed_kernels(tmp_path: Path) -> None:
          "schedule": SCHED, "status": "ok", "ours_us": 7.5, "cudnn_fp16_us": 8.0},
         {"layer": "l2", "shape": OTHER.to_dict(), "precision": "int8", "uses": [["resnet50", 1]],
          "schedule": SCHED, "status": "wrong", "ours_us": None, "cudnn_fp16_us": 9.0}]}
-    files = []
-    for name, doc in (("zoo.json", zoo), ("retime.json", retime)):
-        (tmp_path / name).write_text(json.dumps(doc))
-        files.append(str(tmp_path / name))
-    out = tmp_path / "records.json"
-    assert model_e2e.main(["records", *files, "--out", str(out)]) == 0
-    recs = json.loads(out.read_text())
+    recs = _records(tmp_path, {"zoo.json": zoo, "retime.json": retime})
     h100 = get_target("h100")
     assert set(recs) == {task_key(SHAPE, Precision.INT8, h100)}
     r = recs[task_key(SHAPE, Precision.INT8, h100)]
