@@ -59,11 +59,9 @@ def cmd_records(a: argparse.Namespace) -> int:
                 _add_record(out, target, r["shape"], r["precision"], r["best_schedule"],
                             r["best_us"], r["cudnn_fp16_us"],
                             f"{Path(path).name}: {r['layers'][0]}, {len(r['trials'])} trials")
-            elif r.get("schedule") and r.get("checked") and r.get("ours_us"):  # zoo
-                _add_record(out, target, r["shape"], r["precision"], r["schedule"], r["ours_us"],
-                            r["cudnn_fp16_us"], f"{Path(path).name}: {r['model']} {r['layer']}")
-            elif r.get("schedule") and r.get("status") == "ok":  # bench/retime.py
-                model = r["uses"][0][0]
+            elif r.get("schedule") and r.get("ours_us") and (
+                    r.get("checked") or r.get("status") == "ok"):  # zoo, bench/retime.py
+                model = r.get("model") or r["uses"][0][0]
                 _add_record(out, target, r["shape"], r["precision"], r["schedule"], r["ours_us"],
                             r["cudnn_fp16_us"], f"{Path(path).name}: {model} {r['layer']}")
     Path(a.out).write_text(json.dumps(out, indent=1))

@@ -277,10 +277,11 @@ def add_layer_args(p: argparse.ArgumentParser, models: str = ",".join(MODELS),
     p.add_argument("--precisions", default=precisions)
 
 
-def planned(a: argparse.Namespace) -> list[Group]:
-    """The groups that `add_layer_args`'s options pick."""
-    return plan(load_shapes(a.shapes), _csv(a.models), [int(b) for b in _csv(a.batches)] or None,
-                _csv(a.precisions))
+def planned(a: argparse.Namespace, shapes_doc: dict[str, Any] | None = None) -> list[Group]:
+    """The groups that `add_layer_args`'s options pick (from `shapes_doc` if the caller has
+    read --shapes already)."""
+    return plan(shapes_doc or load_shapes(a.shapes), _csv(a.models),
+                [int(b) for b in _csv(a.batches)] or None, _csv(a.precisions))
 
 
 def plan(shapes_doc: dict[str, Any], models: Sequence[str], batches: Sequence[int] | None,
@@ -736,7 +737,7 @@ def _csv(s: str) -> list[str]:
 
 def cmd_run(a: argparse.Namespace) -> int:
     shapes_doc = load_shapes(a.shapes)
-    groups = planned(a)
+    groups = planned(a, shapes_doc)
     out = Path(a.out)
     doc: dict[str, Any] = json.loads(out.read_text()) if out.exists() else {}
     have = {measure_key(ConvShape.from_dict(r["shape"]), r["precision"]): r
