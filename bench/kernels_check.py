@@ -43,6 +43,7 @@ def fixed_shapes() -> list[ConvShape]:
         ConvShape(2, 32, 32, 3, 64, 7, 7, stride=2, pad=3),  # stem: 7x7, C=3 (padded)
         ConvShape(3, 21, 19, 5, 40, 3, 3, stride=2, pad=1),  # few channels, tails
         ConvShape(8, 14, 14, 64, 96, 1, 1),  # 1x1
+        ConvShape(3, 9, 11, 40, 24, 1, 1),  # 1x1, padded channels, tails
         ConvShape(3, 9, 11, 32, 40, 1, 1, stride=2),  # strided 1x1, tails
         ConvShape(8, 7, 7, 512, 512, 3, 3, pad=1),  # ResNet stage 5
         ConvShape(8, s4.h, s4.w, s4.c, s4.k, 3, 3, pad=1),

@@ -39,6 +39,9 @@ constexpr int RB = 4;
 constexpr bool INCR = !DUP && !FOLD && !REGPATH && !F32TC && A_PRE && B_IT <= 8 && R * S <= 32 &&
                       THREADS % (8 * VPR) == 0;
 constexpr int RPP = THREADS / JPR;
+// The im2col matrix of a 1x1, stride-1, unpadded NHWC layer is x itself ([N*H*W][Cp]).
+constexpr bool PLAIN_M = !LAYOUT && !DUP && !FOLD && R == 1 && S == 1 && SH == 1 && SW == 1 &&
+                         PH == 0 && PW == 0;
 static_assert((NIT + SPLITK - 1) / SPLITK == TC_K_ITERS,
               "kernels/space.py:geometry's k_iters must equal the kernel's stages per block");
 }  // namespace cfg
@@ -108,6 +111,14 @@ struct BlockLoader {
       ch = v % VPR; row = v / VPR; mpl = row;
     }
     const int m = m0 + row;
+    if constexpr (PLAIN_M) {
+      // A 1x1, stride-1, unpadded layer: the im2col row of pixel m is row m of the
+      // [N*H*W][Cp] matrix, with no pixel decode (its divisions by P*Q and Q).
+      ih0 = (m >= M || v >= A_VECS) ? -(1 << 20) : 0;
+      iw0 = 0;
+      ptr = x + (long long)m * CB + ch * 16;
+      return;
+    }
     const int mp = m0 / NB + mpl;
     const int nb = mp / (P * Q);
     const int rem = mp - nb * (P * Q);

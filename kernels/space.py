@@ -69,7 +69,7 @@ EXTRA_KNOBS: dict[str, tuple[Any, ...]] = {
     "PERSIST": (0, 1, 2),
     # 1x1 convolutions with stride 1 and no padding on the TMA path: 1 copies A as the plain
     # [N*H*W, C] matrix (tiled tensor map, one box of BM rows) instead of the im2col walk.
-    # (The cp.async loader already reads such rows at a compile-time stride.)
+    # (The cp.async loader reads such rows as plain rows too: block_tile.cuh, PLAIN_M.)
     "PLAIN_A": (0, 1),
 }
 # Knobs added after schedules were first stored, with the value that builds the kernel as it
