@@ -117,6 +117,10 @@ class LocalTransport:
     def busy(self, job_id: int) -> bool:
         return job_id in self._inflight or job_id in self._exploring.values()
 
+    def quiet(self) -> bool:
+        """Nothing at all on its way."""
+        return not self._meta and not self._exploring
+
     def working(self) -> bool:
         """Any build or measurement on its way (the heartbeat's busy)."""
         return bool(self._meta)
@@ -177,7 +181,7 @@ class LocalTransport:
     # receiving
     def collect(self, timeout: float) -> list[Done]:
         """Wait up to `timeout` for steps to finish; the ones that did."""
-        if not self._meta and not self._exploring:
+        if self.quiet():
             time.sleep(timeout)
             return []
         finished, _ = wait([*self._meta, *self._exploring], timeout=timeout,
