@@ -86,11 +86,15 @@ def explore_task(job_id: int) -> int:
     return dispatch(get_settings()).explore(job_id)
 
 
+def _target(settings: Settings, candidate_ids: list[int], target: str | None) -> str | None:
+    """The chunk's target: named by its message, else its first candidate's (None: gone)."""
+    return target or tasks.target_of(settings.db_url, candidate_ids[0])
+
+
 @app.task(name=BUILD_TASK, **celery_retry_options())
 def build_task(candidate_ids: list[int], target: str | None = None) -> int:
     settings = get_settings()
-    target = target or tasks.target_of(settings.db_url, candidate_ids[0])
-    if target is None:
+    if (target := _target(settings, candidate_ids, target)) is None:
         return 0
     built = tasks.build_many(settings.db_url, candidate_ids, builder_backend(target, settings),
                              publish=True)
@@ -101,8 +105,7 @@ def build_task(candidate_ids: list[int], target: str | None = None) -> int:
 @app.task(name=MEASURE_TASK, **celery_retry_options())
 def measure_task(candidate_ids: list[int], target: str | None = None) -> int:
     settings = get_settings()
-    target = target or tasks.target_of(settings.db_url, candidate_ids[0])
-    if target is None:
+    if (target := _target(settings, candidate_ids, target)) is None:
         return 0
     # Several GPU slots in this process: their writes go through one group-committing
     # batcher (a transaction for what they finish together instead of one each).

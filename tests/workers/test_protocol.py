@@ -15,22 +15,21 @@ import shutil
 import subprocess
 import time
 from collections.abc import Iterator
-from datetime import timedelta
 from pathlib import Path
 from typing import Protocol
 
 import pytest
 import redis
 from celery import Celery
-from sqlalchemy import update
 
 from kernels.spec import RESNET50_3X3, TARGETS, Precision
 from store import migrate
 from store import repository as repo
 from store.db import session_scope
-from store.models import Candidate, utcnow
+from store.models import Candidate
 from store.settings import Settings
 from tests.conftest import free_port
+from tests.guarantees.test_guarantee_delivery import _age_dispatch
 from workers import tasks
 from workers.local import Done, LocalTransport
 from workers.protocol import Dispatch, Rounds, Sweeper
@@ -121,13 +120,6 @@ class LocalHarness:
 
     def sweeper(self) -> Sweeper:
         return Sweeper(self.dispatch, self.transport)
-
-
-def _age_dispatch(db: str, ids: list[int], seconds: float) -> None:
-    with session_scope(db) as s:
-        s.execute(update(Candidate).where(Candidate.id.in_(ids))
-                  .values(dispatched_at=utcnow() - timedelta(seconds=seconds))
-                  .execution_options(synchronize_session=False))
 
 
 @pytest.fixture
