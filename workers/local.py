@@ -133,8 +133,9 @@ class LocalTransport:
 
     def lost(self, session: Session, active: Collection[int]) -> list[Open]:
         """Every open candidate of a job with nothing on its way: a killed service's, or
-        one whose step failed (after the job's pause). Its own leases do not hold them
-        back: a lease of this dispatcher's worker name is renewed by whoever measures."""
+        one whose step failed (after the job's pause). A lease does not hold them back:
+        one under this service's worker name (a killed service's) is taken again by the
+        pool child that measures, which has the same name."""
         idle = [j for j in active if self._idle(j)]
         lost = with_targets(session, repo.open_candidates(session, idle)) if idle else []
         self._job_of.update((c.id, c.job_id) for c in lost)
