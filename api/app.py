@@ -90,8 +90,9 @@ def _new_job_notifier(cfg: Settings, broker: Broker | None) -> Callable[[int], N
         return lambda job_id: None
 
     def send(job_id: int) -> None:
-        from workers.app import EXPLORE_QUEUE, explore_task
+        from workers.app import app
+        from workers.queues import CeleryTransport
 
-        explore_task.apply_async((job_id,), queue=EXPLORE_QUEUE, retry=False)
+        CeleryTransport(app, retry=False).send_explore(job_id)
 
     return lambda job_id: broker.announce(job_id, send)

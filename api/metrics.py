@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from functools import partial
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -56,13 +57,15 @@ class FleetCollector(Collector):
 
     def _queues(self, broker: Broker) -> GaugeMetricFamily:
         from kernels.spec import TARGETS
-        from workers.fleet import queue_depths
+        from workers.app import app as celery_app
+        from workers.queues import queue_depths
 
         depth = GaugeMetricFamily("tctune_queue_depth", "Messages waiting in a broker queue",
                                   labels=["queue"])
         names = ["explore", "build"] + [f"measure.{t}" for t in TARGETS]
         # The broker away: no depths rather than a scrape that waits for it.
-        for name, n in (broker.queue_depths(names, queue_depths) or {}).items():
+        read = partial(queue_depths, celery_app)
+        for name, n in (broker.queue_depths(names, read) or {}).items():
             depth.add_metric([name], n)
         return depth
 

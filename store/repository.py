@@ -196,13 +196,14 @@ def mark_dispatched(session: Session, candidate_ids: Sequence[int]) -> None:
                         .values(dispatched_at=utcnow()).execution_options(**NO_SYNC))
 
 
-def forget_dispatches(session: Session, job_id: int | None = None) -> None:
-    """Mark open candidates as not on their way (all, or one job's): an embedded dispatcher
-    knows nothing is in flight at its start or for a job it holds no futures of."""
-    stmt = update(Candidate).where(Candidate.state != "done")
-    if job_id is not None:
-        stmt = stmt.where(Candidate.job_id == job_id)
-    session.execute(stmt.values(dispatched_at=None).execution_options(**NO_SYNC))
+def open_candidates(session: Session, job_ids: Sequence[int]) -> Sequence[Candidate]:
+    """The open candidates of these jobs: an embedded dispatcher holding nothing of a job
+    on its way sends them all again."""
+    if not job_ids:
+        return []
+    return session.scalars(
+        select(Candidate).where(Candidate.job_id.in_(list(job_ids)), Candidate.state != "done")
+        .order_by(Candidate.id)).all()
 
 
 def stale_candidates(session: Session, older_than_s: float) -> Sequence[Candidate]:

@@ -1,9 +1,9 @@
 """The processes of the distributed fleet: explorer (with its sweeper), builder, worker.
 
-Each is a Celery worker on its own queues plus what it owes the database: the explorer
-sweeps for jobs that need a round and for candidates whose message was lost (a broker
-restart, a worker killed before it took the lease); every measure worker announces its GPU
-and heartbeats.
+Each is a Celery worker on its own queues (`workers.app`) plus what it owes the database:
+the explorer runs the protocol's sweep (`workers.protocol.Sweeper`: jobs that need a
+round, candidates whose message was lost, leases of dead workers); every measuring
+process announces its GPUs and heartbeats (`workers.heartbeat`).
 """
 
 from __future__ import annotations
@@ -11,105 +11,33 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import threading
 import time
+from collections.abc import Collection
 from datetime import timedelta
+from typing import Any
+
+from sqlalchemy.orm import Session
 
 from store import hotpath as hp
-from store import repository as repo
-from store.db import session_scope
 from store.models import utcnow
 from store.settings import Settings, set_for_processes
+from workers.heartbeat import Heartbeat, Workers
+from workers.periodic import every
+from workers.protocol import Dispatch, Sweeper
+from workers.queues import MEASURE_TASK, CeleryTransport, QueueWatch, queue_depths
 
 log = logging.getLogger(__name__)
 
 
-# A worker this many heartbeat periods late is dead, not slow (a beat is one statement).
-DEAD_AFTER_BEATS = 4
-
-
-def dead_after_s(settings: Settings) -> float:
-    return DEAD_AFTER_BEATS * settings.heartbeat_s
-
-
-def sweep_once(settings: Settings, last_explore: dict[int, float]) -> tuple[int, int]:
-    """Start rounds for jobs with fewer rounds in flight than allowed (a new job, or a lost
-    explore message) and re-send stale candidates. Returns (explore messages, re-sent
-    candidates)."""
-    from workers import app as celery_app
-
-    explores, resent = 0, 0
-    now = time.monotonic()
-    with session_scope(settings.db_url) as s:
-        freed = repo.release_dead_leases(s, dead_after_s(settings))
-        if freed:
-            log.warning("freed %d candidates leased by workers without a heartbeat", freed)
-        for job_id, rounds in hp.open_rounds_per_job(s).items():  # one query for all jobs
-            if rounds >= max(1, settings.rounds_in_flight):
-                continue
-            # A job between rounds is usually on its way (its explore message sent); only
-            # one that stays so this long, or has never started, is started from here.
-            if now - last_explore.get(job_id, -1e9) >= settings.redispatch_s:
-                celery_app.send(celery_app.explore_task, job_id, celery_app.EXPLORE_QUEUE)
-                last_explore[job_id] = now
-                explores += 1
-        stale = repo.stale_candidates(s, settings.redispatch_s)
-        targets = {t.id: t.target for t in
-                   (repo.get_task(s, tid) for tid in {c.task_id for c in stale}) if t}
-        # A candidate still waiting in a queue is not lost: only re-send where its queue
-        # has drained (after a broker restart every queue is empty).
-        depth = queue_depths([celery_app.BUILD_QUEUE] + [celery_app.measure_queue(t)
-                                                         for t in set(targets.values())])
-        direct = settings.backend == "simulated"  # pending ones go straight to measure
-        stale = [c for c in stale if depth.get(
-            celery_app.BUILD_QUEUE if c.state == "pending" and not direct
-            else celery_app.measure_queue(targets[c.task_id]), 0) == 0]
-        # One message per chunk of a job's candidates in the same step, as first sent.
-        groups: dict[tuple[int, str, str], list[int]] = {}
-        for cand in stale:
-            key = (cand.job_id, cand.state, targets[cand.task_id])
-            groups.setdefault(key, []).append(cand.id)
-        for (_, state, target), ids in groups.items():
-            resent += len(ids)  # unbuilt ones too: each is a candidate sent again
-            if state == "pending":
-                celery_app.dispatch(ids, target)
-                continue
-            for chunk in celery_app.chunks(ids, settings.chunk_size):
-                celery_app.send(celery_app.measure_task, chunk,
-                                celery_app.measure_queue(target), target)
-        repo.mark_dispatched(s, [c.id for c in stale])
-    if resent:
-        log.warning("re-sent %d candidates whose messages were lost", resent)
-    return explores, resent
-
-
-def queue_depths(queues: list[str]) -> dict[str, int]:
-    """Messages waiting in each queue (0 for a queue the broker does not know)."""
+def explorer_sweeper(settings: Settings) -> Sweeper:
+    """The fleet's sweep: the protocol on the Celery queues, lost work judged by the
+    database and the queues' depths."""
     from workers.app import app
 
-    out: dict[str, int] = {}
-    with app.connection_for_write() as conn:
-        channel = conn.default_channel
-        for q in queues:
-            try:
-                out[q] = int(channel.queue_declare(q, passive=True).message_count)
-            except Exception:  # not declared yet: nothing is waiting in it
-                out[q] = 0
-    return out
-
-
-def _loop(interval: float, body: object, name: str) -> threading.Thread:
-    def run() -> None:
-        while True:
-            try:
-                body()  # type: ignore[operator]
-            except Exception:  # the database or broker is away: try again next time
-                log.exception("%s failed; retrying", name)
-            time.sleep(interval)
-
-    thread = threading.Thread(target=run, name=name, daemon=True)
-    thread.start()
-    return thread
+    dispatch = Dispatch.fleet(settings, CeleryTransport(app))
+    watch = QueueWatch(settings, lambda queues: queue_depths(app, queues),
+                       dispatch.measure_unbuilt)
+    return Sweeper(dispatch, watch, free_dead_leases=True)
 
 
 def _celery(args: list[str]) -> None:
@@ -138,8 +66,7 @@ def run_explorer(settings: Settings, procs: int = 1) -> None:
     # OpenMP thread cost more CPU than it saved (0.24 vs 0.12 CPU-s per fit on an idle
     # 2-core machine, 0.165 vs 0.152 on a busy one; the same trees, so the same proposals).
     cost_model.NTHREAD = max(1, settings.xgb_threads)
-    last_explore: dict[int, float] = {}
-    _loop(settings.sweep_s, lambda: sweep_once(settings, last_explore), "sweeper")
+    every(settings.sweep_s, explorer_sweeper(settings).sweep, "sweeper")
     pool = ["-P", "solo"] if procs <= 1 else ["-P", "prefork", "-c", str(procs)]
     _celery(["-Q", "explore", *pool, "-n", f"explorer-{os.getpid()}@{socket.gethostname()}"])
 
@@ -147,6 +74,31 @@ def run_explorer(settings: Settings, procs: int = 1) -> None:
 def run_builder(settings: Settings, concurrency: int) -> None:
     _celery(["-Q", "build", "-P", "prefork", "-c", str(concurrency),
              "-n", f"builder-{os.getpid()}@{socket.gethostname()}"])
+
+
+class SlotActivity:
+    """When each GPU slot of this process last measured a chunk: what its heartbeat
+    reports as busy (asking the database which worker wrote lately cost a scan per beat).
+    Learnt from Celery's own success signal, sent in the thread that ran the task, the
+    slot's thread."""
+
+    def __init__(self) -> None:
+        self._last: dict[str, float] = {}
+
+    def watch(self) -> None:
+        from celery import signals
+
+        signals.task_success.connect(self._succeeded, weak=False)
+
+    def _succeeded(self, sender: Any = None, **_: Any) -> None:
+        if getattr(sender, "name", None) == MEASURE_TASK:
+            from workers.app import worker_identity
+
+            self._last[worker_identity()] = time.monotonic()
+
+    def busy(self, within_s: float) -> set[str]:
+        since = time.monotonic() - within_s
+        return {n for n, t in list(self._last.items()) if t >= since}
 
 
 def run_worker(settings: Settings, gpu: int | None, simulate: str | None,
@@ -169,31 +121,25 @@ def run_worker(settings: Settings, gpu: int | None, simulate: str | None,
         target, model, sm, backend = found, found.model, found.sm, "cuda"
         name = f"{socket.gethostname()}/gpu{gpu}"
     set_for_processes(worker_name=name, worker_slots=slots)
-    names = [name] if slots <= 1 else [f"{name}#{i}" for i in range(slots)]
+    names = (name,) if slots <= 1 else tuple(f"{name}#{i}" for i in range(slots))
+    recent = 2 * settings.heartbeat_s
+    activity = SlotActivity()
 
-    first = [True]
+    def busy(s: Session) -> Collection[str]:
+        if slots > 1:  # the slots are this process's threads: it knows who measured
+            return activity.busy(recent)
+        # the task runs in a pool child: ask the database
+        return hp.workers_measured_since(s, names, utcnow() - timedelta(seconds=recent))
 
-    def beat() -> None:
-        from workers.app import last_measured
-
-        with session_scope(settings.db_url) as s:
-            if slots > 1:  # the slots are this process's threads: it knows who measured
-                since = time.monotonic() - 2 * settings.heartbeat_s
-                busy = {n for n, t in list(last_measured.items()) if t >= since}
-            else:  # the task runs in a pool child: ask the database
-                busy = hp.workers_measured_since(
-                    s, names, utcnow() - timedelta(seconds=2 * settings.heartbeat_s))
-            repo.heartbeat_many(s, {n: "busy" if n in busy else "idle" for n in names},
-                                model, sm, target.name, backend, started=first[0])
-        first[0] = False
-
-    _loop(settings.heartbeat_s, beat, "heartbeat")
+    if slots > 1:
+        activity.watch()
+    heartbeat = Heartbeat(settings.db_url, settings.heartbeat_s,
+                          [Workers(names, model, sm, target.name, backend)], busy)
+    every(settings.heartbeat_s, heartbeat.beat, "heartbeat")
     pool = ["-P", "prefork", "-c", "1"] if slots <= 1 else ["-P", "threads", "-c", str(slots)]
     try:
         # prefork with one child: Celery's time limits apply, and a GPU is used by one task.
         _celery(["-Q", f"measure.{target.name}", *pool, "-n",
                  f"{name.replace('/', '-')}@{socket.gethostname()}"])
     finally:
-        with session_scope(settings.db_url) as s:
-            repo.heartbeat_many(s, dict.fromkeys(names, "stopped"), model, sm, target.name,
-                                backend)
+        heartbeat.stopped()

@@ -142,9 +142,10 @@ def test_metrics_need_a_read_token_when_reads_do(apps: Any, db: str) -> None:
     assert open_.get("/metrics").status_code == 200
 
 
-def test_a_dead_workers_leases_are_released_by_the_sweeper(db: str, monkeypatch: Any) -> None:
-    from workers import app as celery_app
-    from workers import fleet
+def test_a_dead_workers_leases_are_released_by_the_sweeper(db: str) -> None:
+    from tests.guarantees.test_guarantee_delivery import Recorded
+    from workers.protocol import Dispatch, Sweeper
+    from workers.queues import QueueWatch
 
     cfg = Settings(database_url=db, backend="simulated", heartbeat_s=5)
     shape = ConvShape.from_dict(STAGE2)
@@ -166,15 +167,15 @@ def test_a_dead_workers_leases_are_released_by_the_sweeper(db: str, monkeypatch:
             cand.lease_owner = owner
             cand.lease_expires_at = now + timedelta(seconds=100)
             cand.dispatched_at = now
-    sent: list[list[int]] = []
-    monkeypatch.setattr(fleet, "queue_depths", lambda names: {})
-    monkeypatch.setattr(celery_app, "send", lambda task, ids, *a: sent.append(list(ids)))
-    monkeypatch.setattr(celery_app, "dispatch", lambda ids, target: sent.append(list(ids)))
-    fleet.sweep_once(cfg, {job.id: time.monotonic()})
+    sent = Recorded()
+    dispatch = Dispatch.fleet(cfg, sent)
+    watch = QueueWatch(cfg, lambda names: {}, dispatch.measure_unbuilt)
+    watch.explores_due([job.id])  # its explore was just sent
+    assert Sweeper(dispatch, watch, free_dead_leases=True).sweep().freed == 2
     with session_scope(db) as s:
         owners = [c.lease_owner for c in s.scalars(select(Candidate).order_by(Candidate.id))]
     assert owners == [None, "alive", None]  # 30 s without a beat: dead; the live one keeps
-    assert sorted(i for ids in sent for i in ids) == [cands[0].id, cands[2].id]
+    assert sorted(sent.sent) == [cands[0].id, cands[2].id]
 
 
 def test_a_restarted_worker_shows_its_new_start_time(db: str) -> None:

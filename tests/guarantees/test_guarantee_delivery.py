@@ -27,9 +27,11 @@ from store import repository as repo
 from store.db import session_scope
 from store.models import Candidate, Job, Measurement, utcnow
 from store.settings import Settings
-from workers import fleet, tasks
+from workers import tasks
 from workers.backends.base import BuildOutcome, MeasureOutcome, TaskSpec
 from workers.backends.simulated import SimulatedBackend
+from workers.protocol import Dispatch, Sweeper
+from workers.queues import QueueWatch
 
 pytestmark = pytest.mark.guarantee
 
@@ -102,24 +104,33 @@ def test_redelivered_and_crashed_chunks_are_measured_at_most_once(db: str) -> No
     assert not twice, f"measured more than once on the GPU: {twice}"
 
 
-def _sweep(db: str, monkeypatch: pytest.MonkeyPatch, depth: int = 0,
-           redispatch_s: float = 60.0) -> tuple[int, int, list[int]]:
-    """One sweep with the broker stood in for: (explores, re-sent count, ids sent)."""
-    from workers import app as celery_app
+class Recorded:
+    """The broker stood in for (`protocol.Transport`): the candidate ids sent."""
 
-    sent: list[int] = []
+    def __init__(self) -> None:
+        self.sent: list[int] = []
 
-    def send(task: Any, arg: Any, queue: str, *more: Any) -> None:
-        if task is celery_app.measure_task:
-            sent.extend(arg)
+    def send_explore(self, job_id: int) -> None:
+        pass
 
-    monkeypatch.setattr(celery_app, "send", send)
-    monkeypatch.setattr(celery_app, "dispatch", lambda ids, target: sent.extend(ids))
-    monkeypatch.setattr(fleet, "queue_depths", lambda queues: dict.fromkeys(queues, depth))
+    def send_build(self, target: str, candidate_ids: list[int]) -> None:
+        self.sent.extend(candidate_ids)
+
+    def send_measure(self, target: str, candidate_ids: list[int]) -> None:
+        self.sent.extend(candidate_ids)
+
+
+def _sweep(db: str, depth: int = 0, redispatch_s: float = 60.0) -> tuple[int, int, list[int]]:
+    """One sweep of the fleet's sweeper, with the broker stood in for and its queues
+    `depth` deep: (explores, re-sent count, ids sent)."""
     settings = Settings(database_url=db, backend="simulated", redispatch_s=redispatch_s,
                         chunk_size=4)
-    explores, resent = fleet.sweep_once(settings, {})
-    return explores, resent, sorted(sent)
+    sent = Recorded()
+    dispatch = Dispatch.fleet(settings, sent)
+    watch = QueueWatch(settings, lambda queues: dict.fromkeys(queues, depth),
+                       dispatch.measure_unbuilt)
+    swept = Sweeper(dispatch, watch, free_dead_leases=True).sweep()
+    return swept.explores, swept.resent, sorted(sent.sent)
 
 
 def _age_dispatch(db: str, ids: list[int], seconds: float) -> None:
@@ -129,8 +140,7 @@ def _age_dispatch(db: str, ids: list[int], seconds: float) -> None:
                   .execution_options(synchronize_session=False))
 
 
-def test_lost_candidates_are_re_sent_counted_and_measured_once(
-        db: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_lost_candidates_are_re_sent_counted_and_measured_once(db: str) -> None:
     backend = CountingBackend()
     job_id = _job(db, 12)
     ids = tasks.explore_round(db, job_id, 12).ids
@@ -138,27 +148,27 @@ def test_lost_candidates_are_re_sent_counted_and_measured_once(
     tasks.build_many(db, built, backend)
     _crash_holding(db, held, "C")  # C took these and died
     # Just sent: not lost yet.
-    assert _sweep(db, monkeypatch)[1:] == (0, [])
+    assert _sweep(db)[1:] == (0, [])
     # The broker restarted long ago and lost every message: sent too long ago.
     _age_dispatch(db, ids, 3600)
     # Messages still waiting in their queues are not lost: nothing re-sent.
-    assert _sweep(db, monkeypatch, depth=3)[1:] == (0, [])
+    assert _sweep(db, depth=3)[1:] == (0, [])
     # Queues drained: the built and the unbuilt ones are re-sent, each once, and counted;
     # C's are not while its lease holds.
-    _, resent, sent = _sweep(db, monkeypatch)
+    _, resent, sent = _sweep(db)
     assert sent == sorted(built + unbuilt) and resent == 8
-    assert _sweep(db, monkeypatch)[1:] == (0, []), "re-sent ones are fresh again"
+    assert _sweep(db)[1:] == (0, []), "re-sent ones are fresh again"
     # C's lease runs out: those are lost too, and re-sent after the redispatch period.
     _expire_leases(db, held)
     _age_dispatch(db, ids, 3600)
-    _, resent, sent = _sweep(db, monkeypatch)
+    _, resent, sent = _sweep(db)
     assert sent == sorted(ids) and resent == 12  # the first 8 were never measured either
     for i in range(0, len(sent), 4):  # the re-sent messages arrive, some twice
         tasks.measure_chunk(db, sent[i:i + 4], backend, "B", 60)
         tasks.measure_chunk(db, sent[i:i + 4], backend, "D", 60)
     assert len(_measurements(db, job_id)) == 12
     assert sum(backend.calls.values()) == 12, backend.calls
-    assert _sweep(db, monkeypatch)[1:] == (0, []), "nothing open is left to re-send"
+    assert _sweep(db)[1:] == (0, []), "nothing open is left to re-send"
 
 
 def test_a_candidate_is_given_up_after_max_attempts(db: str) -> None:

@@ -16,9 +16,9 @@ SERVICE = textwrap.dedent("""
     import multiprocessing as mp, os, time
     from concurrent.futures import ProcessPoolExecutor
     from store.settings import Settings
-    from workers.embedded import _init_child
+    from workers.local import _init_child
     if __name__ == "__main__":
-        # As the dispatcher makes its pools (workers.embedded.Dispatcher._pool).
+        # As the dispatcher makes its pools (workers.local.LocalTransport._pool).
         pool = ProcessPoolExecutor(1, mp_context=mp.get_context("spawn"),
                                    initializer=_init_child,
                                    initargs=(Settings().model_dump_json(), os.getpid()))

@@ -1,0 +1,226 @@
+"""The embedded service's transport: the protocol's messages as local work.
+
+Builds and measurements go to process pools that run the same task functions as the
+fleet's Celery workers (one candidate per pool task, so that results land one at a time),
+proposals to an explorer thread of their own, so that measurements keep flowing while a
+strategy thinks. It knows exactly what is on its way: its futures.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import os
+import socket
+import threading
+import time
+from collections.abc import Collection, Sequence
+from concurrent.futures import (
+    FIRST_COMPLETED,
+    Future,
+    ProcessPoolExecutor,
+    ThreadPoolExecutor,
+    wait,
+)
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from store import repository as repo
+from store.settings import Settings
+from workers import tasks
+from workers.backends import backend_for
+from workers.backoff import Backoff
+from workers.protocol import Open, Rounds, with_targets
+
+log = logging.getLogger(__name__)
+
+# --- child processes --------------------------------------------------------------------
+_child_settings: Settings | None = None
+
+
+# How often a pool child checks that the service that started it is still there.
+PARENT_CHECK_S = 1.0
+
+
+def _init_child(settings_json: str, parent_pid: int | None = None) -> None:
+    global _child_settings
+    _child_settings = Settings.model_validate_json(settings_json)
+    if parent_pid is not None:
+        threading.Thread(target=_exit_with_parent, args=(parent_pid,), daemon=True,
+                         name="parent-watch").start()
+
+
+def _exit_with_parent(parent_pid: int) -> None:
+    """A pool child blocks on its task queue even after the service is gone (SIGKILL, OOM):
+    it would keep its GPU context and database connections forever. Exit once re-parented."""
+    while os.getppid() == parent_pid:
+        time.sleep(PARENT_CHECK_S)
+    os._exit(1)
+
+
+def child_build(candidate_id: int, target: str) -> int:
+    assert _child_settings is not None
+    backend = backend_for(target, _child_settings)
+    return tasks.build_many(_child_settings.db_url, [candidate_id], backend)
+
+
+def child_measure(candidate_id: int, target: str) -> set[int]:
+    """Measures one candidate; returns the jobs one of whose rounds it closed."""
+    assert _child_settings is not None
+    backend = backend_for(target, _child_settings)
+    return tasks.measure_chunk(_child_settings.db_url, [candidate_id], backend,
+                               worker_name(), _child_settings.lease_s).closed
+
+
+def worker_name() -> str:
+    return f"embedded@{socket.gethostname()}"
+
+
+# --- the transport ----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Done:
+    """A step that finished: `result` is the step's (a Proposal, a count, closed jobs), or
+    `error` what it raised."""
+
+    stage: str  # explore, build or measure
+    job_id: int
+    target: str
+    candidate_ids: list[int]
+    result: Any = None
+    error: BaseException | None = None
+
+
+class LocalTransport:
+    """`protocol.Transport` and `protocol.InFlight` on local pools; `collect` hands back
+    the steps that finished. What is on its way is counted per job: a job with nothing on
+    its way and not paused (`backoff`, after a failed step) is what the sweep looks at."""
+
+    def __init__(self, settings: Settings, rounds: Rounds) -> None:
+        self.settings, self.rounds = settings, rounds
+        self.backoff = Backoff()
+        self._pools: dict[str, ProcessPoolExecutor] = {}
+        # Proposals run here, one at a time, while the loop goes on feeding the pools.
+        self._explorer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tctune-explore")
+        self._meta: dict[Future[Any], tuple[str, int, str, int]] = {}  # (stage, job, target, cand)
+        self._exploring: dict[Future[Any], int] = {}  # explore future -> job id
+        self._again: set[int] = set()  # jobs asked to explore while exploring
+        self._inflight: dict[int, int] = {}  # job id -> its futures outstanding
+        # candidate id -> job id, learnt from the proposals and lost lists this transport
+        # made itself, for the candidates on their way
+        self._job_of: dict[int, int] = {}
+
+    # what is on its way
+    def busy(self, job_id: int) -> bool:
+        return job_id in self._inflight or job_id in self._exploring.values()
+
+    def quiet(self) -> bool:
+        """Nothing at all on its way."""
+        return not self._meta and not self._exploring
+
+    def working(self) -> bool:
+        """Any build or measurement on its way (the heartbeat's busy)."""
+        return bool(self._meta)
+
+    def _idle(self, job_id: int) -> bool:
+        return not self.busy(job_id) and self.backoff.ready(job_id)
+
+    def explores_due(self, job_ids: Sequence[int]) -> list[int]:
+        return [j for j in job_ids if self._idle(j)]
+
+    def lost(self, session: Session, active: Collection[int]) -> list[Open]:
+        """Every open candidate of a job with nothing on its way: a killed service's, or
+        one whose step failed (after the job's pause). A lease does not hold them back:
+        one under this service's worker name (a killed service's) is taken again by the
+        pool child that measures, which has the same name."""
+        idle = [j for j in active if self._idle(j)]
+        lost = with_targets(session, repo.open_candidates(session, idle)) if idle else []
+        self._job_of.update((c.id, c.job_id) for c in lost)
+        return lost
+
+    # sending
+    def send_explore(self, job_id: int) -> None:
+        if job_id in self._exploring.values():
+            self._again.add(job_id)  # asked again once this one is done
+            return
+        fut = self._explorer.submit(self.rounds.propose, self.settings.db_url, job_id)
+        self._exploring[fut] = job_id
+
+    def send_build(self, target: str, candidate_ids: list[int]) -> None:
+        for cid in candidate_ids:
+            self._submit("build", cid, target)
+
+    def send_measure(self, target: str, candidate_ids: list[int]) -> None:
+        for cid in candidate_ids:
+            self._submit("measure", cid, target)
+
+    def _pool(self, stage: str) -> ProcessPoolExecutor:
+        if stage not in self._pools:
+            n = self.settings.build_processes if stage == "build" \
+                else self.settings.measure_processes
+            # spawn, not fork: this process runs threads (uvicorn, this dispatcher).
+            self._pools[stage] = ProcessPoolExecutor(
+                max_workers=max(1, n), mp_context=mp.get_context("spawn"),
+                initializer=_init_child,
+                initargs=(self.settings.model_dump_json(), os.getpid()))
+        return self._pools[stage]
+
+    def _submit(self, stage: str, candidate_id: int, target: str) -> None:
+        job_id = self._job_of[candidate_id]
+        fn = child_build if stage == "build" else child_measure
+        try:
+            fut = self._pool(stage).submit(fn, candidate_id, target)
+        except BrokenProcessPool:
+            self._pools.pop(stage, None)
+            fut = self._pool(stage).submit(fn, candidate_id, target)
+        self._meta[fut] = (stage, job_id, target, candidate_id)
+        self._inflight[job_id] = self._inflight.get(job_id, 0) + 1
+
+    # receiving
+    def collect(self, timeout: float) -> list[Done]:
+        """Wait up to `timeout` for steps to finish; the ones that did."""
+        if self.quiet():
+            time.sleep(timeout)
+            return []
+        finished, _ = wait([*self._meta, *self._exploring], timeout=timeout,
+                           return_when=FIRST_COMPLETED)
+        out = []
+        for fut in finished:
+            if fut in self._exploring:
+                job_id = self._exploring.pop(fut)
+                result, error = _outcome(fut)
+                if result is not None:
+                    self._job_of.update(dict.fromkeys(result.ids, job_id))
+                out.append(Done("explore", job_id, "", [], result, error))
+                if job_id in self._again:
+                    self._again.discard(job_id)
+                    self.send_explore(job_id)
+                continue
+            stage, job_id, target, cid = self._meta.pop(fut)
+            self._inflight[job_id] -= 1
+            if not self._inflight[job_id]:
+                del self._inflight[job_id]
+            result, error = _outcome(fut)
+            if isinstance(error, BrokenProcessPool):
+                # A child died (killed, out of memory): a fresh pool retries the step; the
+                # task functions skip what was already written.
+                self._pools.pop(stage, None)
+                self._submit(stage, cid, target)
+                continue
+            if stage == "measure" or error is not None:  # the end of its way
+                self._job_of.pop(cid, None)
+            out.append(Done(stage, job_id, target, [cid], result, error))
+        return out
+
+    def stop(self) -> None:
+        self._explorer.shutdown(wait=False, cancel_futures=True)
+        for pool in self._pools.values():
+            pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _outcome(fut: Future[Any]) -> tuple[Any, BaseException | None]:
+    error = fut.exception()
+    return (None, error) if error is not None else (fut.result(), None)
