@@ -126,7 +126,7 @@ def render(doc: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap, sub = commands("python -m bench.kernel_ab", __doc__)
-    b = sub.add_parser("build", help="build with the kernels package Python imports (CPU)")
+    b = sub.add_parser("build", help="build with this checkout's kernels or --sources' (CPU)")
     b.add_argument("--label", required=True)
     b.add_argument("--target", default="h100")
     b.add_argument("--sources", default="", help="a directory holding another `kernels` tree")
