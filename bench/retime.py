@@ -6,6 +6,7 @@
   python -m bench.retime run --records R.json --cache C --models resnet50 --batches 8 \\
       --out bench/data/retime_r50_h100.json                                     # GPU
   python -m bench.retime table bench/data/retime_r50_h100.json
+  ncu ... python -m bench.retime profile --records R.json --cache C --keys K1,K2 --models M
 
 The schedules come from earlier runs (bench/zoo.py's short searches, bench/layer_search.py's
 long ones); the ratios do not: each distinct (shape, precision) is built, checked on random
@@ -103,6 +104,41 @@ def run(a: argparse.Namespace) -> int:
     return 0
 
 
+def profile(a: argparse.Namespace) -> int:
+    """An ncu target: one checked launch of each picked layer's recorded schedule (--keys:
+    shape keys; built into --cache if it lacks them), then three of cuDNN fp16's conv of each
+    layer under its heuristic pick (benchmark's pick would profile every algorithm it tries)."""
+    import torch
+    import torch.nn.functional as F
+
+    from kernels.build import BuildJob, build
+    from kernels.cudnn import algorithm_pick
+    from kernels.runner import DeviceSession
+    from kernels.spec import get_target
+
+    records = json.loads(Path(a.records).read_text())
+    target = get_target(a.target)
+    keys = set(a.keys.split(","))
+    groups = [g for g in planned(a) if g.shape.key() in keys]
+    sess = DeviceSession()
+    for g in groups:
+        rec = records.get(task_key(g.shape, Precision(g.precision), target))
+        if rec:
+            key = build(BuildJob(g.shape, Precision(g.precision), target.sm, rec["schedule"]),
+                        a.cache).key
+            print(g.shape.key(), g.precision, rec["latency_us"], rec["schedule"],
+                  sess.measure(a.cache, key, time_it=False)["status"], flush=True)
+    for shape in {g.shape.key(): g.shape for g in groups}.values():
+        x = torch.randn(shape.n, shape.c, shape.h, shape.w, device="cuda", dtype=torch.float16)
+        w = torch.randn(shape.k, shape.c, shape.r, shape.s, device="cuda", dtype=torch.float16)
+        x, w = (t.contiguous(memory_format=torch.channels_last) for t in (x, w))
+        with algorithm_pick(False, False, True):
+            for _ in range(3):
+                F.conv2d(x, w, stride=shape.stride, padding=shape.pad, dilation=shape.dilation)
+        torch.cuda.synchronize()
+    return 0
+
+
 def render(doc: dict[str, Any]) -> str:
     lines = [f"{doc['gpu']}, {doc['date']}", "",
              "| model | batch | precision | convs | ours us | cuDNN fp16 us | ours/cuDNN |",
@@ -132,8 +168,11 @@ def main(argv: list[str] | None = None) -> int:
     r = sub.add_parser("run", help="time on this machine's GPU")
     r.add_argument("--out", required=True)
     pb = sub.add_parser("prebuild", help="build the kernels on a CPU")
-    pb.add_argument("--target", default="h100")
-    for p in (r, pb):
+    pf = sub.add_parser("profile", help="an ncu target: the --keys layers, ours then cuDNN's")
+    pf.add_argument("--keys", required=True, help="comma-separated shape keys")
+    for p in (pb, pf):
+        p.add_argument("--target", default="h100")
+    for p in (r, pb, pf):
         p.add_argument("--records", required=True)
         p.add_argument("--cache", default="/tmp/tctune-retime")
         add_layer_args(p, models="resnet50", batches="8")
@@ -141,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if print_table(a, render):
         return 0
-    return run(a) if a.cmd == "run" else prebuild(a)
+    return {"run": run, "prebuild": prebuild, "profile": profile}[a.cmd](a)
 
 
 if __name__ == "__main__":
