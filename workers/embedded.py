@@ -22,10 +22,8 @@ from store.errors import UNAVAILABLE, unavailable_reason
 from store.settings import Settings
 from workers.backends import local_gpu_target, served_targets
 from workers.heartbeat import Heartbeat, Workers
-from workers.local import Done, LocalTransport, _init_child, worker_name
+from workers.local import Done, LocalTransport, worker_name
 from workers.protocol import Dispatch, Rounds, Sweeper
-
-__all__ = ["EmbeddedDispatcher", "_init_child", "worker_name"]
 
 log = logging.getLogger(__name__)
 
