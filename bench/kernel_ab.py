@@ -142,14 +142,18 @@ def main(argv: list[str] | None = None) -> int:
     if print_table(a, render):
         return 0
     if a.cmd == "build" and a.sources:
-        # A child process whose first import path is the other tree: its `kernels` package
-        # (and no module of this one's) builds.
-        rest = [x for x in (argv if argv is not None else sys.argv[1:])
-                if x not in ("--sources", a.sources)]
-        src = str(Path(a.sources).resolve())
-        code = (f"import sys; sys.path.insert(0, {src!r}); from bench.kernel_ab import main; "
-                f"raise SystemExit(main({rest!r}))")
-        return subprocess.run([sys.executable, "-c", code], check=False).returncode
+        import kernels
+
+        src = Path(a.sources).resolve()
+        if Path(kernels.__file__).resolve().parent != src / "kernels":
+            if not (src / "kernels" / "build.py").is_file():
+                raise SystemExit(f"--sources {a.sources}: no kernels package there")
+            # The same command in a child process whose first import path is the other
+            # tree: its `kernels` package builds there.
+            args = list(argv if argv is not None else sys.argv[1:])
+            code = (f"import sys; sys.path.insert(0, {str(src)!r}); "
+                    f"from bench.kernel_ab import main; raise SystemExit(main({args!r}))")
+            return subprocess.run([sys.executable, "-c", code], check=False).returncode
     return build(a) if a.cmd == "build" else run(a)
 
 
