@@ -1,6 +1,7 @@
 """Every job's first round starts with the runtime's default schedule of its layer (so a
-tuned layer is never slower than the untuned default), whatever the strategy; later rounds
-and spaces that cannot hold it are not seeded. In SQLite and PostgreSQL."""
+tuned layer is never slower than the untuned default), whatever the strategy, then the best
+schedules of the nearest layers measured on the target (transfer seeds); later rounds and
+spaces that cannot hold them are not seeded. In SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
@@ -10,13 +11,14 @@ from sqlalchemy import select
 from kernels.runtime import default_schedule
 from kernels.space import ScheduleSpace, schedule_hash
 from kernels.spec import RESNET50_3X3, TARGETS, ConvShape, Precision
-from search.strategy import History, Trial
+from search.strategy import History, PriorTrial, Trial
+from store import hotpath as hp
 from store import repository as repo
 from store.db import session_scope
 from store.models import Candidate
 from workers import tasks
 from workers.backends.base import TaskSpec
-from workers.seeds import start_points
+from workers.seeds import TRANSFER_SEEDS, start_points, transfer_points
 
 H100 = TARGETS["h100"]
 
@@ -59,3 +61,69 @@ def test_no_seed_once_the_job_has_measured_or_where_the_space_lacks_it() -> None
     other = "sync" if space.schedule_at(seed)["MMA"] == "wgmma" else "wgmma"
     narrow = ScheduleSpace(shape, Precision.FP16, H100, restrict={"MMA": [other]})
     assert start_points(spec, narrow, History()) == []
+
+
+def _valid_in_both(a: ScheduleSpace, b: ScheduleSpace, n: int) -> list[dict]:
+    both = [i for i in a.valid_indices[::37] if b.is_valid(a.schedule_at(int(i)))]
+    return [a.schedule_at(int(i)) for i in both[:n]]
+
+
+def test_transfer_seeds_are_the_nearest_layers_bests() -> None:
+    shape = ConvShape(8, 28, 28, 128, 256, 3, 3, pad=(1, 1))
+    near = ConvShape(8, 28, 28, 128, 128, 3, 3, pad=(1, 1))  # one octave of K away
+    far = ConvShape(8, 14, 14, 256, 1024, 1, 1)  # another filter size
+    spec = TaskSpec(shape, Precision.FP16, H100)
+    space = ScheduleSpace(shape, Precision.FP16, H100)
+    a, b, c, d, e = _valid_in_both(space, ScheduleSpace(near, Precision.FP16, H100), 5)
+    assert ScheduleSpace(far, Precision.FP16, H100).is_valid(c)
+    prior = [PriorTrial(far, c, "ok", 5.0), PriorTrial(near, a, "ok", 10.0),
+             PriorTrial(near, b, "ok", 8.0),  # near's best
+             PriorTrial(near, e, "error", None),
+             PriorTrial(shape, d, "ok", 1.0)]  # the layer's own: not a neighbour
+    default = start_points(spec, space, History())
+    seeds = start_points(spec, space, History(prior=prior))
+    assert seeds == default + [space.index_of(b), space.index_of(c)]
+    # nothing seeded once the job has measured, whatever the prior
+    assert start_points(spec, space, History(trials=[Trial(seeds[0], "ok", 3.0)],
+                                             prior=prior)) == []
+
+
+def test_transfer_seeds_skip_what_the_space_lacks_and_stop_at_the_limit() -> None:
+    shape = ConvShape(8, 28, 28, 128, 256, 3, 3, pad=(1, 1))
+    space = ScheduleSpace(shape, Precision.FP16, H100)
+    others = [ConvShape(8, 28, 28, 128, 256 + 32 * (i + 1), 3, 3, pad=(1, 1))
+              for i in range(TRANSFER_SEEDS + 3)]  # farther and farther away
+    scheds = _valid_in_both(space, ScheduleSpace(others[0], Precision.FP16, H100),
+                            TRANSFER_SEEDS + 3)
+    wgmma_only = ScheduleSpace(shape, Precision.FP16, H100, restrict={"MMA": ["wgmma"]})
+    prior = [PriorTrial(o, s, "ok", 1.0 + i)
+             for i, (o, s) in enumerate(zip(others, scheds, strict=True))]
+    assert transfer_points(shape, space, prior, TRANSFER_SEEDS) == \
+        [space.index_of(s) for s in scheds[:TRANSFER_SEEDS]]
+    held = [s for s in scheds if s["MMA"] == "wgmma"]
+    assert 0 < len(held) < len(scheds)  # the restricted space lacks the others' MMA value
+    assert transfer_points(shape, wgmma_only, prior, 99) == \
+        [wgmma_only.index_of(s) for s in held]
+
+
+def test_a_job_starts_from_the_best_of_a_tuned_neighbour(db: str) -> None:
+    """Through the explorer and the database: a layer measured first lends its best
+    schedule to the next layer's first round."""
+    tuned = ConvShape(8, 28, 28, 128, 128, 3, 3, pad=(1, 1))
+    fresh = ConvShape(8, 28, 28, 128, 256, 3, 3, pad=(1, 1))
+    space = ScheduleSpace(fresh, Precision.FP16, H100)
+    slow, fast = _valid_in_both(space, ScheduleSpace(tuned, Precision.FP16, H100), 2)
+    with session_scope(db) as s:
+        task = repo.get_or_create_task(s, tuned, Precision.FP16, H100)
+        job = repo.create_job(s, task, 2, "random", 0)
+        hp.record_results(s, [{"task_id": task.id, "job_id": job.id, "schedule": sched,
+                               "schedule_hash": schedule_hash(sched), "status": "ok",
+                               "median_us": us, "backend": "cuda"}
+                              for sched, us in ((slow, 9.0), (fast, 4.0))])
+        task2 = repo.get_or_create_task(s, fresh, Precision.FP16, H100)
+        job2 = repo.create_job(s, task2, 32, "diversity", 0).id
+    tasks.explore_round(db, job2, 32)
+    [first] = _rounds(db, job2).values()
+    default = schedule_hash(default_schedule(fresh, Precision.FP16, H100)[0])
+    # the neighbour's best, right after the default; its slower schedule is no seed
+    assert first[:2] == [default, schedule_hash(fast)] and len(first) == 32
