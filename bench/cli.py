@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import math
 import sys
@@ -15,6 +16,13 @@ from typing import Any
 def log(*a: Any) -> None:
     """A progress line stamped with the time of day, on stderr (stdout keeps the results)."""
     print(f"[{time.strftime('%H:%M:%S')}]", *a, file=sys.stderr, flush=True)
+
+
+def read_json(path: str | Path) -> Any:
+    """A recorded result, plain or gzip-compressed (large raw files are kept as .json.gz)."""
+    p = Path(path)
+    with (gzip.open(p, "rt") if p.suffix == ".gz" else p.open()) as f:
+        return json.load(f)
 
 
 def geomean(xs: Iterable[float]) -> float | None:
@@ -38,5 +46,5 @@ def print_table(a: argparse.Namespace, render: Callable[[dict[str, Any]], str]) 
     """`table FILE`: print the rendered tables of a result file; False for other commands."""
     if a.cmd != "table":
         return False
-    print(render(json.loads(Path(a.file).read_text())))
+    print(render(read_json(a.file)))
     return True

@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.cli import log
+from bench.cli import log, read_json
 from kernels.build import BuildJob, build_many
 from kernels.space import EXTRA_KNOBS, PAPER_KNOBS, ScheduleSpace, with_defaults
 from kernels.spec import RESNET50_3X3, ConvShape, Precision, get_target, target_for_gpu_model
@@ -53,12 +53,6 @@ def layer_shape(layer: str, n: int) -> ConvShape:
     s = RESNET50_3X3[layer]
     return ConvShape(n, s.h, s.w, s.c, s.k, s.r, s.s, stride=s.stride, pad=s.pad)
 
-
-def read_json(path: str | Path) -> Any:
-    """A recorded result, plain or gzip-compressed (large raw files are kept as .json.gz)."""
-    p = Path(path)
-    with (gzip.open(p, "rt") if p.suffix == ".gz" else p.open()) as f:
-        return json.load(f)
 
 
 # ---- measuring many candidates -----------------------------------------------------------

@@ -8,9 +8,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
+
+_KEY_RE = re.compile(r"n(\d+)_h(\d+)_w(\d+)_c(\d+)_k(\d+)_r(\d+)_s(\d+)_st(\d+)x(\d+)"
+                     r"_p(\d+)x(\d+)_d(\d+)x(\d+)")
 
 
 class Precision(StrEnum):
@@ -238,6 +242,15 @@ class ConvShape:
             f"_st{self.stride[0]}x{self.stride[1]}_p{self.pad[0]}x{self.pad[1]}"
             f"_d{self.dilation[0]}x{self.dilation[1]}"
         )
+
+    @classmethod
+    def from_key(cls, key: str) -> ConvShape:
+        """The shape whose `key()` this is."""
+        m = _KEY_RE.fullmatch(key)
+        if m is None:
+            raise ValueError(f"not a layer key: {key!r}")
+        v = [int(x) for x in m.groups()]
+        return cls(*v[:7], stride=(v[7], v[8]), pad=(v[9], v[10]), dilation=(v[11], v[12]))
 
     def short_hash(self) -> str:
         return hashlib.sha256(self.key().encode()).hexdigest()[:10]

@@ -1,19 +1,22 @@
-"""The schedules a job measures in its first round before the strategy's picks.
+"""The schedules a job's round measures before the strategy's picks.
 
-- The runtime's default schedule of the layer (kernels.runtime.default_schedule, the one a
-  layer nobody tuned runs): a job's best is never slower than what the runtime would run
-  untuned, whatever the strategy and however few its trials.
-- Transfer seeds: the best schedules of the most similar layers already measured on the same
-  target and precision (the history's prior), as many as `TRANSFER_SEEDS`. The layers of
-  one network share structure (a ResNet's 1x1 layers differ in size, not in what tiles
-  suit them), so a neighbour's best is often this layer's best or close to it, and the
-  strategy's model learns from these measurements like from any other.
+- First round: the runtime's default schedule of the layer (kernels.runtime.default_schedule,
+  the one a layer nobody tuned runs): a job's best is never slower than what the runtime
+  would run untuned, whatever the strategy and however few its trials.
+- Every round: transfer seeds, the fastest schedules of the `TRANSFER_SEEDS` most similar
+  layers measured on the same target and precision (the history's prior), those the job
+  has not measured or proposed yet. The layers of one network share structure (a
+  ResNet's 1x1 layers differ in size, not in what tiles suit them), so a neighbour's best
+  is often this layer's best or close to it. Because every round looks again, layers tuned
+  at the same time hand each other their bests as they find them; once the neighbours'
+  bests are measured here, no round gets a seed until one of them changes.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+from collections import OrderedDict
 from typing import Any
 
 from kernels.space import ScheduleSpace
@@ -22,20 +25,19 @@ from workers.backends.base import TaskSpec
 
 log = logging.getLogger(__name__)
 
-# Neighbours' bests in a first round (of 32 by default): enough to carry a model's
-# structure across its layers, few enough to leave the round to the strategy.
+# Neighbours' bests per round (of 32 by default): enough to carry a model's structure across
+# its layers, few enough to leave the round to the strategy.
 TRANSFER_SEEDS = 8
 
 
 def start_points(spec: TaskSpec, space: ScheduleSpace, history: Any) -> list[int]:
-    """Space indices to measure first: only for a job with nothing measured or open yet, and
-    only what its space holds (a replay's or a restricted space may not). The default
-    first, then the transfer seeds, nearest layer first, without repeats."""
-    if history.trials or history.pending:
-        return []
-    default = _default_point(spec, space)
-    near = transfer_points(spec.shape, space, history.prior, TRANSFER_SEEDS + len(default))
-    return default + [i for i in near if i not in default][:TRANSFER_SEEDS]
+    """Space indices to measure first in the job's next round: the default (first round
+    only), then the transfer seeds, nearest layer first; only what the space holds and has
+    valid (a replay's or a restricted space may not), nothing measured or pending."""
+    first = not history.trials and not history.pending
+    out = _default_point(spec, space) if first else []
+    return out + transfer_points(spec.shape, space, history.prior, TRANSFER_SEEDS,
+                                 exclude=history.seen | set(out))
 
 
 def _default_point(spec: TaskSpec, space: ScheduleSpace) -> list[int]:
@@ -55,10 +57,8 @@ def shape_distance(a: ConvShape, b: ConvShape) -> float:
     """How unlike two layers are for a kernel schedule: the implicit GEMM's sizes (output
     pixels, output channels, reduction) in octaves, plus a step for another filter size,
     stride or input channel class (few channels fold taps; wide ones do not)."""
-    def gemm(s: ConvShape) -> tuple[int, int, int]:
-        return s.n * s.p * s.q, s.k, s.c * s.r * s.s
-
-    d = sum(abs(math.log2(x / y)) for x, y in zip(gemm(a), gemm(b), strict=True))
+    d = sum(abs(math.log2(x / y)) for x, y in ((a.gemm_m, b.gemm_m), (a.gemm_n, b.gemm_n),
+                                                (a.gemm_k, b.gemm_k)))
     if (a.r, a.s, a.stride) != (b.r, b.s, b.stride):
         d += 4.0
     if (a.c < 16) != (b.c < 16):
@@ -66,10 +66,22 @@ def shape_distance(a: ConvShape, b: ConvShape) -> float:
     return d
 
 
-def transfer_points(shape: ConvShape, space: ScheduleSpace, prior: Any, n: int) -> list[int]:
-    """Up to `n` space indices: each other layer's fastest measured schedule (of the prior:
-    other layers on this target and precision), nearest layer first (`shape_distance`),
-    where this space holds it and has it valid; repeats dropped."""
+# The prior is one list per (target, precision) and version, shared by every job of the
+# explorer (workers/history.py) and never changed once handed out: its neighbours' ranking is
+# kept per (list, layer) so that a round costs the walk down that ranking, not a pass over
+# up to 50,000 measurements. Each entry holds the list itself, so its id stays its own.
+_RANKINGS: OrderedDict[tuple[int, int, ConvShape], tuple[Any, list[dict[str, Any]]]] = \
+    OrderedDict()
+_RANKINGS_SIZE = 256
+
+
+def neighbour_bests(shape: ConvShape, prior: Any) -> list[dict[str, Any]]:
+    """Each other layer's fastest ok schedule in `prior`, nearest layer first."""
+    key = (id(prior), len(prior), shape)
+    hit = _RANKINGS.get(key)
+    if hit is not None and hit[0] is prior:
+        _RANKINGS.move_to_end(key)
+        return hit[1]
     best: dict[ConvShape, tuple[float, dict[str, Any]]] = {}
     for t in prior:
         if t.status != "ok" or t.median_us is None or t.shape == shape:
@@ -77,17 +89,27 @@ def transfer_points(shape: ConvShape, space: ScheduleSpace, prior: Any, n: int) 
         have = best.get(t.shape)
         if have is None or t.median_us < have[0]:
             best[t.shape] = (t.median_us, t.schedule)
-    out: list[int] = []
-    for other in sorted(best, key=lambda s: (shape_distance(shape, s), s.key())):
-        sched = best[other][1]
+    ranked = [best[s][1] for s in sorted(best, key=lambda s: (shape_distance(shape, s), s.key()))]
+    _RANKINGS[key] = (prior, ranked)
+    while len(_RANKINGS) > _RANKINGS_SIZE:
+        _RANKINGS.popitem(last=False)
+    return ranked
+
+
+def transfer_points(shape: ConvShape, space: ScheduleSpace, prior: Any, n: int,
+                    exclude: set[int] | frozenset[int] = frozenset()) -> list[int]:
+    """The fastest schedules of the `n` nearest other layers whose best this space holds
+    and has valid (`neighbour_bests`; repeats count once), less those in `exclude`."""
+    near: list[int] = []
+    for sched in neighbour_bests(shape, prior):
+        if len(near) >= n:
+            break
         try:
             if not space.is_valid(sched):
                 continue
             i = space.index_of(sched)
         except (KeyError, ValueError):  # a knob value this space does not have
             continue
-        if i not in out:
-            out.append(i)
-            if len(out) >= n:
-                break
-    return out
+        if i not in near:
+            near.append(i)
+    return [i for i in near if i not in exclude]

@@ -132,7 +132,7 @@ def job_of(it: dict[str, Any]) -> BuildJob:
 
 
 def cmd_prebuild(a: argparse.Namespace) -> int:
-    from bench.conv_vs_cudnn import read_json
+    from bench.cli import read_json
     from kernels import build
 
     name, _, vals = (a.define or a.knob or "X=0").partition("=")
@@ -223,7 +223,8 @@ def cmd_profile(a: argparse.Namespace) -> int:
     import torch
     import torch.nn.functional as F
 
-    from bench.conv_vs_cudnn import layer_shape, read_json
+    from bench.cli import read_json
+    from bench.conv_vs_cudnn import layer_shape
     from kernels.build import build
     from kernels.runner import DeviceSession
 
@@ -251,7 +252,8 @@ def cmd_profile(a: argparse.Namespace) -> int:
 def cmd_profile_table(a: argparse.Namespace) -> int:
     """An ncu target: one checked launch of each batch-8 'tuned' schedule of a conv_vs_cudnn
     table for the given layers and precision (built here if the cache lacks it)."""
-    from bench.conv_vs_cudnn import layer_shape, read_json
+    from bench.cli import read_json
+    from bench.conv_vs_cudnn import layer_shape
     from kernels.build import build
     from kernels.runner import DeviceSession
 

@@ -41,6 +41,10 @@ def test_key_is_canonical_and_roundtrips() -> None:
     assert a == b and a.key() == b.key() and a.short_hash() == b.short_hash()
     assert a.key() != ConvShape(8, 56, 56, 64, 64, 3, 3, pad=(1, 0)).key()
     assert task_key(a, Precision.INT8, TARGETS["h200"]).endswith("|int8|h200")
+    c = ConvShape(2, 17, 23, 8, 16, 3, 5, stride=(2, 3), pad=(1, 2), dilation=(2, 1))
+    assert ConvShape.from_key(a.key()) == a and ConvShape.from_key(c.key()) == c
+    with pytest.raises(ValueError, match="not a layer key"):
+        ConvShape.from_key(a.key() + "|int8")
 
 
 @pytest.mark.parametrize("shape,field", [

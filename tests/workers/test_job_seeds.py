@@ -83,9 +83,13 @@ def test_transfer_seeds_are_the_nearest_layers_bests() -> None:
     default = start_points(spec, space, History())
     seeds = start_points(spec, space, History(prior=prior))
     assert seeds == default + [space.index_of(b), space.index_of(c)]
-    # nothing seeded once the job has measured, whatever the prior
-    assert start_points(spec, space, History(trials=[Trial(seeds[0], "ok", 3.0)],
-                                             prior=prior)) == []
+    # later rounds: no default; a neighbour's best only while the job has not seen it
+    measured = [Trial(i, "ok", 3.0) for i in seeds]
+    assert start_points(spec, space, History(trials=measured, prior=prior)) == []
+    assert start_points(spec, space, History(trials=measured[:2], prior=prior)) == seeds[2:]
+    newer = [*prior, PriorTrial(near, a, "ok", 7.0)]  # near's best is now a
+    assert start_points(spec, space, History(trials=measured, prior=newer)) == \
+        [space.index_of(a)]
 
 
 def test_transfer_seeds_skip_what_the_space_lacks_and_stop_at_the_limit() -> None:

@@ -1,0 +1,187 @@
+"""A transfer round over the zoo: each layer timed on its neighbours' recorded bests.
+
+  python -m bench.zoo_transfer candidates --records R --out C.json --precisions fp16  # CPU
+  python -m bench.zoo_transfer prebuild --candidates C.json --cache D               # CPU
+  python -m bench.zoo_transfer run --candidates C.json --cache D --out F.json        # GPU
+  python -m bench.zoo_transfer merge F.json... --records R --out R2.json            # CPU
+  python -m bench.zoo_transfer table F.json
+
+The service seeds every job's rounds with the fastest schedules of the most similar layers
+measured on its target and precision (workers/seeds.py, `transfer_points`). This applies the
+same rule to layers tuned before it existed: the prior is the records file's other layers of
+the same precision and target (their recorded bests), each layer's candidates are the bests
+of its `--seeds` nearest neighbours, and `run` checks and times the layer's own record and
+each candidate in one run through the GPU worker's backend (workers/backends/cuda.py).
+`merge` writes the records with each layer's fastest schedule of the run; `bench.retime`
+then times them against cuDNN in a run of their own. R: a records file of
+`bench.model_e2e records`; the layer options are `bench.zoo`'s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+from pathlib import Path
+from typing import Any
+
+from bench.cli import add_table, commands, geomean, log, print_table, read_json
+from bench.zoo import add_layer_args, atomic_write, planned
+from kernels.spec import Precision, task_key
+
+
+def candidates(a: argparse.Namespace) -> int:
+    from kernels.space import ScheduleSpace, schedule_hash
+    from kernels.spec import ConvShape, get_target
+    from search.strategy import PriorTrial
+    from workers.seeds import transfer_points
+
+    records = json.loads(Path(a.records).read_text())
+    target = get_target(a.target)
+    rows = []
+    for g in planned(a):
+        prec = Precision(g.precision)
+        key = task_key(g.shape, prec, target)
+        rec = records.get(key)
+        if rec is None:
+            continue
+        prior = [PriorTrial(ConvShape.from_key(k.split("|")[0]), r["schedule"], "ok",
+                            r["latency_us"])
+                 for k, r in records.items() if k != key
+                 and k.split("|")[1:] == [g.precision, target.name] and r.get("latency_us")]
+        space = ScheduleSpace(g.shape, prec, target)
+        own = {space.index_of(rec["schedule"])} if space.is_valid(rec["schedule"]) else set()
+        picks = transfer_points(g.shape, space, prior, a.seeds, exclude=own)
+        rows.append({"key": key, "layer": g.uses[0].layers[0], "shape": g.shape.to_dict(),
+                     "precision": g.precision, "record": rec["schedule"],
+                     "candidates": space.schedules(picks)})
+        log(f"{key}: {len(picks)} candidates "
+            f"({', '.join(schedule_hash(s) for s in space.schedules(picks))})")
+    Path(a.out).write_text(json.dumps({"records": a.records, "target": target.name,
+                                       "seeds": a.seeds, "rows": rows}, indent=1) + "\n")
+    return 0
+
+
+def _jobs(doc: dict[str, Any]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """(row, schedule) of every schedule `run` times: the record first."""
+    return [(r, s) for r in doc["rows"] for s in [r["record"], *r["candidates"]]]
+
+
+def prebuild(a: argparse.Namespace) -> int:
+    from kernels.build import BuildJob, build_many
+    from kernels.spec import ConvShape, get_target
+
+    doc = json.loads(Path(a.candidates).read_text())
+    sm = get_target(doc["target"]).sm
+    jobs = [BuildJob(ConvShape.from_dict(r["shape"]), Precision(r["precision"]), sm, s)
+            for r, s in _jobs(doc)]
+    res = build_many(jobs, a.cache)
+    log(f"{sum(r.status == 'ok' for r in res)} of {len(jobs)} built into {a.cache}")
+    return 0
+
+
+def run(a: argparse.Namespace) -> int:
+    from kernels.spec import ConvShape
+    from workers.backends.base import TaskSpec
+    from workers.backends.cuda import CudaBackend
+
+    doc = json.loads(Path(a.candidates).read_text())
+    backend = CudaBackend(a.cache)
+    target = backend.target
+    if target is None or target.name != doc["target"]:
+        raise SystemExit(f"GPU {backend.gpu_model!r} is not the candidates' {doc['target']}")
+    rows: list[dict[str, Any]] = []
+    out = {"gpu": backend.gpu_model, "date": dt.date.today().isoformat(),
+           "candidates": a.candidates, "records": doc["records"], "rows": rows}
+    try:
+        for r in doc["rows"]:
+            spec = TaskSpec(ConvShape.from_dict(r["shape"]), Precision(r["precision"]), target)
+            times = []
+            for s in [r["record"], *r["candidates"]]:
+                m = backend.measure(spec, s, backend.build(spec, s))
+                times.append({"schedule": s, "status": m.status, "us": m.median_us})
+            rows.append({"key": r["key"], "layer": r["layer"], "shape": r["shape"],
+                         "precision": r["precision"], "times": times})
+            ok = [t["us"] for t in times[1:] if t["status"] == "ok"]
+            log(f"{r['key']}: record {times[0]['us']} us ({times[0]['status']}), "
+                f"candidates best {min(ok, default=None)} us, {len(ok)} of "
+                f"{len(times) - 1} ok")
+            atomic_write(Path(a.out), json.dumps(out, indent=1) + "\n")
+    finally:
+        backend.close()
+    return 0
+
+
+def fastest(row: dict[str, Any]) -> dict[str, Any] | None:
+    """The row's fastest ok timing (the record's where it is one of the fastest)."""
+    ok = [t for t in row["times"] if t["status"] == "ok" and t["us"] is not None]
+    return min(ok, key=lambda t: t["us"]) if ok else None
+
+
+def merge(a: argparse.Namespace) -> int:
+    """Each layer moves to the fastest schedule of the runs where it beats the record's time
+    of the same run by more than --margin (run to run, a time moves by a percent or so)."""
+    records = json.loads(Path(a.records).read_text())
+    moved = set()
+    for path in a.files:
+        for row in read_json(path)["rows"]:
+            best, own = fastest(row), row["times"][0]
+            if best is None or own["status"] != "ok" or best["us"] >= own["us"] * (1 - a.margin):
+                continue
+            rec = records[row["key"]]
+            if rec["schedule"] != own["schedule"]:  # moved by an earlier file already
+                continue
+            records[row["key"]] = {
+                **rec, "schedule": best["schedule"], "latency_us": best["us"],
+                "speedup": rec["baseline_us"] / best["us"] if rec.get("baseline_us") else None,
+                "source": f"{Path(path).name}: transfer round, over {rec.get('source')}"}
+            moved.add(row["key"])
+    Path(a.out).write_text(json.dumps(records, indent=1) + "\n")
+    log(f"{len(moved)} records moved to a neighbour's schedule -> {a.out}")
+    return 0
+
+
+def render(doc: dict[str, Any]) -> str:
+    lines = [f"{doc['gpu']}, {doc['date']}: each layer's fastest of the transfer round over its "
+             "record's time, same run", "",
+             "| precision | layers | faster than the record | geomean | best | not ok |",
+             "|---|---|---|---|---|---|"]
+    for prec in sorted({r["precision"] for r in doc["rows"]}):
+        rs = [r for r in doc["rows"] if r["precision"] == prec
+              and r["times"][0]["status"] == "ok"]
+        ratios = [fastest(r)["us"] / r["times"][0]["us"] for r in rs]  # type: ignore[index]
+        bad = sum(t["status"] != "ok" for r in rs for t in r["times"][1:])
+        lines.append(f"| {prec} | {len(rs)} | {sum(x < 1 for x in ratios)} | "
+                     f"{geomean(ratios):.3f} | {min(ratios):.3f} | {bad} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap, sub = commands("python -m bench.zoo_transfer", __doc__)
+    c = sub.add_parser("candidates", help="each layer's neighbours' bests (CPU)")
+    add_layer_args(c)
+    c.add_argument("--records", required=True)
+    c.add_argument("--out", required=True)
+    c.add_argument("--target", default="h100")
+    c.add_argument("--seeds", type=int, default=8, help="neighbours per layer")
+    for name, help_text in (("prebuild", "build every candidate (CPU)"),
+                            ("run", "check and time each layer's record and candidates (GPU)")):
+        p = sub.add_parser(name, help=help_text)
+        p.add_argument("--candidates", required=True)
+        p.add_argument("--cache", default="/tmp/tctune-transfer")
+        if name == "run":
+            p.add_argument("--out", required=True)
+    m = sub.add_parser("merge", help="records with each layer's fastest of runs (CPU)")
+    m.add_argument("files", nargs="+")
+    m.add_argument("--margin", type=float, default=0.01)
+    m.add_argument("--records", required=True)
+    m.add_argument("--out", required=True)
+    add_table(sub)
+    a = ap.parse_args(argv)
+    if print_table(a, render):
+        return 0
+    return {"candidates": candidates, "prebuild": prebuild, "run": run, "merge": merge}[a.cmd](a)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

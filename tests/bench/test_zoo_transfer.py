@@ -1,0 +1,84 @@
+"""bench/zoo_transfer.py: the service's transfer rule applied to recorded layers, and the
+merge of a run's timings back into the records."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from bench import zoo_transfer
+from bench.zoo import SHAPES_FILE, planned
+from kernels.space import ScheduleSpace, schedule_hash
+from kernels.spec import ConvShape, Precision, get_target, task_key
+
+ROOT = Path(__file__).resolve().parents[2]
+RECORDS = ROOT / "bench" / "data" / "model_e2e_records_h100.json"
+H100 = get_target("h100")
+
+
+def test_candidates_are_the_nearest_layers_bests_not_the_own(tmp_path: Path) -> None:
+    out = tmp_path / "c.json"
+    assert zoo_transfer.main(["candidates", "--records", str(RECORDS), "--out", str(out),
+                              "--models", "resnet18", "--precisions", "fp16",
+                              "--seeds", "3"]) == 0
+    doc = json.loads(out.read_text())
+    records = json.loads(RECORDS.read_text())
+    fp16_bests = {schedule_hash(r["schedule"]) for k, r in records.items()
+                  if k.endswith("|fp16|h100")}
+    layers = planned(argparse.Namespace(shapes=str(SHAPES_FILE), models="resnet18", batches="",
+                                        precisions="fp16"))
+    assert [r["key"] for r in doc["rows"]] == \
+        [task_key(g.shape, Precision.FP16, H100) for g in layers]
+    for row in doc["rows"]:
+        shape = ConvShape.from_dict(row["shape"])
+        space = ScheduleSpace(shape, Precision.FP16, H100)
+        assert row["record"] == records[row["key"]]["schedule"]
+        assert 0 < len(row["candidates"]) <= 3
+        for s in row["candidates"]:
+            h = schedule_hash(s)
+            assert h != schedule_hash(row["record"]) and space.is_valid(s) and h in fp16_bests
+
+
+def _run(tmp_path: Path, name: str, rows: list[tuple[str, list[float | None]]],
+         records: dict) -> Path:
+    """A run file: per layer key, the record's time then each candidate's (None: failed)."""
+    doc = {"gpu": "test", "date": "2026-01-01", "rows": []}
+    for key, times in rows:
+        own = records[key]["schedule"]
+        others = [{**own, "STAGES": st} for st in (4, 6, 8)]
+        doc["rows"].append({"key": key, "layer": key, "shape": {}, "precision": "fp16",
+                            "times": [{"schedule": s, "status": "ok" if us else "error",
+                                       "us": us}
+                                      for s, us in zip([own, *others], times, strict=False)]})
+    path = tmp_path / name
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_merge_moves_a_record_only_past_the_margin(tmp_path: Path) -> None:
+    records = json.loads(RECORDS.read_text())
+    a, b, c = [k for k in records if k.endswith("|fp16|h100")][:3]
+    first = _run(tmp_path, "r1.json", [(a, [10.0, 9.5, 12.0]),  # 5% faster: moves
+                                       (b, [10.0, 9.95, None]),  # 0.5%: within the margin
+                                       (c, [None, 5.0])], records)  # the record failed
+    out = tmp_path / "rec.json"
+    assert zoo_transfer.main(["merge", str(first), "--records", str(RECORDS),
+                              "--out", str(out)]) == 0
+    merged = json.loads(out.read_text())
+    assert merged[a]["schedule"] == {**records[a]["schedule"], "STAGES": 4}
+    assert merged[a]["latency_us"] == 9.5 and merged[a]["source"].startswith("r1.json")
+    assert merged[b] == records[b] and merged[c] == records[c]
+    assert {k: v for k, v in merged.items() if k != a} == \
+        {k: v for k, v in records.items() if k != a}
+    # A later run made from the merged records moves it on; one from the old records (its
+    # own schedule no longer the record's) does not.
+    second = _run(tmp_path, "r2.json", [(a, [9.0, 10.0, 10.0, 8.0])], merged)
+    stale = _run(tmp_path, "r0.json", [(a, [10.0, 1.0])], records)
+    assert zoo_transfer.main(["merge", str(first), str(stale), str(second),
+                              "--records", str(RECORDS), "--out", str(out)]) == 0
+    again = json.loads(out.read_text())
+    assert again[a]["latency_us"] == 8.0 and again[a]["source"].startswith("r2.json")
+    # the table: one line per precision, counted over the layers whose record ran
+    table = zoo_transfer.render(json.loads(first.read_text()))
+    assert "| fp16 | 2 | 2 | " in table
