@@ -7,7 +7,9 @@
 Per (layer shape, precision), the explorer's loop as a job runs it (workers/tasks.py
 explore_round): the first round begins with the runtime's default schedule
 (workers/seeds.py), then the default strategy proposes rounds of `--round` from the layer's
-own measurements only (no prior from other layers), measured through the GPU worker's
+own measurements only; with `--prior R` (a records file) every round also seeds the
+recorded bests of the layer's nearest other layers, as the service's transfer seeds do.
+Measured through the GPU worker's
 backend (workers/backends/cuda.py: NVRTC builds, each candidate checked on random inputs,
 then timed), with cuDNN fp16 timed by the same backend once per shape. The tasks run a few
 at a time so that one's builds overlap another's measurements. The best-so-far after 16, 32,
@@ -32,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.cli import add_table, commands, geomean, log, print_table
-from bench.zoo import Group, add_layer_args, atomic_write, planned, zoo_bests
+from bench.zoo import PRECISIONS, Group, add_layer_args, atomic_write, planned, zoo_bests
 from kernels.spec import Precision
 
 CURVE_AT = (16, 32, 64, 128, 256, 500)
@@ -68,7 +70,7 @@ class LayerSearch:
     """One task's search: strategy, history and the measured trials (resumable)."""
 
     def __init__(self, group: Group, target: Any, trials: list[dict[str, Any]], seed: int,
-                 strategy: str) -> None:
+                 strategy: str, prior: list[Any] | None = None) -> None:
         from kernels.space import ScheduleSpace
         from search.registry import make_strategy
         from workers.backends.base import TaskSpec
@@ -78,12 +80,13 @@ class LayerSearch:
         self.space = ScheduleSpace(group.shape, self.spec.precision, target)
         self.strategy = make_strategy(strategy, self.space, seed=seed)
         self.trials = trials
+        self.prior = prior or []  # other layers' bests: transfer seeds (workers/seeds.py)
 
     def history(self) -> Any:
         from search.strategy import History, Trial
 
         return History(trials=[Trial(self.space.index_of(t["schedule"]), t["status"],
-                                     t["median_us"]) for t in self.trials])
+                                     t["median_us"]) for t in self.trials], prior=self.prior)
 
     def propose(self, n: int) -> list[dict[str, Any]]:
         from workers.seeds import start_points
@@ -106,10 +109,11 @@ def build_one(args: tuple[Any, dict[str, Any], str]) -> tuple[str, str, str]:
 
 def run(groups: Sequence[Group], doc: dict[str, Any], out: Path, backend: Any, cache: str,
         trials: int, round_size: int, parallel: int, seed: int, strategy: str,
-        stop_after_s: float = 0.0) -> int:
+        stop_after_s: float = 0.0, priors: dict[str, list[Any]] | None = None) -> int:
     """Search every group to `trials` on `backend` (the cuda one: builds in a process pool
     into `cache`; any other builds in its own call), rewriting `out` after each round.
-    Returns the number of tasks left unfinished."""
+    Returns the number of tasks left unfinished. `priors`: per precision, other layers'
+    measurements for the transfer seeds of every round (`--prior`)."""
     from workers.backends.base import BuildOutcome
 
     target = backend.target
@@ -145,7 +149,8 @@ def run(groups: Sequence[Group], doc: dict[str, Any], out: Path, backend: Any, c
                 "precision": g.precision,
                 "layers": [f"{u.model} {u.layers[0]}" for u in g.uses],
                 "count": sum(u.count for u in g.uses), "trials": []})
-        s = LayerSearch(g, target, row["trials"], seed, strategy)
+        s = LayerSearch(g, target, row["trials"], seed, strategy,
+                        (priors or {}).get(g.precision))
         if row.get("cudnn_fp16_us") is None:
             with lock:
                 row["cudnn_fp16_us"] = backend.baseline_us(s.spec)
@@ -228,6 +233,9 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--parallel", type=int, default=3, help="tasks searched at once")
     r.add_argument("--strategy", default="diversity")
     r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--prior", default="",
+                   help="a records file (bench.model_e2e records): its other layers' bests seed "
+                        "each round as the service's transfer seeds do (default: none)")
     r.add_argument("--stop-after", type=float, default=0.0,
                    help="seconds; then stop after the rounds in flight (run again to go on)")
     add_table(sub)
@@ -242,9 +250,16 @@ def main(argv: list[str] | None = None) -> int:
     from workers.backends.cuda import CudaBackend
 
     backend = CudaBackend(a.cache)
+    priors = {}
+    if a.prior and backend.target is not None:
+        from bench.zoo_transfer import records_prior
+
+        records = json.loads(Path(a.prior).read_text())
+        priors = {p: records_prior(records, p, backend.target.name) for p in PRECISIONS}
+        doc["prior"] = a.prior
     try:
         left = run(groups, doc, out, backend, a.cache, a.trials, a.round, a.parallel, a.seed,
-                   a.strategy, a.stop_after)
+                   a.strategy, a.stop_after, priors)
     finally:
         backend.close()
     log(f"{left} tasks left" if left else "complete")

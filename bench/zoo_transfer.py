@@ -30,14 +30,26 @@ from bench.zoo import add_layer_args, atomic_write, planned
 from kernels.spec import Precision, task_key
 
 
+def records_prior(records: dict[str, Any], precision: str, target: str) -> list[Any]:
+    """A records file's layers of one precision and target as a search history's prior: each
+    layer's recorded best, a measurement of another layer to whichever layer asks
+    (workers/seeds.py passes over the asking layer's own)."""
+    from kernels.spec import ConvShape
+    from search.strategy import PriorTrial
+
+    return [PriorTrial(ConvShape.from_key(k.split("|")[0]), r["schedule"], "ok", r["latency_us"])
+            for k, r in records.items()
+            if k.split("|")[1:] == [precision, target] and r.get("latency_us")]
+
+
 def candidates(a: argparse.Namespace) -> int:
     from kernels.space import ScheduleSpace, schedule_hash
-    from kernels.spec import ConvShape, get_target
-    from search.strategy import PriorTrial
+    from kernels.spec import get_target
     from workers.seeds import transfer_points
 
     records = json.loads(Path(a.records).read_text())
     target = get_target(a.target)
+    priors: dict[str, list[Any]] = {}
     rows = []
     for g in planned(a):
         prec = Precision(g.precision)
@@ -45,10 +57,7 @@ def candidates(a: argparse.Namespace) -> int:
         rec = records.get(key)
         if rec is None:
             continue
-        prior = [PriorTrial(ConvShape.from_key(k.split("|")[0]), r["schedule"], "ok",
-                            r["latency_us"])
-                 for k, r in records.items() if k != key
-                 and k.split("|")[1:] == [g.precision, target.name] and r.get("latency_us")]
+        prior = priors.setdefault(g.precision, records_prior(records, g.precision, target.name))
         space = ScheduleSpace(g.shape, prec, target)
         own = {space.index_of(rec["schedule"])} if space.is_valid(rec["schedule"]) else set()
         picks = transfer_points(g.shape, space, prior, a.seeds, exclude=own)

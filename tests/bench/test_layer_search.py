@@ -8,20 +8,29 @@ from pathlib import Path
 
 from bench.layer_search import by_total_time, curve, run
 from bench.zoo import load_shapes, plan
+from bench.zoo_transfer import records_prior
 from kernels.runtime import default_schedule
-from kernels.spec import get_target
+from kernels.space import ScheduleSpace, schedule_hash
+from kernels.spec import Precision, get_target
+from search.strategy import History
+from workers.backends.base import TaskSpec
 from workers.backends.simulated import SimulatedBackend
+from workers.seeds import TRANSFER_SEEDS, start_points
+
+RECORDS = Path(__file__).resolve().parents[2] / "bench" / "data" / "model_e2e_records_h100.json"
 
 
 def _groups() -> list:
     return plan(load_shapes(), ["resnet18"], [8], ["int8"])[1:3]
 
 
-def _run(tmp: Path, name: str, trials: int, doc: dict | None = None) -> dict:
+def _run(tmp: Path, name: str, trials: int, doc: dict | None = None,
+         priors: dict | None = None) -> dict:
     out = tmp / name
     backend = SimulatedBackend(get_target("h100"))
     left = run(_groups(), doc if doc is not None else {}, out, backend, str(tmp / "cache"),
-               trials=trials, round_size=16, parallel=2, seed=3, strategy="diversity")
+               trials=trials, round_size=16, parallel=2, seed=3, strategy="diversity",
+               priors=priors)
     assert left == 0
     return json.loads(out.read_text())
 
@@ -76,3 +85,17 @@ def test_render_summarizes_each_mark_against_the_final_best() -> None:
     assert "| 16 | 4.000x | 8.00x | 0/2 |" in text
     assert "| 64 | 1.040x | 1.04x | 2/2 |" in text
     assert "Over the 2 tasks searched to 500 trials" in text
+
+
+def test_a_prior_seeds_each_round_with_the_nearest_records(tmp_path: Path) -> None:
+    """--prior: the records' nearest other layers' bests follow the default in round one."""
+    records = json.loads(RECORDS.read_text())
+    prior = records_prior(records, "int8", "h100")
+    doc = _run(tmp_path, "p.json", 16, priors={"int8": prior})
+    for g, row in zip(_groups(), doc["rows"], strict=True):
+        spec = TaskSpec(g.shape, Precision.INT8, get_target("h100"))
+        space = ScheduleSpace(g.shape, Precision.INT8, get_target("h100"))
+        seeds = start_points(spec, space, History(prior=prior))
+        assert len(seeds) > TRANSFER_SEEDS // 2  # the default and its neighbours' bests
+        got = [schedule_hash(t["schedule"]) for t in row["trials"][:len(seeds)]]
+        assert got == [schedule_hash(space.schedule_at(i)) for i in seeds]
