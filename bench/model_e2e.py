@@ -1,7 +1,7 @@
 """Whole models through `deploy.optimize` against PyTorch fp16 (channels_last), eager and
 compiled with inference freezing (BatchNorm folded, elementwise ops fused), in one run.
 
-  python -m bench.model_e2e records FILE... --out R.json      # layer_classes / zoo bests
+  python -m bench.model_e2e records FILE... [--base R0] --out R.json  # layer_classes / zoo bests
   python -m bench.model_e2e prebuild --cache C [--schedules R.json] [--models ...]  # CPU
   python -m bench.model_e2e run --cache C [--schedules R.json] --out OUT.json      # GPU
   python -m bench.model_e2e table OUT.json
@@ -45,8 +45,8 @@ def cmd_records(a: argparse.Namespace) -> int:
     bench/layer_search.py's and bench/retime.py's (a retime of recorded schedules on changed
     kernels measures them again). A layer in several files keeps the fastest schedule: files of
     one GPU model compare by latency (a schedule's time moves by a few percent between runs,
-    cuDNN's by up to 1.7x: kernels/cudnn.py)."""
-    out: dict[str, Any] = {}
+    cuDNN's by up to 1.7x: kernels/cudnn.py). `--base`: a records file the files improve on."""
+    out: dict[str, Any] = json.loads(Path(a.base).read_text()) if a.base else {}
     for path in a.files:
         doc = json.loads(Path(path).read_text())
         target = get_target(doc.get("target", TARGET))
@@ -250,6 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     r = sub.add_parser("records")
     r.add_argument("files", nargs="+")
     r.add_argument("--out", required=True)
+    r.add_argument("--base", default="", help="records to start from (default: none)")
     for name in ("prebuild", "run", "profile"):
         s = sub.add_parser(name)
         s.add_argument("--cache", required=True)

@@ -46,6 +46,30 @@ def test_records_come_from_layer_classes_groups_and_checked_zoo_rows(tmp_path: P
     assert recs[task_key(SHAPE, Precision.INT8, h100)]["speedup"] == 2.0
 
 
+def test_records_improve_on_a_base_only_where_faster(tmp_path: Path) -> None:
+    h100 = get_target("h100")
+    fast, slow = {**SCHED, "STAGES": 4}, {**SCHED, "STAGES": 8}
+    base = _records(tmp_path, {"zoo.json": {"target": "h100", "rows": [
+        {"model": "m", "layer": "a", "shape": SHAPE.to_dict(), "precision": "fp16",
+         "schedule": SCHED, "status": "ok", "ours_us": 5.0, "cudnn_fp16_us": 9.0},
+        {"model": "m", "layer": "b", "shape": OTHER.to_dict(), "precision": "fp16",
+         "schedule": SCHED, "status": "ok", "ours_us": 5.0, "cudnn_fp16_us": 9.0}]}})
+    (tmp_path / "base.json").write_text(json.dumps(base))
+    new = {"target": "h100", "rows": [
+        {"model": "m", "layer": "a", "shape": SHAPE.to_dict(), "precision": "fp16",
+         "schedule": fast, "status": "ok", "ours_us": 4.0, "cudnn_fp16_us": 9.0},
+        {"model": "m", "layer": "b", "shape": OTHER.to_dict(), "precision": "fp16",
+         "schedule": slow, "status": "ok", "ours_us": 6.0, "cudnn_fp16_us": 9.0}]}
+    (tmp_path / "new.json").write_text(json.dumps(new))
+    out = tmp_path / "r.json"
+    assert model_e2e.main(["records", "--base", str(tmp_path / "base.json"),
+                           str(tmp_path / "new.json"), "--out", str(out)]) == 0
+    recs = json.loads(out.read_text())
+    assert recs[task_key(SHAPE, Precision.FP16, h100)]["schedule"] == fast
+    assert recs[task_key(OTHER, Precision.FP16, h100)] == \
+        base[task_key(OTHER, Precision.FP16, h100)]
+
+
 def test_table_shows_how_each_row_ran(tmp_path: Path) -> None:
     row = {"model": "resnet50", "n": 8, "precision": "int8", "replaced": 53, "convs": 53,
            "tuned": 50, "ours_ms": 0.4, "eager_fp16_ms": 1.2, "compiled_fp16_ms": 0.6,
