@@ -51,6 +51,7 @@ from kernels.build import DEFAULT_EPILOGUE, BuildJob, BuildResult, Epilogue, bui
 from kernels.launch import supports_pdl
 from kernels.space import (
     NHWCNC_BATCH_BLOCK,
+    WGMMA_M,
     Schedule,
     ScheduleSpace,
     channel_vector,
@@ -118,6 +119,19 @@ def recorded_bests(precision: Precision, target: Target, wgmma: bool = True
     if wgmma and target.sm == 90 and precision in (Precision.INT8, Precision.FP16):
         rows = [("wgmma", *row) for row in WGMMA_BESTS[key]] + rows
     return rows
+
+
+def _load_few_channels() -> dict[str, Schedule]:
+    data = json.loads(DEFAULTS_FILE.read_text())["few_channels"]
+    return {p: dict(sched) for p, sched in data["bests"].items()}
+
+
+# A stem's searched best (ResNet-50's conv1 on the H100's wgmma path): the default of a layer
+# with few input channels on that path before any 3x3 best with folded taps, where the
+# layer has at least one of its 256-row tiles of output pixels. On the zoo's stems it took
+# 0.47-0.81x the time of stage3's best folded, on squeeze-excitation layers (8 pixels)
+# 0.99-1.35x: those keep stage3's (bench/RESULTS.md "Runtime defaults").
+FEW_CHANNELS_BESTS: dict[str, Schedule] = _load_few_channels()
 
 
 # The default for a layer that is none of the four: stage3's best. Over the other 19 conv
@@ -191,8 +205,10 @@ def default_schedule(shape: ConvShape, precision: Precision | str, target: Targe
                      ) -> tuple[Schedule, str]:
     """A sound schedule for a layer nobody tuned, and where it came from.
 
-    On each instruction path in turn (wgmma first on sm_90 unless `wgmma` is False, then
-    mma.sync): the recorded best (ResNet-50 3x3, batch 8) of the same layer, else stage3's
+    A layer with few input channels and at least 256 output pixels on the wgmma path: the
+    recorded best of ResNet-50's stem where it fits. Otherwise on each instruction path in
+    turn (wgmma first on sm_90 unless `wgmma` is False, then mma.sync): the recorded best
+    (ResNet-50 3x3, batch 8) of the same layer, else stage3's
     (see PREFERRED_DEFAULT), else that of the nearest GEMM shape, the first of them valid
     here; if none is, the valid schedule that differs from the first in the fewest knobs.
     """
@@ -204,6 +220,11 @@ def default_schedule(shape: ConvShape, precision: Precision | str, target: Targe
     ranked = sorted(rows, key=lambda row: (paths.index(row[0]), row[2] != shape,
                                            row[1] != PREFERRED_DEFAULT,
                                            _gemm_distance(row[2], shape)))
+    stem = _adapt(FEW_CHANNELS_BESTS["int8" if p.is_integer else "fp16"], p, t)
+    if fold_tap_bytes(shape, p) and paths[0] == "wgmma" and \
+            shape.gemm_m >= stem["BLK_ROW_WARPS"] * stem["WARP_ROW_TILES"] * WGMMA_M and \
+            schedule_fits(shape, p, t, stem, epi) is None:
+        return stem, "recorded best of ResNet-50 conv1 (wgmma, H100, batch 8), taps folded"
     for path, name, _, sched in ranked:
         s = _adapt(sched, p, t)
         # A layer with few channels (the stem) folds its taps where the schedule allows: the

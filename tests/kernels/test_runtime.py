@@ -28,6 +28,7 @@ from api.client import from_service
 from kernels import reference as ref
 from kernels.build import Epilogue
 from kernels.runtime import (
+    FEW_CHANNELS_BESTS,
     RECORDED_BESTS,
     WGMMA_BESTS,
     Conv2d,
@@ -130,6 +131,25 @@ def test_sm90_defaults_start_from_the_wgmma_bests(precision: str) -> None:
     assert sched["MMA"] == "wgmma" and "stage3 (wgmma" in src
     # int4 has no wgmma path: its default stays on mma.sync.
     assert default_schedule(STAGE3, "int4", h100)[0].get("MMA", "sync") == "sync"
+
+
+@pytest.mark.parametrize("precision", ["int8", "fp16"])
+def test_stems_start_from_the_recorded_stem_best(precision: str) -> None:
+    """Few input channels and at least one 256-row tile of pixels: the stem's searched best
+    (folded taps) on the wgmma path; squeeze-excitation layers (8 pixels) and other targets
+    keep the rule of the other layers."""
+    h100, a100 = get_target("h100"), get_target("a100")
+    for stem in (ConvShape(8, 224, 224, 3, 64, 7, 7, stride=2, pad=3),
+                 ConvShape(8, 224, 224, 3, 32, 3, 3, stride=2, pad=1),
+                 ConvShape(1, 256, 256, 3, 64, 3, 3, pad=1)):
+        sched, src = default_schedule(stem, precision, h100)
+        assert sched == {**FEW_CHANNELS_BESTS[precision], **sched} and "conv1" in src
+        assert sched["FOLD_TAPS"] == 1 and sched["MMA"] == "wgmma"
+        assert "conv1" not in default_schedule(stem, precision, a100)[1]
+        assert "conv1" not in default_schedule(stem, precision, h100, wgmma=False)[1]
+    squeeze = ConvShape(8, 1, 1, 8, 32, 1, 1)
+    sched, src = default_schedule(squeeze, precision, h100)
+    assert "stage3" in src and sched["FOLD_TAPS"] == 1
 
 
 def test_default_respects_the_raw_accumulator_epilogue() -> None:
