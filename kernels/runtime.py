@@ -220,11 +220,11 @@ def default_schedule(shape: ConvShape, precision: Precision | str, target: Targe
     ranked = sorted(rows, key=lambda row: (paths.index(row[0]), row[2] != shape,
                                            row[1] != PREFERRED_DEFAULT,
                                            _gemm_distance(row[2], shape)))
-    stem = _adapt(FEW_CHANNELS_BESTS["int8" if p.is_integer else "fp16"], p, t)
-    if fold_tap_bytes(shape, p) and paths[0] == "wgmma" and \
-            shape.gemm_m >= stem["BLK_ROW_WARPS"] * stem["WARP_ROW_TILES"] * WGMMA_M and \
-            schedule_fits(shape, p, t, stem, epi) is None:
-        return stem, "recorded best of ResNet-50 conv1 (wgmma, H100, batch 8), taps folded"
+    if fold_tap_bytes(shape, p) and paths[0] == "wgmma":
+        stem = _adapt(FEW_CHANNELS_BESTS["int8" if p.is_integer else "fp16"], p, t)
+        tile_rows = stem["BLK_ROW_WARPS"] * stem["WARP_ROW_TILES"] * WGMMA_M
+        if shape.gemm_m >= tile_rows and schedule_fits(shape, p, t, stem, epi) is None:
+            return stem, "recorded best of ResNet-50 conv1 (wgmma, H100, batch 8), taps folded"
     for path, name, _, sched in ranked:
         s = _adapt(sched, p, t)
         # A layer with few channels (the stem) folds its taps where the schedule allows: the

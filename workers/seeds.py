@@ -72,7 +72,7 @@ def shape_distance(a: ConvShape, b: ConvShape) -> float:
 # up to 50,000 measurements. Each entry holds the list itself, so its id stays its own.
 _RANKINGS: OrderedDict[tuple[int, int, ConvShape], tuple[Any, list[dict[str, Any]]]] = \
     OrderedDict()
-_RANKINGS_SIZE = 256
+_RANKINGS_SIZE = 64
 
 
 def neighbour_bests(shape: ConvShape, prior: Any) -> list[dict[str, Any]]:
