@@ -126,6 +126,23 @@ def _load_few_channels() -> dict[str, Schedule]:
     return {p: dict(sched) for p, sched in data["bests"].items()}
 
 
+def _load_one_by_one() -> dict[str, list[tuple[ConvShape, Schedule]]]:
+    bests = json.loads(DEFAULTS_FILE.read_text())["one_by_one"]["bests"]
+    return {p: [(ConvShape.from_dict(b["shape"]), dict(b[p])) for b in bests]
+            for p in ("int8", "fp16")}
+
+
+# ResNet-50's 1x1 layers' searched bests (the H100's wgmma path): a 1x1 layer's default on
+# that path is the best of the nearest of them (GEMM shape) with its stride, where it fits and
+# lies within ONE_BY_ONE_REACH octaves (summed over M, N and K), before the 3x3 bests. Over
+# the zoo's 1x1 layers (bench/RESULTS.md "Runtime defaults") the layers within reach took
+# 0.88x the time of stage3's best (geomean; 5 of 82 slower by more than 5%, worst 1.16x);
+# at any distance it was 0.93x with 42 of 246 slower, up to 1.57x (the narrow expansions of
+# MobileNet and EfficientNet).
+ONE_BY_ONE_BESTS = _load_one_by_one()
+ONE_BY_ONE_REACH = 1.5
+
+
 # A stem's searched best (ResNet-50's conv1 on the H100's wgmma path): the default of a layer
 # with few input channels on that path before any 3x3 best with folded taps, where the
 # layer has at least one of its 256-row tiles of output pixels. On the zoo's stems it took
@@ -205,12 +222,14 @@ def default_schedule(shape: ConvShape, precision: Precision | str, target: Targe
                      ) -> tuple[Schedule, str]:
     """A sound schedule for a layer nobody tuned, and where it came from.
 
-    A layer with few input channels and at least 256 output pixels on the wgmma path: the
-    recorded best of ResNet-50's stem where it fits. Otherwise on each instruction path in
-    turn (wgmma first on sm_90 unless `wgmma` is False, then mma.sync): the recorded best
-    (ResNet-50 3x3, batch 8) of the same layer, else stage3's
-    (see PREFERRED_DEFAULT), else that of the nearest GEMM shape, the first of them valid
-    here; if none is, the valid schedule that differs from the first in the fewest knobs.
+    On the wgmma path, a layer with few input channels and at least 256 output pixels: the
+    recorded best of ResNet-50's stem where it fits; another 1x1 layer: the recorded best
+    of the nearest of ResNet-50's 1x1 layers with its stride that fits, within
+    ONE_BY_ONE_REACH. Otherwise on each
+    instruction path in turn (wgmma first on sm_90 unless `wgmma` is False, then mma.sync):
+    the recorded best (ResNet-50 3x3, batch 8) of the same layer, else stage3's (see
+    PREFERRED_DEFAULT), else that of the nearest GEMM shape, the first of them valid here;
+    if none is, the valid schedule that differs from the first in the fewest knobs.
     """
     p = Precision(precision)
     t = get_target(target) if isinstance(target, str) else target
@@ -225,6 +244,16 @@ def default_schedule(shape: ConvShape, precision: Precision | str, target: Targe
         tile_rows = stem["BLK_ROW_WARPS"] * stem["WARP_ROW_TILES"] * WGMMA_M
         if shape.gemm_m >= tile_rows and schedule_fits(shape, p, t, stem, epi) is None:
             return stem, "recorded best of ResNet-50 conv1 (wgmma, H100, batch 8), taps folded"
+    if (shape.r, shape.s) == (1, 1) and not fold_tap_bytes(shape, p) and paths[0] == "wgmma":
+        near = sorted((row for row in ONE_BY_ONE_BESTS["int8" if p.is_integer else "fp16"]
+                       if row[0].stride == shape.stride
+                       and _gemm_distance(row[0], shape) <= ONE_BY_ONE_REACH),
+                      key=lambda row: (_gemm_distance(row[0], shape), row[0].key()))
+        for other, sched in near:
+            cand = _adapt(sched, p, t)
+            if schedule_fits(shape, p, t, cand, epi) is None:
+                return cand, (f"recorded best of ResNet-50's 1x1 {other.key()} (wgmma, H100, "
+                              "batch 8)")
     for path, name, _, sched in ranked:
         s = _adapt(sched, p, t)
         # A layer with few channels (the stem) folds its taps where the schedule allows: the

@@ -29,10 +29,13 @@ from kernels import reference as ref
 from kernels.build import Epilogue
 from kernels.runtime import (
     FEW_CHANNELS_BESTS,
+    ONE_BY_ONE_BESTS,
+    ONE_BY_ONE_REACH,
     RECORDED_BESTS,
     WGMMA_BESTS,
     Conv2d,
     DefaultScheduleWarning,
+    _gemm_distance,
     default_cache_dir,
     default_schedule,
 )
@@ -125,9 +128,9 @@ def test_sm90_defaults_start_from_the_wgmma_bests(precision: str) -> None:
         sync, src = default_schedule(shape, precision, h100, wgmma=False)
         assert sync.get("MMA", "sync") == "sync" and "mma.sync" in src
         assert default_schedule(shape, precision, a100)[0].get("MMA", "sync") == "sync"
-    # A layer none of the four: stage3's wgmma best where it fits.
-    one_by_one = ConvShape(8, 28, 28, 512, 128, 1, 1)
-    sched, src = default_schedule(one_by_one, precision, h100)
+    # A layer none of the four (nor near a recorded 1x1 layer): stage3's wgmma best.
+    far = ConvShape(8, 14, 14, 80, 480, 1, 1)
+    sched, src = default_schedule(far, precision, h100)
     assert sched["MMA"] == "wgmma" and "stage3 (wgmma" in src
     # int4 has no wgmma path: its default stays on mma.sync.
     assert default_schedule(STAGE3, "int4", h100)[0].get("MMA", "sync") == "sync"
@@ -150,6 +153,27 @@ def test_stems_start_from_the_recorded_stem_best(precision: str) -> None:
     squeeze = ConvShape(8, 1, 1, 8, 32, 1, 1)
     sched, src = default_schedule(squeeze, precision, h100)
     assert "stage3" in src and sched["FOLD_TAPS"] == 1
+
+
+@pytest.mark.parametrize("precision", ["int8", "fp16"])
+def test_1x1_layers_start_from_the_nearest_recorded_1x1_best(precision: str) -> None:
+    h100, a100 = get_target("h100"), get_target("a100")
+    recorded = ONE_BY_ONE_BESTS[precision]
+    for shape, best in recorded:  # ResNet-50's own 1x1 layers: their own searched best
+        sched, src = default_schedule(shape, precision, h100)
+        assert sched == {**best, **sched} and shape.key() in src
+        assert "1x1" not in default_schedule(shape, precision, a100)[1]
+    # near one (K halved: one octave) -> that one's best; its stride must match
+    shape, best = next((s, b) for s, b in recorded if s.key().startswith("n8_h28_w28_c512_k128"))
+    near = ConvShape(8, 28, 28, 512, 64, 1, 1)
+    sched, src = default_schedule(near, precision, h100)
+    assert sched == {**best, **sched} and shape.key() in src
+    strided = ConvShape(8, 28, 28, 512, 64, 1, 1, stride=2)
+    assert shape.key() not in default_schedule(strided, precision, h100)[1]
+    # beyond ONE_BY_ONE_REACH octaves: the 3x3 rule
+    far = ConvShape(8, 1, 1, 1152, 48, 1, 1)
+    assert min(_gemm_distance(s, far) for s, _ in recorded) > ONE_BY_ONE_REACH
+    assert "stage3" in default_schedule(far, precision, h100)[1]
 
 
 def test_default_respects_the_raw_accumulator_epilogue() -> None:
