@@ -41,6 +41,9 @@ VARIANTS: dict[str, dict[str, int]] = {
     "candidates (default)": {},
     "whole space at retrainings": {"SCREEN_TREES": 1 << 62},
     "whole space": {"SHORTLIST_MIN_ROWS": 1 << 62},
+    # Long jobs on the schedule of short ones: retrained as the trials grow by half,
+    # boosted every 32 trials and at each proposal's count.
+    "long jobs as short ones": {"LONG_FROM": 1 << 62},
 }
 DEFAULTS = {name: getattr(model_based, name) for v in VARIANTS.values() for name in v}
 

@@ -34,22 +34,25 @@ MAX_TASK_ROWS = 20000
 REFIT_STEP = 32
 
 
-def boost_step(start: int) -> int:
-    """Trials between two boosting steps after a training from scratch at `start`:
-    REFIT_STEP up to 511 trials (the replay's 200 among them), then an eighth of `start` in
-    multiples of REFIT_STEP (512: 64, 1024: 128, ...): eight steps per interval, so a long
-    job's steps per measurement fall as its retrainings' do (every REFIT_STEP trials, 7
-    boosters x 10 trees and their shortlist's update cost about 1 ms of CPU per measurement
-    whatever the job's length)."""
-    return max(REFIT_STEP, start // 8 // REFIT_STEP * REFIT_STEP)
-
-
 # From a training from scratch at this many trials on (past the replay's 200), the next one
 # comes when the trials have at least doubled: a retraining is most of a long job's model
 # work (on a whole space about 0.5 s: 7 boosters of 100 trees, their first look at every
 # schedule and their candidate set), and in a fleet whose rounds have grown to 224 nearly
 # every round crossed one of 256, 384, 576, 864. Boosting steps carry the model in between.
 LONG_FROM = 256
+
+
+def boost_step(start: int) -> int:
+    """Trials between two boosting steps after a training from scratch at `start`:
+    REFIT_STEP up to LONG_FROM (the replay's 200 trials among them), then an eighth of
+    `start` in multiples of REFIT_STEP (512: 64, 1024: 128, ...): eight steps per interval,
+    so a long job's steps per measurement fall as its retrainings' do (every REFIT_STEP
+    trials, 7 boosters x 10 trees and their shortlist's update cost about 1 ms of CPU per
+    measurement whatever the job's length). With these longer steps a proposal between two
+    of them takes the model of the last one as it is (`task_margins`)."""
+    if start <= LONG_FROM:
+        return REFIT_STEP
+    return max(REFIT_STEP, start // 8 // REFIT_STEP * REFIT_STEP)
 
 
 def refit_point(n: int, growth: float) -> int:
@@ -444,7 +447,12 @@ class ModelBasedStrategy(Strategy):
                  "model": model, "each": each, "rows": rows,
                  "X": None if rows is None else self.task_features[rows]}
         model, each, upto, rows = c["model"], c["each"], c["upto"], c["rows"]
-        steps = [*range(upto + step, last + 1, step), *([n] if n > last else [])]
+        # A trial count between two steps grows a copy by a step on every trial (the newest
+        # learned at once) while steps are REFIT_STEP apart; past that (n >= 2 LONG_FROM),
+        # the last step's model serves until the next one: it has seen all but less than
+        # an eighth of the trials, and a copy per proposal was most of a long job's work.
+        partial = n > last and step == REFIT_STEP
+        steps = [*range(upto + step, last + 1, step), *([n] if partial else [])]
         if steps and rows is not None:
             each = each.copy()  # the chain's margins stay as they were at `upto`
         # Stored again below: a step that fails midway leaves no chain whose model has

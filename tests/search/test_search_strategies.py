@@ -385,12 +385,19 @@ def test_a_long_job_retrains_as_its_trials_double_with_eight_steps_between() -> 
     wide = load_dataset(REPLAY / "sim_stage2_int8_h100_wide.jsonl.gz")
     trials = _history(wide, 700, pending=0, seed=1).trials
     live = make_strategy("diversity", wide.space, seed=2, **FAST)
-    for n in (300, 530, 600, 690):
+    live.propose(History(trials=trials[:300]), 32)
+    chain = live._chains[None]  # type: ignore[attr-defined]
+    # Steps of 32 (at 288), and a copy boosted on all 300 trials for this proposal.
+    assert chain["start"] == 256 and chain["upto"] == 288
+    assert not np.array_equal(live.bag_scores, chain["each"])  # type: ignore[arg-type]
+    for n in (530, 600, 690):
         live.propose(History(trials=trials[:n]), 32)
     chain = live._chains[None]  # type: ignore[attr-defined]
-    # From scratch at 512, boosted at 576 and 640 (not at 544, 608 or 672).
+    # From scratch at 512, boosted at 576 and 640 (not at 544, 608 or 672); the proposal
+    # at 690 takes the model of 640 as it is.
     assert chain["start"] == 512 and chain["upto"] == 640
     assert chain["model"].trees == FAST["rounds"] + 2 * 10
+    np.testing.assert_array_equal(live.bag_scores, chain["each"])  # type: ignore[arg-type]
     voices = live._chains[("rank", 3, RANK_VOICES_SALT)]  # type: ignore[attr-defined]
     assert voices["upto"] == 640 and voices["model"].trees == FAST["rounds"] + 2 * 10
     h = History(trials=trials[:700])
