@@ -227,7 +227,13 @@ class DiversityAware(ModelBasedStrategy):
 
     def propose(self, history: History, n: int) -> list[int]:
         rng = self.rng(history)
-        table = self.score_table(history.trials, history.prior)
+        table = None
+        # Until the first design is measured (no prior), a proposal draws at random too: a
+        # fleet proposes its next rounds while the first is measured, and a model of a few
+        # trials, retrained at every such proposal, steered nowhere at the cost of a
+        # retraining each (the replay proposes at 0 and first_n trials only).
+        if history.prior or not self.first_n or len(history.trials) >= self.first_n:
+            table = self.score_table(history.trials, history.prior)
         if table is None and not history.trials and self.first_n:
             n = min(n, self.first_n)
         n_random = n // 32

@@ -1,11 +1,11 @@
 """Offline replay of search strategies on exhaustively measured spaces.
 
 Each (dataset, strategy, seed) runs the explorer's loop with the dataset as the GPU: propose
-a batch of 32 (`--batch`), look the results up, repeat until the trial budget. Reported per dataset and
-strategy (median over seeds): trials to reach 95% and 99% of the dataset's best throughput,
-and the standardized score (strategy - random) / (optimum - random) at 64 and 200 trials,
-where strategy is the median best-so-far and random is the exact expectation of random
-search without replacement at that many trials.
+a batch of 32 (`--batch`), look the results up, repeat until the trial budget. Reported per
+dataset and strategy (median over seeds): trials to reach 95% and 99% of the dataset's best
+throughput, and the standardized score (strategy - random) / (optimum - random) at 64 and
+200 trials, where strategy is the median best-so-far and random is the exact expectation of
+random search without replacement at that many trials.
 
     tctune bench search [--dataset PATH ...] [--seeds 10] [--strategies random,grid,sa,diversity]
                         [--trials 200] [--batch 32] [--out bench/data/search_replay.json]

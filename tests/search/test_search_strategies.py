@@ -260,6 +260,29 @@ def test_first_n_shortens_only_the_first_design(ds: ReplayDataset, first: str) -
         make_strategy("diversity", space, first_n=-1)
 
 
+def test_before_the_first_design_is_measured_proposals_draw_at_random(
+        ds: ReplayDataset) -> None:
+    """A fleet proposes its next rounds while the first one is measured: with fewer trials
+    than the first design (no prior) nothing is trained, the batch is random draws (full,
+    unseen); from first_n trials on, or with a prior, the model picks."""
+    from search import cost_model
+
+    trials = _history(ds, 30, pending=0, seed=5).trials
+    strat = make_strategy("diversity", ds.space, seed=1, first_n=24, **FAST)
+    fits = sum(cost_model.FITS.values())
+    early = strat.propose(History(trials=trials[:10], pending={int(ds.space.valid_indices[0])}),
+                          32)
+    assert sum(cost_model.FITS.values()) == fits and strat.bag_scores is None
+    assert len(set(early)) == 32 and int(ds.space.valid_indices[0]) not in early
+    assert not {t.index for t in trials[:10]} & set(early)
+    strat.propose(History(trials=trials[:24]), 32)
+    assert sum(cost_model.FITS.values()) > fits and strat.bag_scores is not None
+    prior = transfer_prior(ds, [load_dataset(REPLAY / "sim_stage4_int8_h100_paper6.jsonl.gz")])
+    guided = make_strategy("diversity", ds.space, seed=1, first_n=24, **FAST)
+    guided.propose(History(trials=trials[:10], prior=prior), 32)
+    assert guided.bag_scores is not None
+
+
 def test_best_first_orders_equal_scores_by_position() -> None:
     """Tree models give many schedules the same score: which of them a voice takes must not
     depend on numpy's selection algorithm."""
