@@ -178,8 +178,8 @@ MODEL_OPTIONS: tuple[Option, ...] = (
     Option("bags", int, 1, "bagged boosters of the task's model; the score is their mean",
            minimum=1, maximum=32),
     Option("refit", float, 1.0, "<= 1: retrain the task's model from scratch for every "
-           "proposal (AutoTVM's way); > 1: only when the trials have grown by this factor, "
-           "boosting it further in between"),
+           "proposal (AutoTVM's way); > 1: only when the trials have grown by this factor "
+           "(from 256 trials on, at least doubled), boosting it further in between"),
     Option("extend", int, 10, "trees each bag gains per boosting step between refits",
            minimum=1, maximum=1000),
     Option("walkers", int, 128, "simulated-annealing walkers", minimum=1, maximum=4096),
