@@ -8,10 +8,12 @@ No trial and no prior: the first design is 24 uniform random draws over the vali
 (`first_n`; the model steers from trial 25 instead of 33: docs/decisions.md "A first design
 of 32"; `first=coverage` makes it a space-filling design instead, `coverage_design`: every
 value of every knob; better on the simulated spaces, worse on the 16 recorded on GPUs, see
-"A space-filling first batch" there). Each later batch
-(always full): train the model on every trial (and the prior) as five bagged regression
-boosters (from scratch when the trials have grown by half since the last time, else by
-boosting the last model further: `refit`, search/model_based.py), then pick the batch from
+"A space-filling first batch" there); until those are measured, further proposals draw at
+random too. A prior and no trial: the prior's best unseen schedules (`prior_pick`). Each
+later batch (always full): train the model on every trial (and the prior) as five bagged
+regression boosters (from scratch when the trials have grown by half since the last time,
+doubled from 256 trials on, else by boosting the last model further: `refit`,
+`boost_step`, search/model_based.py), then pick the batch from
 their opinions in turn (`bag_pick`): the mean's best unseen schedule, each bag's best not
 yet taken, and round again; n/32 random ones (1 of 32) complete it. Opinions with another
 inductive bias join the turns (no prior, `rank_voices`: three pairwise-rank boosters on
