@@ -5,7 +5,9 @@ the default strategy scores a candidate set when it retrains from scratch and a 
 of it at the boosting steps in between (`search.model_based.SHORTLIST_MIN_ROWS`). Here the
 GPU is the analytical model over a layer's whole valid space (simulated; 1.5% noise), and
 the default strategy runs per seed as it is, with every retraining scoring the whole space
-(the shortlist kept), and with every retraining and boosting step scoring the whole space.
+(the shortlist kept), and with every retraining and boosting step scoring the whole space;
+`long jobs as short ones` runs it with the schedule of its first 256 trials throughout
+(retrained as the trials grow by half, boosted every 32 trials and at each proposal's count).
 Reported as the replay reports (`tctune bench search`): trials to 95% / 99% of the space's
 best (median over seeds) and the score at 64 / 200 / the last trial against random search.
 
@@ -41,6 +43,9 @@ VARIANTS: dict[str, dict[str, int]] = {
     "candidates (default)": {},
     "whole space at retrainings": {"SCREEN_TREES": 1 << 62},
     "whole space": {"SHORTLIST_MIN_ROWS": 1 << 62},
+    # Long jobs on the schedule of short ones: retrained as the trials grow by half,
+    # boosted every 32 trials and at each proposal's count.
+    "long jobs as short ones": {"LONG_FROM": 1 << 62},
 }
 DEFAULTS = {name: getattr(model_based, name) for v in VARIANTS.values() for name in v}
 

@@ -28,17 +28,39 @@ MAX_TASK_ROWS = 20000
 # The task model's schedule with `refit` > 1 (diversity's default): trained from scratch at
 # trial counts that grow by that factor (32, 64, 96, 160, 256, ...: multiples of REFIT_STEP,
 # each at least `refit` x the one before), and in between boosted by `extend` more trees per
-# bag at every multiple of REFIT_STEP and at the count itself. Most proposals of a long job
-# then train and predict a tenth of the trees. Still a function of (trials, prior): the steps
-# at multiples of REFIT_STEP are cached, and a fresh instance redoes them.
+# bag at every multiple of the step (`boost_step`) and at the count itself. Most proposals
+# of a long job then train and predict a tenth of the trees. Still a function of (trials,
+# prior): the steps at multiples of the step are cached, and a fresh instance redoes them.
 REFIT_STEP = 32
+
+
+# From a training from scratch at this many trials on (past the replay's 200), the next one
+# comes when the trials have at least doubled: a retraining is most of a long job's model
+# work (on a whole space about 0.5 s: 7 boosters of 100 trees, their first look at every
+# schedule and their candidate set), and in a fleet whose rounds have grown to 224 nearly
+# every round crossed one of 256, 384, 576, 864. Boosting steps carry the model in between.
+LONG_FROM = 256
+
+
+def boost_step(start: int) -> int:
+    """Trials between two boosting steps after a training from scratch at `start`:
+    REFIT_STEP up to LONG_FROM (the replay's 200 trials among them), then an eighth of
+    `start` in multiples of REFIT_STEP (512: 64, 1024: 128, ...): eight steps per interval,
+    so a long job's steps per measurement fall as its retrainings' do (every REFIT_STEP
+    trials, 7 boosters x 10 trees and their shortlist's update cost about 1 ms of CPU per
+    measurement whatever the job's length). With these longer steps a proposal between two
+    of them takes the model of the last one as it is (`task_margins`)."""
+    if start <= LONG_FROM:
+        return REFIT_STEP
+    return max(REFIT_STEP, start // 8 // REFIT_STEP * REFIT_STEP)
 
 
 def refit_point(n: int, growth: float) -> int:
     """The last trial count <= n at which the task model is trained from scratch."""
     f = REFIT_STEP
     while True:
-        nxt = max(f + REFIT_STEP, -(-int(np.ceil(f * growth)) // REFIT_STEP) * REFIT_STEP)
+        g = max(growth, 2.0) if f >= LONG_FROM else growth
+        nxt = max(f + REFIT_STEP, -(-int(np.ceil(f * g)) // REFIT_STEP) * REFIT_STEP)
         if nxt > n:
             return f
         f = nxt
@@ -156,8 +178,8 @@ MODEL_OPTIONS: tuple[Option, ...] = (
     Option("bags", int, 1, "bagged boosters of the task's model; the score is their mean",
            minimum=1, maximum=32),
     Option("refit", float, 1.0, "<= 1: retrain the task's model from scratch for every "
-           "proposal (AutoTVM's way); > 1: only when the trials have grown by this factor, "
-           "boosting it further in between"),
+           "proposal (AutoTVM's way); > 1: only when the trials have grown by this factor "
+           "(from 256 trials on, at least doubled), boosting it further in between"),
     Option("extend", int, 10, "trees each bag gains per boosting step between refits",
            minimum=1, maximum=1000),
     Option("walkers", int, 128, "simulated-annealing walkers", minimum=1, maximum=4096),
@@ -404,8 +426,7 @@ class ModelBasedStrategy(Strategy):
         if self.refit <= 1 or n < REFIT_STEP:
             model = self._fit_task(trials, base, voice)
             return None if model is None else self.score_new(model, trials, base, salt)[0]
-        start = refit_point(n, self.refit)
-        last = start + (n - start) // REFIT_STEP * REFIT_STEP
+        start, last, step = self.schedule(n)
         base_id = None if base is None else base[2]
         c = self._chains.get(voice)
         if not (c and c["base"] == base_id and self._chain_continues(c, trials)):
@@ -426,7 +447,12 @@ class ModelBasedStrategy(Strategy):
                  "model": model, "each": each, "rows": rows,
                  "X": None if rows is None else self.task_features[rows]}
         model, each, upto, rows = c["model"], c["each"], c["upto"], c["rows"]
-        steps = [*range(upto + REFIT_STEP, last + 1, REFIT_STEP), *([n] if n > last else [])]
+        # A trial count between two steps grows a copy by a step on every trial (the newest
+        # learned at once) while steps are REFIT_STEP apart; past that (n >= 2 LONG_FROM),
+        # the last step's model serves until the next one: it has seen all but less than
+        # an eighth of the trials, and a copy per proposal was most of a long job's work.
+        partial = n > last and step == REFIT_STEP
+        steps = [*range(upto + step, last + 1, step), *([n] if partial else [])]
         if steps and rows is not None:
             each = each.copy()  # the chain's margins stay as they were at `upto`
         # Stored again below: a step that fails midway leaves no chain whose model has
@@ -448,12 +474,17 @@ class ModelBasedStrategy(Strategy):
         self._chains[voice] = {**c, "sig": _trials_sig(trials, c["upto"])}
         return each
 
+    def schedule(self, n: int) -> tuple[int, int, int]:
+        """At n trials (`refit` > 1): the last training from scratch, the last boosting
+        step the chain keeps (a multiple of the step after it) and the step."""
+        start = refit_point(n, self.refit)
+        step = boost_step(start)
+        return start, start + (n - start) // step * step, step
+
     def _chain_continues(self, c: dict[str, Any], trials: Sequence[Trial]) -> bool:
         """Whether the chain `c` serves these trials: no training from scratch is due and
         the trials it was boosted on are still the first ones."""
-        n = len(trials)
-        start = refit_point(n, self.refit)
-        last = start + (n - start) // REFIT_STEP * REFIT_STEP
+        start, last, _ = self.schedule(len(trials))
         return bool(c["start"] == start and c["upto"] <= last
                     and c["sig"] == _trials_sig(trials, c["upto"]))
 

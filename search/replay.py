@@ -1,14 +1,15 @@
 """Offline replay of search strategies on exhaustively measured spaces.
 
 Each (dataset, strategy, seed) runs the explorer's loop with the dataset as the GPU: propose
-a batch of 32, look the results up, repeat until the trial budget. Reported per dataset and
-strategy (median over seeds): trials to reach 95% and 99% of the dataset's best throughput,
-and the standardized score (strategy - random) / (optimum - random) at 64 and 200 trials,
-where strategy is the median best-so-far and random is the exact expectation of random
-search without replacement at that many trials.
+a batch of 32 (`--batch`), look the results up, repeat until the trial budget. Reported per
+dataset and strategy (median over seeds): trials to reach 95% and 99% of the dataset's best
+throughput, and the standardized score (strategy - random) / (optimum - random) at 64 and
+200 trials, where strategy is the median best-so-far and random is the exact expectation of
+random search without replacement at that many trials.
 
     tctune bench search [--dataset PATH ...] [--seeds 10] [--strategies random,grid,sa,diversity]
-                        [--trials 200] [--out bench/data/search_replay.json] [--png ...]
+                        [--trials 200] [--batch 32] [--out bench/data/search_replay.json]
+                        [--png ...]
 
 A strategy is NAME[+transfer][:key=value...] with the options it declares (--help lists
 them); `main(strategies=...)` replays others (bench/search_ablation.py).
@@ -160,7 +161,7 @@ def init_worker(paths: Sequence[str], loaded: Sequence[ReplayDataset] | None = N
     _PRIORS.clear()
 
 
-def run_unit(d: int, spec: str, seed: int, trials: int) -> np.ndarray:
+def run_unit(d: int, spec: str, seed: int, trials: int, batch: int = BATCH) -> np.ndarray:
     """One replay of `spec` (NAME[+transfer][:key=value...]) on the worker's dataset d."""
     name, options, transfer = parse_strategy(spec, _STRATEGIES)
     prior: list[PriorTrial] = []
@@ -168,7 +169,7 @@ def run_unit(d: int, spec: str, seed: int, trials: int) -> np.ndarray:
         if (d, spec) not in _PRIORS:
             _PRIORS[(d, spec)] = transfer_prior(_DATASETS[d], _DATASETS)
         prior = _PRIORS[(d, spec)]
-    return run_one(_DATASETS[d], name, seed, trials, prior, options=options,
+    return run_one(_DATASETS[d], name, seed, trials, prior, batch=batch, options=options,
                    strategies=_STRATEGIES)
 
 
@@ -198,7 +199,12 @@ def main(argv: list[str] | None = None, strategies: Registry | None = None,
     ap.add_argument("--png", default="bench/data/search_replay.png")
     ap.add_argument("--markdown", default=None, help="also write the table as markdown here")
     ap.add_argument("--jobs", type=int, default=1, help="worker processes")
+    ap.add_argument("--batch", type=int, default=BATCH,
+                    help="candidates per proposal (the service's round; in the fleet rounds "
+                         "grow while GPUs wait)")
     args = ap.parse_args(argv)
+    if args.batch < 1:
+        ap.error("--batch must be at least 1")
 
     # Wide enough for the table when the output is a file or a pipe (CI logs).
     console = Console(width=None if Console().is_terminal else 130)
@@ -230,7 +236,8 @@ def main(argv: list[str] | None = None, strategies: Registry | None = None,
             nthread = max(1, (os.cpu_count() or 1) // args.jobs)
             with ProcessPoolExecutor(args.jobs, initializer=init_worker,
                                      initargs=(paths, None, nthread, registry)) as pool:
-                futures = {pool.submit(run_unit, d, s, seed, args.trials): (d, s, seed)
+                futures = {pool.submit(run_unit, d, s, seed, args.trials, args.batch):
+                           (d, s, seed)
                            for d, s, seed in units}
                 for fut in as_completed(futures):
                     d, s, seed = futures[fut]
@@ -241,7 +248,7 @@ def main(argv: list[str] | None = None, strategies: Registry | None = None,
             init_worker(paths, datasets, strategies=registry)
             for d, s, seed in units:
                 progress.update(job, description=f"{datasets[d].name} {s} seed {seed}")
-                results[(d, s, seed)] = run_unit(d, s, seed, args.trials)
+                results[(d, s, seed)] = run_unit(d, s, seed, args.trials, args.batch)
                 progress.advance(job)
 
     for d, ds in enumerate(datasets):
@@ -265,7 +272,7 @@ def main(argv: list[str] | None = None, strategies: Registry | None = None,
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
         meta = {"date": dt.date.today().isoformat(), "trials": args.trials,
-                "seeds": args.seeds, "batch": BATCH, "datasets": [str(p) for p in paths],
+                "seeds": args.seeds, "batch": args.batch, "datasets": [str(p) for p in paths],
                 # The trees (hence a seed's path) change with XGBoost's version: on the
                 # largest spaces a median moved by 15 trials between two installs.
                 "versions": {"xgboost": cost_model.xgb.__version__, "numpy": np.__version__}}

@@ -94,6 +94,11 @@ class Strategy(ABC):
     def unseen_valid(self, history: History) -> np.ndarray:
         valid = self.space.valid_indices
         seen = history.seen
-        if not seen:
+        if not seen or not len(valid):
             return valid
-        return valid[~np.isin(valid, np.fromiter(seen, dtype=np.int64, count=len(seen)))]
+        # By sorted lookup into `valid` (ascending): np.isin sorted the whole space each call.
+        idx = np.fromiter(seen, dtype=np.int64, count=len(seen))
+        pos = np.minimum(np.searchsorted(valid, idx), max(len(valid) - 1, 0))
+        keep = np.ones(len(valid), dtype=bool)
+        keep[pos[valid[pos] == idx]] = False
+        return valid[keep]

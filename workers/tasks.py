@@ -127,11 +127,13 @@ def round_size(session: Any, db_url: str, target: str, batch_size: int, max_roun
     """Candidates in the next round: `batch_size`, grown in steps of it up to `max_round`
     while GPUs of the target are idle with nothing queued for them (`hotpath.unfed_gpus`).
 
-    Why: a round costs the explorer one model update whatever its size. When the explorer
-    keeps up, GPUs are busy and rounds stay small (the most model updates per trial, the
-    best search); when it falls behind, idle GPUs make the rounds larger, so each update
-    feeds more of them (the replay's cost of larger rounds: bench/RESULTS.md "Proposal
-    time")."""
+    Why: a round's proposal costs the explorer a fixed part (reads, the pick, writes) and
+    the model work its trial count is due (the default's retrainings and boosting steps
+    come at set trial counts, sparser as a job grows), so larger rounds cost less per
+    candidate. When the explorer keeps up, GPUs are busy and rounds stay small (the model
+    updated most often per trial, the best search); when it falls behind, idle GPUs make
+    the rounds larger (the replay's cost of larger rounds: bench/RESULTS.md "Search:
+    offline replay")."""
     if max_round <= batch_size:
         return batch_size
     now = time.monotonic()

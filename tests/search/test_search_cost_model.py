@@ -145,3 +145,28 @@ def test_a_model_boosted_in_place_between_copies_keeps_training(loss: str) -> No
         assert copy.trees == 30 + (j + 2) * 10
         np.testing.assert_allclose(then + copy.predict_each(X, since=copy.trees - 10),
                                    copy.predict_each(X), atol=1e-4)
+
+
+@pytest.mark.parametrize("loss", ["rank", "reg"])
+def test_fit_and_boosting_steps_grow_the_trees_xgboost_would(loss: str) -> None:
+    """The model trains through XGBoost's iteration call directly (without the feature
+    check of every `Booster.update`): the trees, hence the margins, are those of
+    `xgb.train` and of `update` per tree."""
+    import xgboost as xgb
+
+    rng = np.random.default_rng(2)
+    X = rng.random((300, 12)).astype(np.float32)
+    y = rng.random(300)
+    group = np.repeat(np.arange(3), 100)
+    model = CostModel(loss, rounds=25, bags=3, seed=4).fit(Rows(X[:200], y[:200], group[:200]))
+    grown = model.extended(Rows(X, y, group), rounds=6)
+    for j, (b, g) in enumerate(zip(model.boosters, grown.boosters, strict=True)):
+        params = model._bag_params(j)
+        ref = xgb.train(params, model._dmatrix(Rows(X[:200], y[:200], group[:200]), None),
+                        num_boost_round=25)
+        np.testing.assert_array_equal(b.inplace_predict(X), ref.inplace_predict(X))
+        dm = model._dmatrix(Rows(X, y, group), None)
+        ref.set_param({**params, "seed": (int(params["seed"]) + 1) * 100_003 + 25})
+        for i in range(6):
+            ref.update(dm, iteration=i)
+        np.testing.assert_array_equal(g.inplace_predict(X), ref.inplace_predict(X))

@@ -90,3 +90,28 @@ def test_short_replay_orders_strategies_as_the_recorded_table(tmp_path: Path) ->
     # The goals the recorded table claims hold in the short run too.
     assert got["diversity"]["trials_to_95"] <= 64
     assert got["diversity"]["trials_to_99"] <= 200
+
+
+def test_replay_proposes_in_batches_of_the_given_size(tmp_path: Path) -> None:
+    """`--batch`: the strategy is asked for that many at a time (the fleet's grown rounds),
+    and the file says which batch its figures are of."""
+    from search.random_search import RandomSearch
+    from search.strategy import History
+
+    asked: list[int] = []
+
+    class Counting(RandomSearch):
+        name = "counting"
+
+        def propose(self, history: History, n: int) -> list[int]:
+            asked.append(n)
+            return super().propose(history, n)
+
+    out = tmp_path / "r.json"
+    rc = replay.main(["--dataset", str(REPLAY / f"{CI_DATASET}.jsonl.gz"), "--seeds", "1",
+                      "--trials", "200", "--batch", "96", "--strategies", "counting",
+                      "--out", str(out), "--png", ""], strategies={"counting": Counting})
+    assert rc == 0 and asked == [96, 96, 96]
+    assert json.loads(out.read_text())["meta"]["batch"] == 96
+    with pytest.raises(SystemExit):
+        replay.main(["--batch", "0"])

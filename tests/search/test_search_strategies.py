@@ -130,6 +130,48 @@ def test_transfer_the_prior_steers_the_first_batch(name: str) -> None:
     assert np.median(got) > np.median(rand) + 0.2
 
 
+def test_with_a_prior_and_no_trial_the_batch_is_the_prior_best_unseen() -> None:
+    """Before the task has a model (no trial measured), the default takes the prior's best
+    unseen schedules in order (the base model scored every valid one), 1 in 32 random; on
+    a whole layer's space an annealing walk finds only some of them."""
+    from search.strategy import PriorTrial
+    from workers.backends.simulated import simulate_latency_us
+
+    prior = []
+    for stage in ("stage2", "stage4"):
+        other = ScheduleSpace(RESNET50_3X3[stage], Precision.INT8, TARGETS["h100"])
+        idx = np.random.default_rng(0).choice(other.valid_indices, 1500, replace=False)
+        lat = simulate_latency_us(other.shape, other.precision, other.target,
+                                  other.columns(idx))
+        prior += [PriorTrial(other.shape, sched, "ok", float(us))
+                  for sched, us in zip(other.schedules(idx), lat, strict=True)]
+    space = ScheduleSpace(RESNET50_3X3["stage3"], Precision.INT8, TARGETS["h100"])
+    valid = space.valid_indices
+    table = make_strategy("diversity", space, seed=0, **FAST).score_table([], prior)
+    assert table is not None and np.isfinite(table.scores).all()
+    order = [int(i) for i in valid[np.argsort(-table.scores, kind="stable")[:100]]]
+    pending = set(order[:3]) | {order[10]}
+    strat = make_strategy("diversity", space, seed=0, **FAST)
+    batch = strat.propose(History(prior=prior, pending=pending), 32)
+    assert batch[:31] == [i for i in order if i not in pending][:31]
+    assert batch[31] not in pending and len(set(batch)) == 32
+    top = make_strategy("diversity", space, seed=0, pick="top", **FAST)
+    walked = top.propose(History(prior=prior, pending=pending), 32)
+    assert set(walked[:31]) != set(batch[:31])
+
+
+def test_unseen_valid_is_the_valid_space_less_what_is_seen(ds: ReplayDataset) -> None:
+    strat = make_strategy("random", ds.space, seed=0)
+    valid = ds.space.valid_indices
+    rng = np.random.default_rng(0)
+    for n in (0, 1, 50, len(valid)):
+        seen = set(rng.choice(valid, n, replace=False).tolist()) | {-5, int(valid[-1]) + 7}
+        history = History(trials=[Trial(i, "ok", 1.0) for i in sorted(seen)][: n // 2],
+                          pending=set(sorted(seen)[n // 2:]))
+        got = strat.unseen_valid(history)
+        np.testing.assert_array_equal(got, valid[~np.isin(valid, list(seen))])
+
+
 def test_transfer_prior_learns_from_the_same_kind_of_data_only() -> None:
     """The simulator's h100 shares the real H100's target: a GPU-recorded dataset's prior
     must not hold simulated measurements, nor a simulated one's GPU recordings."""
@@ -216,6 +258,29 @@ def test_first_n_shortens_only_the_first_design(ds: ReplayDataset, first: str) -
     assert len(strat.propose(History(prior=prior), 32)) == 32
     with pytest.raises(ValueError, match="first_n"):
         make_strategy("diversity", space, first_n=-1)
+
+
+def test_before_the_first_design_is_measured_proposals_draw_at_random(
+        ds: ReplayDataset) -> None:
+    """A fleet proposes its next rounds while the first one is measured: with fewer trials
+    than the first design (no prior) nothing is trained, the batch is random draws (full,
+    unseen); from first_n trials on, or with a prior, the model picks."""
+    from search import cost_model
+
+    trials = _history(ds, 30, pending=0, seed=5).trials
+    strat = make_strategy("diversity", ds.space, seed=1, first_n=24, **FAST)
+    fits = sum(cost_model.FITS.values())
+    early = strat.propose(History(trials=trials[:10], pending={int(ds.space.valid_indices[0])}),
+                          32)
+    assert sum(cost_model.FITS.values()) == fits and strat.bag_scores is None
+    assert len(set(early)) == 32 and int(ds.space.valid_indices[0]) not in early
+    assert not {t.index for t in trials[:10]} & set(early)
+    strat.propose(History(trials=trials[:24]), 32)
+    assert sum(cost_model.FITS.values()) > fits and strat.bag_scores is not None
+    prior = transfer_prior(ds, [load_dataset(REPLAY / "sim_stage4_int8_h100_paper6.jsonl.gz")])
+    guided = make_strategy("diversity", ds.space, seed=1, first_n=24, **FAST)
+    guided.propose(History(trials=trials[:10], prior=prior), 32)
+    assert guided.bag_scores is not None
 
 
 def test_best_first_orders_equal_scores_by_position() -> None:
@@ -327,6 +392,42 @@ def test_diversity_task_model_is_a_function_of_the_trials(ds: ReplayDataset) -> 
     assert every.score_table(h.trials) is not None and None not in every._chains  # type: ignore
     assert not np.array_equal(every.score_table(h.trials).scores,  # type: ignore[union-attr]
                               fresh.score_table(h.trials).scores)  # type: ignore[union-attr]
+
+
+def test_a_long_job_retrains_as_its_trials_double_with_eight_steps_between() -> None:
+    """Past 256 trials the task model is trained from scratch when the trials have doubled
+    and boosted every eighth of that count in between (the replay's 200 trials keep the
+    schedule of every 32); still a function of the trials: a strategy that proposed along
+    the way and a fresh one agree."""
+    from search.model_based import RANK_VOICES_SALT, boost_step, refit_point
+
+    assert sorted({refit_point(n, 1.5) for n in range(32, 3000)}) == \
+        [32, 64, 96, 160, 256, 512, 1024, 2048]
+    assert sorted({refit_point(n, 3.0) for n in range(32, 3000)}) == [32, 96, 288, 864, 2592]
+    assert [boost_step(s) for s in (32, 160, 256, 512, 1024, 2048)] == [32, 32, 32, 64, 128, 256]
+    wide = load_dataset(REPLAY / "sim_stage2_int8_h100_wide.jsonl.gz")
+    trials = _history(wide, 700, pending=0, seed=1).trials
+    live = make_strategy("diversity", wide.space, seed=2, **FAST)
+    live.propose(History(trials=trials[:300]), 32)
+    chain = live._chains[None]  # type: ignore[attr-defined]
+    # Steps of 32 (at 288), and a copy boosted on all 300 trials for this proposal.
+    assert chain["start"] == 256 and chain["upto"] == 288
+    assert not np.array_equal(live.bag_scores, chain["each"])  # type: ignore[arg-type]
+    for n in (530, 600, 690):
+        live.propose(History(trials=trials[:n]), 32)
+    chain = live._chains[None]  # type: ignore[attr-defined]
+    # From scratch at 512, boosted at 576 and 640 (not at 544, 608 or 672); the proposal
+    # at 690 takes the model of 640 as it is.
+    assert chain["start"] == 512 and chain["upto"] == 640
+    assert chain["model"].trees == FAST["rounds"] + 2 * 10
+    np.testing.assert_array_equal(live.bag_scores, chain["each"])  # type: ignore[arg-type]
+    voices = live._chains[("rank", 3, RANK_VOICES_SALT)]  # type: ignore[attr-defined]
+    assert voices["upto"] == 640 and voices["model"].trees == FAST["rounds"] + 2 * 10
+    h = History(trials=trials[:700])
+    fresh = make_strategy("diversity", wide.space, seed=2, **FAST)
+    assert live.propose(h, 32) == fresh.propose(h, 32)
+    np.testing.assert_array_equal(live.bag_scores, fresh.bag_scores)  # type: ignore[arg-type]
+    np.testing.assert_array_equal(live.own_scores, fresh.own_scores)  # type: ignore[arg-type]
 
 
 def test_between_retrainings_the_task_model_keeps_its_base(ds: ReplayDataset) -> None:
