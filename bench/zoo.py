@@ -58,7 +58,14 @@ from kernels.space import (
     schedule_hash,
     with_defaults,
 )
-from kernels.spec import ConvShape, Precision, Target, get_target, target_for_gpu_model
+from kernels.spec import (
+    ConvShape,
+    Precision,
+    Target,
+    gemm_distance,
+    get_target,
+    target_for_gpu_model,
+)
 
 SHAPES_FILE = Path(__file__).resolve().parent / "data" / "zoo_shapes.json"
 ZOO_FILE = Path(__file__).resolve().parent / "data" / "zoo_h100.json"
@@ -331,9 +338,7 @@ def shape_distance(a: ConvShape, b: ConvShape) -> float:
     """How far apart two layers are for transfer: the log2 distance of their implicit GEMMs
     (M, N, K), plus one for another filter size and one for another stride (they change what
     duplicate-aware loads, tap folding and the reduction order do)."""
-    d = sum(abs(math.log2(x) - math.log2(y)) for x, y in
-            ((a.gemm_m, b.gemm_m), (a.gemm_n, b.gemm_n), (a.gemm_k, b.gemm_k)))
-    return d + float((a.r, a.s) != (b.r, b.s)) + float(a.stride != b.stride)
+    return gemm_distance(a, b) + float((a.r, a.s) != (b.r, b.s)) + float(a.stride != b.stride)
 
 
 def transfer_order(pool: Iterable[PoolEntry], shape: ConvShape, precision: str,

@@ -66,6 +66,7 @@ from kernels.spec import (
     ConvShape,
     Precision,
     Target,
+    gemm_distance,
     get_target,
     target_for_gpu_model,
 )
@@ -87,14 +88,14 @@ def default_cache_dir() -> Path:
 # The recorded bests of ResNet-50's 3x3 layers at batch 8 are data (package data, next to
 # this file): per instruction path, per precision, layer name -> schedule, in order.
 DEFAULTS_FILE = Path(__file__).resolve().with_name("runtime_defaults.json")
+_DEFAULTS: dict[str, Any] = json.loads(DEFAULTS_FILE.read_text())
 
 RecordedBests = dict[str, list[tuple[str, ConvShape, Schedule]]]
 
 
 def _load_recorded(path: str) -> RecordedBests:
-    data = json.loads(DEFAULTS_FILE.read_text())
     return {p: [(name, RESNET50_3X3[name], dict(sched)) for name, sched in layers.items()]
-            for p, layers in data[path]["bests"].items()}
+            for p, layers in _DEFAULTS[path]["bests"].items()}
 
 
 # The exhaustively tuned mma.sync bests, measured on an NVIDIA H200 (sm_90). They are the
@@ -122,12 +123,11 @@ def recorded_bests(precision: Precision, target: Target, wgmma: bool = True
 
 
 def _load_few_channels() -> dict[str, Schedule]:
-    data = json.loads(DEFAULTS_FILE.read_text())["few_channels"]
-    return {p: dict(sched) for p, sched in data["bests"].items()}
+    return {p: dict(sched) for p, sched in _DEFAULTS["few_channels"]["bests"].items()}
 
 
 def _load_one_by_one() -> dict[str, list[tuple[ConvShape, Schedule]]]:
-    bests = json.loads(DEFAULTS_FILE.read_text())["one_by_one"]["bests"]
+    bests = _DEFAULTS["one_by_one"]["bests"]
     return {p: [(ConvShape.from_dict(b["shape"]), dict(b[p])) for b in bests]
             for p in ("int8", "fp16")}
 
@@ -158,11 +158,6 @@ FEW_CHANNELS_BESTS: dict[str, Schedule] = _load_few_channels()
 # bench/data/runtime_defaults_h100.json) stage3's best is again the best default for the 23
 # shapes together (network time; 1.10x / 1.09x of the best of the four per shape).
 PREFERRED_DEFAULT = "stage3"
-
-
-def _gemm_distance(a: ConvShape, b: ConvShape) -> float:
-    return sum(abs(math.log2(x) - math.log2(y)) for x, y in
-               ((a.gemm_m, b.gemm_m), (a.gemm_n, b.gemm_n), (a.gemm_k, b.gemm_k)))
 
 
 def _adapt(schedule: Mapping[str, Any], precision: Precision, target: Target) -> Schedule:
@@ -238,7 +233,7 @@ def default_schedule(shape: ConvShape, precision: Precision | str, target: Targe
     paths = list(dict.fromkeys(path for path, *_ in rows))
     ranked = sorted(rows, key=lambda row: (paths.index(row[0]), row[2] != shape,
                                            row[1] != PREFERRED_DEFAULT,
-                                           _gemm_distance(row[2], shape)))
+                                           gemm_distance(row[2], shape)))
     if fold_tap_bytes(shape, p) and paths[0] == "wgmma":
         stem = _adapt(FEW_CHANNELS_BESTS["int8" if p.is_integer else "fp16"], p, t)
         tile_rows = stem["BLK_ROW_WARPS"] * stem["WARP_ROW_TILES"] * WGMMA_M
@@ -247,8 +242,8 @@ def default_schedule(shape: ConvShape, precision: Precision | str, target: Targe
     if (shape.r, shape.s) == (1, 1) and not fold_tap_bytes(shape, p) and paths[0] == "wgmma":
         near = sorted((row for row in ONE_BY_ONE_BESTS["int8" if p.is_integer else "fp16"]
                        if row[0].stride == shape.stride
-                       and _gemm_distance(row[0], shape) <= ONE_BY_ONE_REACH),
-                      key=lambda row: (_gemm_distance(row[0], shape), row[0].key()))
+                       and gemm_distance(row[0], shape) <= ONE_BY_ONE_REACH),
+                      key=lambda row: (gemm_distance(row[0], shape), row[0].key()))
         for other, sched in near:
             cand = _adapt(sched, p, t)
             if schedule_fits(shape, p, t, cand, epi) is None:

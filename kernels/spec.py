@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -319,6 +320,12 @@ class ConvShape:
 
 def canonical_json(obj: Any) -> str:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"))
+
+
+def gemm_distance(a: ConvShape, b: ConvShape) -> float:
+    """How far apart two layers' implicit GEMMs are: octaves of M, N and K, summed."""
+    return sum(abs(math.log2(x) - math.log2(y)) for x, y in
+               ((a.gemm_m, b.gemm_m), (a.gemm_n, b.gemm_n), (a.gemm_k, b.gemm_k)))
 
 
 def task_key(shape: ConvShape, precision: Precision, target: Target) -> str:

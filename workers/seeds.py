@@ -15,12 +15,11 @@
 from __future__ import annotations
 
 import logging
-import math
 from collections import OrderedDict
 from typing import Any
 
 from kernels.space import ScheduleSpace
-from kernels.spec import ConvShape
+from kernels.spec import ConvShape, gemm_distance
 from workers.backends.base import TaskSpec
 
 log = logging.getLogger(__name__)
@@ -57,8 +56,7 @@ def shape_distance(a: ConvShape, b: ConvShape) -> float:
     """How unlike two layers are for a kernel schedule: the implicit GEMM's sizes (output
     pixels, output channels, reduction) in octaves, plus a step for another filter size,
     stride or input channel class (few channels fold taps; wide ones do not)."""
-    d = sum(abs(math.log2(x / y)) for x, y in ((a.gemm_m, b.gemm_m), (a.gemm_n, b.gemm_n),
-                                                (a.gemm_k, b.gemm_k)))
+    d = gemm_distance(a, b)
     if (a.r, a.s, a.stride) != (b.r, b.s, b.stride):
         d += 4.0
     if (a.c < 16) != (b.c < 16):

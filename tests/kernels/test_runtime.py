@@ -35,12 +35,11 @@ from kernels.runtime import (
     WGMMA_BESTS,
     Conv2d,
     DefaultScheduleWarning,
-    _gemm_distance,
     default_cache_dir,
     default_schedule,
 )
 from kernels.space import ScheduleSpace
-from kernels.spec import RESNET50_3X3, ConvShape, Precision, get_target
+from kernels.spec import RESNET50_3X3, ConvShape, Precision, gemm_distance, get_target
 
 _KNOB_ORDER = ("BLK_ROW_WARPS", "BLK_COL_WARPS", "WARP_ROW_TILES", "WARP_COL_TILES", "CHUNK",
                "REORDER_INNER", "DUP_AWARE", "PACK_OUT", "LAYOUT", "STAGES", "SPLIT_K")
@@ -172,7 +171,7 @@ def test_1x1_layers_start_from_the_nearest_recorded_1x1_best(precision: str) -> 
     assert shape.key() not in default_schedule(strided, precision, h100)[1]
     # beyond ONE_BY_ONE_REACH octaves: the 3x3 rule
     far = ConvShape(8, 1, 1, 1152, 48, 1, 1)
-    assert min(_gemm_distance(s, far) for s, _ in recorded) > ONE_BY_ONE_REACH
+    assert min(gemm_distance(s, far) for s, _ in recorded) > ONE_BY_ONE_REACH
     assert "stage3" in default_schedule(far, precision, h100)[1]
 
 
