@@ -1,6 +1,8 @@
 """A transfer round over the zoo: each layer timed on its neighbours' recorded bests.
 
   python -m bench.zoo_transfer candidates --records R --out C.json --precisions fp16  # CPU
+  python -m bench.zoo_transfer variants --records R --out C.json --set PINGPONG=1 \
+      --set TMA=2 --vary PERSIST --vary STAGES                                   # CPU
   python -m bench.zoo_transfer prebuild --candidates C.json --cache D               # CPU
   python -m bench.zoo_transfer run --candidates C.json --cache D --out F.json        # GPU
   python -m bench.zoo_transfer merge F.json... --records R --out R2.json            # CPU
@@ -12,7 +14,10 @@ same rule to layers tuned before it existed: the prior is the records file's oth
 the same precision and target (their recorded bests), each layer's candidates are the bests
 of its `--seeds` nearest neighbours, and `run` checks and times the layer's own record and
 each candidate in one run through the GPU worker's backend (workers/backends/cuda.py).
-`merge` writes the records with each layer's fastest schedule of the run; `bench.retime`
+`variants` makes a layer's candidates of its own record instead: a new knob's value set
+(`--set`), and every combination of the `--vary` knobs' values, fewest changes from the
+record first (`--min-waves`: only layers whose record's tiles fill that many waves of the
+GPU's SMs). `merge` writes the records with each layer's fastest schedule of the run; `bench.retime`
 then times them against cuDNN in a run of their own. R: a records file of
 `bench.model_e2e records`; the layer options are `bench.zoo`'s.
 """
@@ -68,6 +73,51 @@ def candidates(a: argparse.Namespace) -> int:
             f"({', '.join(schedule_hash(s) for s in space.schedules(picks))})")
     Path(a.out).write_text(json.dumps({"records": a.records, "target": target.name,
                                        "seeds": a.seeds, "rows": rows}, indent=1) + "\n")
+    return 0
+
+
+def _knob_value(text: str) -> Any:
+    return int(text) if text.lstrip("-").isdigit() else text
+
+
+def variants(a: argparse.Namespace) -> int:
+    import itertools
+
+    import numpy as np
+
+    from kernels.space import ScheduleSpace, geometry, with_defaults
+    from kernels.spec import get_target
+
+    records = json.loads(Path(a.records).read_text())
+    target = get_target(a.target)
+    fixed = dict((k, _knob_value(v)) for k, v in (kv.split("=", 1) for kv in a.set))
+    rows = []
+    for g in planned(a):
+        prec = Precision(g.precision)
+        key = task_key(g.shape, prec, target)
+        rec = records.get(key)
+        if rec is None:
+            continue
+        space = ScheduleSpace(g.shape, prec, target)
+        if not space.is_valid(rec["schedule"]):
+            continue
+        record = with_defaults(prec, rec["schedule"])
+        g0 = geometry(g.shape, prec, target, {k: np.array([v]) for k, v in record.items()})
+        tiles = -(-g.shape.gemm_m // int(g0.block_m[0])) * -(-g.shape.gemm_n // int(g0.block_n[0]))
+        if tiles < a.min_waves * target.sms:
+            continue
+        picks: list[tuple[int, dict[str, Any]]] = []
+        for combo in itertools.product(*(space.knobs[k] for k in a.vary)):
+            s = {**record, **fixed, **dict(zip(a.vary, combo, strict=True))}
+            if s != record and space.is_valid(s) and s not in [p for _, p in picks]:
+                picks.append((sum(s[k] != record[k] for k in s), s))
+        cands = [s for _, s in sorted(picks, key=lambda t: t[0])[:a.limit]]
+        rows.append({"key": key, "layer": g.uses[0].layers[0], "shape": g.shape.to_dict(),
+                     "precision": g.precision, "record": rec["schedule"], "candidates": cands})
+        log(f"{key}: {len(cands)} variants")
+    Path(a.out).write_text(json.dumps({"records": a.records, "target": target.name,
+                                       "set": fixed, "vary": a.vary, "rows": rows},
+                                      indent=1) + "\n")
     return 0
 
 
@@ -173,6 +223,16 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--out", required=True)
     c.add_argument("--target", default="h100")
     c.add_argument("--seeds", type=int, default=8, help="neighbours per layer")
+    v = sub.add_parser("variants", help="each layer's record with knobs set and varied (CPU)")
+    add_layer_args(v)
+    v.add_argument("--records", required=True)
+    v.add_argument("--out", required=True)
+    v.add_argument("--target", default="h100")
+    v.add_argument("--set", action="append", default=[], metavar="KNOB=VALUE")
+    v.add_argument("--vary", action="append", default=[], metavar="KNOB")
+    v.add_argument("--limit", type=int, default=6, help="variants per layer")
+    v.add_argument("--min-waves", type=float, default=0.0,
+                   help="only layers whose record has at least this many tiles per SM")
     for name, help_text in (("prebuild", "build every candidate (CPU)"),
                             ("run", "check and time each layer's record and candidates (GPU)")):
         p = sub.add_parser(name, help=help_text)
@@ -189,7 +249,8 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if print_table(a, render):
         return 0
-    return {"candidates": candidates, "prebuild": prebuild, "run": run, "merge": merge}[a.cmd](a)
+    return {"candidates": candidates, "variants": variants, "prebuild": prebuild, "run": run,
+            "merge": merge}[a.cmd](a)
 
 
 if __name__ == "__main__":

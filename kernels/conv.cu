@@ -63,6 +63,9 @@
 #ifndef TC_PLAIN_A
 #define TC_PLAIN_A 0  // 1: TMA copies A as the plain [N*H*W][C] matrix (1x1, stride 1, pad 0)
 #endif
+#ifndef TC_PINGPONG
+#define TC_PINGPONG 0  // 1: two consumers take the persistent block's tiles in turn
+#endif
 
 #include "instruction_tile.cuh"
 
@@ -117,8 +120,14 @@ constexpr int PACK = TC_PACK_OUT, LAYOUT = TC_LAYOUT, STAGES = TC_STAGES, SPLITK
 // ---- block tile
 constexpr int WN = WG ? 32 * WCT : 0;  // columns of one wgmma tile (kernels/space.py: WGMMA_*)
 constexpr int BM = BRW * WRT * (WG ? WGM : IM), BN = BCW * (WG ? WN : WCT * 8);
-constexpr int WARPS = BRW * BCW * (WG ? 4 : 1), THREADS = WARPS * 32;  // the math warps
-constexpr int BLOCK_THREADS = THREADS + (WS ? 32 : 0);                  // + the producer warp
+constexpr int WARPS = BRW * BCW * (WG ? 4 : 1), THREADS = WARPS * 32;  // one tile's math warps
+// PINGPONG: two consumers, each THREADS math threads with a tile of its own, take the
+// persistent block's tiles in turn, one's main loop running while the other's epilogue does
+// (pipeline_tma.cuh: pingpong_tma; CUTLASS's ping-pong warp-specialized schedule).
+constexpr bool PP = TC_PINGPONG != 0;
+constexpr int CONSUMERS = PP ? 2 : 1;
+constexpr int MATH_THREADS = CONSUMERS * THREADS;
+constexpr int BLOCK_THREADS = MATH_THREADS + (WS ? 32 : 0);  // + the producer warp
 // What the epilogue sees of a warp's accumulators: WRT row tiles ROWSTEP rows apart, each
 // EWCT m16n8-shaped column tiles wide (wgmma's fragment is that of n8 tiles side by side).
 constexpr int EWCT = WG ? WN / 8 : WCT;
@@ -192,16 +201,17 @@ constexpr int RES_SMEM = (RES && PACK) ? BM * E_ROW : 0;
 constexpr int EPI_SMEM = DIRECT_OUT ? 0 : STG_SMEM + RES_SMEM;
 // F32_ASYNC: two hi/lo plane buffers, then STAGES fp32 staging slots of the same size.
 // wgmma: room to round the base up to the 1024-byte alignment of its swizzled tiles.
-// TMA: a full and an empty mbarrier per stage after the stages.
+// TMA: a full and an empty mbarrier per stage after the stages (PINGPONG: and a turn
+// mbarrier per consumer).
 constexpr int SMEM_ALIGN = WG ? 1024 : 0;
-constexpr int MBAR_SMEM = TMA ? 16 * STAGES : 0;
+constexpr int MBAR_SMEM = TMA ? 16 * STAGES + (PP ? 16 : 0) : 0;
 constexpr int PIPE_SMEM = (F32_ASYNC ? 2 + STAGES : STAGES) * (A_STAGE + B_STAGE) + SMEM_ALIGN +
                           MBAR_SMEM;
 constexpr int NATOM = SB / ATOM;  // swizzle atoms per stage row (TMA: one box each)
-// A persistent block's epilogue has its own region after the pipeline: the next tile's
-// first stages land while it runs.
+// A persistent block's epilogue has its own region after the pipeline (one per consumer):
+// the next tile's first stages land while it runs.
 constexpr int EPI_OFF = PERSIST ? PIPE_SMEM : 0;
-constexpr int SMEM = PERSIST ? PIPE_SMEM + EPI_SMEM : cmax(PIPE_SMEM, EPI_SMEM);
+constexpr int SMEM = PERSIST ? PIPE_SMEM + CONSUMERS * EPI_SMEM : cmax(PIPE_SMEM, EPI_SMEM);
 constexpr int CVO = 128 / OUT_BITS;  // output channels per 16-byte vector (NHWCnc out)
 constexpr int gcd(int a, int b) { return b == 0 ? a : gcd(b, a % b); }
 constexpr int pow2_le16(int v) { return (v % 16 == 0) ? 16 : (v % 8 == 0) ? 8 : (v % 4 == 0) ? 4
@@ -241,6 +251,8 @@ static_assert(!PLAIN_A || (TMA && R == 1 && S == 1 && SH == 1 && SW == 1 && PH =
               "one box of at most 256 rows");
 static_assert(!PERSIST || (!F32TC && !REGPATH && SPLITK == 1),
               "a persistent grid runs the TMA or cp.async multistage pipeline without split-K");
+static_assert(!PP || (WS && PERSIST), "the consumers take turns behind a producer warp, "
+              "on a persistent grid");
 // Implied by the register rule and kernels/spec.py's shape limits (tests/test_kernels_build.py):
 static_assert(!TMA || (BM <= 1024 && SH <= 8 && SW <= 8 && PH <= 127 && PW <= 127 &&
                        (R - 1) * DH - PH <= 128 && (S - 1) * DW - PW <= 128),
@@ -325,6 +337,19 @@ __device__ __forceinline__ void conv_persistent(const u8* __restrict__ x,
   const StageRing sr{sbase};
   int nit = NIT;
   if constexpr (WG) asm volatile("" : "+r"(nit));  // as in conv_block
+  if constexpr (PP) {
+    Tile wt;
+    BlockLoader ld;  // unused by the wgmma tile
+    wt.init(0, tid % THREADS, ld);
+    pingpong_tma(wt, sr, nit, tid, maps, [&](int tile, int g, int ctid) {
+      const int m0 = (tile / TILES_N) * BM, n0 = (tile % TILES_N) * BN;
+      epilogue(wt, smem + EPI_OFF + g * EPI_SMEM, m0, n0, ctid, tile, 0, scale, bias, res, y,
+               ws, counters, maps);
+      block_sync();  // the consumer's epilogue region is free for its next tile's
+      wt.init(m0, ctid, ld);
+    });
+    return;
+  }
   if constexpr (TMA) {
     Tile wt;
     BlockLoader ld;  // unused by the wgmma tile
@@ -398,6 +423,7 @@ tc_conv(const u8* __restrict__ x, const u8* __restrict__ w, const float* __restr
   using Tile = Pick<cfg::WG, GroupTile, WarpTile>::T;
   if constexpr (cfg::PERSIST) conv_persistent<Tile>(x, w, scale, bias, y, ws, counters, r, m, smem);
   else conv_block<Tile>(x, w, scale, bias, y, ws, counters, r, m, smem);
-  // The block's shared memory must outlive the reads of its last bulk stores.
-  if constexpr (cfg::TMA_ST) if (threadIdx.x == 0) bulk_wait();
+  // The block's shared memory must outlive the reads of its last bulk stores (each
+  // consumer's first thread issued its own).
+  if constexpr (cfg::TMA_ST) if (threadIdx.x % cfg::THREADS == 0) bulk_wait();
 }

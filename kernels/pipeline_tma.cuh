@@ -7,6 +7,13 @@
 // math warp waits on anything but its data.
 #pragma once
 
+// A persistent block's tiles: blockIdx.x, + gridDim.x, ... The grid has at most one block per
+// tile (kernels/launch.py): every block has one.
+__device__ __forceinline__ int block_tiles() {
+  return (cfg::TILES - 1 - (int)blockIdx.x) / (int)gridDim.x + 1;
+}
+__device__ __forceinline__ int block_tile(int k) { return (int)blockIdx.x + k * (int)gridDim.x; }
+
 // The stages' mbarriers (a full and an empty one per stage, after the stages) and the copies
 // that fill a stage: shared by the one-tile and the persistent main loop.
 struct TmaRing {
@@ -21,18 +28,25 @@ struct TmaRing {
   __device__ __forceinline__ u32 empty(int st) const {
     return bars + 8u * (u32)(cfg::STAGES + st);
   }
-  // Thread 0, before a block-wide barrier: one arrival fills a stage, one per warp empties it.
+  // PINGPONG: consumer g may start its next tile's main loop (pingpong_tma).
+  __device__ __forceinline__ u32 turn(int g) const {
+    return bars + 8u * (u32)(2 * cfg::STAGES + g);
+  }
+  // Thread 0, before a block-wide barrier: one arrival fills a stage, one per warp of the
+  // consuming tile empties it (and hands a consumer its turn).
   __device__ __forceinline__ void init() const {
     for (int st = 0; st < cfg::STAGES; ++st) {
       mbar_init(full(st), 1);
       mbar_init(empty(st), cfg::WARPS);
     }
+    if constexpr (cfg::PP) { mbar_init(turn(0), cfg::WARPS); mbar_init(turn(1), cfg::WARPS); }
     mbar_init_fence();
     tmap_prefetch(xmap);
     tmap_prefetch(wmap);
   }
   __device__ __forceinline__ void inval() const {
     for (int st = 0; st < cfg::STAGES; ++st) { mbar_inval(full(st)); mbar_inval(empty(st)); }
+    if constexpr (cfg::PP) { mbar_inval(turn(0)); mbar_inval(turn(1)); }
   }
   // Where a tile's copies start: its first output pixel as the input coordinate the im2col
   // walk starts from, and its first output channel.
@@ -44,6 +58,12 @@ struct TmaRing {
   }
   // Stage `it` of the tile at `o` into slot st: per swizzle atom, the im2col rows of A and
   // the weight rows of B.
+  // Stage j of a persistent block's stream of tiles (nit stages each) into slot st.
+  __device__ __forceinline__ void produce_stream(int st, int j, int nit) const {
+    const int k = j / nit, tile = block_tile(k);
+    produce(st, origin((tile / cfg::TILES_N) * cfg::BM, (tile % cfg::TILES_N) * cfg::BN),
+            j - k * nit);
+  }
   __device__ __forceinline__ void produce(int st, const Origin o, int it) const {
     using namespace cfg;
     const int img = o.img, h0 = o.h0, w0 = o.w0, n0 = o.n0;
@@ -92,8 +112,8 @@ __device__ __forceinline__ bool mainloop_tma(Tile& wt, const StageRing sr, const
   if (tid == 0) ring.init();
   __syncthreads();  // the whole block, the producer warp included
   if constexpr (WS) {
-    if (tid >= THREADS) {
-      if (tid == THREADS)
+    if (tid >= MATH_THREADS) {
+      if (tid == MATH_THREADS)
         producer_loop(ring, nit, [&](int j, int st) { ring.produce(st, at, it0 + j); });
       return false;
     }
@@ -150,19 +170,14 @@ __device__ __forceinline__ void persistent_tma(Tile& wt, const StageRing sr, con
                                                Finish&& finish_tile) {
   using namespace cfg;
   const TmaRing ring(sr, maps);
-  // The grid has at most one block per tile (kernels/launch.py): every block has one.
-  const int total = ((TILES - 1 - (int)blockIdx.x) / (int)gridDim.x + 1) * nit;
-  auto tile_of = [&](int j) { return (int)blockIdx.x + (j / nit) * (int)gridDim.x; };
-  auto produce = [&](int j, int st) {
-    const int tile = tile_of(j);
-    ring.produce(st, TmaRing::origin((tile / TILES_N) * BM, (tile % TILES_N) * BN),
-                 j - (j / nit) * nit);
-  };
+  const int total = block_tiles() * nit;
+  auto tile_of = [&](int j) { return block_tile(j / nit); };
+  auto produce = [&](int j, int st) { ring.produce_stream(st, j, nit); };
   if (tid == 0) ring.init();
   __syncthreads();  // the whole block, the producer warp included
   if constexpr (WS) {
-    if (tid >= THREADS) {
-      if (tid == THREADS) producer_loop(ring, total, produce);
+    if (tid >= MATH_THREADS) {
+      if (tid == MATH_THREADS) producer_loop(ring, total, produce);
       return;
     }
   } else if (tid == 0) {
@@ -207,5 +222,73 @@ __device__ __forceinline__ void persistent_tma(Tile& wt, const StageRing sr, con
     }
   }
   block_sync();
+  if (tid == 0) ring.inval();
+}
+
+// PINGPONG: two consumers (tid / THREADS), each the math warps of one tile, take the block's
+// tiles in turn, consumer g the tiles g, g + 2, ... of its stream, so that one's main loop
+// runs while the other's epilogue does (CUTLASS's ping-pong schedule). The producer warp
+// fills the one ring in stream order. A consumer starts a tile's main loop once the other
+// has issued its previous tile's last MMAs (an arrival per warp on the turn mbarrier): the
+// main loops do not interleave, and every wait on a stage's full barrier comes after every
+// earlier stage's, at most one phase ahead of the barrier (a parity wait cannot tell two
+// phases apart). `finish_tile(tile, g, ctid)` runs consumer g's epilogue (ctid: the thread
+// within the consumer) and leaves the accumulators zeroed for its next tile.
+template <class Tile, class Finish>
+__device__ __forceinline__ void pingpong_tma(Tile& wt, const StageRing sr, const int nit,
+                                             const int tid, const TensorMaps* maps,
+                                             Finish&& finish_tile) {
+  using namespace cfg;
+  const TmaRing ring(sr, maps);
+  const int ntiles = block_tiles();
+  if (tid == 0) ring.init();
+  __syncthreads();  // the whole block, the producer warp included
+  if (tid >= MATH_THREADS) {
+    if (tid == MATH_THREADS)
+      producer_loop(ring, ntiles * nit, [&](int j, int st) { ring.produce_stream(st, j, nit); });
+    return;
+  }
+  const int g = __shfl_sync(0xffffffffu, tid / THREADS, 0);  // warp-uniform, as ptxas sees
+  const int ctid = tid - g * THREADS;
+  auto release = [&](int s) {
+    __syncwarp();
+    if ((tid & 31) == 0) mbar_arrive(ring.empty(s));
+  };
+  constexpr bool INFLIGHT = STAGES >= 2;
+  u32 tph = 0;
+#pragma unroll 1
+  for (int k = g; k < ntiles; k += 2) {
+    if (k > 0) {
+      mbar_wait(ring.turn(g), tph);
+      tph ^= 1u;
+    }
+    const int j0 = k * nit;
+    int st = j0 % STAGES, pst = st;
+    u32 ph = (u32)(j0 / STAGES) & 1u;
+#pragma unroll 1
+    for (int i = 0; i < nit; ++i) {
+      mbar_wait(ring.full(st), ph);
+      if constexpr (INFLIGHT) {
+        wt.issue(sr.a(st), sr.b(st));
+        if (i > 0) {
+          wgmma_wait<1>();
+          release(pst);
+        }
+      } else {
+        wt.compute_stage(sr.a(st), sr.b(st), i);
+        release(st);
+      }
+      pst = st;
+      if (++st == STAGES) { st = 0; ph ^= 1u; }
+    }
+    __syncwarp();
+    if ((tid & 31) == 0) mbar_arrive(ring.turn(g ^ 1));  // the other consumer's main loop
+    if constexpr (INFLIGHT) {
+      wt.retire();
+      release(pst);
+    }
+    finish_tile(block_tile(k), g, ctid);
+  }
+  math_sync();  // both consumers are done with the barriers
   if (tid == 0) ring.inval();
 }

@@ -71,12 +71,16 @@ EXTRA_KNOBS: dict[str, tuple[Any, ...]] = {
     # [N*H*W, C] matrix (tiled tensor map, one box of BM rows) instead of the im2col walk.
     # (The cp.async loader reads such rows as plain rows too: block_tile.cuh, PLAIN_M.)
     "PLAIN_A": (0, 1),
+    # 1: two consumers (each BLK_ROW_WARPS x BLK_COL_WARPS warpgroups, a tile of its own)
+    # take a persistent block's tiles in turn behind the producer warp (TMA=2), so that one
+    # runs its main loop while the other runs its epilogue (CUTLASS's ping-pong schedule).
+    "PINGPONG": (0, 1),
 }
 # Knobs added after schedules were first stored, with the value that builds the kernel as it
 # was: a schedule that does not name such a knob means that value, and hashes as if the knob
 # were absent, so stored schedules, measurements and their hashes keep their meaning.
 KNOB_DEFAULTS: dict[str, Any] = {"MMA": "sync", "TMA": 0, "FOLD_TAPS": 0, "PERSIST": 0,
-                                 "PLAIN_A": 0}
+                                 "PLAIN_A": 0, "PINGPONG": 0}
 # Each default is its knob's first value (tested): recorded datasets and stored prior
 # schedules that predate a knob read it as its first value (search/datasets.py, features.py).
 FP32_TC_KNOBS: dict[str, tuple[Any, ...]] = {
@@ -242,7 +246,8 @@ class Geometry:
     frag_regs: np.ndarray | None = None  # A and B fragment registers of one k-step
     stage_vectors: np.ndarray | None = None  # global loads per thread per stage
     row_loads: np.ndarray | None = None  # global loads per shared row per stage
-    block_threads: np.ndarray | None = None  # threads launched: + TMA=2's producer warp
+    # threads launched: x 2 with PINGPONG, + TMA=2's producer warp
+    block_threads: np.ndarray | None = None
 
 
 def geometry(shape: ConvShape, precision: Precision, target: Target,
@@ -340,7 +345,10 @@ def geometry(shape: ConvShape, precision: Precision, target: Target,
     pipeline = pipeline + np.where(wg, WGMMA_SMEM_ALIGN, 0)
     tma_knob = _knob(cols, "TMA", np.shape(brw))
     tma = tma_knob >= 1
-    pipeline = pipeline + np.where(tma, TMA_MBAR_BYTES * stages, 0)
+    # PINGPONG: two consumers, each with a tile, a turn mbarrier and an epilogue region.
+    consumers = np.where(_knob(cols, "PINGPONG", np.shape(brw)) == 1, 2, 1)
+    pipeline = pipeline + np.where(tma, TMA_MBAR_BYTES * stages, 0) + \
+        np.where(consumers == 2, TMA_MBAR_BYTES, 0)
     ob = p.output_bits if out_bits is None else out_bits
     stage_bits = np.where(pack, ob, 32)
     padded_tile = bm * (bn * stage_bits // 8 + EPILOGUE_ROW_PAD)
@@ -350,7 +358,7 @@ def geometry(shape: ConvShape, precision: Precision, target: Target,
                         staging + np.where(pack & residual, padded_tile, 0))
     # A persistent block's epilogue runs while the next tile's stages land: its own region.
     persist = _knob(cols, "PERSIST", np.shape(brw)) > 0
-    smem = np.where(persist, pipeline + epilogue, np.maximum(pipeline, epilogue))
+    smem = np.where(persist, pipeline + consumers * epilogue, np.maximum(pipeline, epilogue))
 
     n_it = np.where(fold, -(-(r * s) // tps),
                     np.where(dup, np.where(reorder, n_cb, r * n_cb), r * s * n_cb))
@@ -365,7 +373,7 @@ def geometry(shape: ConvShape, precision: Precision, target: Target,
         block_m=bm, block_n=bn, block_k=bk, warps=warps, threads=threads, acc_regs=acc,
         smem_bytes=smem, grid_blocks=tiles * split_k, k_iters=-(-n_it // split_k),
         footprint_pixels=footprint, frag_regs=frag, stage_vectors=stage_vec,
-        row_loads=gvec, block_threads=threads + np.where(tma_knob == 2, 32, 0),
+        row_loads=gvec, block_threads=consumers * threads + np.where(tma_knob == 2, 32, 0),
     )
 
 
@@ -459,6 +467,8 @@ def structural_validity(shape: ConvShape, precision: Precision, target: Target,
     if target.sm < 80 or p is Precision.FP32_TC or int4_via_s8(p, target.sm):
         ok &= persist == 0
     ok &= (persist == 0) | split1
+    # The ping-pong consumers take turns behind a producer warp on a persistent grid.
+    ok &= (_knob(cols, "PINGPONG", n) == 0) | ((tma_knob == 2) & (persist > 0))
     # Pipelines deeper than 3 stages pay with wgmma (its loads and math overlap); on the
     # mma.sync path they gained 2-4% on int8 and lost beyond 4 (docs/decisions.md, H100 probe),
     # not worth a space twice the size.

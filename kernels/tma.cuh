@@ -22,11 +22,19 @@ struct __align__(64) TensorMaps {
 #endif
 };
 
-// The barrier of the threads that run the math and the epilogue: the whole block, or with a
-// producer warp (TMA=2) every warp but that one (named barrier 1, which it never reaches).
+// The barrier of the threads that run one tile's math and epilogue: the whole block, or with
+// a producer warp (TMA=2) every warp but that one (named barrier 1, which it never reaches);
+// with PINGPONG each consumer's own (named barriers 1 and 2).
 __device__ __forceinline__ void block_sync() {
-  if constexpr (cfg::WS) asm volatile("bar.sync 1, %0;\n" :: "n"(cfg::THREADS) : "memory");
+  if constexpr (cfg::PP)
+    asm volatile("bar.sync %0, %1;\n" :: "r"(1 + (int)threadIdx.x / cfg::THREADS),
+                 "n"(cfg::THREADS) : "memory");
+  else if constexpr (cfg::WS) asm volatile("bar.sync 1, %0;\n" :: "n"(cfg::THREADS) : "memory");
   else __syncthreads();
+}
+// Every math thread of the block, both consumers' (named barrier 3).
+__device__ __forceinline__ void math_sync() {
+  asm volatile("bar.sync 3, %0;\n" :: "n"(cfg::MATH_THREADS) : "memory");
 }
 
 __device__ __forceinline__ void mbar_init(u32 bar, u32 count) {

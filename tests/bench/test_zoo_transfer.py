@@ -7,6 +7,8 @@ import argparse
 import json
 from pathlib import Path
 
+import numpy as np
+
 from bench import zoo_transfer
 from bench.zoo import SHAPES_FILE, planned
 from kernels.space import ScheduleSpace, schedule_hash
@@ -38,6 +40,33 @@ def test_candidates_are_the_nearest_layers_bests_not_the_own(tmp_path: Path) -> 
         for s in row["candidates"]:
             h = schedule_hash(s)
             assert h != schedule_hash(row["record"]) and space.is_valid(s) and h in fp16_bests
+
+
+def test_variants_set_a_knob_and_vary_others_nearest_first(tmp_path: Path) -> None:
+    out = tmp_path / "v.json"
+    assert zoo_transfer.main(["variants", "--records", str(RECORDS), "--out", str(out),
+                              "--models", "resnet50", "--batches", "8", "--precisions", "int8",
+                              "--set", "PINGPONG=1", "--set", "TMA=2", "--vary", "PERSIST",
+                              "--vary", "STAGES", "--limit", "4", "--min-waves", "2"]) == 0
+    doc = json.loads(out.read_text())
+    records = json.loads(RECORDS.read_text())
+    assert doc["rows"] and doc["set"] == {"PINGPONG": 1, "TMA": 2}
+    for row in doc["rows"]:
+        shape = ConvShape.from_dict(row["shape"])
+        space = ScheduleSpace(shape, Precision.INT8, H100)
+        record = records[row["key"]]["schedule"]
+        assert row["record"] == record
+        # only layers whose record's tiles fill two waves of the H100's 132 SMs
+        g = space.geometry(np.array([space.index_of(record)]))
+        bm, bn = int(g.block_m[0]), int(g.block_n[0])
+        assert -(-shape.gemm_m // bm) * -(-shape.gemm_n // bn) >= 2 * 132
+        changed = []
+        for s in row["candidates"]:
+            assert space.is_valid(s) and s["PINGPONG"] == 1 and s["TMA"] == 2
+            assert {k for k in s if s[k] != record.get(k, 0)} <= {"PINGPONG", "TMA", "PERSIST",
+                                                                  "STAGES"}
+            changed.append(sum(s[k] != record.get(k, 0) for k in s))
+        assert len(row["candidates"]) <= 4 and changed == sorted(changed)
 
 
 def _run(tmp_path: Path, name: str, rows: list[tuple[str, list[float | None]]],

@@ -472,6 +472,16 @@ def device_cases() -> dict[str, Conv2d]:
             "int8_plain_a_producer_warp_split_k": Conv2d(
                 ConvShape(2, 14, 14, 256, 64, 1, 1), "int8",
                 {**tma, "TMA": 2, "SPLIT_K": 2, "PLAIN_A": 1}, "h100", epilogue="requant"),
+            # PINGPONG: two consumers take the tiles in turn (an odd number of tiles per
+            # block and the last tile's tails; TMA stores; one stage; the residual tile)
+            "int8_pingpong_tma_store_residual": Conv2d(
+                expand, "int8", {**tma, "TMA": 2, "PACK_OUT": 2, "PERSIST": 1, "PLAIN_A": 1,
+                                 "PINGPONG": 1}, "h100", relu=True, residual=True),
+            "fp16_pingpong_tails": Conv2d(tails, "fp16", {**tma, "TMA": 2, "PERSIST": 2,
+                                                          "PINGPONG": 1}, "h100"),
+            "int8_pingpong_one_stage_two_warpgroups": Conv2d(
+                tails, "int8", {**tma, "TMA": 2, "PERSIST": 1, "PINGPONG": 1, "STAGES": 1,
+                                "BLK_ROW_WARPS": 2}, "h100", epilogue="requant"),
             # programmatic dependent launch: each op feeds the next (C = K), plain and PDL
             **{f"chain_{name}{'_pdl' if pdl else ''}": Conv2d(
                 CHAIN, "int8", sched, "h100", relu=True, pdl=pdl)
