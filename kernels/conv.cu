@@ -14,8 +14,9 @@
 //                         folded taps), cp.async or staged through registers
 //   tma.cuh               bulk tensor copies and mbarriers (TMA=1, 2), the math warps' barrier
 //   pipeline*.cuh         the main loop: one header per pipeline (TMA, its copies issued by a
-//                         math warp's thread or by a producer warp, fp32_tc split,
-//                         cp.async multistage, register-staged), one entry point each
+//                         math warp's thread or by a producer warp, whose tiles two
+//                         ping-pong consumers may take in turn; fp32_tc split, cp.async
+//                         multistage, register-staged), one entry point each
 //   warp_tile.cuh         shared -> register fragments and the warp's mma loop
 //   warpgroup_tile.cuh    the same for wgmma (MMA=wgmma): warpgroup tiles read from shared
 //   epilogue.cuh          split-K fix-up, requantize / bias / residual / ReLU, packing, stores
