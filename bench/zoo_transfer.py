@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -47,8 +48,20 @@ def records_prior(records: dict[str, Any], precision: str, target: str) -> list[
             if k.split("|")[1:] == [precision, target] and r.get("latency_us")]
 
 
+def _recorded_layers(a: argparse.Namespace, records: dict[str, Any], target: Any
+                     ) -> Iterator[tuple[Any, str, dict[str, Any], Any]]:
+    """(group, key, record, space) of each planned layer the records file has."""
+    from kernels.space import ScheduleSpace
+
+    for g in planned(a):
+        prec = Precision(g.precision)
+        key = task_key(g.shape, prec, target)
+        if key in records:
+            yield g, key, records[key], ScheduleSpace(g.shape, prec, target)
+
+
 def candidates(a: argparse.Namespace) -> int:
-    from kernels.space import ScheduleSpace, schedule_hash
+    from kernels.space import schedule_hash
     from kernels.spec import get_target
     from workers.seeds import transfer_points
 
@@ -56,14 +69,8 @@ def candidates(a: argparse.Namespace) -> int:
     target = get_target(a.target)
     priors: dict[str, list[Any]] = {}
     rows = []
-    for g in planned(a):
-        prec = Precision(g.precision)
-        key = task_key(g.shape, prec, target)
-        rec = records.get(key)
-        if rec is None:
-            continue
+    for g, key, rec, space in _recorded_layers(a, records, target):
         prior = priors.setdefault(g.precision, records_prior(records, g.precision, target.name))
-        space = ScheduleSpace(g.shape, prec, target)
         own = {space.index_of(rec["schedule"])} if space.is_valid(rec["schedule"]) else set()
         picks = transfer_points(g.shape, space, prior, a.seeds, exclude=own)
         rows.append({"key": key, "layer": g.uses[0].layers[0], "shape": g.shape.to_dict(),
@@ -85,24 +92,18 @@ def variants(a: argparse.Namespace) -> int:
 
     import numpy as np
 
-    from kernels.space import ScheduleSpace, geometry, with_defaults
+    from kernels.space import with_defaults
     from kernels.spec import get_target
 
     records = json.loads(Path(a.records).read_text())
     target = get_target(a.target)
     fixed = dict((k, _knob_value(v)) for k, v in (kv.split("=", 1) for kv in a.set))
     rows = []
-    for g in planned(a):
-        prec = Precision(g.precision)
-        key = task_key(g.shape, prec, target)
-        rec = records.get(key)
-        if rec is None:
-            continue
-        space = ScheduleSpace(g.shape, prec, target)
+    for g, key, rec, space in _recorded_layers(a, records, target):
         if not space.is_valid(rec["schedule"]):
             continue
-        record = with_defaults(prec, rec["schedule"])
-        g0 = geometry(g.shape, prec, target, {k: np.array([v]) for k, v in record.items()})
+        record = with_defaults(space.precision, rec["schedule"])
+        g0 = space.geometry(np.array([space.index_of(record)]))
         tiles = -(-g.shape.gemm_m // int(g0.block_m[0])) * -(-g.shape.gemm_n // int(g0.block_n[0]))
         if tiles < a.min_waves * target.sms:
             continue

@@ -96,6 +96,42 @@ __device__ __forceinline__ void producer_loop(const TmaRing& ring, const int tot
   }
 }
 
+// Where a consumer is in the ring: the slot and phase of its next stage, and of the stage
+// before (in flight until the next one's MMAs are issued).
+struct RingPos {
+  int st = 0, pst = 0;
+  u32 ph = 0, pph = 0;
+  __device__ __forceinline__ void advance() {
+    pst = st;
+    pph = ph;
+    if (++st == cfg::STAGES) { st = 0; ph ^= 1u; }
+  }
+};
+
+// One stage of a consumer's main loop: wait for the slot's data, issue its MMAs and release a
+// slot, `release(slot, phase, j)`. With two or more stages the MMAs of a stage stay in flight
+// while the next stage's are issued, so the slot of the stage before is released (against
+// waiting for each stage's MMAs: median 0.88-1.00 per batch-8 layer and precision); with one
+// its own, once its MMAs are done. `i`: the stage within its tile (the first releases
+// nothing), `j`: within the consumer's stream, `kit`: its k-iteration (the one-stage path's).
+template <class Tile, class Release>
+__device__ __forceinline__ void consume_stage(Tile& wt, const StageRing sr, const TmaRing& ring,
+                                              RingPos& pos, const int i, const int j,
+                                              const int kit, Release&& release) {
+  mbar_wait(ring.full(pos.st), pos.ph);
+  if constexpr (cfg::STAGES >= 2) {
+    wt.issue(sr.a(pos.st), sr.b(pos.st));
+    if (i > 0) {
+      wgmma_wait<1>();
+      release(pos.pst, pos.pph, j - 1);
+    }
+  } else {
+    wt.compute_stage(sr.a(pos.st), sr.b(pos.st), kit);  // issue, then wait for the MMAs
+    release(pos.st, pos.ph, j);
+  }
+  pos.advance();
+}
+
 // Stages [it0, it0 + nit) of the block whose output tile starts at (m0, n0); the mbarriers
 // are invalidated before the epilogue reuses shared memory. False for the producer warp
 // (TMA=2), which has nothing left to do: the math warps alone run the epilogue.
@@ -121,9 +157,7 @@ __device__ __forceinline__ bool mainloop_tma(Tile& wt, const StageRing sr, const
     for (int s = 0; s < STAGES && s < nit; ++s) ring.produce(s, at, it0 + s);
   }
   // A stage's slot is released once its MMAs are done; thread 0 then refills it with the
-  // stage STAGES later. With two or more stages the MMAs of a stage stay in flight while the
-  // next stage's are issued: the slot of stage i-1 is released after stage i is issued
-  // (against waiting for each stage's MMAs: median 0.88-1.00 per batch-8 layer and precision).
+  // stage STAGES later.
   auto release = [&](int s, u32 p, int j) {
     __syncwarp();
     if ((tid & 31) == 0) mbar_arrive(ring.empty(s));
@@ -134,27 +168,10 @@ __device__ __forceinline__ bool mainloop_tma(Tile& wt, const StageRing sr, const
       }
     }
   };
-  constexpr bool INFLIGHT = STAGES >= 2;
-  int st = 0, pst = 0;
-  u32 ph = 0, pph = 0;
+  RingPos pos;
 #pragma unroll 1
-  for (int i = 0; i < nit; ++i) {
-    mbar_wait(ring.full(st), ph);
-    if constexpr (INFLIGHT) {
-      wt.issue(sr.a(st), sr.b(st));
-      if (i > 0) {
-        wgmma_wait<1>();
-        release(pst, pph, i - 1);
-      }
-    } else {
-      wt.compute_stage(sr.a(st), sr.b(st), it0 + i);  // issue, then wait for the MMAs
-      release(st, ph, i);
-    }
-    pst = st;
-    pph = ph;
-    if (++st == STAGES) { st = 0; ph ^= 1; }
-  }
-  if constexpr (INFLIGHT) wt.retire();
+  for (int i = 0; i < nit; ++i) consume_stage(wt, sr, ring, pos, i, i, it0 + i, release);
+  if constexpr (STAGES >= 2) wt.retire();
   block_sync();  // every wait is done: the barriers' memory returns to the epilogue
   if (tid == 0) ring.inval();
   return true;
@@ -193,29 +210,15 @@ __device__ __forceinline__ void persistent_tma(Tile& wt, const StageRing sr, con
       }
     }
   };
-  constexpr bool INFLIGHT = STAGES >= 2;
-  int st = 0, pst = 0, i = 0;  // i: the stage's index within its tile
-  u32 ph = 0, pph = 0;
+  RingPos pos;
+  int i = 0;  // the stage's index within its tile
 #pragma unroll 1
   for (int j = 0; j < total; ++j) {
-    mbar_wait(ring.full(st), ph);
-    if constexpr (INFLIGHT) {
-      wt.issue(sr.a(st), sr.b(st));
-      if (i > 0) {
-        wgmma_wait<1>();
-        release(pst, pph, j - 1);
-      }
-    } else {
-      wt.compute_stage(sr.a(st), sr.b(st), i);
-      release(st, ph, j);
-    }
-    pst = st;
-    pph = ph;
-    if (++st == STAGES) { st = 0; ph ^= 1; }
+    consume_stage(wt, sr, ring, pos, i, j, i, release);
     if (++i == nit) {  // the tile's last stage: its MMAs, then its epilogue
-      if constexpr (INFLIGHT) {
+      if constexpr (STAGES >= 2) {
         wt.retire();
-        release(pst, pph, j);
+        release(pos.pst, pos.pph, j);
       }
       finish_tile(tile_of(j));
       i = 0;
@@ -250,11 +253,10 @@ __device__ __forceinline__ void pingpong_tma(Tile& wt, const StageRing sr, const
   }
   const int g = __shfl_sync(0xffffffffu, tid / THREADS, 0);  // warp-uniform, as ptxas sees
   const int ctid = tid - g * THREADS;
-  auto release = [&](int s) {
+  auto release = [&](int s, u32, int) {
     __syncwarp();
     if ((tid & 31) == 0) mbar_arrive(ring.empty(s));
   };
-  constexpr bool INFLIGHT = STAGES >= 2;
   u32 tph = 0;
 #pragma unroll 1
   for (int k = g; k < ntiles; k += 2) {
@@ -262,30 +264,17 @@ __device__ __forceinline__ void pingpong_tma(Tile& wt, const StageRing sr, const
       mbar_wait(ring.turn(g), tph);
       tph ^= 1u;
     }
-    const int j0 = k * nit;
-    int st = j0 % STAGES, pst = st;
-    u32 ph = (u32)(j0 / STAGES) & 1u;
+    const int j0 = k * nit;  // the tile's first stage in the block's stream
+    RingPos pos;
+    pos.st = j0 % STAGES;
+    pos.ph = (u32)(j0 / STAGES) & 1u;
 #pragma unroll 1
-    for (int i = 0; i < nit; ++i) {
-      mbar_wait(ring.full(st), ph);
-      if constexpr (INFLIGHT) {
-        wt.issue(sr.a(st), sr.b(st));
-        if (i > 0) {
-          wgmma_wait<1>();
-          release(pst);
-        }
-      } else {
-        wt.compute_stage(sr.a(st), sr.b(st), i);
-        release(st);
-      }
-      pst = st;
-      if (++st == STAGES) { st = 0; ph ^= 1u; }
-    }
+    for (int i = 0; i < nit; ++i) consume_stage(wt, sr, ring, pos, i, j0 + i, i, release);
     __syncwarp();
     if ((tid & 31) == 0) mbar_arrive(ring.turn(g ^ 1));  // the other consumer's main loop
-    if constexpr (INFLIGHT) {
+    if constexpr (STAGES >= 2) {
       wt.retire();
-      release(pst);
+      release(pos.pst, pos.pph, 0);
     }
     finish_tile(block_tile(k), g, ctid);
   }
