@@ -56,14 +56,14 @@ struct TmaRing {
     const int img = m0 / (P * Q), pq = m0 - img * (P * Q);
     return {img, (pq / Q) * SH - PH, (pq % Q) * SW - PW, n0, m0};
   }
-  // Stage `it` of the tile at `o` into slot st: per swizzle atom, the im2col rows of A and
-  // the weight rows of B.
   // Stage j of a persistent block's stream of tiles (nit stages each) into slot st.
   __device__ __forceinline__ void produce_stream(int st, int j, int nit) const {
     const int k = j / nit, tile = block_tile(k);
     produce(st, origin((tile / cfg::TILES_N) * cfg::BM, (tile % cfg::TILES_N) * cfg::BN),
             j - k * nit);
   }
+  // Stage `it` of the tile at `o` into slot st: per swizzle atom, the im2col rows of A and
+  // the weight rows of B.
   __device__ __forceinline__ void produce(int st, const Origin o, int it) const {
     using namespace cfg;
     const int img = o.img, h0 = o.h0, w0 = o.w0, n0 = o.n0;
