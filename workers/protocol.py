@@ -91,13 +91,14 @@ class Rounds:
     max_round: int = 0
     alive_s: float = 20.0
     pipeline_after: int = 0
+    chunk: int = 1  # candidates per measure message: what an idle GPU takes at once
 
     @classmethod
     def fleet(cls, settings: Settings) -> Rounds:
         # Rounds grow while GPUs wait (max_round); the prior is reused for a while, since
         # hundreds of workers write all the time.
         return cls(settings.batch_size, settings.rounds_in_flight, settings.prior_refresh_s,
-                   settings.max_round, dead_after_s(settings))
+                   settings.max_round, dead_after_s(settings), chunk=settings.chunk_size)
 
     @classmethod
     def embedded(cls, settings: Settings) -> Rounds:
@@ -109,7 +110,7 @@ class Rounds:
     def propose(self, db_url: str, job_id: int) -> tasks.Proposal:
         return tasks.explore_round(db_url, job_id, self.batch_size, self.rounds_in_flight,
                                    self.prior_refresh_s, self.max_round, self.alive_s,
-                                   self.pipeline_after)
+                                   self.pipeline_after, self.chunk)
 
 
 @dataclass(frozen=True)

@@ -123,9 +123,10 @@ _unfed: dict[tuple[str, str], tuple[float, int]] = {}
 
 
 def round_size(session: Any, db_url: str, target: str, batch_size: int, max_round: int,
-               alive_s: float) -> int:
+               alive_s: float, chunk: int = 1) -> int:
     """Candidates in the next round: `batch_size`, grown in steps of it up to `max_round`
-    while GPUs of the target are idle with nothing queued for them (`hotpath.unfed_gpus`).
+    while GPUs of the target are idle with nothing queued for them (`hotpath.unfed_gpus`),
+    `chunk` candidates (a measure message) per idle GPU.
 
     Why: a round's proposal costs the explorer a fixed part (reads, the pick, writes) and
     the model work its trial count is due (the default's retrainings and boosting steps
@@ -133,22 +134,24 @@ def round_size(session: Any, db_url: str, target: str, batch_size: int, max_roun
     candidate. When the explorer keeps up, GPUs are busy and rounds stay small (the model
     updated most often per trial, the best search); when it falls behind, idle GPUs make
     the rounds larger (the replay's cost of larger rounds: bench/RESULTS.md "Search:
-    offline replay")."""
+    offline replay"). An idle GPU takes a whole message: counting a candidate per GPU
+    left a fleet's rounds at a chunk's share of what its idle GPUs could take."""
     if max_round <= batch_size:
         return batch_size
+    chunk = max(1, chunk)
     now = time.monotonic()
     key = (db_url, target)
     at, unfed = _unfed.get(key, (-1e18, 0))
     if now - at >= UNFED_REFRESH_S:
-        at, unfed = now, hp.unfed_gpus(session, target, alive_s)
-    size = min(max_round, max(batch_size, -(-unfed // batch_size) * batch_size))
-    _unfed[key] = (at, max(0, unfed - size))
+        at, unfed = now, hp.unfed_gpus(session, target, alive_s, chunk)
+    size = min(max_round, max(batch_size, -(-unfed * chunk // batch_size) * batch_size))
+    _unfed[key] = (at, max(0, unfed - -(-size // chunk)))
     return size
 
 
 def explore_round(db_url: str, job_id: int, batch_size: int = 32, rounds_in_flight: int = 1,
                   prior_refresh_s: float = 0.0, max_round: int = 0,
-                  alive_s: float = 20.0, pipeline_after: int = 0) -> Proposal:
+                  alive_s: float = 20.0, pipeline_after: int = 0, chunk: int = 1) -> Proposal:
     """Propose the job's next round unless `rounds_in_flight` rounds are open already.
 
     Open candidates never sent (or forgotten) are returned to be dispatched again. With
@@ -156,7 +159,8 @@ def explore_round(db_url: str, job_id: int, batch_size: int = 32, rounds_in_flig
     measured so far, with the open candidates as pending so that none is proposed twice,
     and never beyond the budget: proposals stop at trials - measured - open. A round holds
     `batch_size` candidates, or up to `max_round` while GPUs of the target wait for work
-    (`round_size`; a worker is alive whose heartbeat is at most `alive_s` old). With
+    (`round_size`; a worker is alive whose heartbeat is at most `alive_s` old; an idle GPU
+    takes `chunk` candidates). With
     `pipeline_after`, a round is proposed while another is open only once the job has that
     many trials measured (a strategy proposing from no measurement at all proposes blind).
     """
@@ -185,7 +189,8 @@ def explore_round(db_url: str, job_id: int, batch_size: int = 32, rounds_in_flig
                              prior_refresh_s)
         history.pending = pending_indices(space, [r.schedule for r in open_rows])
         strategy = strategy_for(db_url, job, space)
-        size = min(round_size(s, db_url, target, batch_size, max_round, alive_s), remaining)
+        size = min(round_size(s, db_url, target, batch_size, max_round, alive_s, chunk),
+                   remaining)
         seeds = start_points(spec, space, history)[:size]
         history.pending |= set(seeds)
         picks = seeds + strategy.propose(history, size - len(seeds))
