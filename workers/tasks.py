@@ -18,13 +18,14 @@ from typing import Any, Protocol
 
 from kernels.space import ScheduleSpace
 from kernels.spec import ConvShape, Precision, get_target
+from search.strategy import History
 from store import hotpath as hp
 from store import repository as repo
 from store.db import session_scope
 from store.models import ACTIVE_JOB_STATES, Job, Task
 from workers import artifacts, explorer_stats
 from workers.backends.base import Backend, BuildOutcome, MeasureOutcome, TaskSpec
-from workers.history import history_of, strategy_for
+from workers.history import history_of, seed_prior, strategy_for
 from workers.leases import LeaseKeeper
 from workers.seeds import start_points
 
@@ -191,7 +192,11 @@ def explore_round(db_url: str, job_id: int, batch_size: int = 32, rounds_in_flig
         strategy = strategy_for(db_url, job, space)
         size = min(round_size(s, db_url, target, batch_size, max_round, alive_s, chunk),
                    remaining)
-        seeds = start_points(spec, space, history)[:size]
+        # The seeds from the newest prior; the strategy's moves only as it grows by half.
+        fresh = seed_prior(s, db_url, job.task_id, target, spec.precision.value,
+                           prior_refresh_s)
+        seeds = start_points(spec, space, History(trials=history.trials,
+                                                  pending=history.pending, prior=fresh))[:size]
         history.pending |= set(seeds)
         picks = seeds + strategy.propose(history, size - len(seeds))
         seconds = time.perf_counter() - started
