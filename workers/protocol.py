@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Collection, Iterable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -43,6 +44,8 @@ class Transport(Protocol):
     def send_build(self, target: str, candidate_ids: list[int]) -> None: ...
 
     def send_measure(self, target: str, candidate_ids: list[int]) -> None: ...
+
+    # Optional: `batch()`, a context whose sends go out together (`CeleryTransport.batch`).
 
 
 @dataclass(frozen=True)
@@ -147,16 +150,23 @@ class Dispatch:
     def send(self, candidate_ids: Sequence[int], target: str) -> None:
         """Unbuilt candidates on their way: a build message per chunk (a round's NVRTC
         builds then run on as many builders at once as it has chunks), or a measure
-        message per chunk (`measure_unbuilt`)."""
-        for chunk in chunks(candidate_ids, self.settings.chunk_size):
-            if self.measure_unbuilt:
-                self.transport.send_measure(target, chunk)
-            else:
-                self.transport.send_build(target, chunk)
+        message per chunk (`measure_unbuilt`); all of them in one batch where the
+        transport batches."""
+        with self._batch():
+            for chunk in chunks(candidate_ids, self.settings.chunk_size):
+                if self.measure_unbuilt:
+                    self.transport.send_measure(target, chunk)
+                else:
+                    self.transport.send_build(target, chunk)
 
     def built(self, target: str, candidate_ids: Sequence[int]) -> None:
-        for chunk in chunks(candidate_ids, self.settings.chunk_size):
-            self.transport.send_measure(target, chunk)
+        with self._batch():
+            for chunk in chunks(candidate_ids, self.settings.chunk_size):
+                self.transport.send_measure(target, chunk)
+
+    def _batch(self) -> AbstractContextManager[None]:
+        batch = getattr(self.transport, "batch", None)
+        return nullcontext() if batch is None else batch()  # type: ignore[no-any-return]
 
     def measured(self, closed: Iterable[int]) -> None:
         """The result that closes a round starts the job's next one."""
