@@ -4,9 +4,9 @@ The explorer is one long-lived process, so it keeps caches that save time: each 
 trials (read incrementally by id, checked by count, so never a different answer), the
 prior of each (target, precision) — up to 50,000 measurements of other layers, read
 incrementally by id, at most every `prior_refresh_s` if asked (a prior up to that old; the
-strategies' copy moves only as it grows by half, `settled`) — and one strategy instance per
-job (strategies cache features and models; a fresh
-instance proposes the same from the same history)."""
+strategies' copy moves only as it grows by half, `settled`) — and one strategy instance
+per job (strategies cache features and models; a fresh instance proposes the same from
+the same history)."""
 
 from __future__ import annotations
 

@@ -119,10 +119,10 @@ def neighbour_bests(shape: ConvShape, prior: Any) -> list[dict[str, Any]]:
 def valid_index(space: ScheduleSpace, sched: dict[str, Any]) -> int | None:
     """The schedule's index in the space if the space holds it and has it valid, else None.
     By lookup in the space's valid schedules (the explorer's strategies enumerate them
-    anyway), not by the validity rules per schedule (a few ms each, eight per round)."""
-    if schedule_problems(space.precision, sched):
-        return None
+    anyway), not by a pass of the kernel's rules per schedule (`ScheduleSpace.is_valid`)."""
     try:
+        if schedule_problems(space.precision, sched):
+            return None
         i = space.index_of(sched)
     except (KeyError, ValueError):  # a knob value this space does not have
         return None
