@@ -462,19 +462,33 @@ def open_rounds_per_job(session: Session) -> dict[int, int]:
     return {j: int(n) for j, n in rows}
 
 
-def unfed_gpus(session: Session, target: str, alive_s: float) -> int:
-    """GPUs of the target that are idle (heartbeat within `alive_s`) minus the candidates
-    of its tasks waiting for a GPU (open, not leased): how many would wait for the
-    explorer if it proposed nothing more."""
+# The open candidates first, by their partial index, then their tasks' target: as a join, a
+# planner whose statistics still saw a young fleet's near-empty tables scanned the whole
+# candidate table once per task (0.44 s a call at 35,000 candidates, once a second: most
+# of the explorer's time).
+_QUEUED_PG = text(
+    "WITH queued AS MATERIALIZED (SELECT task_id FROM candidate"
+    " WHERE state != 'done' AND lease_owner IS NULL)"
+    " SELECT count(*) FROM queued q JOIN task t ON t.id = q.task_id WHERE t.target = :target")
+
+
+def unfed_gpus(session: Session, target: str, alive_s: float, chunk: int = 1) -> int:
+    """GPUs of the target that are idle (heartbeat within `alive_s`) minus those the
+    candidates of its tasks waiting for a GPU (open, not leased) will keep busy, `chunk` of
+    them per GPU (a measure message's): how many would wait for the explorer if it
+    proposed nothing more."""
     idle = session.scalar(select(func.count()).select_from(Worker).where(
         Worker.target == target, Worker.state == "idle",
         Worker.last_heartbeat >= utcnow() - timedelta(seconds=alive_s))) or 0
+    if session.get_bind().dialect.name == "postgresql":
+        queued = session.scalar(_QUEUED_PG, {"target": target}) or 0
+        return max(0, int(idle) - -(-int(queued) // max(1, chunk)))
     queued = session.scalar(
         select(func.count()).select_from(Candidate.__table__)
         .join(Task.__table__, Task.__table__.c.id == C.task_id)
         .where(C.state != "done", C.lease_owner.is_(None),
                Task.__table__.c.target == target)) or 0
-    return max(0, int(idle) - int(queued))
+    return max(0, int(idle) - -(-int(queued) // max(1, chunk)))
 
 
 @dataclass(frozen=True)

@@ -3,9 +3,10 @@
 The explorer is one long-lived process, so it keeps caches that save time: each task's
 trials (read incrementally by id, checked by count, so never a different answer), the
 prior of each (target, precision) — up to 50,000 measurements of other layers, read
-incrementally by id, at most every `prior_refresh_s` if asked (a prior up to that old) —
-and one strategy instance per job (strategies cache features and models; a fresh
-instance proposes the same from the same history)."""
+incrementally by id, at most every `prior_refresh_s` if asked (a prior up to that old; the
+strategies' copy moves only as it grows by half, `settled`) — and one strategy instance
+per job (strategies cache features and models; a fresh instance proposes the same from
+the same history)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,13 @@ from store import repository as repo
 from store.models import Job
 
 PRIOR_LIMIT = 50_000
+# With a refresh window, the prior handed to strategies is replaced once the rows read since
+# it was made are at least this fraction of it: every new list is a new base model and, at
+# each job's next retraining, a scoring of its whole space by it (0.1-0.2 s a job); read
+# every 30 s, a fleet's prior changed at every read. The base model trains on at most
+# 12,000 sampled rows (search.cost_model.MAX_PRIOR_ROWS), so a list grown by less than
+# half teaches it little; the transfer seeds take the newest list (`seed_prior`).
+PRIOR_GROWTH = 0.5
 STRATEGY_CACHE = 64
 TRIALS_CACHE = 256
 
@@ -33,6 +41,8 @@ class _Prior:
     rows: list[tuple[int, PriorTrial]] = field(default_factory=list)  # (task id, trial), by id
     read_at: float = -1e18  # monotonic time of the last read
     version: int = 0  # moves whenever rows were added
+    read: int = 0  # rows read so far (never trimmed)
+    settled: tuple[int, list[PriorTrial]] | None = None  # (read then, the strategies' list)
 
 
 @dataclass
@@ -51,14 +61,17 @@ _strategies: OrderedDict[tuple[str, int], Strategy] = OrderedDict()
 
 
 def prior_of(session: Any, db_url: str, target: str, precision: str,
-             exclude_task: int, refresh_s: float = 0.0) -> list[PriorTrial]:
+             exclude_task: int, refresh_s: float = 0.0, settled: bool = False
+             ) -> list[PriorTrial]:
     """Other layers' measurements on this target and precision, newest first.
 
     `refresh_s` > 0: read new rows at most that often, and hand every task the same list
     (the target's measurements, the task's own among them): the base model trained on it
     (cached by the prior's content) is reused by every job instead of retrained each
     round. On a busy fleet the prior grows with every write, and retraining on it (per
-    task, as the prior excluded the task) was most of the explorer's time."""
+    task, as the prior excluded the task) was most of the explorer's time. `settled`
+    (with `refresh_s` > 0): the list as it was when last replaced, which happens once the
+    rows read since are `PRIOR_GROWTH` of it (what strategies get)."""
     cache = _priors.setdefault((db_url, target, precision), _Prior())
     now = time.monotonic()
     if now - cache.read_at >= refresh_s:
@@ -69,6 +82,7 @@ def prior_of(session: Any, db_url: str, target: str, precision: str,
             cache.rows.append((task_id, PriorTrial(ConvShape.from_dict(shape), sched, status,
                                                    us)))
             cache.last_id = mid
+            cache.read += 1
         if cache.last_id != before:
             cache.version += 1
         if len(cache.rows) > 2 * PRIOR_LIMIT:  # keep memory bounded; the newest matter
@@ -79,10 +93,16 @@ def prior_of(session: Any, db_url: str, target: str, precision: str,
     # target instead of one per task, which on a fleet of many layers was the explorer.
     if refresh_s > 0:
         exclude_task = -1
+        have = cache.settled
+        if settled and have is not None and \
+                cache.read - have[0] < max(1, int(PRIOR_GROWTH * len(have[1]))):
+            return have[1]
     key = (db_url, target, precision, exclude_task)
     view = _prior_views.get(key)
     if view is not None and view[0] == cache.version:
         _prior_views.move_to_end(key)
+        if settled and refresh_s > 0:
+            cache.settled = (cache.read, view[1])
         return view[1]
     out: list[PriorTrial] = []
     for task_id, trial in reversed(cache.rows):
@@ -93,6 +113,8 @@ def prior_of(session: Any, db_url: str, target: str, precision: str,
     _prior_views[key] = (cache.version, out)
     while len(_prior_views) > TRIALS_CACHE:
         _prior_views.popitem(last=False)
+    if settled and refresh_s > 0:
+        cache.settled = (cache.read, out)
     return out
 
 
@@ -124,9 +146,17 @@ def trials_of(session: Any, db_url: str, task_id: int, space: ScheduleSpace) -> 
 
 def history_of(session: Any, db_url: str, task_id: int, target: str, precision: str,
                space: ScheduleSpace, prior_refresh_s: float = 0.0) -> History:
+    """The task's trials and the prior its strategy learns from (`prior_of`, settled)."""
     return History(trials=trials_of(session, db_url, task_id, space),
                    prior=prior_of(session, db_url, target, precision, task_id,
-                                  prior_refresh_s))
+                                  prior_refresh_s, settled=True))
+
+
+def seed_prior(session: Any, db_url: str, task_id: int, target: str, precision: str,
+               prior_refresh_s: float = 0.0) -> list[PriorTrial]:
+    """The newest prior (at most `prior_refresh_s` old), for the transfer seeds: layers
+    tuned at the same time hand each other their bests as soon as they are read."""
+    return prior_of(session, db_url, target, precision, task_id, prior_refresh_s)
 
 
 def strategy_for(db_url: str, job: Job, space: ScheduleSpace) -> Strategy:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Collection, Iterable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -43,6 +44,8 @@ class Transport(Protocol):
     def send_build(self, target: str, candidate_ids: list[int]) -> None: ...
 
     def send_measure(self, target: str, candidate_ids: list[int]) -> None: ...
+
+    # Optional: `batch()`, a context whose sends go out together (`CeleryTransport.batch`).
 
 
 @dataclass(frozen=True)
@@ -91,13 +94,14 @@ class Rounds:
     max_round: int = 0
     alive_s: float = 20.0
     pipeline_after: int = 0
+    chunk: int = 1  # candidates per measure message: what an idle GPU takes at once
 
     @classmethod
     def fleet(cls, settings: Settings) -> Rounds:
         # Rounds grow while GPUs wait (max_round); the prior is reused for a while, since
         # hundreds of workers write all the time.
         return cls(settings.batch_size, settings.rounds_in_flight, settings.prior_refresh_s,
-                   settings.max_round, dead_after_s(settings))
+                   settings.max_round, dead_after_s(settings), chunk=settings.chunk_size)
 
     @classmethod
     def embedded(cls, settings: Settings) -> Rounds:
@@ -109,7 +113,7 @@ class Rounds:
     def propose(self, db_url: str, job_id: int) -> tasks.Proposal:
         return tasks.explore_round(db_url, job_id, self.batch_size, self.rounds_in_flight,
                                    self.prior_refresh_s, self.max_round, self.alive_s,
-                                   self.pipeline_after)
+                                   self.pipeline_after, self.chunk)
 
 
 @dataclass(frozen=True)
@@ -146,16 +150,23 @@ class Dispatch:
     def send(self, candidate_ids: Sequence[int], target: str) -> None:
         """Unbuilt candidates on their way: a build message per chunk (a round's NVRTC
         builds then run on as many builders at once as it has chunks), or a measure
-        message per chunk (`measure_unbuilt`)."""
-        for chunk in chunks(candidate_ids, self.settings.chunk_size):
-            if self.measure_unbuilt:
-                self.transport.send_measure(target, chunk)
-            else:
-                self.transport.send_build(target, chunk)
+        message per chunk (`measure_unbuilt`); all of them in one batch where the
+        transport batches."""
+        with self._batch():
+            for chunk in chunks(candidate_ids, self.settings.chunk_size):
+                if self.measure_unbuilt:
+                    self.transport.send_measure(target, chunk)
+                else:
+                    self.transport.send_build(target, chunk)
 
     def built(self, target: str, candidate_ids: Sequence[int]) -> None:
-        for chunk in chunks(candidate_ids, self.settings.chunk_size):
-            self.transport.send_measure(target, chunk)
+        with self._batch():
+            for chunk in chunks(candidate_ids, self.settings.chunk_size):
+                self.transport.send_measure(target, chunk)
+
+    def _batch(self) -> AbstractContextManager[None]:
+        batch = getattr(self.transport, "batch", None)
+        return nullcontext() if batch is None else batch()  # type: ignore[no-any-return]
 
     def measured(self, closed: Iterable[int]) -> None:
         """The result that closes a round starts the job's next one."""

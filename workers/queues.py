@@ -9,8 +9,10 @@ or whose queue still has messages waiting, is not lost.
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
+from contextlib import contextmanager
 
 from celery import Celery
 from sqlalchemy.orm import Session
@@ -39,9 +41,27 @@ class CeleryTransport:
 
     def __init__(self, app: Celery, retry: bool = True) -> None:
         self.app, self.retry = app, retry
+        self._local = threading.local()  # the producer of this thread's open `batch`
 
     def _send(self, name: str, args: tuple[object, ...], queue: str) -> None:
-        self.app.send_task(name, args, queue=queue, retry=self.retry)
+        self.app.send_task(name, args, queue=queue, retry=self.retry,
+                           producer=getattr(self._local, "producer", None))
+
+    @contextmanager
+    def batch(self) -> Iterator[None]:
+        """The messages sent inside go to the broker together when it closes (on Redis one
+        pipelined round trip; a transport that cannot batch sends each at once); on an
+        error inside, none of them. Why: a round's chunks went out one round trip each,
+        and on a busy machine those waits were a sixth of the fleet explorer's time."""
+        if getattr(self._local, "producer", None) is not None:  # nested: the outer one's
+            yield
+            return
+        with self.app.producer_or_acquire() as producer, producer.batch():
+            self._local.producer = producer
+            try:
+                yield
+            finally:
+                self._local.producer = None
 
     def send_explore(self, job_id: int) -> None:
         self._send(EXPLORE_TASK, (job_id,), EXPLORE_QUEUE)

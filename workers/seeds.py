@@ -18,7 +18,9 @@ import logging
 from collections import OrderedDict
 from typing import Any
 
-from kernels.space import ScheduleSpace
+import numpy as np
+
+from kernels.space import ScheduleSpace, schedule_problems
 from kernels.spec import ConvShape, gemm_distance
 from workers.backends.base import TaskSpec
 
@@ -65,12 +67,37 @@ def shape_distance(a: ConvShape, b: ConvShape) -> float:
 
 
 # The prior is one list per (target, precision) and version, shared by every job of the
-# explorer (workers/history.py) and never changed once handed out: its neighbours' ranking is
-# kept per (list, layer) so that a round costs the walk down that ranking, not a pass over
-# up to 50,000 measurements. Each entry holds the list itself, so its id stays its own.
+# explorer (workers/history.py) and never changed once handed out: each layer's best in it
+# is found once per list (one pass over up to 50,000 measurements, not one per job), and its
+# neighbours' ranking is kept per (list, layer), so that a round costs the walk down that
+# ranking. Each entry holds the list itself, so its id stays its own.
+_BESTS: OrderedDict[tuple[int, int], tuple[Any, dict[ConvShape, tuple[float, dict[str, Any]]]]] \
+    = OrderedDict()
+_BESTS_SIZE = 8
 _RANKINGS: OrderedDict[tuple[int, int, ConvShape], tuple[Any, list[dict[str, Any]]]] = \
     OrderedDict()
 _RANKINGS_SIZE = 64
+
+
+def layer_bests(prior: Any) -> dict[ConvShape, tuple[float, dict[str, Any]]]:
+    """Each layer's fastest ok measurement in `prior` (latency, schedule); of equals the
+    first in the list's order."""
+    key = (id(prior), len(prior))
+    hit = _BESTS.get(key)
+    if hit is not None and hit[0] is prior:
+        _BESTS.move_to_end(key)
+        return hit[1]
+    best: dict[ConvShape, tuple[float, dict[str, Any]]] = {}
+    for t in prior:
+        if t.status != "ok" or t.median_us is None:
+            continue
+        have = best.get(t.shape)
+        if have is None or t.median_us < have[0]:
+            best[t.shape] = (t.median_us, t.schedule)
+    _BESTS[key] = (prior, best)
+    while len(_BESTS) > _BESTS_SIZE:
+        _BESTS.popitem(last=False)
+    return best
 
 
 def neighbour_bests(shape: ConvShape, prior: Any) -> list[dict[str, Any]]:
@@ -80,18 +107,28 @@ def neighbour_bests(shape: ConvShape, prior: Any) -> list[dict[str, Any]]:
     if hit is not None and hit[0] is prior:
         _RANKINGS.move_to_end(key)
         return hit[1]
-    best: dict[ConvShape, tuple[float, dict[str, Any]]] = {}
-    for t in prior:
-        if t.status != "ok" or t.median_us is None or t.shape == shape:
-            continue
-        have = best.get(t.shape)
-        if have is None or t.median_us < have[0]:
-            best[t.shape] = (t.median_us, t.schedule)
-    ranked = [best[s][1] for s in sorted(best, key=lambda s: (shape_distance(shape, s), s.key()))]
+    best = layer_bests(prior)
+    ranked = [best[s][1] for s in sorted((s for s in best if s != shape),
+                                         key=lambda s: (shape_distance(shape, s), s.key()))]
     _RANKINGS[key] = (prior, ranked)
     while len(_RANKINGS) > _RANKINGS_SIZE:
         _RANKINGS.popitem(last=False)
     return ranked
+
+
+def valid_index(space: ScheduleSpace, sched: dict[str, Any]) -> int | None:
+    """The schedule's index in the space if the space holds it and has it valid, else None.
+    By lookup in the space's valid schedules (the explorer's strategies enumerate them
+    anyway), not by a pass of the kernel's rules per schedule (`ScheduleSpace.is_valid`)."""
+    try:
+        if schedule_problems(space.precision, sched):
+            return None
+        i = space.index_of(sched)
+    except (KeyError, ValueError):  # a knob value this space does not have
+        return None
+    valid = space.valid_indices
+    pos = int(np.searchsorted(valid, i))
+    return i if pos < len(valid) and int(valid[pos]) == i else None
 
 
 def transfer_points(shape: ConvShape, space: ScheduleSpace, prior: Any, n: int,
@@ -102,12 +139,7 @@ def transfer_points(shape: ConvShape, space: ScheduleSpace, prior: Any, n: int,
     for sched in neighbour_bests(shape, prior):
         if len(near) >= n:
             break
-        try:
-            if not space.is_valid(sched):
-                continue
-            i = space.index_of(sched)
-        except (KeyError, ValueError):  # a knob value this space does not have
-            continue
-        if i not in near:
+        i = valid_index(space, sched)
+        if i is not None and i not in near:
             near.append(i)
     return [i for i in near if i not in exclude]

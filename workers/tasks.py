@@ -18,13 +18,14 @@ from typing import Any, Protocol
 
 from kernels.space import ScheduleSpace
 from kernels.spec import ConvShape, Precision, get_target
+from search.strategy import History
 from store import hotpath as hp
 from store import repository as repo
 from store.db import session_scope
 from store.models import ACTIVE_JOB_STATES, Job, Task
 from workers import artifacts, explorer_stats
 from workers.backends.base import Backend, BuildOutcome, MeasureOutcome, TaskSpec
-from workers.history import history_of, strategy_for
+from workers.history import history_of, seed_prior, strategy_for
 from workers.leases import LeaseKeeper
 from workers.seeds import start_points
 
@@ -123,9 +124,10 @@ _unfed: dict[tuple[str, str], tuple[float, int]] = {}
 
 
 def round_size(session: Any, db_url: str, target: str, batch_size: int, max_round: int,
-               alive_s: float) -> int:
+               alive_s: float, chunk: int = 1) -> int:
     """Candidates in the next round: `batch_size`, grown in steps of it up to `max_round`
-    while GPUs of the target are idle with nothing queued for them (`hotpath.unfed_gpus`).
+    while GPUs of the target are idle with nothing queued for them (`hotpath.unfed_gpus`),
+    `chunk` candidates (a measure message) per idle GPU.
 
     Why: a round's proposal costs the explorer a fixed part (reads, the pick, writes) and
     the model work its trial count is due (the default's retrainings and boosting steps
@@ -133,22 +135,24 @@ def round_size(session: Any, db_url: str, target: str, batch_size: int, max_roun
     candidate. When the explorer keeps up, GPUs are busy and rounds stay small (the model
     updated most often per trial, the best search); when it falls behind, idle GPUs make
     the rounds larger (the replay's cost of larger rounds: bench/RESULTS.md "Search:
-    offline replay")."""
+    offline replay"). An idle GPU takes a whole message: counting a candidate per GPU
+    left a fleet's rounds at a chunk's share of what its idle GPUs could take."""
     if max_round <= batch_size:
         return batch_size
+    chunk = max(1, chunk)
     now = time.monotonic()
     key = (db_url, target)
     at, unfed = _unfed.get(key, (-1e18, 0))
     if now - at >= UNFED_REFRESH_S:
-        at, unfed = now, hp.unfed_gpus(session, target, alive_s)
-    size = min(max_round, max(batch_size, -(-unfed // batch_size) * batch_size))
-    _unfed[key] = (at, max(0, unfed - size))
+        at, unfed = now, hp.unfed_gpus(session, target, alive_s, chunk)
+    size = min(max_round, max(batch_size, -(-unfed * chunk // batch_size) * batch_size))
+    _unfed[key] = (at, max(0, unfed - -(-size // chunk)))
     return size
 
 
 def explore_round(db_url: str, job_id: int, batch_size: int = 32, rounds_in_flight: int = 1,
                   prior_refresh_s: float = 0.0, max_round: int = 0,
-                  alive_s: float = 20.0, pipeline_after: int = 0) -> Proposal:
+                  alive_s: float = 20.0, pipeline_after: int = 0, chunk: int = 1) -> Proposal:
     """Propose the job's next round unless `rounds_in_flight` rounds are open already.
 
     Open candidates never sent (or forgotten) are returned to be dispatched again. With
@@ -156,7 +160,8 @@ def explore_round(db_url: str, job_id: int, batch_size: int = 32, rounds_in_flig
     measured so far, with the open candidates as pending so that none is proposed twice,
     and never beyond the budget: proposals stop at trials - measured - open. A round holds
     `batch_size` candidates, or up to `max_round` while GPUs of the target wait for work
-    (`round_size`; a worker is alive whose heartbeat is at most `alive_s` old). With
+    (`round_size`; a worker is alive whose heartbeat is at most `alive_s` old; an idle GPU
+    takes `chunk` candidates). With
     `pipeline_after`, a round is proposed while another is open only once the job has that
     many trials measured (a strategy proposing from no measurement at all proposes blind).
     """
@@ -185,8 +190,13 @@ def explore_round(db_url: str, job_id: int, batch_size: int = 32, rounds_in_flig
                              prior_refresh_s)
         history.pending = pending_indices(space, [r.schedule for r in open_rows])
         strategy = strategy_for(db_url, job, space)
-        size = min(round_size(s, db_url, target, batch_size, max_round, alive_s), remaining)
-        seeds = start_points(spec, space, history)[:size]
+        size = min(round_size(s, db_url, target, batch_size, max_round, alive_s, chunk),
+                   remaining)
+        # The seeds from the newest prior; the strategy's moves only as it grows by half.
+        fresh = seed_prior(s, db_url, job.task_id, target, spec.precision.value,
+                           prior_refresh_s)
+        seeds = start_points(spec, space, History(trials=history.trials,
+                                                  pending=history.pending, prior=fresh))[:size]
         history.pending |= set(seeds)
         picks = seeds + strategy.propose(history, size - len(seeds))
         seconds = time.perf_counter() - started

@@ -5,6 +5,7 @@ spaces that cannot hold them are not seeded. In SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from sqlalchemy import select
 
@@ -18,7 +19,14 @@ from store.db import session_scope
 from store.models import Candidate
 from workers import tasks
 from workers.backends.base import TaskSpec
-from workers.seeds import TRANSFER_SEEDS, start_points, transfer_points
+from workers.seeds import (
+    TRANSFER_SEEDS,
+    layer_bests,
+    neighbour_bests,
+    start_points,
+    transfer_points,
+    valid_index,
+)
 
 H100 = TARGETS["h100"]
 
@@ -108,6 +116,45 @@ def test_transfer_seeds_skip_what_the_space_lacks_and_stop_at_the_limit() -> Non
     assert 0 < len(held) < len(scheds)  # the restricted space lacks the others' MMA value
     assert transfer_points(shape, wgmma_only, prior, 99) == \
         [wgmma_only.index_of(s) for s in held]
+
+
+def test_the_validity_lookup_agrees_with_the_rules() -> None:
+    shape = ConvShape(8, 28, 28, 128, 256, 3, 3, pad=(1, 1))
+    space = ScheduleSpace(shape, Precision.FP16, H100)
+    wgmma_only = ScheduleSpace(shape, Precision.FP16, H100, restrict={"MMA": ["wgmma"]})
+    rng = np.random.default_rng(0)
+    # Valid and invalid schedules alike (most of the product is invalid).
+    scheds = [space.schedule_at(int(i)) for i in rng.integers(0, space.size, 300)]
+    scheds += [space.schedule_at(int(i)) for i in rng.choice(space.valid_indices, 100)]
+    for sp in (space, wgmma_only):
+        got = [valid_index(sp, s) for s in scheds]
+        want = [sp.index_of(s) if _is_valid(sp, s) else None for s in scheds]
+        assert got == want
+        assert any(g is None for g in got) and any(g is not None for g in got)
+
+
+def _is_valid(space: ScheduleSpace, sched: dict) -> bool:
+    try:
+        return space.is_valid(sched)
+    except (KeyError, ValueError):
+        return False
+
+
+def test_each_layers_best_is_found_once_per_prior() -> None:
+    near = ConvShape(8, 28, 28, 128, 128, 3, 3, pad=(1, 1))
+    far = ConvShape(8, 14, 14, 256, 1024, 1, 1)
+    space = ScheduleSpace(near, Precision.FP16, H100)
+    a, b, c = (space.schedule_at(int(i)) for i in space.valid_indices[:3])
+    prior = [PriorTrial(far, c, "ok", 5.0), PriorTrial(near, a, "ok", 8.0),
+             PriorTrial(near, b, "ok", 8.0), PriorTrial(far, a, "error", None)]
+    bests = layer_bests(prior)
+    assert bests == {far: (5.0, c), near: (8.0, a)}  # of equal latencies the first
+    other = ConvShape(8, 28, 28, 128, 256, 3, 3, pad=(1, 1))
+    # Every layer's ranking comes from the one table of the list (not a pass each).
+    assert neighbour_bests(other, prior) == [a, c] and neighbour_bests(near, prior) == [c]
+    assert layer_bests(prior) is bests
+    newer = [*prior, PriorTrial(far, b, "ok", 1.0)]  # another list: found again
+    assert layer_bests(newer)[far] == (1.0, b) and layer_bests(prior)[far] == (5.0, c)
 
 
 def test_a_job_starts_from_the_best_of_a_tuned_neighbour(db: str) -> None:

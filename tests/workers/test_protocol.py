@@ -191,3 +191,24 @@ def test_a_sweep_sends_lost_candidates_again_once(harness: Harness, settings: Se
     assert swept.resent == 8 and swept.freed == 0
     assert sweeper.sweep().resent == 0, "what was sent again is on its way"
     assert _steps(harness.sent(), "build") == sorted(ids)
+
+
+def test_a_rounds_messages_reach_the_broker_together(harness: Harness,
+                                                      settings: Settings) -> None:
+    if not isinstance(harness, CeleryHarness):
+        pytest.skip("the local transport sends to its own pools")
+    transport = harness.dispatch.transport
+    assert isinstance(transport, CeleryTransport)
+    with transport.batch():
+        transport.send_measure("h200", [1, 2])
+        transport.send_measure("h200", [3])
+        assert harness.redis.llen("measure.h200") == 0  # held until the batch closes
+    assert harness.sent() == [("measure", [1, 2]), ("measure", [3])]
+    with pytest.raises(RuntimeError), transport.batch():
+        transport.send_measure("h200", [4])
+        raise RuntimeError("the round failed")
+    assert harness.sent() == []  # none of a failed batch's messages
+    # A round's chunks (4 candidates each here) in order, as one batch.
+    harness.dispatch.send(list(range(10, 20)), "h200")
+    assert harness.sent() == [("build", [10, 11, 12, 13]), ("build", [14, 15, 16, 17]),
+                              ("build", [18, 19])]

@@ -83,3 +83,29 @@ def test_a_silent_worker_is_not_an_idle_gpu(db: str) -> None:
     with session_scope(db) as s:
         assert hp.unfed_gpus(s, "h200", 60) == 100
         assert hp.unfed_gpus(s, "h200", -1) == 0  # every heartbeat older than the window
+
+
+def test_an_idle_gpu_takes_a_whole_chunk(db: str) -> None:
+    _gpus(db, idle=20, busy=5)
+    job = _job(db, 1000)
+    tasks.explore_round(db, job, 32, max_round=256, chunk=8)
+    assert _proposed(db, job) == 160  # 20 idle GPUs x a chunk of 8 each
+    tasks._unfed.clear()
+    with session_scope(db) as s:
+        # The 160 queued keep all 20 busy (a candidate each would say 0 of 160 fed).
+        assert hp.unfed_gpus(s, "h200", 60, chunk=8) == 0
+        assert hp.unfed_gpus(s, "h200", 60, chunk=16) == 10
+    _gpus(db, idle=40, busy=5)  # 40 idle now, 160 queued cover 20 of them
+    other = _job(db, 1000, "stage2")
+    tasks.explore_round(db, other, 32, max_round=256, chunk=8)
+    assert _proposed(db, other) == 160
+
+
+def test_the_count_is_spent_by_chunks_between_refreshes(db: str) -> None:
+    _gpus(db, idle=30)
+    first, second = _job(db, 1000), _job(db, 1000, "stage2")
+    tasks.explore_round(db, first, 32, max_round=128, chunk=8)
+    assert _proposed(db, first) == 128  # 30 x 8 = 240 wanted, capped: 16 GPUs fed
+    # Within the refresh interval the explorer counts down what it proposed itself.
+    tasks.explore_round(db, second, 32, max_round=256, chunk=8)
+    assert _proposed(db, second) == 128  # the other 14 GPUs: 112, in steps of 32
