@@ -96,6 +96,25 @@ __device__ __forceinline__ void producer_loop(const TmaRing& ring, const int tot
   }
 }
 
+// The ring's start: thread 0 initializes the barriers; then with a producer warp (TMA=2) its
+// first lane issues all `total` stages and the warp is done (false), else thread 0 issues the
+// first STAGES of them (`produce(j, slot)`) and the refills come with the releases.
+template <class Produce>
+__device__ __forceinline__ bool start_ring(const TmaRing& ring, const int tid, const int total,
+                                           Produce&& produce) {
+  if (tid == 0) ring.init();
+  __syncthreads();  // the whole block, the producer warp included
+  if constexpr (cfg::WS) {
+    if (tid >= cfg::MATH_THREADS) {
+      if (tid == cfg::MATH_THREADS) producer_loop(ring, total, produce);
+      return false;
+    }
+  } else if (tid == 0) {
+    for (int s = 0; s < cfg::STAGES && s < total; ++s) produce(s, s);
+  }
+  return true;
+}
+
 // Where a consumer is in the ring: the slot and phase of its next stage, and of the stage
 // before (in flight until the next one's MMAs are issued).
 struct RingPos {
@@ -145,17 +164,8 @@ __device__ __forceinline__ bool mainloop_tma(Tile& wt, const StageRing sr, const
   // warp); the issuing thread refills a slot once all math warps have released it.
   const TmaRing ring(sr, maps);
   const TmaRing::Origin at = TmaRing::origin(m0, n0);
-  if (tid == 0) ring.init();
-  __syncthreads();  // the whole block, the producer warp included
-  if constexpr (WS) {
-    if (tid >= MATH_THREADS) {
-      if (tid == MATH_THREADS)
-        producer_loop(ring, nit, [&](int j, int st) { ring.produce(st, at, it0 + j); });
-      return false;
-    }
-  } else if (tid == 0) {
-    for (int s = 0; s < STAGES && s < nit; ++s) ring.produce(s, at, it0 + s);
-  }
+  if (!start_ring(ring, tid, nit, [&](int j, int st) { ring.produce(st, at, it0 + j); }))
+    return false;
   // A stage's slot is released once its MMAs are done; thread 0 then refills it with the
   // stage STAGES later.
   auto release = [&](int s, u32 p, int j) {
@@ -190,16 +200,7 @@ __device__ __forceinline__ void persistent_tma(Tile& wt, const StageRing sr, con
   const int total = block_tiles() * nit;
   auto tile_of = [&](int j) { return block_tile(j / nit); };
   auto produce = [&](int j, int st) { ring.produce_stream(st, j, nit); };
-  if (tid == 0) ring.init();
-  __syncthreads();  // the whole block, the producer warp included
-  if constexpr (WS) {
-    if (tid >= MATH_THREADS) {
-      if (tid == MATH_THREADS) producer_loop(ring, total, produce);
-      return;
-    }
-  } else if (tid == 0) {
-    for (int s = 0; s < STAGES && s < total; ++s) produce(s, s);
-  }
+  if (!start_ring(ring, tid, total, produce)) return;
   auto release = [&](int s, u32 p, int j) {  // as in mainloop_tma, over the whole stream
     __syncwarp();
     if ((tid & 31) == 0) mbar_arrive(ring.empty(s));
@@ -244,13 +245,9 @@ __device__ __forceinline__ void pingpong_tma(Tile& wt, const StageRing sr, const
   using namespace cfg;
   const TmaRing ring(sr, maps);
   const int ntiles = block_tiles();
-  if (tid == 0) ring.init();
-  __syncthreads();  // the whole block, the producer warp included
-  if (tid >= MATH_THREADS) {
-    if (tid == MATH_THREADS)
-      producer_loop(ring, ntiles * nit, [&](int j, int st) { ring.produce_stream(st, j, nit); });
-    return;
-  }
+  if (!start_ring(ring, tid, ntiles * nit,
+                  [&](int j, int st) { ring.produce_stream(st, j, nit); }))
+    return;  // the producer warp (PINGPONG implies TMA=2)
   const int g = __shfl_sync(0xffffffffu, tid / THREADS, 0);  // warp-uniform, as ptxas sees
   const int ctid = tid - g * THREADS;
   auto release = [&](int s, u32, int) {
