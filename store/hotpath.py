@@ -482,12 +482,12 @@ def unfed_gpus(session: Session, target: str, alive_s: float, chunk: int = 1) ->
         Worker.last_heartbeat >= utcnow() - timedelta(seconds=alive_s))) or 0
     if session.get_bind().dialect.name == "postgresql":
         queued = session.scalar(_QUEUED_PG, {"target": target}) or 0
-        return max(0, int(idle) - -(-int(queued) // max(1, chunk)))
-    queued = session.scalar(
-        select(func.count()).select_from(Candidate.__table__)
-        .join(Task.__table__, Task.__table__.c.id == C.task_id)
-        .where(C.state != "done", C.lease_owner.is_(None),
-               Task.__table__.c.target == target)) or 0
+    else:
+        queued = session.scalar(
+            select(func.count()).select_from(Candidate.__table__)
+            .join(Task.__table__, Task.__table__.c.id == C.task_id)
+            .where(C.state != "done", C.lease_owner.is_(None),
+                   Task.__table__.c.target == target)) or 0
     return max(0, int(idle) - -(-int(queued) // max(1, chunk)))
 
 
