@@ -61,7 +61,9 @@ def quantize_weight(weight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
 
 
 def quantize(x: torch.Tensor, scale: float) -> torch.Tensor:
-    """int8 activation: clamp(round(x / scale), -128, 127), in x's dtype."""
+    """int8 activation: clamp(round(x / scale), -128, 127), in float32 at least (an fp16
+    quotient near 127 would carry 1/32 of rounding error into the round)."""
+    x = x.to(torch.promote_types(x.dtype, torch.float32))
     return torch.round(x / scale).clamp(QMIN_ACT, QMAX).to(torch.int8)
 
 

@@ -99,7 +99,12 @@ class FusedConv(nn.Module):
             self.register_buffer("bias", bias.to(torch.float32))
             self.calibrated = True
         self.out_dtype = torch.int8 if self.precision is Precision.INT8 else torch.float16
-        self._ops: dict[tuple[int, ...], Any] = {}
+        self.in_channels = int(weight.shape[1])
+        # The kernel's channel count for inputs (set_input_channels): a narrower input is
+        # zero-padded by torch ops in forward, which a compiled model fuses into the op that
+        # produces the input, instead of a copy inside the kernel call.
+        self.input_channels = self.in_channels
+        self._ops: dict[ConvShape, Any] = {}
         self._weights: dict[tuple[str, str], torch.Tensor] = {}
         self.uid = torch_op.register(self)
 
@@ -122,29 +127,38 @@ class FusedConv(nn.Module):
         self.layer.residual_scale = residual_scale
 
     def shape_for(self, x_shape: tuple[int, ...] | torch.Size) -> ConvShape:
-        n, c, h, w = (int(v) for v in x_shape)
+        """The layer's shape for inputs of this NCHW shape (zero channels past the layer's own
+        count, `input_channels`, are not the layer's)."""
+        n, _, h, w = (int(v) for v in x_shape)
         _, _, r, s = self.weight.shape
-        return ConvShape(n, h, w, c, self.out_channels, int(r), int(s), stride=self.stride,
-                         pad=self.padding, dilation=self.dilation)
+        return ConvShape(n, h, w, self.in_channels, self.out_channels, int(r), int(s),
+                         stride=self.stride, pad=self.padding, dilation=self.dilation)
+
+    def set_input_channels(self, channels: int) -> None:
+        """Take inputs padded with zero channels to `channels` (the kernel's padded count,
+        `op.padded_channels`); forward pads narrower ones."""
+        if channels < self.in_channels:
+            raise ValueError(f"{self.layer.name}: {channels} input channels is fewer than the "
+                             f"layer's {self.in_channels}")
+        self.input_channels = int(channels)
 
     # ---- the kernel --------------------------------------------------------------------
     def build(self, x_shape: tuple[int, ...] | torch.Size) -> Any:
         """The runtime op for inputs of this NCHW shape, built once (NVRTC; no GPU needed).
         A shape other than the planned one reuses the schedule where it is valid there, else
         takes the default (DefaultScheduleWarning)."""
-        key = tuple(int(v) for v in x_shape)
-        op = self._ops.get(key)
+        shape = self.shape_for(x_shape)
+        op = self._ops.get(shape)
         if op is None:
             from kernels.runtime import Conv2d
 
-            shape = self.shape_for(key)
             fits = schedule_fits(shape, self.precision, self.target, self.schedule,
                                  self.epilogue) is None
             op = Conv2d(shape, self.precision, self.schedule if fits else None, self.target,
                         epilogue=self.epilogue, pdl=self.pdl, cache_dir=self.cache_dir)
             if fits:
                 op.schedule_source = self.layer.schedule_source
-            self._ops[key] = op
+            self._ops[shape] = op
         return op
 
     def _weight_for(self, op: Any) -> torch.Tensor:
@@ -159,6 +173,8 @@ class FusedConv(nn.Module):
         NHWC views (NHWCnc where the schedule says so), the prepared weight, the epilogue's
         scale / bias / res_scale."""
         op = self.build(x.shape)
+        if x.shape[1] not in (self.in_channels, op.padded_channels):
+            x = x[:, : self.in_channels]  # padded for another shape's op: the op pads itself
         xin = op.to_input_layout(nhwc_view(x))
         res = None
         if residual is not None:
@@ -184,6 +200,7 @@ class FusedConv(nn.Module):
 
     def _run_reference(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
         k = (1, -1, 1, 1)
+        x = x[:, : self.in_channels]  # the zero channels of a padded input
         if self.precision is Precision.INT8:
             acc = self._conv64(x).round().to(torch.int32)
             v = acc.to(torch.float32) * self.scale.view(k)
@@ -217,6 +234,10 @@ class FusedConv(nn.Module):
                              f"{'required' if self.residual else 'not taken'}")
         if not self.calibrated:
             raise RuntimeError(f"{self.layer.name}: int8 scales were never set")
+        if x.shape[1] < self.input_channels:
+            # NHWC with zero channels appended; compiled, one kernel with the op before it
+            x = F.pad(x.permute(0, 2, 3, 1), (0, self.input_channels - x.shape[1]))
+            x = x.permute(0, 3, 1, 2)
         return torch_op.fused_conv(x, residual, self.uid)
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -330,14 +351,15 @@ class OptimizedModel(nn.Module):
         return [m for m in self.graph_module.modules() if isinstance(m, kind)]
 
     def conversions(self) -> dict[str, int]:
-        """Quantize / dequantize (fp16: casts) ops in the graph."""
+        """Quantize / dequantize ops of the model's precision in the graph (fp16: casts; the
+        fp16 casts at an int8 model's edges are not counted)."""
         counts = {"quantize": 0, "dequantize": 0}
         for node in self.graph_module.graph.nodes:
             if node.op == "call_module":
                 m = self.graph_module.get_submodule(str(node.target))
-                if isinstance(m, Quantize):
+                if isinstance(m, Quantize) and m.precision is self.precision:
                     counts["quantize"] += 1
-                elif isinstance(m, Dequantize):
+                elif isinstance(m, Dequantize) and m.precision is self.precision:
                     counts["dequantize"] += 1
         return counts
 

@@ -93,8 +93,9 @@ def optimize(model: nn.Module, example_inputs: Any, precision: str = "fp16",
     values go from fused layer to fused layer (and through max-pools) as int8, each written
     by the epilogue with its consumers' scale, and are dequantized only where a PyTorch op
     needs float. Layers the kernel cannot run, fp16 layers whose record says the kernel is
-    slower than its baseline, and every other op stay in PyTorch (fp16: in fp16 channels_last,
-    the inputs cast once and the outputs cast back); `.plan` / `.report()`
+    slower than its baseline, and every other op stay in PyTorch, in fp16 channels_last (the
+    inputs cast once, int8 values dequantized to fp16, the outputs cast back); `.plan` /
+    `.report()`
     say what happened to each conv. A layer without a record runs the runtime's default
     schedule (one DefaultScheduleWarning names them all).
     """
@@ -160,7 +161,8 @@ def optimize(model: nn.Module, example_inputs: Any, precision: str = "fp16",
                         backend=backend, target=tgt, schedule=sched, pdl=pdl,
                         cache_dir=cache_dir)
         if backend == "cuda":
-            mod.build(chain.conv.args[0].meta["deploy_shape"])  # type: ignore[union-attr]
+            op = mod.build(chain.conv.args[0].meta["deploy_shape"])  # type: ignore[union-attr]
+            mod.set_input_channels(op.padded_channels)
         name = base = "tctune_" + re.sub(r"\W", "_", lp.name)
         while hasattr(gm, name):  # a conv module called more than once
             name = f"{base}_{len(fused)}"
@@ -173,9 +175,8 @@ def optimize(model: nn.Module, example_inputs: Any, precision: str = "fp16",
                       f"them (tctune plan / POST /tune) for their best", DefaultScheduleWarning,
                       stacklevel=2)
 
-    _place_conversions(gm, fused, p, float_dtype)
-    if p is Precision.FP16:
-        _run_rest_in_fp16(gm, float_dtype)
+    _place_conversions(gm, fused, p)
+    _run_rest_in_fp16(gm, float_dtype)
     gm.delete_all_unused_submodules()
     gm.graph.lint()
     gm.recompile()
@@ -219,12 +220,13 @@ def _candidates(gm: fx.GraphModule, p: Precision, tgt: Target
     return layers, out
 
 
-def _place_conversions(gm: fx.GraphModule, fused: dict[fx.Node, FusedConv], p: Precision,
-                       float_dtype: torch.dtype) -> None:
+def _place_conversions(gm: fx.GraphModule, fused: dict[fx.Node, FusedConv], p: Precision
+                       ) -> None:
     """Give every value a domain (the kernel's, or float); max-pools of kernel values stay in
     the kernel's domain. int8: insert one Quantize per float value a fused layer reads and one
-    Dequantize per kernel value a PyTorch op reads, and set every fused layer's epilogue scales
-    from the activation scales of its input, residual and output."""
+    Dequantize (to fp16, the dtype of what stays in PyTorch) per kernel value a PyTorch op
+    reads, and set every fused layer's epilogue scales from the activation scales of its input,
+    residual and output."""
     g = gm.graph
     int8 = p is Precision.INT8
     kernel: dict[fx.Node, float | None] = {}  # kernel-domain value -> its int8 scale
@@ -278,8 +280,8 @@ def _place_conversions(gm: fx.GraphModule, fused: dict[fx.Node, FusedConv], p: P
                 for v in node.all_input_nodes:
                     if v in kernel:
                         if v not in dequant:
-                            dequant[v] = add_module("dequantize", Dequantize(p, kernel[v],
-                                                                              float_dtype), v, v)
+                            dequant[v] = add_module("dequantize", Dequantize(
+                                p, kernel[v], torch.float16), v, v)
                         node.replace_input_with(v, dequant[v])
     for node, mod in fused.items():
         ins = node.args
@@ -291,10 +293,10 @@ def _place_conversions(gm: fx.GraphModule, fused: dict[fx.Node, FusedConv], p: P
 
 
 def _run_rest_in_fp16(gm: fx.GraphModule, float_dtype: torch.dtype) -> None:
-    """fp16: what stays in PyTorch runs in fp16 channels_last as well (a kept conv is cuDNN's
-    fp16 conv, the baseline its record was compared with), so no casts sit between fused
-    layers and PyTorch ops: the model casts its inputs to fp16 once and its outputs back to
-    the model's own float dtype."""
+    """What stays in PyTorch runs in fp16 channels_last (a kept conv is cuDNN's fp16 conv,
+    the baseline its record was compared with; int8 models dequantize to fp16), so no casts
+    sit between fused layers and PyTorch ops: the model casts its inputs to fp16 once (int8
+    quantizes read them as they are) and its outputs back to the model's own float dtype."""
     g = gm.graph
     ours = {name for name, m in gm.named_modules() if isinstance(m, (FusedConv, KernelMaxPool2d))}
     for name, m in gm.named_modules():
@@ -306,12 +308,19 @@ def _run_rest_in_fp16(gm: fx.GraphModule, float_dtype: torch.dtype) -> None:
                     t.data = t.data.half()
         if isinstance(m, nn.Conv2d):
             m.weight.data = m.weight.data.contiguous(memory_format=torch.channels_last)
+    def int8_quantize(user: fx.Node) -> bool:
+        m = gm.get_submodule(str(user.target)) if user.op == "call_module" else None
+        return isinstance(m, Quantize) and m.precision is Precision.INT8
+
     for node in [n for n in g.nodes if n.op == "placeholder"]:
+        if all(int8_quantize(u) for u in node.users):
+            continue
         name = f"tctune_quantize_input_{node.name}"
         gm.add_submodule(name, Quantize(Precision.FP16))
         with g.inserting_after(node):
             cast = g.call_module(name, (node,))
-        node.replace_all_uses_with(cast, delete_user_cb=lambda user, c=cast: user is not c)
+        node.replace_all_uses_with(
+            cast, delete_user_cb=lambda user, c=cast: user is not c and not int8_quantize(user))
     out = next(n for n in g.nodes if n.op == "output")
     gm.add_submodule("tctune_dequantize_output", Dequantize(Precision.FP16, None, float_dtype))
 

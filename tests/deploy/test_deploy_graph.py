@@ -274,3 +274,47 @@ def test_fp16_runs_what_stays_in_pytorch_in_fp16_too() -> None:
     assert fused(o)["conv"].bias.dtype == torch.float32  # the kernel's epilogue takes fp32
     y = o(x)
     assert y.dtype == torch.float32 and rel_err(y, m(x)) < 2e-3
+
+
+@pytest.mark.parametrize("precision", ["fp16", "int8"])
+def test_a_narrow_input_is_padded_before_the_kernel_call(precision: str) -> None:
+    """A fused layer set to take the kernel's padded channel count pads narrower inputs with
+    zero channels itself (torch ops a compiled model fuses into the input's cast or quantize);
+    the layer's shape, and so its output, stay the same."""
+    torch.manual_seed(8)
+    m = Odd().eval()
+    x = torch.randn(2, 3, 16, 16)
+    o = opt(m, x, precision)
+    stem = fused(o)["stem"]
+    assert stem.in_channels == stem.input_channels == 3
+    before = o(x)
+    seen: list[tuple[int, ...]] = []
+    orig = stem.execute
+    stem.execute = lambda xin, res: (seen.append(tuple(xin.shape)), orig(xin, res))[1]
+    stem.set_input_channels(4)
+    after = o(x)
+    assert seen == [(2, 4, 16, 16)]
+    assert torch.equal(before, after)
+    assert stem.shape_for((2, 4, 16, 16)) == stem.shape_for((2, 3, 16, 16))
+    assert stem.shape_for((2, 4, 16, 16)).c == 3
+    with pytest.raises(ValueError, match="fewer than the layer's 3"):
+        stem.set_input_channels(2)
+
+
+def test_int8_runs_what_stays_in_pytorch_in_fp16() -> None:
+    """int8 models dequantize to fp16 for PyTorch ops, whose weights are fp16; the model's
+    input reaches the int8 quantize as float32, and the output is cast back to float32."""
+    torch.manual_seed(9)
+    m = Odd().eval()
+    x = torch.randn(2, 3, 16, 16)
+    o = opt(m, x, "int8")
+    for kept in ("grouped", "depthwise", "fc"):
+        assert o.graph_module.get_submodule(kept).weight.dtype == torch.float16
+    # int8 in and out of stem and dilated; the fp16 cast of the output is not counted
+    assert o.conversions() == {"quantize": 2, "dequantize": 2}
+    assert not any(t.startswith("tctune_quantize_input") for t in call_targets(o))
+    assert call_targets(o)[-1] == "tctune_dequantize_output"
+    y = o(x)
+    assert y.dtype == torch.float32
+    cos = F.cosine_similarity(y.flatten().double(), m(x).flatten().double(), dim=0)
+    assert cos > 0.99
