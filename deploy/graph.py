@@ -184,6 +184,50 @@ def find_chains(gm: fx.GraphModule, convs: Iterable[fx.Node]) -> list[Chain]:
     return chains
 
 
+def _plain_1x1(conv: nn.Conv2d) -> bool:
+    return (_pair(conv.kernel_size) == (1, 1) and conv.groups == 1 and
+            _pair(conv.dilation) == (1, 1) and conv.padding_mode == "zeros" and
+            (conv.padding == "valid" or (not isinstance(conv.padding, str) and
+                                         _pair(conv.padding) == (0, 0))))
+
+
+def projection_of(gm: fx.GraphModule, chain: Chain, chains: Iterable[Chain]) -> Chain | None:
+    """The chain whose output `chain` adds (its residual) where the two are one GEMM over
+    both inputs: a ResNet bottleneck's last conv (1x1, stride 1) and its projection shortcut
+    (1x1 at any stride, BN at most, no ReLU), both unpadded and ungrouped. None otherwise."""
+    res = chain.residual
+    if res is None:
+        return None
+    for other in chains:
+        if other is chain or other.last is not res or other.add is not None or \
+                other.relu is not None:
+            continue
+        a, b = module_of(gm, chain.conv), module_of(gm, other.conv)
+        assert isinstance(a, nn.Conv2d) and isinstance(b, nn.Conv2d)
+        if _plain_1x1(a) and _plain_1x1(b) and _pair(a.stride) == (1, 1) and \
+                a.out_channels == b.out_channels:
+            return other
+    return None
+
+
+def fuse_concat(gm: fx.GraphModule, chain: Chain, proj: Chain, name: str,
+                module: nn.Module) -> fx.Node:
+    """Replace both chains by one call of `module` on (projection input, None, chain input):
+    x is the projection's input, x1 the chain's (FusedConv's concat), placed where the
+    chain's last node was."""
+    gm.add_submodule(name, module)
+    last = chain.last
+    with gm.graph.inserting_before(last):
+        new = gm.graph.call_module(name, (proj.conv.args[0], None, chain.conv.args[0]))
+    new.meta.update({k: v for k, v in last.meta.items() if k.startswith("deploy_")})
+    last.replace_all_uses_with(new)
+    for n in reversed(chain.nodes):  # the add goes first: then the projection has no users
+        gm.graph.erase_node(n)
+    for n in reversed(proj.nodes):
+        gm.graph.erase_node(n)
+    return new
+
+
 def fuse(gm: fx.GraphModule, chain: Chain, name: str, module: nn.Module) -> fx.Node:
     """Replace the chain's nodes by one call of `module` (registered as `name`) on
     (conv input[, residual]), placed where the chain's last node was: every input exists

@@ -60,6 +60,13 @@ def _to_blocked(t: torch.Tensor, vector: int) -> torch.Tensor:
 class FusedConv(nn.Module):
     """conv (+ folded BN) (+ residual) (+ ReLU) as one tctune kernel call.
 
+    With `concat` (n > 0) the layer is a 1x1 conv over two inputs, forward(x, x1=x1): x1's n
+    channels at the output's resolution, then x's at the layer's stride (a ResNet
+    bottleneck's last conv and its projection shortcut, whose sum is one GEMM over both
+    inputs: kernels.runtime.Conv2d's `concat`). The weight's first n input channels are
+    x1's. int8: the two parts' weights are quantized at one scale per output channel, so that
+    one accumulator sums both (`set_scales`).
+
     Buffers: `weight` KCRS (int8 quantized per output channel, or fp16), `bias` float32 [K]
     (the epilogue's), and for int8 `scale` float32 [K] and the per-channel `weight_scale`
     (float64), with `res_scale` a float: the requant epilogue then computes
@@ -71,8 +78,10 @@ class FusedConv(nn.Module):
     def __init__(self, layer: LayerPlan, precision: Precision, weight: torch.Tensor,
                  bias: torch.Tensor, shape: ConvShape, *, relu: bool, residual: bool,
                  backend: str, target: Target, schedule: dict[str, Any],
-                 pdl: bool = False, cache_dir: str | Path | None = None) -> None:
+                 pdl: bool = False, cache_dir: str | Path | None = None,
+                 concat: int = 0) -> None:
         super().__init__()
+        self.concat = int(concat)
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
         self.layer = layer
@@ -85,6 +94,8 @@ class FusedConv(nn.Module):
         self.epilogue = Epilogue("default", relu, residual).resolved(self.precision)
         self.res_scale: float | None = None
         if self.precision is Precision.INT8:
+            if self.concat:  # quantized at set_scales, with the inputs' scales
+                self.register_buffer("weight_real", weight.to(torch.float64))
             ws = calibrate.weight_scales(weight)
             self.register_buffer("weight", calibrate.quantize_weight(weight, ws))
             self.register_buffer("weight_scale", ws)
@@ -99,31 +110,48 @@ class FusedConv(nn.Module):
             self.register_buffer("bias", bias.to(torch.float32))
             self.calibrated = True
         self.out_dtype = torch.int8 if self.precision is Precision.INT8 else torch.float16
-        self.in_channels = int(weight.shape[1])
-        # The kernel's channel count for inputs (set_input_channels): a narrower input is
+        self.in_channels = int(weight.shape[1])  # with concat: x1's and x's
+        self.x_channels = self.in_channels - self.concat
+        # The kernel's channel count for x (set_input_channels): a narrower input is
         # zero-padded by torch ops in forward, which a compiled model fuses into the op that
         # produces the input, instead of a copy inside the kernel call.
-        self.input_channels = self.in_channels
+        self.input_channels = self.x_channels
         self._ops: dict[ConvShape, Any] = {}
         self._weights: dict[tuple[str, str], torch.Tensor] = {}
         self.uid = torch_op.register(self)
 
     def set_scales(self, in_scale: float, out_scale: float,
-                   residual_scale: float | None = None) -> None:
+                   residual_scale: float | None = None, x1_scale: float | None = None) -> None:
         """int8: the epilogue's scale, bias and residual scale from the activation scales of
-        the input, the output and the residual (computed in float64, stored as float32)."""
+        the input (and x1), the output and the residual (computed in float64, stored as
+        float32)."""
         if self.precision is not Precision.INT8:
             raise ValueError("scales are for int8 layers")
         if (residual_scale is None) == self.residual:
             raise ValueError("residual_scale is needed exactly when the layer adds a residual")
-        for v in (in_scale, out_scale, residual_scale or 1.0):
+        if (x1_scale is None) == bool(self.concat):
+            raise ValueError("x1_scale is needed exactly when the layer reads two inputs")
+        for v in (in_scale, out_scale, residual_scale or 1.0, x1_scale or 1.0):
             if not (math.isfinite(v) and v > 0):
                 raise ValueError(f"activation scales must be positive and finite, got {v}")
+        if self.concat:
+            # acc = x1q*w1q + xq*wq needs x1_scale * s_w1[k] == in_scale * s_w[k]: both parts
+            # at the larger of the two products per channel (neither part clips), as weights
+            # of the scale that product divided by their input's scale.
+            n = self.concat
+            w1, w2 = self.weight_real[:, :n], self.weight_real[:, n:]
+            t = torch.maximum(x1_scale * calibrate.weight_scales(w1),
+                              in_scale * calibrate.weight_scales(w2))
+            self.weight.copy_(torch.cat([calibrate.quantize_weight(w1, t / x1_scale),
+                                         calibrate.quantize_weight(w2, t / in_scale)], dim=1))
+            self.weight_scale.copy_(t / in_scale)
+            self._weights.clear()  # the kernel's copies of the old weights
         self.scale.copy_((in_scale * self.weight_scale / out_scale).to(torch.float32))
         self.bias.copy_((self.bias_real / out_scale).to(torch.float32))
         self.res_scale = None if residual_scale is None else _f32(residual_scale / out_scale)
         self.calibrated = True
         self.layer.in_scale, self.layer.out_scale = in_scale, out_scale
+        self.layer.x1_scale = x1_scale
         self.layer.residual_scale = residual_scale
 
     def shape_for(self, x_shape: tuple[int, ...] | torch.Size) -> ConvShape:
@@ -134,12 +162,13 @@ class FusedConv(nn.Module):
         return ConvShape(n, h, w, self.in_channels, self.out_channels, int(r), int(s),
                          stride=self.stride, pad=self.padding, dilation=self.dilation)
 
+
     def set_input_channels(self, channels: int) -> None:
         """Take inputs padded with zero channels to `channels` (the kernel's padded count,
         `op.padded_channels`); forward pads narrower ones."""
-        if channels < self.in_channels:
+        if channels < self.x_channels:
             raise ValueError(f"{self.layer.name}: {channels} input channels is fewer than the "
-                             f"layer's {self.in_channels}")
+                             f"layer's {self.x_channels}")
         self.input_channels = int(channels)
 
     # ---- the kernel --------------------------------------------------------------------
@@ -154,8 +183,12 @@ class FusedConv(nn.Module):
 
             fits = schedule_fits(shape, self.precision, self.target, self.schedule,
                                  self.epilogue) is None
+            if self.concat and not fits:
+                raise ValueError(f"{self.layer.name}: its schedule does not fit inputs of shape "
+                                 f"{tuple(x_shape)} (a layer over two inputs has no default)")
             op = Conv2d(shape, self.precision, self.schedule if fits else None, self.target,
-                        epilogue=self.epilogue, pdl=self.pdl, cache_dir=self.cache_dir)
+                        epilogue=self.epilogue, concat=self.concat, pdl=self.pdl,
+                        cache_dir=self.cache_dir)
             if fits:
                 op.schedule_source = self.layer.schedule_source
             self._ops[shape] = op
@@ -167,14 +200,15 @@ class FusedConv(nn.Module):
             self._weights[k] = op.prepare_weight(self.weight, layout="kcrs")
         return self._weights[k]
 
-    def kernel_call(self, x: torch.Tensor, residual: torch.Tensor | None = None
+    def kernel_call(self, x: torch.Tensor, residual: torch.Tensor | None = None,
+                    x1: torch.Tensor | None = None
                     ) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
-        """(op, args, kwargs) of the runtime call for these inputs: x and the residual as
+        """(op, args, kwargs) of the runtime call for these inputs: x, x1 and the residual as
         NHWC views (NHWCnc where the schedule says so), the prepared weight, the epilogue's
         scale / bias / res_scale."""
         op = self.build(x.shape)
-        if x.shape[1] not in (self.in_channels, op.padded_channels):
-            x = x[:, : self.in_channels]  # padded for another shape's op: the op pads itself
+        if x.shape[1] not in (self.x_channels, op.padded_channels - self.concat):
+            x = x[:, : self.x_channels]  # padded for another shape's op: the op pads itself
         xin = op.to_input_layout(nhwc_view(x))
         res = None
         if residual is not None:
@@ -182,27 +216,38 @@ class FusedConv(nn.Module):
             if op.layout == "nhwcnc":
                 res = _to_blocked(res, op.output_shape[-1])
         int8 = self.precision is Precision.INT8
-        return op, (xin, self._weight_for(op), self.scale if int8 else None, self.bias), \
-            {"residual": res, "res_scale": self.res_scale if int8 else None}
+        kw = {"residual": res, "res_scale": self.res_scale if int8 else None}
+        if self.concat:
+            assert x1 is not None
+            kw["x1"] = nhwc_view(x1)
+        return op, (xin, self._weight_for(op), self.scale if int8 else None, self.bias), kw
 
-    def _run_cuda(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
-        op, args, kwargs = self.kernel_call(x, residual)
+    def _run_cuda(self, x: torch.Tensor, residual: torch.Tensor | None,
+                  x1: torch.Tensor | None = None) -> torch.Tensor:
+        op, args, kwargs = self.kernel_call(x, residual, x1)
         y = op(*args, **kwargs)
         return op.from_output_layout(y).permute(0, 3, 1, 2)
 
     # ---- the reference -----------------------------------------------------------------
-    def _conv64(self, x: torch.Tensor) -> torch.Tensor:
+    def _conv64(self, x: torch.Tensor, x1: torch.Tensor | None = None) -> torch.Tensor:
         # cuDNN may pick inexact (FFT, Winograd) algorithms even in float64; the native
         # im2col path sums exactly for integer values.
+        stride = self.stride
+        x = x.to(torch.float64)
+        if self.concat:  # one 1x1 stride-1 conv over concat(x1, x at the stride)
+            assert x1 is not None
+            x = torch.cat([x1.to(torch.float64), x[:, :, :: stride[0], :: stride[1]]], dim=1)
+            stride = (1, 1)
         with torch.backends.cudnn.flags(enabled=False):
-            return F.conv2d(x.to(torch.float64), self.weight.to(torch.float64), None,
-                            self.stride, self.padding, self.dilation)
+            return F.conv2d(x, self.weight.to(torch.float64), None, stride, self.padding,
+                            self.dilation)
 
-    def _run_reference(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
+    def _run_reference(self, x: torch.Tensor, residual: torch.Tensor | None,
+                       x1: torch.Tensor | None = None) -> torch.Tensor:
         k = (1, -1, 1, 1)
-        x = x[:, : self.in_channels]  # the zero channels of a padded input
+        x = x[:, : self.x_channels]  # the zero channels of a padded input
         if self.precision is Precision.INT8:
-            acc = self._conv64(x).round().to(torch.int32)
+            acc = self._conv64(x, x1).round().to(torch.int32)
             v = acc.to(torch.float32) * self.scale.view(k)
             v = v + self.bias.view(k)
             if residual is not None:
@@ -211,7 +256,7 @@ class FusedConv(nn.Module):
             v = v.clamp(0.0 if self.relu else float(calibrate.QMIN_ACT), float(calibrate.QMAX))
             y = torch.round(v).to(torch.int8)  # half to even, as the kernel's cvt.rni
         else:
-            v = self._conv64(x).to(torch.float32) + self.bias.view(k)
+            v = self._conv64(x, x1).to(torch.float32) + self.bias.view(k)
             if residual is not None:
                 v = v + residual.to(torch.float32)
             if self.relu:
@@ -219,36 +264,42 @@ class FusedConv(nn.Module):
             y = v.to(torch.float16)
         return y.contiguous(memory_format=torch.channels_last)
 
-    def reference(self, x: torch.Tensor, residual: torch.Tensor | None = None
-                  ) -> torch.Tensor:
+    def reference(self, x: torch.Tensor, residual: torch.Tensor | None = None,
+                  x1: torch.Tensor | None = None) -> torch.Tensor:
         """The reference executor's output, whatever the backend (to check the kernel)."""
-        return self._run_reference(x, residual)
+        return self._run_reference(x, residual, x1)
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None,
+                x1: torch.Tensor | None = None) -> torch.Tensor:
         want = self.out_dtype
-        if x.dtype != want or (residual is not None and residual.dtype != want):
-            raise TypeError(f"{self.layer.name}: the fused layer takes {want} activations, got "
-                            f"{x.dtype}" + ("" if residual is None else f" / {residual.dtype}"))
+        for name, t in (("x", x), ("residual", residual), ("x1", x1)):
+            if t is not None and t.dtype != want:
+                raise TypeError(f"{self.layer.name}: the fused layer takes {want} activations, "
+                                f"got {t.dtype} for {name}")
         if (residual is not None) != self.residual:
             raise ValueError(f"{self.layer.name}: residual is "
                              f"{'required' if self.residual else 'not taken'}")
+        if (x1 is not None) != bool(self.concat):
+            raise ValueError(f"{self.layer.name}: x1 is "
+                             f"{'required' if self.concat else 'not taken'}")
         if not self.calibrated:
             raise RuntimeError(f"{self.layer.name}: int8 scales were never set")
         if x.shape[1] < self.input_channels:
             # NHWC with zero channels appended; compiled, one kernel with the op before it
             x = F.pad(x.permute(0, 2, 3, 1), (0, self.input_channels - x.shape[1]))
             x = x.permute(0, 3, 1, 2)
-        return torch_op.fused_conv(x, residual, self.uid)
+        return torch_op.fused_conv(x, residual, x1, self.uid)
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
         self.uid = torch_op.register(self)  # a copy is a layer of its own
 
-    def execute(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
+    def execute(self, x: torch.Tensor, residual: torch.Tensor | None,
+                x1: torch.Tensor | None = None) -> torch.Tensor:
         """The layer on its executor (deploy.torch_op's custom op calls this)."""
         if self.backend == "cuda":
-            return self._run_cuda(x, residual)
-        return self._run_reference(x, residual)
+            return self._run_cuda(x, residual, x1)
+        return self._run_reference(x, residual, x1)
 
     def extra_repr(self) -> str:
         return (f"{self.layer.name}, {self.precision.value}, fused={self.layer.fused}, "

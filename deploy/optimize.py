@@ -27,8 +27,9 @@ from deploy.module import (
 from deploy.plan import LayerPlan
 from kernels.build import Epilogue
 from kernels.launch import supports_pdl
-from kernels.runtime import DefaultScheduleWarning
-from kernels.spec import TARGETS, Precision, Target, get_target, target_for_gpu_model
+from kernels.runtime import DefaultScheduleWarning, schedule_fits
+from kernels.space import concat_problems
+from kernels.spec import TARGETS, ConvShape, Precision, Target, get_target, target_for_gpu_model
 
 
 def gpu_available() -> bool:
@@ -138,7 +139,20 @@ def optimize(model: nn.Module, example_inputs: Any, precision: str = "fp16",
 
     fused: dict[fx.Node, FusedConv] = {}
     defaults: list[str] = []
-    for chain in graph.find_chains(gm, candidates):
+    chains = graph.find_chains(gm, candidates)
+    merged: set[fx.Node] = set()  # projection convs that run in another layer's kernel
+    for chain in chains:
+        if chain.conv in merged:
+            continue
+        proj = graph.projection_of(gm, chain, chains)
+        if proj is not None:
+            mod = _concat_layer(gm, chain, proj, candidates, records, schedules, p, tgt,
+                                backend, pdl, cache_dir)
+            if mod is not None:
+                merged.add(proj.conv)
+                fused[graph.fuse_concat(gm, chain, proj, _module_name(gm, mod.layer, fused),
+                                        mod)] = mod
+                continue
         shape, lp = candidates[chain.conv]
         epi = Epilogue("default", chain.relu is not None, chain.residual is not None)
         try:
@@ -147,10 +161,7 @@ def optimize(model: nn.Module, example_inputs: Any, precision: str = "fp16",
         except ValueError as exc:
             lp.reason = f"no valid schedule: {exc}"
             continue
-        conv = gm.get_submodule(str(chain.conv.target))
-        bn = gm.get_submodule(str(chain.bn.target)) if chain.bn is not None else None
-        assert isinstance(conv, nn.Conv2d)
-        w, b = fold.fold_conv_bn(conv.weight, conv.bias, bn)  # type: ignore[arg-type]
+        w, b = fold.fold_conv_bn(*_conv_and_bn(gm, chain))
         lp.replaced, lp.schedule, lp.schedule_source = True, sched, source
         lp.default_schedule, lp.notes = is_default, lp.notes + notes
         lp.bn = str(chain.bn.target) if chain.bn is not None else None
@@ -163,10 +174,7 @@ def optimize(model: nn.Module, example_inputs: Any, precision: str = "fp16",
         if backend == "cuda":
             op = mod.build(chain.conv.args[0].meta["deploy_shape"])  # type: ignore[union-attr]
             mod.set_input_channels(op.padded_channels)
-        name = base = "tctune_" + re.sub(r"\W", "_", lp.name)
-        while hasattr(gm, name):  # a conv module called more than once
-            name = f"{base}_{len(fused)}"
-        fused[graph.fuse(gm, chain, name, mod)] = mod
+        fused[graph.fuse(gm, chain, _module_name(gm, lp, fused), mod)] = mod
         if is_default:
             defaults.append(lp.name)
     if defaults:
@@ -181,6 +189,76 @@ def optimize(model: nn.Module, example_inputs: Any, precision: str = "fp16",
     gm.graph.lint()
     gm.recompile()
     return OptimizedModel(gm, layers, p, tgt, backend)
+
+
+def _module_name(gm: fx.GraphModule, lp: LayerPlan, fused: dict[fx.Node, FusedConv]) -> str:
+    name = base = "tctune_" + re.sub(r"\W", "_", lp.name)
+    while hasattr(gm, name):  # a conv module called more than once
+        name = f"{base}_{len(fused)}"
+    return name
+
+
+def _concat_layer(gm: fx.GraphModule, chain: graph.Chain, proj: graph.Chain,
+                  candidates: dict[fx.Node, tuple[Any, LayerPlan]],
+                  records: dict[fx.Node, planning.Record | None], schedules: Any,
+                  p: Precision, tgt: Target, backend: str, pdl: bool,
+                  cache_dir: str | Path | None) -> FusedConv | None:
+    """A bottleneck's last conv and its projection shortcut as one layer over both inputs
+    (FusedConv's concat), where a record of that layer (the one-input layer of all their
+    channels at the projection's stride: `concat_shape`) has a schedule valid for two
+    inputs and is faster than the two layers' records together; None otherwise (each
+    is then a layer of its own)."""
+    if proj.conv not in candidates:
+        return None
+    (shape_a, lp), (shape_b, lp_b) = candidates[chain.conv], candidates[proj.conv]
+    shape = concat_shape(shape_a, shape_b)
+    rec = planning.lookup_records(schedules, [(f"{lp.name}+{lp_b.name}", shape)], p, tgt)[0]
+    if rec is None:
+        return None
+    parts = [records[chain.conv], records[proj.conv]]
+    if all(r is not None and r.latency_us for r in parts) and rec.latency_us and \
+            rec.latency_us >= sum(r.latency_us for r in parts if r is not None):
+        return None
+    epi = Epilogue("default", chain.relu is not None, False)
+    why = schedule_fits(shape, p, tgt, rec.schedule, epi) or \
+        concat_problems(shape, p, tgt.sm, rec.schedule, shape_a.c)
+    if why:
+        lp.notes.append(f"not one GEMM with {lp_b.name}: its record's schedule {why}")
+        return None
+    w_a, b_a = fold.fold_conv_bn(*_conv_and_bn(gm, chain))
+    w_b, b_b = fold.fold_conv_bn(*_conv_and_bn(gm, proj))
+    lp.replaced, lp.schedule, lp.schedule_source = True, dict(rec.schedule), rec.source
+    lp.latency_us, lp.baseline_us, lp.speedup = rec.latency_us, None, None
+    lp.bn = str(chain.bn.target) if chain.bn is not None else None
+    lp.relu, lp.merged = chain.relu is not None, lp_b.name
+    lp.notes.append(f"one GEMM with {lp_b.name} over both inputs ({shape.key()})")
+    lp_b.replaced, lp_b.merged = True, lp.name
+    lp_b.bn = str(proj.bn.target) if proj.bn is not None else None
+    lp_b.schedule, lp_b.schedule_source = dict(rec.schedule), rec.source
+    lp_b.latency_us = lp_b.baseline_us = lp_b.speedup = None
+    lp_b.notes.append(f"runs in {lp.name}'s kernel (two inputs)")
+    mod = FusedConv(lp, p, torch.cat([w_a, w_b], dim=1), b_a + b_b, shape, relu=lp.relu,
+                    residual=False, backend=backend, target=tgt, schedule=lp.schedule,
+                    pdl=pdl, cache_dir=cache_dir, concat=shape_a.c)
+    if backend == "cuda":
+        op = mod.build(proj.conv.args[0].meta["deploy_shape"])  # type: ignore[union-attr]
+        mod.set_input_channels(op.padded_channels - shape_a.c)
+    return mod
+
+
+def concat_shape(main: ConvShape, proj: ConvShape) -> ConvShape:
+    """The layer over two inputs of a bottleneck's last conv (1x1 at the output's
+    resolution) and its projection shortcut: the projection's input and stride, both
+    layers' channels."""
+    return ConvShape(proj.n, proj.h, proj.w, main.c + proj.c, proj.k, 1, 1, stride=proj.stride)
+
+
+def _conv_and_bn(gm: fx.GraphModule, chain: graph.Chain
+                 ) -> tuple[torch.Tensor, torch.Tensor | None, nn.BatchNorm2d | None]:
+    conv = gm.get_submodule(str(chain.conv.target))
+    bn = gm.get_submodule(str(chain.bn.target)) if chain.bn is not None else None
+    assert isinstance(conv, nn.Conv2d)
+    return conv.weight, conv.bias, bn  # type: ignore[return-value]
 
 
 def _candidates(gm: fx.GraphModule, p: Precision, tgt: Target
@@ -284,12 +362,13 @@ def _place_conversions(gm: fx.GraphModule, fused: dict[fx.Node, FusedConv], p: P
                                 p, kernel[v], torch.float16), v, v)
                         node.replace_input_with(v, dequant[v])
     for node, mod in fused.items():
-        ins = node.args
-        if len(ins) > 1:
-            mod.layer.residual = _describe(gm, ins[1], fused)  # type: ignore[arg-type]
+        x, res, x1 = (list(node.args) + [None, None])[:3]
+        if res is not None:
+            mod.layer.residual = _describe(gm, res, fused)  # type: ignore[arg-type]
         if int8:
-            mod.set_scales(kernel[ins[0]], kernel[node],  # type: ignore[index, arg-type]
-                           kernel[ins[1]] if len(ins) > 1 else None)  # type: ignore[index]
+            mod.set_scales(kernel[x], kernel[node],  # type: ignore[index, arg-type]
+                           None if res is None else kernel[res],  # type: ignore[index]
+                           None if x1 is None else kernel[x1])  # type: ignore[index]
 
 
 def _run_rest_in_fp16(gm: fx.GraphModule, float_dtype: torch.dtype) -> None:

@@ -134,6 +134,9 @@ class LayerPlan:
     bn: str | None = None  # the BatchNorm folded into it
     relu: bool = False  # ReLU fused into the epilogue
     residual: str | None = None  # the value added in the epilogue (graph node name)
+    # the projection conv whose GEMM runs in this layer's kernel (two inputs), or, on the
+    # projection's plan, the layer that runs it
+    merged: str | None = None
     schedule: dict[str, Any] | None = None
     schedule_source: str = ""
     default_schedule: bool = False
@@ -143,6 +146,7 @@ class LayerPlan:
     in_scale: float | None = None  # int8: per-tensor activation scales
     out_scale: float | None = None
     residual_scale: float | None = None
+    x1_scale: float | None = None  # int8, two inputs: the scale of the layer's own input
     weight_scale_range: tuple[float, float] | None = None  # int8: min and max of per-channel
     notes: list[str] = field(default_factory=list)
 
@@ -152,7 +156,7 @@ class LayerPlan:
     @property
     def fused(self) -> str:
         parts = (["bn"] if self.bn else []) + (["+residual"] if self.residual else []) + \
-            (["relu"] if self.relu else [])
+            ([f"+{self.merged}"] if self.merged else []) + (["relu"] if self.relu else [])
         return ",".join(parts) or "-"
 
 

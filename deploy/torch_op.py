@@ -38,14 +38,16 @@ def _layer(uid: int) -> FusedConv:
 
 
 @torch.library.custom_op("tctune::fused_conv", mutates_args=())
-def fused_conv(x: torch.Tensor, residual: torch.Tensor | None, uid: int) -> torch.Tensor:
-    """y = the fused layer `uid` on x (and its residual), on the layer's executor: NCHW
-    tensors in channels_last memory in and out."""
-    return _layer(uid).execute(x, residual)
+def fused_conv(x: torch.Tensor, residual: torch.Tensor | None, x1: torch.Tensor | None,
+               uid: int) -> torch.Tensor:
+    """y = the fused layer `uid` on x (and its residual, and its second input x1), on the
+    layer's executor: NCHW tensors in channels_last memory in and out."""
+    return _layer(uid).execute(x, residual, x1)
 
 
 @fused_conv.register_fake
-def _(x: torch.Tensor, residual: torch.Tensor | None, uid: int) -> torch.Tensor:
+def _(x: torch.Tensor, residual: torch.Tensor | None, x1: torch.Tensor | None,
+      uid: int) -> torch.Tensor:
     layer = _layer(uid)
     s = layer.shape_for(x.shape)
     size = (s.n, layer.out_channels, s.p, s.q)

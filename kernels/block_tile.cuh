@@ -82,6 +82,7 @@ __device__ __forceinline__ StageIdx stage_idx(int it) {
 
 struct BlockLoader {
   const u8* x;
+  const u8* x1;  // CAT: the input of the first CAT channels
   const u8* w;
   int m0, n0, tid;
   // duplicate-aware block origin: first output row (linear over images) and its column
@@ -116,7 +117,7 @@ struct BlockLoader {
       // [N*H*W][Cp] matrix, with no pixel decode (its divisions by P*Q and Q).
       ih0 = (m >= M || v >= A_VECS) ? -(1 << 20) : 0;
       iw0 = 0;
-      ptr = x + (long long)m * CB + ch * 16;
+      ptr = x + (long long)m * PIXSTRIDE + ch * 16;
       return;
     }
     const int mp = m0 / NB + mpl;
@@ -193,9 +194,9 @@ struct BlockLoader {
     }
   }
 
-  __device__ __forceinline__ void init(const u8* x_, const u8* w_, int m0_, int n0_, int tid_) {
+  __device__ __forceinline__ void init(const Inputs& in, int m0_, int n0_, int tid_) {
     using namespace cfg;
-    x = x_; w = w_; m0 = m0_; n0 = n0_; tid = tid_;
+    x = in.x; x1 = in.x1; w = in.w; m0 = m0_; n0 = n0_; tid = tid_;
     const int mp0 = m0 / NB;
     L0 = mp0 / Q; q0 = mp0 - L0 * Q; nb0 = L0 / P; p0 = L0 - nb0 * P;
     if constexpr (FOLD) {
@@ -254,7 +255,14 @@ struct BlockLoader {
       a_decode(i, row, ch, ptr, ih0, iw0);
     }
     const int ih = ih0 + st.r * DH, iw = iw0 + st.s * DW;
-    src = ptr + (st.r * DH * W + st.s * DW) * PIXSTRIDE + st.cb * VPR * CVSTRIDE;
+    if constexpr (CAT) {
+      // 1x1 and unpadded: ih is in the image exactly for the tile's rows inside M
+      src = st.cb < CAT / BKC
+                ? x1 + (long long)(m0 + row) * CAT_B + (st.cb * VPR + ch) * 16
+                : ptr + (st.cb - CAT / BKC) * VPR * 16;
+    } else {
+      src = ptr + (st.r * DH * W + st.s * DW) * PIXSTRIDE + st.cb * VPR * CVSTRIDE;
+    }
     return (unsigned)ih < (unsigned)H && (unsigned)iw < (unsigned)W &&
            st.cb * BKC + ch * CV16 < C;
   }
@@ -359,15 +367,25 @@ struct BlockLoader {
       // zero-fills and reads nothing.
       const int tap = st.r * S + st.s;
       const long long xoff = (long long)(st.r * DH * W + st.s * DW) * PIXSTRIDE +
-                             st.cb * VPR * CVSTRIDE;
+                             (st.cb - CAT / BKC) * VPR * CVSTRIDE;
       const int woff = tap * CB + st.cb * GB;
       const bool a_c = C % BKC == 0 || st.cb * BKC + a_ch * CV16 < C;
       const bool b_c = C % BKC == 0 || st.cb * BKC + b_ch * CV16 < C;
+      if (CAT && st.cb < CAT / BKC) {
+        // x1's rows are RPP pixels apart as the jobs' shared rows are
+        const u8* s1 = x1 + (long long)(m0 + tid / VPR) * CAT_B + (st.cb * VPR + a_ch) * 16;
 #pragma unroll
-      for (int i = 0; i < A_IT; ++i)
-        if (A_VECS % THREADS == 0 || tid + i * THREADS < A_VECS)
-          cp_async16(abuf + a_dst + (u32)(i * RPP * SB), a_ptr[i] + xoff,
-                     a_c && ((a_taps[i] >> tap) & 1u));
+        for (int i = 0; i < A_IT; ++i)
+          if (A_VECS % THREADS == 0 || tid + i * THREADS < A_VECS)
+            cp_async16(abuf + a_dst + (u32)(i * RPP * SB), s1 + (long long)i * RPP * CAT_B,
+                       a_c && (a_taps[i] & 1u));
+      } else {
+#pragma unroll
+        for (int i = 0; i < A_IT; ++i)
+          if (A_VECS % THREADS == 0 || tid + i * THREADS < A_VECS)
+            cp_async16(abuf + a_dst + (u32)(i * RPP * SB), a_ptr[i] + xoff,
+                       a_c && ((a_taps[i] >> tap) & 1u));
+      }
 #pragma unroll
       for (int i = 0; i < B_IT; ++i)
         if (B_VECS % THREADS == 0 || tid + i * THREADS < B_VECS)

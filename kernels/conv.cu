@@ -67,6 +67,9 @@
 #ifndef TC_PINGPONG
 #define TC_PINGPONG 0  // 1: two consumers take the persistent block's tiles in turn
 #endif
+#ifndef TC_CAT
+#define TC_CAT 0  // n > 0: the first n reduction channels come from a second input x1
+#endif
 
 #include "instruction_tile.cuh"
 
@@ -141,12 +144,19 @@ constexpr int NCA = ATOM / 16;       // 16-byte chunks per atom row
 constexpr int BKC = CHUNK * INST_K;  // channels per stage
 constexpr int GB = BKC * ELEM_BITS / 8, VPR = GB / 16;  // global bytes / vectors per row
 constexpr int CV16 = 128 / ELEM_BITS;                   // channels per 16-byte vector
-constexpr int CB = C * ELEM_BITS / 8;                   // bytes per pixel
+constexpr int CB = C * ELEM_BITS / 8;                   // bytes per weight row tap
+// CAT (a 1x1 conv over two inputs concatenated along channels): the first CAT reduction
+// channels are x1's, [N][P][Q][CAT] at the output's resolution (read at the output pixel),
+// the other C - CAT x's, read at the layer's stride; the weights are [K][C] as for one input.
+// A ResNet bottleneck's last conv and its projection shortcut are one such GEMM.
+constexpr int CAT = TC_CAT;
+constexpr int XB = (C - CAT) * ELEM_BITS / 8;           // bytes per pixel of x
+constexpr int CAT_B = CAT * ELEM_BITS / 8;              // bytes per pixel of x1
 constexpr int NCB = (C + BKC - 1) / BKC;                // channel blocks
 constexpr int NB = LAYOUT ? 8 : 1;                      // images per pixel row of M
 constexpr int NBT = N / NB;
 constexpr int BMP = BM / NB;                            // pixel positions per block
-constexpr int PIXSTRIDE = LAYOUT ? CB * 8 : CB;
+constexpr int PIXSTRIDE = LAYOUT ? XB * 8 : XB;
 constexpr int CVSTRIDE = LAYOUT ? 128 : 16;
 constexpr int IMGSTRIDE = H * W * PIXSTRIDE;
 constexpr int TILES_N = (K + BN - 1) / BN;
@@ -254,12 +264,19 @@ static_assert(!PERSIST || (!F32TC && !REGPATH && SPLITK == 1),
               "a persistent grid runs the TMA or cp.async multistage pipeline without split-K");
 static_assert(!PP || (WS && PERSIST), "the consumers take turns behind a producer warp, "
               "on a persistent grid");
+static_assert(!CAT || ((PREC == 0 || PREC == 1) && !TMA && !FOLD && !DUP && !LAYOUT &&
+                       R == 1 && S == 1 && PH == 0 && PW == 0 && CAT % BKC == 0 && CAT < C),
+              "two inputs: an int8 / fp16 1x1 unpadded NHWC layer on the cp.async or "
+              "register-staged loads, whose stages hold channels of one input each");
 // Implied by the register rule and kernels/spec.py's shape limits (tests/test_kernels_build.py):
 static_assert(!TMA || (BM <= 1024 && SH <= 8 && SW <= 8 && PH <= 127 && PW <= 127 &&
                        (R - 1) * DH - PH <= 128 && (S - 1) * DW - PW <= 128),
               "the im2col walk spans at most 1024 pixels with a stride of at most 8, and its "
               "bounding-box corners lie within [-128, 127]");
 }  // namespace cfg
+
+// The layer's inputs: x (and with CAT, x1) and the weights.
+struct Inputs { const u8* x; const u8* x1; const u8* w; };
 
 #include "block_tile.cuh"
 #include "tma.cuh"
@@ -278,8 +295,7 @@ template <class A, class B> struct Pick<false, A, B> { typedef B T; };
 // One block's work; a template over the tile below the block so that each path's calls
 // (if constexpr) are only instantiated for the tile that has them.
 template <class Tile>
-__device__ __forceinline__ void conv_block(const u8* __restrict__ x, const u8* __restrict__ w,
-                                           const float* __restrict__ scale,
+__device__ __forceinline__ void conv_block(const Inputs in, const float* __restrict__ scale,
                                            const float* __restrict__ bias, u8* __restrict__ y,
                                            u32* __restrict__ ws, u32* __restrict__ counters,
                                            const Residual res, const TensorMaps* maps,
@@ -295,7 +311,7 @@ __device__ __forceinline__ void conv_block(const u8* __restrict__ x, const u8* _
   const int it1 = (split + 1) * NIT / SPLITK;
 
   BlockLoader ld;
-  if constexpr (!TMA) ld.init(x, w, m0, n0, tid);
+  if constexpr (!TMA) ld.init(in, m0, n0, tid);
   if constexpr (F32TC) ld.init_split(scale);
   Tile wt;
   wt.init(m0, tid, ld);
@@ -324,8 +340,7 @@ __device__ __forceinline__ void conv_block(const u8* __restrict__ x, const u8* _
 // own, so the loads are in flight while the tile is stored (TMA: pipeline_tma.cuh's
 // persistent_tma; cp.async: the multistage prologue of the next tile, then the epilogue).
 template <class Tile>
-__device__ __forceinline__ void conv_persistent(const u8* __restrict__ x,
-                                                const u8* __restrict__ w,
+__device__ __forceinline__ void conv_persistent(const Inputs in,
                                                 const float* __restrict__ scale,
                                                 const float* __restrict__ bias,
                                                 u8* __restrict__ y, u32* __restrict__ ws,
@@ -366,7 +381,7 @@ __device__ __forceinline__ void conv_persistent(const u8* __restrict__ x,
   }
   int tile = blockIdx.x;
   BlockLoader ld;
-  ld.init(x, w, (tile / TILES_N) * BM, (tile % TILES_N) * BN, tid);
+  ld.init(in, (tile / TILES_N) * BM, (tile % TILES_N) * BN, tid);
   multistage_prologue(ld, sr, 0, nit);
 #pragma unroll 1
   for (; tile < TILES; tile += gridDim.x) {
@@ -378,7 +393,7 @@ __device__ __forceinline__ void conv_persistent(const u8* __restrict__ x,
     __syncthreads();  // every warp is done with the stages the next prologue overwrites
     const int next = tile + gridDim.x;
     if (next < TILES) {
-      ld.init(x, w, (next / TILES_N) * BM, (next % TILES_N) * BN, tid);
+      ld.init(in, (next / TILES_N) * BM, (next % TILES_N) * BN, tid);
       multistage_prologue(ld, sr, 0, nit);
     }
     epilogue(wt, smem + EPI_OFF, m0, n0, tid, tile, 0, scale, bias, res, y, ws, counters,
@@ -395,6 +410,9 @@ extern "C" __global__ void __launch_bounds__(cfg::BLOCK_THREADS,
 tc_conv(const u8* __restrict__ x, const u8* __restrict__ w, const float* __restrict__ scale,
         const float* __restrict__ bias, u8* __restrict__ y, u32* __restrict__ ws,
         u32* __restrict__ counters
+#if TC_CAT
+        , const u8* __restrict__ x1
+#endif
 #if TC_RES
         , const u8* __restrict__ res, float res_scale
 #endif
@@ -421,9 +439,13 @@ tc_conv(const u8* __restrict__ x, const u8* __restrict__ w, const float* __restr
 #else
   const TensorMaps* m = nullptr;
 #endif
+#if !TC_CAT
+  const u8* x1 = nullptr;
+#endif
+  const Inputs in{x, x1, w};
   using Tile = Pick<cfg::WG, GroupTile, WarpTile>::T;
-  if constexpr (cfg::PERSIST) conv_persistent<Tile>(x, w, scale, bias, y, ws, counters, r, m, smem);
-  else conv_block<Tile>(x, w, scale, bias, y, ws, counters, r, m, smem);
+  if constexpr (cfg::PERSIST) conv_persistent<Tile>(in, scale, bias, y, ws, counters, r, m, smem);
+  else conv_block<Tile>(in, scale, bias, y, ws, counters, r, m, smem);
   // The block's shared memory must outlive the reads of its last bulk stores (each
   // consumer's first thread issued its own).
   if constexpr (cfg::TMA_ST) if (threadIdx.x % cfg::THREADS == 0) bulk_wait();

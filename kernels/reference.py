@@ -308,6 +308,28 @@ class Problem:
         return xb, wb
 
 
+def concat_equivalent(shape: ConvShape) -> ConvShape:
+    """What a layer over two inputs (kernels.runtime.Conv2d's `concat`) computes: a 1x1,
+    stride-1 layer at the output's resolution over all shape.c channels of
+    concat(x1, x[:, ::stride_h, ::stride_w])."""
+    return ConvShape(shape.n, shape.p, shape.q, shape.c, shape.k, 1, 1)
+
+
+def split_concat(x_cat: np.ndarray, shape: ConvShape, concat: int, seed: int
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """(x1, x) of a layer over two inputs whose concatenation at the output's pixels is
+    `x_cat` ([N][P][Q][C], NHWC): x1 its first `concat` channels, x [N][H][W][C - concat] its
+    other channels at the layer's stride and random values (of x_cat's) at the pixels between,
+    which the layer must not read."""
+    sh, sw = shape.stride
+    x1 = np.ascontiguousarray(x_cat[..., :concat])
+    rest = x_cat[..., concat:]
+    rng = np.random.default_rng(seed)
+    x = rng.choice(rest.reshape(-1), size=(shape.n, shape.h, shape.w, shape.c - concat))
+    x[:, : shape.p * sh : sh, : shape.q * sw : sw] = rest
+    return x1, np.ascontiguousarray(x)
+
+
 def shape_seed(shape: ConvShape, precision: Precision, salt: int = 0) -> int:
     """A fixed seed per (shape, precision): the same inputs every time a layer is checked."""
     import hashlib

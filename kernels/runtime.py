@@ -55,6 +55,7 @@ from kernels.space import (
     Schedule,
     ScheduleSpace,
     channel_vector,
+    concat_problems,
     fold_tap_bytes,
     geometry,
     int4_via_s8,
@@ -439,6 +440,12 @@ class Conv2d:
     relu       clamp at zero in the epilogue
     residual   add a tensor of the output's shape in the epilogue (int8 requant: times
                `res_scale`; fp16 bias): `conv(x, w, scale, bias, residual=r, res_scale=s)`
+    concat     n > 0: two inputs along the channels, `conv(x, w, ..., x1=x1)`: x1 [N][P][Q][n]
+               at the output's resolution holds the first n of shape.c channels (weights
+               [K][1][1][C] as for one input) and x the other shape.c - n, read at the
+               layer's stride: a 1x1 layer over concat(x1, x[:, ::stride, ::stride]), such as
+               a ResNet bottleneck's last conv with its projection shortcut (cp.async loads;
+               kernels.space.concat_problems says which schedules)
     pdl        launch with programmatic dependent launch (sm_90 targets): the kernel may be
                scheduled while the kernel before it on the stream finishes, and waits in its
                prologue for that kernel's writes; saves the launch gap between consecutive
@@ -450,9 +457,10 @@ class Conv2d:
     def __init__(self, shape: ConvShape, precision: Precision | str,
                  schedule: Mapping[str, Any] | None = None, target: Target | str | None = None,
                  *, epilogue: Epilogue | str = "default", relu: bool = False,
-                 residual: bool = False, pdl: bool = False,
+                 residual: bool = False, concat: int = 0, pdl: bool = False,
                  cache_dir: str | os.PathLike[str] | None = None) -> None:
         self.shape = shape
+        self.concat = int(concat)
         self.precision = Precision(precision)
         self.target = _resolve_target(target)
         p, t = self.precision, self.target
@@ -466,6 +474,9 @@ class Conv2d:
         if problems:
             raise ValueError(f"layer {shape.key()} cannot run as {p.value}: "
                              + "; ".join(f"{k}: {v}" for k, v in problems))
+        if schedule is None and concat:
+            raise ValueError("an op over two inputs needs a schedule "
+                             "(kernels.space.concat_problems says which)")
         if schedule is None:
             sched, src = default_schedule(shape, p, t, self.epilogue)
             warnings.warn(f"no tuned schedule for {shape.key()} {p.value} on {t.name}: using "
@@ -475,14 +486,16 @@ class Conv2d:
             self.schedule_source = f"default: {src}"
         else:
             why = schedule_fits(shape, p, t, schedule, self.epilogue)
+            if not why and concat:
+                why = concat_problems(shape, p, t.sm, schedule, concat)
             if why:
                 raise ValueError(f"schedule is not valid for {shape.key()} {p.value} on "
                                  f"{t.name}: {why}")
             self.schedule = dict(schedule)
             self.schedule_source = "given"
         self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-        res: BuildResult = build(BuildJob(shape, p, t.sm, self.schedule, self.epilogue),
-                                 self.cache_dir)
+        res: BuildResult = build(BuildJob(shape, p, t.sm, self.schedule, self.epilogue,
+                                          concat=self.concat), self.cache_dir)
         if res.status != "ok":
             raise RuntimeError(f"building {shape.key()} {p.value} for sm_{t.sm} failed: "
                                f"{res.log[-3000:]}")
@@ -513,12 +526,13 @@ class Conv2d:
             x_shapes = (self.input_shape,)
             what_x, what_y = "NHWCnc [N/8][H][W][C/c][8][c]", "NHWCnc [N/8][P][Q][K/c][8][c]"
         else:
-            self.input_shape = (sh.n, sh.h, sh.w, _storage(cp, in_bits))
+            cx = self.concat  # x1's channels come first; x holds the rest
+            self.input_shape = (sh.n, sh.h, sh.w, _storage(cp - cx, in_bits))
             self.output_shape = (sh.n, sh.p, sh.q, _storage(sh.k, out_bits))
             x_shapes = (self.input_shape,)
             if cp != sh.c:
-                x_shapes += ((sh.n, sh.h, sh.w, _storage(sh.c, in_bits)),)
-            what_x = (f"NHWC, channels zero-padded to {cp}" if cp != sh.c else "NHWC")
+                x_shapes += ((sh.n, sh.h, sh.w, _storage(sh.c - cx, in_bits)),)
+            what_x = (f"NHWC, channels zero-padded to {cp - cx}" if cp != sh.c else "NHWC")
             what_y = "NHWC"
         self.weight_shape = (sh.k, sh.r, sh.s, _storage(cp, in_bits))
         w_shapes = (self.weight_shape,)
@@ -539,6 +553,9 @@ class Conv2d:
             "out": TensorSpec("out", (self.output_shape,), (self.output_dtype,), what_y),
             "residual": TensorSpec("residual", (self.output_shape,), (self.output_dtype,),
                                    what_y + " (the output's shape and type)"),
+            "x1": TensorSpec("x1", ((sh.n, sh.p, sh.q, _storage(self.concat, in_bits)),),
+                             in_dtypes, "NHWC at the output's resolution: the first "
+                             f"{self.concat} channels"),
         }
 
     @property
@@ -550,10 +567,17 @@ class Conv2d:
         return self.epilogue.mode in ("requant", "bias")
 
     def validate(self, x: Any, weight: Any, scale: Any = None, bias: Any = None,
-                 out: Any = None, residual: Any = None, res_scale: float | None = None
-                 ) -> tuple[str, int]:
+                 out: Any = None, residual: Any = None, res_scale: float | None = None,
+                 x1: Any = None) -> tuple[str, int]:
         """Check every argument of a call (no GPU work); returns (framework, device)."""
         fw, dev = check_tensor(x, self.specs["x"])
+        if self.concat:
+            if x1 is None:
+                raise ValueError("x1 is required: this op reads two inputs "
+                                 f"({self.specs['x1'].describe_shapes()})")
+            check_tensor(x1, self.specs["x1"], fw, dev)
+        elif x1 is not None:
+            raise ValueError("this op reads one input: build it with concat=n for x1")
         if self.epilogue.residual:
             if residual is None:
                 raise ValueError("residual is required: this op's epilogue adds it "
@@ -659,7 +683,8 @@ class Conv2d:
         return buf
 
     def _enqueue(self, dev: int, stream_ptr: int, x: Any, w: Any, scale: Any, bias: Any,
-                 y: Any, res: Any = None, res_scale: float | None = None) -> None:
+                 y: Any, res: Any = None, res_scale: float | None = None,
+                 x1: Any = None) -> None:
         """Launch on CuPy's current stream (the caller's), all arguments CuPy arrays."""
         from kernels.launch import launch
 
@@ -677,7 +702,7 @@ class Conv2d:
             scale = cupy.stack([cupy.abs(x).max(), cupy.abs(w).max()]).astype(cupy.float32)
         launch(fn, self.meta, x, w, zeros if scale is None else scale,
                zeros if bias is None else bias, y, sc["ws"], sc["counters"], res,
-               1.0 if res_scale is None else float(res_scale), pdl=self.pdl)
+               1.0 if res_scale is None else float(res_scale), pdl=self.pdl, x1=x1)
 
     def _stream(self, ptr: int) -> Any:
         import cupy
@@ -693,8 +718,9 @@ class Conv2d:
         return self._streams[ptr]
 
     def __call__(self, x: Any, weight: Any, scale: Any = None, bias: Any = None, *,
-                 residual: Any = None, res_scale: float | None = None, out: Any = None) -> Any:
-        fw, dev = self.validate(x, weight, scale, bias, out, residual, res_scale)
+                 residual: Any = None, res_scale: float | None = None, out: Any = None,
+                 x1: Any = None) -> Any:
+        fw, dev = self.validate(x, weight, scale, bias, out, residual, res_scale, x1)
         import cupy
 
         if fw == "cupy":
@@ -703,7 +729,7 @@ class Conv2d:
                 y = out if out is not None else cupy.empty(self.output_shape,
                                                            dtype=self.output_dtype)
                 self._enqueue(dev, int(stream.ptr), x, weight, scale, bias, y, residual,
-                              res_scale)
+                              res_scale, x1)
             return y
         import torch
 
@@ -716,12 +742,14 @@ class Conv2d:
             with cupy.cuda.Device(dev), self._stream(ptr):
                 arrs = [None if a is None else cupy.from_dlpack(a.detach())
                         for a in (x, weight, scale, bias, y, residual)]
-                self._enqueue(dev, ptr, *arrs, res_scale)
+                x1c = None if x1 is None else cupy.from_dlpack(x1.detach())
+                self._enqueue(dev, ptr, *arrs, res_scale, x1c)
         return y
 
     def __repr__(self) -> str:
         return (f"Conv2d({self.shape.key()}, {self.precision.value}, {self.target.name}, "
                 f"epilogue={self.epilogue.mode}{'+residual' if self.epilogue.residual else ''}"
                 f"{'+relu' if self.epilogue.relu else ''}, "
-                f"layout={self.layout}, schedule={self.schedule_source})")
+                f"layout={self.layout}{f', concat={self.concat}' if self.concat else ''}, "
+                f"schedule={self.schedule_source})")
 

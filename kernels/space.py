@@ -192,6 +192,30 @@ def padded_channels(shape: ConvShape, precision: Precision, fold: bool = False) 
     return -(-shape.c // cv) * cv
 
 
+def concat_problems(shape: ConvShape, precision: Precision, sm: int,
+                    schedule: Mapping[str, Any], concat: int) -> str | None:
+    """Why a build over two inputs (`concat`: the channels of the first, x1, at the output's
+    resolution; the rest of shape.c are x's, read at the layer's stride) cannot run this
+    schedule, or None. The path is the cp.async / register-staged loads of a 1x1 unpadded
+    NHWC int8 or fp16 layer, each stage holding channels of one input (conv.cu: CAT)."""
+    p = Precision(precision)
+    if not 0 < concat < shape.c:
+        return f"concat must be between 0 and the layer's {shape.c} channels, got {concat}"
+    if p not in (Precision.INT8, Precision.FP16):
+        return f"two inputs are for int8 and fp16, not {p.value}"
+    if (shape.r, shape.s, shape.pad, shape.dilation) != (1, 1, (0, 0), (1, 1)):
+        return "two inputs are for 1x1 layers without padding or dilation"
+    sched = with_defaults(p, schedule)
+    for knob, want in (("TMA", 0), ("FOLD_TAPS", 0), ("DUP_AWARE", 0), ("LAYOUT", "nhwc")):
+        if sched.get(knob, want) != want:
+            return f"two inputs need {knob}={want}"
+    per_stage = int(sched["CHUNK"]) * instruction_shape(p, sm).k  # conv.cu: BKC
+    if concat % per_stage:
+        return (f"x1's {concat} channels must fill whole stages of {per_stage} channels "
+                f"(CHUNK {sched['CHUNK']})")
+    return None
+
+
 def int4_via_s8(precision: Precision, sm: int) -> bool:
     """int4 runs on the s8 m16n8k32 path (unpacked in shared memory) where instruction_shape
     says so (sm_90: no 4-bit Tensor Core unit)."""

@@ -72,9 +72,9 @@ def test_the_fake_op_has_the_layers_output_shape_dtype_and_strides() -> None:
     layer = opt.modules_of(FusedConv)[0]
     assert isinstance(layer, FusedConv)
     x = torch.zeros(8, 3, 64, 64, dtype=torch.int8).contiguous(memory_format=torch.channels_last)
-    real = torch.ops.tctune.fused_conv(x, None, layer.uid)
+    real = torch.ops.tctune.fused_conv(x, None, None, layer.uid)
     with FakeTensorMode() as mode:
-        fake = torch.ops.tctune.fused_conv(mode.from_tensor(x), None, layer.uid)
+        fake = torch.ops.tctune.fused_conv(mode.from_tensor(x), None, None, layer.uid)
     assert (fake.shape, fake.dtype, fake.stride()) == (real.shape, real.dtype, real.stride())
     assert real.is_contiguous(memory_format=torch.channels_last)
 

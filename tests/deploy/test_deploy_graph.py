@@ -14,6 +14,7 @@ from torch import nn
 
 from deploy import FusedConv, KernelMaxPool2d, OptimizedModel, optimize
 from kernels.runtime import DefaultScheduleWarning
+from kernels.spec import Precision
 from tests.deploy_nets import Bottleneck, randomize_bn
 
 
@@ -290,7 +291,7 @@ def test_a_narrow_input_is_padded_before_the_kernel_call(precision: str) -> None
     before = o(x)
     seen: list[tuple[int, ...]] = []
     orig = stem.execute
-    stem.execute = lambda xin, res: (seen.append(tuple(xin.shape)), orig(xin, res))[1]
+    stem.execute = lambda xin, *rest: (seen.append(tuple(xin.shape)), orig(xin, *rest))[1]
     stem.set_input_channels(4)
     after = o(x)
     assert seen == [(2, 4, 16, 16)]
@@ -318,3 +319,72 @@ def test_int8_runs_what_stays_in_pytorch_in_fp16() -> None:
     assert y.dtype == torch.float32
     cos = F.cosine_similarity(y.flatten().double(), m(x).flatten().double(), dim=0)
     assert cos > 0.99
+
+
+# ---- a bottleneck's last conv and its projection as one GEMM ------------------------------
+CONCAT_SCHEDULE = dict(BLK_ROW_WARPS=1, BLK_COL_WARPS=1, WARP_ROW_TILES=1, WARP_COL_TILES=2,
+                       CHUNK=1, REORDER_INNER=0, DUP_AWARE=0, PACK_OUT=1, LAYOUT="nhwc",
+                       STAGES=4, SPLIT_K=1, MMA="wgmma")
+
+
+def _concat_records(x: torch.Tensor, precision: str, schedule: dict[str, Any],
+                    latency_us: float = 5.0) -> dict[str, Any]:
+    """A record of the bottleneck's two-input layer (Bottleneck(64, 32, stride=2) at x):
+    conv3's 32 channels at 5x5 and the projection's 64 at 10x10, stride 2."""
+    from deploy.optimize import concat_shape
+    from kernels.spec import ConvShape, get_target, task_key
+
+    n, c, h, w = x.shape
+    shape = concat_shape(ConvShape(n, h // 2, w // 2, 32, 128, 1, 1),
+                         ConvShape(n, h, w, c, 128, 1, 1, stride=2))
+    key = task_key(shape, Precision(precision), get_target("h100"))
+    return {key: {"schedule": schedule, "latency_us": latency_us}}
+
+
+@pytest.mark.parametrize("precision", ["fp16", "int8"])
+def test_last_conv_and_projection_run_as_one_layer_over_both_inputs(precision: str) -> None:
+    torch.manual_seed(11)
+    m = randomize_bn(Bottleneck(64, 32, stride=2)).eval()
+    x = torch.randn(2, 64, 10, 10)
+    one = opt(m, x, precision)
+    two = opt(m, x, precision, schedules=_concat_records(x, precision, CONCAT_SCHEDULE))
+    p = plan_of(two)
+    assert p["conv3"].merged == "downsample.0" and p["downsample.0"].merged == "conv3"
+    assert p["conv3"].replaced and p["downsample.0"].replaced and p["conv3"].relu
+    assert p["conv3"].residual is None and "+downsample.0" in p["conv3"].fused
+    f = fused(two)
+    assert set(f) == {"conv1", "conv2", "conv3"}
+    layer = f["conv3"]
+    assert layer.concat == 32 and layer.in_channels == 32 + 64 and layer.stride == (2, 2)
+    assert not layer.epilogue.residual and layer.epilogue.relu
+    # its inputs: x the block's input (the projection's), x1 conv2's output
+    node = next(n for n in two.graph_module.graph.nodes
+                if n.op == "call_module" and n.target == "tctune_conv3")
+    assert node.args[1] is None and len(node.args) == 3
+    with torch.no_grad():
+        want = m(x)
+    got, got_one = two(x), one(x)
+    if precision == "fp16":
+        assert rel_err(got, want) < 2e-3 and rel_err(got, got_one) < 2e-3
+    else:
+        # one weight scale per output channel over both parts, neither clipped
+        w = layer.weight.to(torch.float64) * layer.weight_scale.view(-1, 1, 1, 1)
+        w[:, :32] *= layer.layer.in_scale / layer.layer.x1_scale
+        real = layer.weight_real
+        assert float((w - real).abs().max()) <= float(
+            layer.weight_scale.max()) * max(1.0, layer.layer.in_scale / layer.layer.x1_scale)
+        assert int(layer.weight.abs().max()) <= 127
+        cos = F.cosine_similarity(got.flatten().double(), want.flatten().double(), dim=0)
+        assert cos > 0.99
+
+
+def test_the_two_layers_stay_apart_without_a_fitting_faster_record() -> None:
+    torch.manual_seed(12)
+    m = randomize_bn(Bottleneck(64, 32, stride=2)).eval()
+    x = torch.randn(2, 64, 10, 10)
+    for recs in ({}, _concat_records(x, "fp16", {**CONCAT_SCHEDULE, "TMA": 1})):
+        o = opt(m, x, "fp16", schedules=recs)
+        p = plan_of(o)
+        assert p["conv3"].merged is None and p["conv3"].residual == "downsample.0"
+        assert set(fused(o)) == {"conv1", "conv2", "conv3", "downsample.0"}
+    assert any("TMA=0" in n for n in p["conv3"].notes), p["conv3"].notes

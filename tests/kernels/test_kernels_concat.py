@@ -1,0 +1,119 @@
+"""A 1x1 layer over two inputs concatenated along the channels (`concat`, conv.cu: CAT) on a
+CPU: where it applies (kernels.space.concat_problems and the kernel's static_assert agree),
+its builds for sm_75 / sm_80 / sm_90 with the Tensor Core instructions they should hold, the
+runtime's contract for x1, and the reference's split of a concatenated input. The GPU checks
+are in test_runtime.py (`on_gpu`) and bench/concat_check.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kernels import reference as ref
+from kernels.build import BuildJob, Epilogue, build, defines
+from kernels.runtime import Conv2d
+from kernels.sass import cuobjdump_path
+from kernels.space import concat_problems
+from kernels.spec import ConvShape, Precision
+from tests.kernels.builds import assert_mma_and_copy, sass_of
+from tests.kernels.test_runtime import FakeCupy
+
+# ResNet-50 layer2's last conv (128 channels at 28x28) and its projection (256 at 56x56, /2)
+BOTTLENECK = ConvShape(8, 56, 56, 384, 512, 1, 1, stride=2)
+WG = dict(BLK_ROW_WARPS=1, BLK_COL_WARPS=1, WARP_ROW_TILES=2, WARP_COL_TILES=2, CHUNK=2,
+          REORDER_INNER=0, DUP_AWARE=0, PACK_OUT=1, LAYOUT="nhwc", STAGES=4, SPLIT_K=1,
+          MMA="wgmma")
+SYNC = {**WG, "MMA": "sync", "BLK_ROW_WARPS": 2, "STAGES": 2}
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("concat")
+
+
+def test_where_two_inputs_apply() -> None:
+    assert concat_problems(BOTTLENECK, Precision.INT8, 90, WG, 128) is None
+    assert concat_problems(BOTTLENECK, Precision.FP16, 80, SYNC, 128) is None
+    cases = [
+        (BOTTLENECK, "int8", WG, 0, "between 0 and"),
+        (BOTTLENECK, "int8", WG, 384, "between 0 and"),
+        (BOTTLENECK, "int4", {**WG, "MMA": "sync"}, 128, "int8 and fp16"),
+        (ConvShape(8, 28, 28, 384, 512, 3, 3, pad=1), "int8", WG, 128, "1x1"),
+        (BOTTLENECK, "int8", {**WG, "TMA": 1}, 128, "TMA=0"),
+        (BOTTLENECK, "int8", {**SYNC, "DUP_AWARE": 1}, 128, "DUP_AWARE=0"),
+        (BOTTLENECK, "int8", {**SYNC, "LAYOUT": "nhwcnc"}, 128, "LAYOUT=nhwc"),
+        # int8 CHUNK 4: stages of 128 channels; x1's 64 would share one with x's
+        (BOTTLENECK, "int8", {**WG, "CHUNK": 4}, 64, "whole stages of 128"),
+    ]
+    for shape, p, sched, concat, why in cases:
+        got = concat_problems(shape, Precision(p), 90, sched, concat)
+        assert got is not None and why in got, (p, sched, concat, got)
+    # sm_75's int8 instruction is k16: CHUNK 2 stages hold 32 channels there
+    assert concat_problems(BOTTLENECK, Precision.INT8, 75, {**SYNC, "STAGES": 1}, 32) is None
+    assert concat_problems(BOTTLENECK, Precision.INT8, 80, SYNC, 32) is not None
+
+
+def test_the_build_refuses_what_the_rule_refuses(cache: Path) -> None:
+    res = build(BuildJob(BOTTLENECK, Precision.INT8, 90, {**WG, "TMA": 1}, concat=128), cache)
+    assert res.status == "compile_error" and "TMA=0" in res.log
+    d = defines(BuildJob(BOTTLENECK, Precision.INT8, 90, WG, concat=128))
+    assert d["TC_CAT"] == 128
+    assert "TC_CAT" not in defines(BuildJob(BOTTLENECK, Precision.INT8, 90, WG))
+
+
+@pytest.mark.skipif(cuobjdump_path() is None, reason="cuobjdump not installed")
+@pytest.mark.parametrize("precision,sm,schedule,mma,copy", [
+    ("int8", 75, {**SYNC, "STAGES": 1, "CHUNK": 2}, "IMMA", "LDG"),
+    ("int8", 80, SYNC, "IMMA", "LDGSTS"),
+    ("fp16", 80, {**SYNC, "CHUNK": 4}, "HMMA", "LDGSTS"),
+    ("int8", 90, WG, "GMMA", "LDGSTS"),
+    ("fp16", 90, {**WG, "CHUNK": 4, "PERSIST": 1}, "GMMA", "LDGSTS"),
+])
+def test_two_input_builds_hold_the_intended_instructions(precision: str, sm: int,
+                                                         schedule: dict, mma: str, copy: str,
+                                                         cache: Path) -> None:
+    assert_mma_and_copy(sass_of(BuildJob(BOTTLENECK, Precision(precision), sm, schedule,
+                                         Epilogue(relu=True), concat=128), cache), mma, copy)
+
+
+def test_fp16_two_input_builds_compile_for_sm75(cache: Path) -> None:
+    """(fp16's register-staged sm_75 builds keep a local array with one input as with two;
+    the SASS check above takes int8 there.)"""
+    res = build(BuildJob(BOTTLENECK, Precision.FP16, 75, {**SYNC, "STAGES": 1},
+                         Epilogue(relu=True), concat=128), cache)
+    assert res.status == "ok", res.log[-500:]
+
+
+def test_runtime_contract_of_the_second_input(cache: Path) -> None:
+    op = Conv2d(BOTTLENECK, "int8", WG, "h100", relu=True, concat=128, cache_dir=cache)
+    assert op.input_shape == (8, 56, 56, 256) and op.weight_shape == (512, 1, 1, 384)
+    assert op.specs["x1"].shapes == ((8, 28, 28, 128),)
+    x, w = FakeCupy(op.input_shape, "int8"), FakeCupy(op.weight_shape, "int8")
+    s, b = FakeCupy((512,), "float32"), FakeCupy((512,), "float32")
+    with pytest.raises(ValueError, match="x1 is required"):
+        op.validate(x, w, s, b)
+    with pytest.raises(ValueError, match=r"x1 must have shape \(8, 28, 28, 128\)"):
+        op.validate(x, w, s, b, x1=FakeCupy((8, 56, 56, 128), "int8"))
+    assert op.validate(x, w, s, b, x1=FakeCupy((8, 28, 28, 128), "int8")) == ("cupy", 0)
+    one = Conv2d(BOTTLENECK, "int8", WG, "h100", cache_dir=cache)
+    with pytest.raises(ValueError, match="one input"):
+        one.validate(FakeCupy(one.input_shape, "int8"), FakeCupy(one.weight_shape, "int8"),
+                     s, b, x1=FakeCupy((8, 28, 28, 128), "int8"))
+    with pytest.raises(ValueError, match="TMA=0"):
+        Conv2d(BOTTLENECK, "int8", {**WG, "TMA": 1}, "h100", concat=128, cache_dir=cache)
+    with pytest.raises(ValueError, match="needs a schedule"):
+        Conv2d(BOTTLENECK, "int8", None, "h100", concat=128, cache_dir=cache)
+
+
+def test_the_reference_splits_a_concatenated_input() -> None:
+    shape = ConvShape(2, 9, 11, 96, 40, 1, 1, stride=2)
+    eq = ref.concat_equivalent(shape)
+    assert (eq.h, eq.w, eq.c, eq.stride) == (shape.p, shape.q, 96, (1, 1))
+    prob = ref.make_problem(eq, Precision.INT8, 1)
+    x1, x = ref.split_concat(prob.x, shape, 32, 5)
+    assert x1.shape == (2, 5, 6, 32) and x.shape == (2, 9, 11, 64)
+    assert np.array_equal(np.concatenate([x1, x[:, ::2, ::2]], axis=-1), prob.x)
+    # the pixels between the strided ones hold values too: a kernel reading them is caught
+    assert np.count_nonzero(x[:, 1::2]) > 0
