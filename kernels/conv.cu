@@ -28,7 +28,9 @@
 //      FOLD_TAPS, C rounded up to one tap vector of 4, 8 or 16 bytes (the stem's 3 -> 4).
 //   w: KRSC [K][R][S][Cp].  int4 is packed two per byte, element 2i in the low nibble.
 //   y: NHWC [N][P][Q][K] or NHWCnc [N/8][P][Q][K/co][8][co] of the epilogue's output type.
-//   res, res_scale (residual builds only, after the counters): a tensor of y's shape, layout
+//   x1 (CAT builds only, after the counters): [N][P][Q][CAT], the first CAT reduction channels;
+//      x then holds the other C - CAT, read at the layer's stride (a 1x1 unpadded NHWC layer).
+//   res, res_scale (residual builds only, after x1 or the counters): a tensor of y's shape, layout
 //      and type added in the epilogue, y = act(acc * scale + bias + res * res_scale) (int8;
 //      fp16: + res, res_scale unused).
 //   maps (TMA=1 builds only, by value after the other arguments): the tensor maps of x
