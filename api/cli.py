@@ -15,7 +15,7 @@ from kernels.spec import ConvShape
 
 
 def _parse_shape(text: str) -> ConvShape:
-    """'n=8,h=56,w=56,c=64,k=64,r=3,s=3,pad=1' (pairs as 1x2)."""
+    """'n=8,h=56,w=56,c=64,k=64,r=3,s=3,pad=1' (pairs as 1x2; concat=N for two inputs)."""
     fields: dict[str, Any] = {}
     for part in text.split(","):
         if "=" not in part:
@@ -28,7 +28,7 @@ def _parse_shape(text: str) -> ConvShape:
                                      param_hint="--shape") from None
         if name in ("stride", "pad", "dilation"):
             fields[name] = (nums[0], nums[-1])
-        elif name in ("n", "h", "w", "c", "k", "r", "s") and len(nums) == 1:
+        elif name in ("n", "h", "w", "c", "k", "r", "s", "concat") and len(nums) == 1:
             fields[name] = nums[0]
         else:
             raise click.BadParameter(f"unknown or malformed field {name!r}", param_hint="--shape")

@@ -153,6 +153,7 @@ class ScheduleQuery(BaseModel):
     stride: str = _pair_query("1")
     pad: str = _pair_query("0")
     dilation: str = _pair_query("1")
+    concat: Annotated[int, documented(0, MAX_CHANNELS)] = 0
     precision: PrecisionName
     target: TargetName
 

@@ -1,19 +1,20 @@
-"""Layers over two inputs (kernels.runtime.Conv2d's `concat`: a ResNet bottleneck's last conv
+"""Layers over two inputs (kernels.spec.ConvShape's `concat`: a ResNet bottleneck's last conv
 and its projection shortcut as one GEMM) on the GPU: random (shape, schedule) pairs checked
 on random inputs, zero wrong; and ResNet-50's four such layers per precision searched: the
 two layers' recorded bests made valid for two inputs, their neighbours, and random schedules
 valid for two inputs, every candidate checked, then timed.
 
   python -m bench.concat_check prebuild --cache C                 # CPU: the NVRTC builds
-  python -m bench.concat_check run --cache C --out bench/data/concat_check_h100.json \\
-      --records-base bench/data/model_e2e_records_h100.json --records-out R.json   # GPU
+  python -m bench.concat_check run --cache C --out bench/data/concat_check_h100.json  # GPU
+  python -m bench.concat_check records bench/data/concat_check_h100.json --base B --out R
   python -m bench.concat_check table bench/data/concat_check_h100.json
 
 The checks compare with the one-input layer over the concatenation
 (kernels.reference.concat_equivalent) and give x pixels between the strided ones that the
-layer must not read. The search's bests go to --records-out keyed by the two-input layer's
-shape (deploy.optimize.concat_shape), as `bench.model_e2e records` files are, for deploy to
-merge the two layers with. The timing is kernels.timing's protocol (inputs rotated past L2).
+layer must not read. `records` adds the search's bests to a records file (keyed by the
+two-input layer's task key, deploy.optimize.concat_shape), as `bench.model_e2e records`
+writes them, for deploy to merge the two layers with. The timing is kernels.timing's protocol
+(inputs rotated past L2).
 """
 
 from __future__ import annotations
@@ -28,60 +29,51 @@ import numpy as np
 
 from bench.cli import add_table, commands, log, print_table
 from kernels.build import BuildJob, Epilogue, build_many
-from kernels.space import ScheduleSpace, concat_problems
+from kernels.space import CONCAT_KNOBS, ScheduleSpace
 from kernels.spec import ConvShape, Precision, get_target, task_key
 
 TARGET = "h100"
-RESTRICT = {"TMA": [0], "FOLD_TAPS": [0], "DUP_AWARE": [0], "LAYOUT": ["nhwc"]}
 # ResNet-50 at batch 8: (conv3's input channels at the output's size, the projection's
 # input channels and size, stride, output channels)
 RESNET50 = [("layer1", 64, 64, 56, 1, 256), ("layer2", 128, 256, 56, 2, 512),
             ("layer3", 256, 512, 28, 2, 1024), ("layer4", 512, 1024, 14, 2, 2048)]
 
 
-def resnet50_shapes(n: int = 8) -> list[tuple[str, ConvShape, int]]:
-    return [(name, ConvShape(n, hw, hw, c1 + c2, k, 1, 1, stride=s), c1)
+def resnet50_shapes(n: int = 8) -> list[tuple[str, ConvShape]]:
+    return [(name, ConvShape(n, hw, hw, c1 + c2, k, 1, 1, stride=s, concat=c1))
             for name, c1, c2, hw, s, k in RESNET50]
 
 
-def _valid(shape: ConvShape, p: Precision, concat: int, rng: np.random.Generator,
-           count: int) -> list[dict[str, Any]]:
-    """Up to `count` distinct random schedules valid for the layer over two inputs."""
-    space = ScheduleSpace(shape, p, get_target(TARGET), restrict=RESTRICT)
-    idx = space.valid_indices
-    out: list[dict[str, Any]] = []
-    for i in rng.permutation(idx)[: count * 4]:
-        s = space.schedule_at(int(i))
-        if concat_problems(shape, p, 90, s, concat) is None:
-            out.append(s)
-            if len(out) == count:
-                break
-    return out
-
-
-def _seeds(records: dict[str, Any], shape: ConvShape, c1: int, p: Precision
+def _valid(shape: ConvShape, p: Precision, rng: np.random.Generator, count: int
            ) -> list[dict[str, Any]]:
+    """Up to `count` distinct random schedules valid for the layer (its space applies the
+    rules of two inputs)."""
+    space = ScheduleSpace(shape, p, get_target(TARGET))
+    return [space.schedule_at(int(i)) for i in rng.permutation(space.valid_indices)[:count]]
+
+
+def _seeds(records: dict[str, Any], shape: ConvShape, p: Precision) -> list[dict[str, Any]]:
     """The recorded bests of the two layers (the last conv, the projection) made valid for
     two inputs (cp.async loads, no TMA stores or ping-pong), and their neighbours in CHUNK,
     STAGES and WARP_COL_TILES."""
     target = get_target(TARGET)
+    c1 = shape.concat
     parts = [ConvShape(shape.n, shape.p, shape.q, c1, shape.k, 1, 1),
              ConvShape(shape.n, shape.h, shape.w, shape.c - c1, shape.k, 1, 1,
                        stride=shape.stride)]
-    space = ScheduleSpace(shape, p, target, restrict=RESTRICT)
+    space = ScheduleSpace(shape, p, target)
     out: list[dict[str, Any]] = []
     for part in parts:
         rec = records.get(task_key(part, p, target))
         if rec is None:
             continue
-        base = {**rec["schedule"], **{k: v[0] for k, v in RESTRICT.items()}, "PLAIN_A": 0,
+        base = {**rec["schedule"], **CONCAT_KNOBS, "PLAIN_A": 0,
                 "PINGPONG": 0, "PACK_OUT": min(int(rec["schedule"]["PACK_OUT"]), 1)}
         for knob, values in (("CHUNK", (1, 2, 4, 8)), ("STAGES", (2, 3, 4, 6, 8)),
                              ("WARP_COL_TILES", (1, 2, 4))):
             for v in values:
                 s = {**base, knob: v}
-                if s not in out and space.is_valid(s) and \
-                        concat_problems(shape, p, 90, s, c1) is None:
+                if s not in out and space.is_valid(s):
                     out.append(s)
     return out
 
@@ -97,23 +89,22 @@ def plan(seed: int, checks: int, tune: int, records: dict[str, Any]) -> list[dic
         stride = int(rng.choice([1, 2]))
         shape = ConvShape(int(rng.integers(1, 9)), int(rng.integers(4, 30)),
                           int(rng.integers(4, 30)), c1 + c2, int(rng.integers(1, 25)) * 8,
-                          1, 1, stride=stride)
-        for s in _valid(shape, p, c1, rng, 1):
+                          1, 1, stride=stride, concat=c1)
+        for s in _valid(shape, p, rng, 1):
             items.append({"kind": "check", "shape": shape.to_dict(), "precision": p.value,
-                          "concat": c1, "schedule": s, "relu": bool(rng.integers(2))})
+                          "schedule": s, "relu": bool(rng.integers(2))})
     for p in (Precision.INT8, Precision.FP16):
-        for name, shape, c1 in resnet50_shapes():
-            seeded = _seeds(records, shape, c1, p)
-            for s in seeded + [s for s in _valid(shape, p, c1, rng, tune) if s not in seeded]:
+        for name, shape in resnet50_shapes():
+            seeded = _seeds(records, shape, p)
+            for s in seeded + [s for s in _valid(shape, p, rng, tune) if s not in seeded]:
                 items.append({"kind": "tune", "layer": name, "shape": shape.to_dict(),
-                              "precision": p.value, "concat": c1, "schedule": s,
-                              "relu": True})
+                              "precision": p.value, "schedule": s, "relu": True})
     return items
 
 
 def _job(it: dict[str, Any]) -> BuildJob:
     return BuildJob(ConvShape.from_dict(it["shape"]), Precision(it["precision"]), 90,
-                    it["schedule"], Epilogue(relu=it["relu"]), concat=it["concat"])
+                    it["schedule"], Epilogue(relu=it["relu"]))
 
 
 def cmd_prebuild(a: argparse.Namespace) -> int:
@@ -134,7 +125,7 @@ def _run_one(op: Any, it: dict[str, Any], seed: int, time_it: bool) -> dict[str,
     from kernels.timing import sets_for_l2, time_launches
 
     prob = ref.make_problem(ref.concat_equivalent(op.shape), op.precision, seed)
-    x1, x = ref.split_concat(prob.x, op.shape, op.concat, seed)
+    x1, x = ref.split_concat(prob.x, op.shape, seed)
     x, w = ref.pad_channels(x, op.input_shape[-1]), ref.pad_channels(prob.w, op.padded_channels)
     want = prob.expected(op.epilogue.mode, op.epilogue.relu)
     dev = [cupy.asarray(x), cupy.asarray(w),
@@ -169,20 +160,25 @@ def cmd_run(a: argparse.Namespace) -> int:
     gpu = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
     doc: dict[str, Any] = {"gpu": gpu, "date": dt.date.today().isoformat(), "rows": []}
     for i, it in enumerate(items):
-        row = {k: it[k] for k in ("kind", "shape", "precision", "concat", "schedule", "relu")}
+        row = {k: it[k] for k in ("kind", "shape", "precision", "schedule", "relu")}
         row["layer"] = it.get("layer")
         if it["build"] != "ok":
             row.update(ok=False, status="compile_error")
         else:
             op = Conv2d(ConvShape.from_dict(it["shape"]), it["precision"], it["schedule"],
-                        TARGET, relu=it["relu"], concat=it["concat"], cache_dir=a.cache)
+                        TARGET, relu=it["relu"], cache_dir=a.cache)
             row.update(_run_one(op, it, 100 + i, it["kind"] == "tune"), status="ok")
         doc["rows"].append(row)
     Path(a.out).write_text(json.dumps(doc, indent=1) + "\n")
     wrong = [r for r in doc["rows"] if not r["ok"]]
     log(f"{len(doc['rows'])} checked, {len(wrong)} wrong")
-    records: dict[str, Any] = json.loads(Path(a.records_base).read_text()) \
-        if a.records_base else {}
+    return 1 if wrong else 0
+
+
+def cmd_records(a: argparse.Namespace) -> int:
+    """The search's best per (layer, precision) of a run's data file, added to --base."""
+    doc = json.loads(Path(a.file).read_text())
+    records: dict[str, Any] = json.loads(Path(a.base).read_text()) if a.base else {}
     target = get_target(TARGET)
     for r in doc["rows"]:
         if r["kind"] != "tune" or not r["ok"]:
@@ -190,10 +186,10 @@ def cmd_run(a: argparse.Namespace) -> int:
         key = task_key(ConvShape.from_dict(r["shape"]), Precision(r["precision"]), target)
         if key not in records or r["us"] < records[key]["latency_us"]:
             records[key] = {"schedule": r["schedule"], "latency_us": r["us"],
-                            "source": f"concat_check.py: {r['layer']} two inputs"}
-    if a.records_out:
-        Path(a.records_out).write_text(json.dumps(records, indent=1) + "\n")
-    return 1 if wrong else 0
+                            "source": f"{Path(a.file).name}: {r['layer']} two inputs"}
+    Path(a.out).write_text(json.dumps(records, indent=1) + "\n")
+    log(f"{len(records)} records -> {a.out}")
+    return 0
 
 
 def render(d: dict[str, Any]) -> str:
@@ -204,7 +200,7 @@ def render(d: dict[str, Any]) -> str:
              "inputs at batch 8, best of the random schedules valid for them:", "",
              "| layer | shape | precision | candidates | wrong | best µs |",
              "|---|---|---|---|---|---|"]
-    for name, shape, _ in resnet50_shapes():
+    for name, shape in resnet50_shapes():
         for p in ("int8", "fp16"):
             rs = [r for r in rows if r["kind"] == "tune" and r["layer"] == name and
                   r["precision"] == p]
@@ -229,14 +225,15 @@ def main(argv: list[str] | None = None) -> int:
     r = sub.add_parser("run", help="check, and time the ResNet-50 candidates (GPU)")
     r.add_argument("--cache", required=True)
     r.add_argument("--out", required=True)
-    r.add_argument("--records-out", default="",
-                   help="the bests as records (keyed by the two-input layer's shape)")
-    r.add_argument("--records-base", default="", help="records the bests are added to")
+    c = sub.add_parser("records", help="a run's bests as records, added to --base's")
+    c.add_argument("file")
+    c.add_argument("--base", default="")
+    c.add_argument("--out", required=True)
     add_table(sub)
     a = ap.parse_args(argv)
     if print_table(a, render):
         return 0
-    return cmd_prebuild(a) if a.cmd == "prebuild" else cmd_run(a)
+    return {"prebuild": cmd_prebuild, "run": cmd_run, "records": cmd_records}[a.cmd](a)
 
 
 if __name__ == "__main__":

@@ -60,10 +60,10 @@ def _to_blocked(t: torch.Tensor, vector: int) -> torch.Tensor:
 class FusedConv(nn.Module):
     """conv (+ folded BN) (+ residual) (+ ReLU) as one tctune kernel call.
 
-    With `concat` (n > 0) the layer is a 1x1 conv over two inputs, forward(x, x1=x1): x1's n
-    channels at the output's resolution, then x's at the layer's stride (a ResNet
+    With shape.concat = n > 0 the layer is a 1x1 conv over two inputs, forward(x, x1=x1):
+    x1's n channels at the output's resolution, then x's at the layer's stride (a ResNet
     bottleneck's last conv and its projection shortcut, whose sum is one GEMM over both
-    inputs: kernels.runtime.Conv2d's `concat`). The weight's first n input channels are
+    inputs: kernels.spec.ConvShape's `concat`). The weight's first n input channels are
     x1's. int8: the two parts' weights are quantized at one scale per output channel, so that
     one accumulator sums both (`set_scales`).
 
@@ -78,10 +78,9 @@ class FusedConv(nn.Module):
     def __init__(self, layer: LayerPlan, precision: Precision, weight: torch.Tensor,
                  bias: torch.Tensor, shape: ConvShape, *, relu: bool, residual: bool,
                  backend: str, target: Target, schedule: dict[str, Any],
-                 pdl: bool = False, cache_dir: str | Path | None = None,
-                 concat: int = 0) -> None:
+                 pdl: bool = False, cache_dir: str | Path | None = None) -> None:
         super().__init__()
-        self.concat = int(concat)
+        self.concat = shape.concat
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
         self.layer = layer
@@ -160,7 +159,8 @@ class FusedConv(nn.Module):
         n, _, h, w = (int(v) for v in x_shape)
         _, _, r, s = self.weight.shape
         return ConvShape(n, h, w, self.in_channels, self.out_channels, int(r), int(s),
-                         stride=self.stride, pad=self.padding, dilation=self.dilation)
+                         stride=self.stride, pad=self.padding, dilation=self.dilation,
+                         concat=self.concat)
 
 
     def set_input_channels(self, channels: int) -> None:
@@ -183,12 +183,8 @@ class FusedConv(nn.Module):
 
             fits = schedule_fits(shape, self.precision, self.target, self.schedule,
                                  self.epilogue) is None
-            if self.concat and not fits:
-                raise ValueError(f"{self.layer.name}: its schedule does not fit inputs of shape "
-                                 f"{tuple(x_shape)} (a layer over two inputs has no default)")
             op = Conv2d(shape, self.precision, self.schedule if fits else None, self.target,
-                        epilogue=self.epilogue, concat=self.concat, pdl=self.pdl,
-                        cache_dir=self.cache_dir)
+                        epilogue=self.epilogue, pdl=self.pdl, cache_dir=self.cache_dir)
             if fits:
                 op.schedule_source = self.layer.schedule_source
             self._ops[shape] = op

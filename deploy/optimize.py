@@ -28,7 +28,6 @@ from deploy.plan import LayerPlan
 from kernels.build import Epilogue
 from kernels.launch import supports_pdl
 from kernels.runtime import DefaultScheduleWarning, schedule_fits
-from kernels.space import concat_problems
 from kernels.spec import TARGETS, ConvShape, Precision, Target, get_target, target_for_gpu_model
 
 
@@ -204,10 +203,9 @@ def _concat_layer(gm: fx.GraphModule, chain: graph.Chain, proj: graph.Chain,
                   p: Precision, tgt: Target, backend: str, pdl: bool,
                   cache_dir: str | Path | None) -> FusedConv | None:
     """A bottleneck's last conv and its projection shortcut as one layer over both inputs
-    (FusedConv's concat), where a record of that layer (the one-input layer of all their
-    channels at the projection's stride: `concat_shape`) has a schedule valid for two
-    inputs and is faster than the two layers' records together; None otherwise (each
-    is then a layer of its own)."""
+    (`concat_shape`), where a record of that layer has a schedule valid for it and is faster
+    than the two layers' records together; None otherwise (each is then a layer of its
+    own)."""
     if proj.conv not in candidates:
         return None
     (shape_a, lp), (shape_b, lp_b) = candidates[chain.conv], candidates[proj.conv]
@@ -219,9 +217,7 @@ def _concat_layer(gm: fx.GraphModule, chain: graph.Chain, proj: graph.Chain,
     if all(r is not None and r.latency_us for r in parts) and rec.latency_us and \
             rec.latency_us >= sum(r.latency_us for r in parts if r is not None):
         return None
-    epi = Epilogue("default", chain.relu is not None, False)
-    why = schedule_fits(shape, p, tgt, rec.schedule, epi) or \
-        concat_problems(shape, p, tgt.sm, rec.schedule, shape_a.c)
+    why = schedule_fits(shape, p, tgt, rec.schedule, Epilogue("default", chain.relu is not None))
     if why:
         lp.notes.append(f"not one GEMM with {lp_b.name}: its record's schedule {why}")
         return None
@@ -239,7 +235,7 @@ def _concat_layer(gm: fx.GraphModule, chain: graph.Chain, proj: graph.Chain,
     lp_b.notes.append(f"runs in {lp.name}'s kernel (two inputs)")
     mod = FusedConv(lp, p, torch.cat([w_a, w_b], dim=1), b_a + b_b, shape, relu=lp.relu,
                     residual=False, backend=backend, target=tgt, schedule=lp.schedule,
-                    pdl=pdl, cache_dir=cache_dir, concat=shape_a.c)
+                    pdl=pdl, cache_dir=cache_dir)
     if backend == "cuda":
         op = mod.build(proj.conv.args[0].meta["deploy_shape"])  # type: ignore[union-attr]
         mod.set_input_channels(op.padded_channels - shape_a.c)
@@ -250,7 +246,8 @@ def concat_shape(main: ConvShape, proj: ConvShape) -> ConvShape:
     """The layer over two inputs of a bottleneck's last conv (1x1 at the output's
     resolution) and its projection shortcut: the projection's input and stride, both
     layers' channels."""
-    return ConvShape(proj.n, proj.h, proj.w, main.c + proj.c, proj.k, 1, 1, stride=proj.stride)
+    return ConvShape(proj.n, proj.h, proj.w, main.c + proj.c, proj.k, 1, 1, stride=proj.stride,
+                     concat=main.c)
 
 
 def _conv_and_bn(gm: fx.GraphModule, chain: graph.Chain

@@ -122,9 +122,6 @@ class BuildJob:
     # PTX for compute_<sm> instead of a cubin: the driver compiles it when it loads the module,
     # so an sm_75 / sm_80 code path runs (for correctness only) on a newer GPU.
     ptx: bool = False
-    # Two inputs (kernels.space.concat_problems): the first `concat` of shape.c channels come
-    # from a second tensor x1 at the output's resolution; 0: one input.
-    concat: int = 0
 
 
 def _sources() -> dict[str, str]:
@@ -178,10 +175,9 @@ def defines(job: BuildJob) -> dict[str, int]:
     if s8 and not (p is Precision.INT4 and job.sm >= 80):
         raise ValueError("int4_s8 applies to int4 on sm_80+ only")
     sched, g = _job_geometry(job, s8)
-    if job.concat:
-        why = concat_problems(sh, p, job.sm, sched, job.concat)
-        if why:
-            raise ValueError(why)
+    why = concat_problems(sh, p, job.sm, sched)  # two inputs (ConvShape.concat)
+    if why:
+        raise ValueError(why)
     d: dict[str, int] = {
         "TC_PREC": PRECISION_CODE[p.value], "TC_SM": int(job.sm), "TC_INT4_S8": int(s8),
         "TC_N": sh.n, "TC_H": sh.h, "TC_W": sh.w,
@@ -191,7 +187,7 @@ def defines(job: BuildJob) -> dict[str, int]:
         "TC_PAD_W": sh.pad[1], "TC_DIL_H": sh.dilation[0], "TC_DIL_W": sh.dilation[1],
         "TC_EPI": 0 if epi.mode == "acc" else 1, "TC_RELU": int(epi.relu),
         **({"TC_RES": 1} if epi.residual else {}),
-        **({"TC_CAT": int(job.concat)} if job.concat else {}),
+        **({"TC_CAT": sh.concat} if sh.concat else {}),
         "TC_SMEM_BYTES": int(g.smem_bytes[0]), "TC_K_ITERS": int(g.k_iters[0]),
     }
     for name in knobs_for(p):
@@ -300,7 +296,7 @@ def launch_meta(job: BuildJob, d: Mapping[str, int]) -> dict[str, Any]:
         "persist": int(s.get("PERSIST", 0)), "tiles": tiles,
         "shape": sh.to_dict(), "precision": p.value, "sm": job.sm,
         "schedule": dict(s), "epilogue": epi.to_dict(), "out_bits": epi.out_bits(p),
-        "c_padded": int(d["TC_C"]), "layout": s["LAYOUT"], "concat": int(job.concat),
+        "c_padded": int(d["TC_C"]), "layout": s["LAYOUT"], "concat": sh.concat,
         "channel_vector": channel_vector(p), "batch_block": NHWCNC_BATCH_BLOCK,
         "int4_s8": bool(d["TC_INT4_S8"]), "defines": dict(d),
         "tma": tma_maps(sh, p, int(d["TC_C"]), int(g.block_m[0]), int(g.block_n[0]),

@@ -135,8 +135,17 @@ def cudnn_baseline(shape: ConvShape, dtype: str, l2_bytes: int, device: int = 0)
     """cuDNN's latency of `shape` in `dtype` ('fp16', or 'fp32' with TF32 off) on CUDA device
     `device`: a task's baseline. The inputs are those of the first variant of
     `cudnn_conv_times`; the tensors' memory is returned to the device afterwards (the
-    measuring child goes on with CuPy)."""
+    measuring child goes on with CuPy). A layer over two inputs (shape.concat) is what it
+    replaces: cuDNN's two 1x1 layers, x1's and x's, timed one after the other and summed
+    (medians and IQRs)."""
     import torch
+
+    if shape.concat:
+        parts = [ConvShape(shape.n, shape.p, shape.q, shape.concat, shape.k, 1, 1),
+                 ConvShape(shape.n, shape.h, shape.w, shape.c - shape.concat, shape.k, 1, 1,
+                           stride=shape.stride)]
+        ts = [cudnn_baseline(part, dtype, l2_bytes, device) for part in parts]
+        return Timing(sum(t.median_us for t in ts), sum(t.iqr_us for t in ts))
 
     torch_dtype = getattr(torch, BASELINE_DTYPES[dtype])
     with torch.cuda.device(device):

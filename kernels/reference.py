@@ -271,6 +271,7 @@ class Problem:
     bias: np.ndarray  # float32 [K]
     acc: np.ndarray  # reference accumulators NHWC (int64 or float64)
     abs_acc: np.ndarray | None = None  # fp32_tc: conv of |x| and |w| (per-element bound)
+    x1: np.ndarray | None = None  # two inputs (shape.concat): x1 [N][P][Q][concat]
     _residual: tuple[np.ndarray, float] | None = field(default=None, repr=False)
 
     def expected(self, epilogue_mode: str, relu: bool, residual: bool = False) -> np.ndarray:
@@ -303,25 +304,31 @@ class Problem:
         the build's channel padding (launch metadata; FOLD_TAPS builds pad to a tap vector)."""
         cp = c_padded or padded_channels(self.shape, self.precision)
         cv = channel_vector(self.precision)
-        xb = to_device_bytes(pad_channels(self.x, cp), self.precision, layout, cv)
+        xb = to_device_bytes(pad_channels(self.x, cp - self.shape.concat), self.precision,
+                             layout, cv)
         wb = to_device_bytes(pad_channels(self.w, cp), self.precision, "nhwc", cv)
         return xb, wb
 
+    def device_x1(self) -> np.ndarray:
+        """x1's bytes (two inputs: its channels fill whole 16-byte vectors)."""
+        assert self.x1 is not None
+        return to_device_bytes(self.x1, self.precision, "nhwc", channel_vector(self.precision))
+
 
 def concat_equivalent(shape: ConvShape) -> ConvShape:
-    """What a layer over two inputs (kernels.runtime.Conv2d's `concat`) computes: a 1x1,
-    stride-1 layer at the output's resolution over all shape.c channels of
-    concat(x1, x[:, ::stride_h, ::stride_w])."""
+    """What a layer over two inputs (ConvShape.concat) computes: a 1x1, stride-1 layer at the
+    output's resolution over all shape.c channels of concat(x1, x[:, ::stride_h, ::stride_w])."""
     return ConvShape(shape.n, shape.p, shape.q, shape.c, shape.k, 1, 1)
 
 
-def split_concat(x_cat: np.ndarray, shape: ConvShape, concat: int, seed: int
+def split_concat(x_cat: np.ndarray, shape: ConvShape, seed: int
                  ) -> tuple[np.ndarray, np.ndarray]:
     """(x1, x) of a layer over two inputs whose concatenation at the output's pixels is
-    `x_cat` ([N][P][Q][C], NHWC): x1 its first `concat` channels, x [N][H][W][C - concat] its
-    other channels at the layer's stride and random values (of x_cat's) at the pixels between,
-    which the layer must not read."""
+    `x_cat` ([N][P][Q][C], NHWC): x1 its first shape.concat channels, x [N][H][W][C - concat]
+    its other channels at the layer's stride and random values (of x_cat's) at the pixels
+    between, which the layer must not read."""
     sh, sw = shape.stride
+    concat = shape.concat
     x1 = np.ascontiguousarray(x_cat[..., :concat])
     rest = x_cat[..., concat:]
     rng = np.random.default_rng(seed)
@@ -339,8 +346,13 @@ def shape_seed(shape: ConvShape, precision: Precision, salt: int = 0) -> int:
 
 
 def make_problem(shape: ConvShape, precision: Precision, seed: int | None = None) -> Problem:
-    """Random inputs (never zeros) and the exact reference accumulators."""
+    """Random inputs (never zeros) and the exact reference accumulators. A layer over two
+    inputs (shape.concat) gets those of its one-input equivalent, split (split_concat)."""
     p = Precision(precision)
+    if shape.concat:
+        eq = make_problem(concat_equivalent(shape), p, seed)
+        x1, x = split_concat(eq.x, shape, shape_seed(shape, p) if seed is None else seed)
+        return Problem(shape, p, x, eq.w, eq.scale, eq.bias, eq.acc, x1=x1)
     rng = np.random.default_rng(shape_seed(shape, p) if seed is None else seed)
     xs = (shape.n, shape.h, shape.w, shape.c)
     ws = (shape.k, shape.r, shape.s, shape.c)

@@ -90,8 +90,8 @@ class DeviceSession:
 
     def inputs(self, prob: Problem, layout: str, n_sets: int, c_padded: int,
                residual: bool = False) -> dict[str, Any]:
-        """Device copies: n_sets of x and w (for rotation), scale and bias, and the residual
-        (output-shaped) input of residual builds."""
+        """Device copies: n_sets of x and w (for rotation, and of x1 for layers over two
+        inputs), scale and bias, and the residual (output-shaped) input of residual builds."""
         k = (prob.shape.key(), prob.precision.value, id(prob), layout, n_sets, c_padded,
              residual)
         if k in self._dev:
@@ -105,7 +105,11 @@ class DeviceSession:
         d = {"x": [x0] + [x0.copy() for _ in range(n_sets - 1)],
              "w": [w0] + [w0.copy() for _ in range(n_sets - 1)],
              "scale": cp.asarray(prob.scale), "bias": cp.asarray(prob.bias),
-             "in_bytes": int(xb.nbytes + wb.nbytes), "res": None, "res_scale": 1.0}
+             "in_bytes": int(xb.nbytes + wb.nbytes), "res": None, "res_scale": 1.0,
+             "x1": [None] * n_sets}
+        if prob.x1 is not None:
+            x1 = cp.asarray(prob.device_x1())
+            d["x1"] = [x1] + [x1.copy() for _ in range(n_sets - 1)]
         if residual:
             res, d["res_scale"] = prob.residual()
             rb = to_device_bytes(res, prob.precision, layout, 128 // (8 * res.itemsize))
@@ -137,7 +141,7 @@ class DeviceSession:
 
         def launch(i: int) -> None:
             launch_kernel(fn, meta, dev["x"][i], dev["w"][i], dev["scale"], dev["bias"], ys[i],
-                          ws, counters, dev["res"], dev["res_scale"])
+                          ws, counters, dev["res"], dev["res_scale"], x1=dev["x1"][i])
 
         def check() -> tuple[bool, dict[str, Any]]:
             # Correctness: poisoned output, one launch, exact / tolerance compare.
@@ -172,7 +176,8 @@ class DeviceSession:
     @staticmethod
     def _set_bytes(prob: Problem, layout: str, y_bytes: int, c_padded: int) -> int:
         xb, wb = prob.device_inputs(layout, c_padded)
-        return int(xb.nbytes + wb.nbytes + y_bytes)
+        x1b = 0 if prob.x1 is None else int(prob.x1.nbytes)
+        return int(xb.nbytes + wb.nbytes + y_bytes + x1b)
 
 
 def verify_output(got: Any, want: Any, precision: Precision, out_bits: int, gemm_k: int,

@@ -188,6 +188,9 @@ def schedule_fits(shape: ConvShape, precision: Precision, target: Target,
     probs = schedule_problems(p, schedule)
     if probs:
         return "; ".join(f"{k}: {v}" for k, v in probs)
+    why = concat_problems(shape, p, target.sm, schedule)  # two inputs: the clearer reason
+    if why:
+        return why
     space = ScheduleSpace(shape, p, target)
     if not space.is_valid(schedule):
         cols = space.columns(np.array([space.index_of(schedule)]))
@@ -431,7 +434,12 @@ def _target_names() -> list[str]:
 class Conv2d:
     """A tuned conv layer: `y = conv(x, weight, scale=None, bias=None, out=None)`.
 
-    shape      the layer (ConvShape: NHWC activations, KRSC weights, groups=1)
+    shape      the layer (ConvShape: NHWC activations, KRSC weights, groups=1); with
+               shape.concat = n > 0 two inputs, `conv(x, w, ..., x1=x1)`: x1 [N][P][Q][n] at
+               the output's resolution holds the first n of shape.c channels (weights
+               [K][1][1][C] as for one input) and x the other shape.c - n, read at the
+               layer's stride (a ResNet bottleneck's last conv with its projection shortcut;
+               kernels.space.concat_problems says which schedules)
     precision  "int8", "fp16", "int4" (or "fp32_tc" where the kernel supports it)
     schedule   a tuned schedule (knob -> value); None: a default with a DefaultScheduleWarning
     target     "h100", a Target, or None for the current GPU (needs CuPy and a GPU)
@@ -440,12 +448,6 @@ class Conv2d:
     relu       clamp at zero in the epilogue
     residual   add a tensor of the output's shape in the epilogue (int8 requant: times
                `res_scale`; fp16 bias): `conv(x, w, scale, bias, residual=r, res_scale=s)`
-    concat     n > 0: two inputs along the channels, `conv(x, w, ..., x1=x1)`: x1 [N][P][Q][n]
-               at the output's resolution holds the first n of shape.c channels (weights
-               [K][1][1][C] as for one input) and x the other shape.c - n, read at the
-               layer's stride: a 1x1 layer over concat(x1, x[:, ::stride, ::stride]), such as
-               a ResNet bottleneck's last conv with its projection shortcut (cp.async loads;
-               kernels.space.concat_problems says which schedules)
     pdl        launch with programmatic dependent launch (sm_90 targets): the kernel may be
                scheduled while the kernel before it on the stream finishes, and waits in its
                prologue for that kernel's writes; saves the launch gap between consecutive
@@ -457,10 +459,10 @@ class Conv2d:
     def __init__(self, shape: ConvShape, precision: Precision | str,
                  schedule: Mapping[str, Any] | None = None, target: Target | str | None = None,
                  *, epilogue: Epilogue | str = "default", relu: bool = False,
-                 residual: bool = False, concat: int = 0, pdl: bool = False,
+                 residual: bool = False, pdl: bool = False,
                  cache_dir: str | os.PathLike[str] | None = None) -> None:
         self.shape = shape
-        self.concat = int(concat)
+        self.concat = shape.concat
         self.precision = Precision(precision)
         self.target = _resolve_target(target)
         p, t = self.precision, self.target
@@ -474,9 +476,6 @@ class Conv2d:
         if problems:
             raise ValueError(f"layer {shape.key()} cannot run as {p.value}: "
                              + "; ".join(f"{k}: {v}" for k, v in problems))
-        if schedule is None and concat:
-            raise ValueError("an op over two inputs needs a schedule "
-                             "(kernels.space.concat_problems says which)")
         if schedule is None:
             sched, src = default_schedule(shape, p, t, self.epilogue)
             warnings.warn(f"no tuned schedule for {shape.key()} {p.value} on {t.name}: using "
@@ -486,16 +485,14 @@ class Conv2d:
             self.schedule_source = f"default: {src}"
         else:
             why = schedule_fits(shape, p, t, schedule, self.epilogue)
-            if not why and concat:
-                why = concat_problems(shape, p, t.sm, schedule, concat)
             if why:
                 raise ValueError(f"schedule is not valid for {shape.key()} {p.value} on "
                                  f"{t.name}: {why}")
             self.schedule = dict(schedule)
             self.schedule_source = "given"
         self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-        res: BuildResult = build(BuildJob(shape, p, t.sm, self.schedule, self.epilogue,
-                                          concat=self.concat), self.cache_dir)
+        res: BuildResult = build(BuildJob(shape, p, t.sm, self.schedule, self.epilogue),
+                                 self.cache_dir)
         if res.status != "ok":
             raise RuntimeError(f"building {shape.key()} {p.value} for sm_{t.sm} failed: "
                                f"{res.log[-3000:]}")
@@ -577,7 +574,7 @@ class Conv2d:
                                  f"({self.specs['x1'].describe_shapes()})")
             check_tensor(x1, self.specs["x1"], fw, dev)
         elif x1 is not None:
-            raise ValueError("this op reads one input: build it with concat=n for x1")
+            raise ValueError("this op reads one input (x1 is for layers with shape.concat)")
         if self.epilogue.residual:
             if residual is None:
                 raise ValueError("residual is required: this op's epilogue adds it "

@@ -192,21 +192,24 @@ def padded_channels(shape: ConvShape, precision: Precision, fold: bool = False) 
     return -(-shape.c // cv) * cv
 
 
+CONCAT_KNOBS = {"TMA": 0, "FOLD_TAPS": 0, "DUP_AWARE": 0, "LAYOUT": "nhwc"}
+
+
 def concat_problems(shape: ConvShape, precision: Precision, sm: int,
-                    schedule: Mapping[str, Any], concat: int) -> str | None:
-    """Why a build over two inputs (`concat`: the channels of the first, x1, at the output's
-    resolution; the rest of shape.c are x's, read at the layer's stride) cannot run this
-    schedule, or None. The path is the cp.async / register-staged loads of a 1x1 unpadded
-    NHWC int8 or fp16 layer, each stage holding channels of one input (conv.cu: CAT)."""
+                    schedule: Mapping[str, Any]) -> str | None:
+    """Why a layer over two inputs (shape.concat > 0: ConvShape) cannot run this schedule,
+    or None (also for one-input layers). The path is the cp.async / register-staged loads of
+    a 1x1 unpadded NHWC int8 or fp16 layer, each stage holding channels of one input
+    (conv.cu: CAT); `validity` applies the same rules to whole spaces."""
     p = Precision(precision)
-    if not 0 < concat < shape.c:
-        return f"concat must be between 0 and the layer's {shape.c} channels, got {concat}"
-    if p not in (Precision.INT8, Precision.FP16):
-        return f"two inputs are for int8 and fp16, not {p.value}"
-    if (shape.r, shape.s, shape.pad, shape.dilation) != (1, 1, (0, 0), (1, 1)):
-        return "two inputs are for 1x1 layers without padding or dilation"
+    concat = shape.concat
+    if not concat:
+        return None
+    probs = shape.problems(p)
+    if probs:
+        return "; ".join(why for _, why in probs)
     sched = with_defaults(p, schedule)
-    for knob, want in (("TMA", 0), ("FOLD_TAPS", 0), ("DUP_AWARE", 0), ("LAYOUT", "nhwc")):
+    for knob, want in CONCAT_KNOBS.items():
         if sched.get(knob, want) != want:
             return f"two inputs need {knob}={want}"
     per_stage = int(sched["CHUNK"]) * instruction_shape(p, sm).k  # conv.cu: BKC
@@ -508,6 +511,9 @@ def structural_validity(shape: ConvShape, precision: Precision, target: Target,
     cv = channel_vector(p)
     if not (shape.n % NHWCNC_BATCH_BLOCK == 0 and shape.c % cv == 0 and shape.k % cv == 0):
         ok &= nhwc
+    # Two inputs (concat_problems): the cp.async / register-staged loads of NHWC rows.
+    if shape.concat:
+        ok &= (tma_knob == 0) & ~fold & dup0 & nhwc
     return ok
 
 
@@ -519,6 +525,9 @@ def validity(shape: ConvShape, precision: Precision, target: Target,
     p = Precision(precision)
     g = geometry(shape, p, target, cols)
     ok = structural_validity(shape, p, target, cols)
+    # Two inputs: each stage holds channels of one input (x1's fill whole stages).
+    if shape.concat:
+        ok &= shape.concat % (np.asarray(cols["CHUNK"]) * instruction_shape(p, target.sm).k) == 0
     # Registers: a schedule whose accumulators and fragments do not fit under the cap spills
     # them, and the build treats spills as errors (ptxas --warn-on-spills -Werror): local-
     # memory traffic in the inner loop is never a schedule worth measuring.

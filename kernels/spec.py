@@ -15,7 +15,7 @@ from enum import StrEnum
 from typing import Any
 
 _KEY_RE = re.compile(r"n(\d+)_h(\d+)_w(\d+)_c(\d+)_k(\d+)_r(\d+)_s(\d+)_st(\d+)x(\d+)"
-                     r"_p(\d+)x(\d+)_d(\d+)x(\d+)")
+                     r"_p(\d+)x(\d+)_d(\d+)x(\d+)(?:_cat(\d+))?")
 
 
 class Precision(StrEnum):
@@ -176,7 +176,13 @@ def _pair(v: Any) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class ConvShape:
-    """A 2-D convolution layer, NHWC activations and KRSC weights, groups=1."""
+    """A 2-D convolution layer, NHWC activations and KRSC weights, groups=1.
+
+    `concat` > 0: a 1x1 unpadded layer over two inputs concatenated along the channels, the
+    first `concat` of the c channels from x1 ([N][P][Q][concat], at the output's resolution)
+    and the rest from x, read at the stride (a ResNet bottleneck's last conv and its
+    projection shortcut as one GEMM). Its key ends in `_cat{concat}`; 0 changes nothing.
+    """
 
     n: int
     h: int
@@ -189,6 +195,7 @@ class ConvShape:
     pad: tuple[int, int] = (0, 0)
     dilation: tuple[int, int] = (1, 1)
     groups: int = 1
+    concat: int = 0
 
     def __post_init__(self) -> None:
         for name in ("stride", "pad", "dilation"):
@@ -225,7 +232,8 @@ class ConvShape:
 
     def tensor_elements(self) -> dict[str, int]:
         return {
-            "input": self.n * self.h * self.w * self.c,
+            "input": self.n * self.h * self.w * (self.c - self.concat)
+            + self.n * self.p * self.q * self.concat,
             "weight": self.k * self.r * self.s * self.c,
             "output": self.n * self.p * self.q * self.k,
         }
@@ -242,6 +250,7 @@ class ConvShape:
             f"n{self.n}_h{self.h}_w{self.w}_c{self.c}_k{self.k}_r{self.r}_s{self.s}"
             f"_st{self.stride[0]}x{self.stride[1]}_p{self.pad[0]}x{self.pad[1]}"
             f"_d{self.dilation[0]}x{self.dilation[1]}"
+            + (f"_cat{self.concat}" if self.concat else "")
         )
 
     @classmethod
@@ -250,8 +259,9 @@ class ConvShape:
         m = _KEY_RE.fullmatch(key)
         if m is None:
             raise ValueError(f"not a layer key: {key!r}")
-        v = [int(x) for x in m.groups()]
-        return cls(*v[:7], stride=(v[7], v[8]), pad=(v[9], v[10]), dilation=(v[11], v[12]))
+        v = [int(x) for x in m.groups() if x is not None]
+        return cls(*v[:7], stride=(v[7], v[8]), pad=(v[9], v[10]), dilation=(v[11], v[12]),
+                   concat=v[13] if len(v) > 13 else 0)
 
     def short_hash(self) -> str:
         return hashlib.sha256(self.key().encode()).hexdigest()[:10]
@@ -261,6 +271,7 @@ class ConvShape:
             "n": self.n, "h": self.h, "w": self.w, "c": self.c, "k": self.k,
             "r": self.r, "s": self.s,
             "stride": list(self.stride), "pad": list(self.pad), "dilation": list(self.dilation),
+            **({"concat": self.concat} if self.concat else {}),
         }
 
     @classmethod
@@ -269,7 +280,7 @@ class ConvShape:
             n=int(d["n"]), h=int(d["h"]), w=int(d["w"]), c=int(d["c"]), k=int(d["k"]),
             r=int(d["r"]), s=int(d["s"]),
             stride=_pair(d.get("stride", (1, 1))), pad=_pair(d.get("pad", (0, 0))),
-            dilation=_pair(d.get("dilation", (1, 1))),
+            dilation=_pair(d.get("dilation", (1, 1))), concat=int(d.get("concat", 0)),
         )
 
     def problems(self, precision: Precision | None = None,
@@ -292,6 +303,16 @@ class ConvShape:
                     break
         if self.groups != 1:
             out.append(("groups", "only groups=1 is supported"))
+        if self.concat:
+            if not 0 < self.concat < self.c:
+                out.append(("concat", f"must be between 0 and c ({self.c}), got {self.concat}"))
+            elif (self.r, self.s, self.pad, self.dilation) != (1, 1, (0, 0), (1, 1)):
+                out.append(("concat", "two inputs are for 1x1 layers without padding or "
+                                      "dilation"))
+            elif precision is not None and Precision(precision) not in (Precision.INT8,
+                                                                        Precision.FP16):
+                out.append(("concat", f"two inputs are for int8 and fp16, not "
+                                      f"{Precision(precision).value}"))
         if out:
             return out
         if self.p < 1 or self.q < 1:

@@ -49,6 +49,12 @@ Batch = Annotated[StrictInt, documented(1, MAX_BATCH)]
 Spatial = Annotated[StrictInt, documented(1, MAX_SPATIAL)]
 Channels = Annotated[StrictInt, documented(1, MAX_CHANNELS)]
 Filter = Annotated[StrictInt, documented(1, MAX_FILTER)]
+# Two inputs (ConvShape.concat): the first `concat` of c channels from a second input at the
+# output's resolution; 0 (the default) for one.
+Concat = Annotated[StrictInt, Field(
+    description="1x1 layers over two inputs: the first input's channels, at the output's "
+                "resolution; 0: one input", json_schema_extra={"minimum": 0,
+                                                              "maximum": MAX_CHANNELS})]
 # One int for both axes, or [vertical, horizontal].
 Pair = Annotated[list[StrictInt], Field(min_length=2, max_length=2), BeforeValidator(_as_pair)]
 Stride = Annotated[Pair, _pair_schema(1, MAX_STRIDE)]
@@ -106,6 +112,7 @@ class ShapeIn(BaseModel):
     stride: Stride = [1, 1]
     pad: Padding = [0, 0]
     dilation: Dilation = [1, 1]
+    concat: Concat = 0
 
     def to_shape(self) -> ConvShape:
         return ConvShape.from_dict(self.model_dump())

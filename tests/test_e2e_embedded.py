@@ -79,3 +79,30 @@ def test_job_survives_sigkill_of_the_service(make_service: Callable[..., Service
     assert len(hashes) == 64, "the budget is measured exactly"
     assert len(set(hashes)) == 64, "no schedule measured twice"
     assert httpx.get(f"{svc.url}/schedule", params=QUERY).status_code == 200
+
+
+def test_a_layer_over_two_inputs_tunes_within_its_rules(
+        make_service: Callable[..., Service]) -> None:
+    """A bottleneck's last conv and projection as one layer (shape.concat): the service's
+    search proposes only schedules that layer can run (kernels.space.concat_problems), and
+    GET /schedule serves its best by the same shape."""
+    from kernels.space import concat_problems
+    from kernels.spec import ConvShape, Precision, get_target
+
+    shape = {"n": 8, "h": 56, "w": 56, "c": 384, "k": 512, "r": 1, "s": 1, "stride": 2,
+             "concat": 128}
+    svc = make_service().start()
+    resp = httpx.post(f"{svc.url}/tune", json={"shape": shape, "precision": "fp16",
+                                               "target": "h100", "trials": 32},
+                      headers=svc.headers)
+    assert resp.status_code == 202, resp.text
+    state = _wait(svc.url, resp.json()["job_id"], lambda s: s["status"] == "done")
+    assert state["trials_done"] == 32
+    layer = ConvShape.from_dict(shape)
+    sm = get_target("h100").sm
+    for m in state["measurements"]:
+        assert concat_problems(layer, Precision.FP16, sm, m["schedule"]) is None, m["schedule"]
+    got = httpx.get(f"{svc.url}/schedule", params={**shape, "stride": 2, "precision": "fp16",
+                                                   "target": "h100"})
+    assert got.status_code == 200, got.text
+    assert got.json()["task_key"].startswith(layer.key() + "|")

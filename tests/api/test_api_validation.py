@@ -12,6 +12,9 @@ from store.db import session_scope
 from store.models import Candidate, Job, Measurement, Task
 
 STAGE2 = {"n": 8, "h": 56, "w": 56, "c": 64, "k": 64, "r": 3, "s": 3, "pad": [1, 1]}
+# ResNet-50 layer2's last conv (128 channels at 28x28) and its projection (256 at 56x56, /2)
+BOTTLENECK = {"n": 8, "h": 56, "w": 56, "c": 384, "k": 512, "r": 1, "s": 1, "stride": 2,
+              "pad": 0}
 
 
 
@@ -55,6 +58,14 @@ BAD_BODIES = [
     ("unknown field", body(priority=1), ("body", "priority"), "not permitted"),
     ("missing field", {"shape": STAGE2, "target": "h200"}, ("body", "precision"), "required"),
     ("missing shape field", body(shape={"k": None}), ("body", "shape", "k"), "integer"),
+    ("two inputs on a 3x3 layer", body(shape={"concat": 32}), ("body", "shape", "concat"),
+     "1x1"),
+    ("two inputs with every channel in x1", body(shape={**BOTTLENECK, "concat": 384}),
+     ("body", "shape", "concat"), "between 0 and c"),
+    ("two inputs in int4", body(precision="int4", shape={**BOTTLENECK, "concat": 128}),
+     ("body", "shape", "concat"), "int8 and fp16"),
+    ("negative concat", body(shape={**BOTTLENECK, "concat": -1}), ("body", "shape", "concat"),
+     "between 0 and c"),
 ]
 
 
@@ -87,6 +98,8 @@ BAD_QUERIES = [
     ("target=v100", ("query", "target")),
     ("precision=int2", ("query", "precision")),
     ("n=0", ("query", "n")),
+    ("concat=16", ("query", "concat")),  # a 3x3 layer
+    ("concat=x", ("query", "concat")),
 ]
 
 
@@ -137,3 +150,19 @@ def test_stride_pad_dilation_defaults_and_scalars(api: tuple[TestClient, str]) -
     resp = client.post("/tune", json=body(shape={**shape, "pad": 1}))
     assert resp.status_code == 202
     assert resp.json()["task_key"].startswith("n8_h56_w56_c64_k64_r3_s3_st1x1_p1x1_d1x1")
+
+
+def test_a_layer_over_two_inputs_is_a_task_of_its_own(api: tuple[TestClient, str]) -> None:
+    """concat makes a task apart from the one-input layer of the same channels, and
+    GET /schedule finds it by the same field."""
+    client, _ = api
+    one = client.post("/tune", json=body(shape=BOTTLENECK))
+    two = client.post("/tune", json=body(shape={**BOTTLENECK, "concat": 128}))
+    assert one.status_code == two.status_code == 202
+    assert two.json()["task_key"].startswith("n8_h56_w56_c384_k512_r1_s1_st2x2_p0x0_d1x1_cat128|")
+    assert one.json()["task_key"] != two.json()["task_key"]
+    params = dict(n=8, h=56, w=56, c=384, k=512, r=1, s=1, stride=2, concat=128,
+                  precision="int8", target="h200")
+    resp = client.get("/schedule", params=params)
+    assert resp.status_code == 404 and resp.json()["running"] is True
+    assert client.get(f"/jobs/{two.json()['job_id']}").json()["task"]["shape"]["concat"] == 128

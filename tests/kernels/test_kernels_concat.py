@@ -1,8 +1,8 @@
-"""A 1x1 layer over two inputs concatenated along the channels (`concat`, conv.cu: CAT) on a
-CPU: where it applies (kernels.space.concat_problems and the kernel's static_assert agree),
-its builds for sm_75 / sm_80 / sm_90 with the Tensor Core instructions they should hold, the
-runtime's contract for x1, and the reference's split of a concatenated input. The GPU checks
-are in test_runtime.py (`on_gpu`) and bench/concat_check.py."""
+"""A 1x1 layer over two inputs concatenated along the channels (ConvShape.concat, conv.cu: CAT)
+on a CPU: where it applies (the shape's problems, kernels.space's rules and the kernel's
+static_assert agree), its builds for sm_75 / sm_80 / sm_90 with the Tensor Core instructions
+they should hold, the runtime's contract for x1, and the reference's problems of such layers.
+The GPU checks are in test_runtime.py (`on_gpu`) and bench/concat_check.py."""
 
 from __future__ import annotations
 
@@ -13,15 +13,15 @@ import pytest
 
 from kernels import reference as ref
 from kernels.build import BuildJob, Epilogue, build, defines
-from kernels.runtime import Conv2d
+from kernels.runtime import Conv2d, DefaultScheduleWarning
 from kernels.sass import cuobjdump_path
-from kernels.space import concat_problems
-from kernels.spec import ConvShape, Precision
+from kernels.space import ScheduleSpace, concat_problems
+from kernels.spec import ConvShape, Precision, get_target
 from tests.kernels.builds import assert_mma_and_copy, sass_of
 from tests.kernels.test_runtime import FakeCupy
 
 # ResNet-50 layer2's last conv (128 channels at 28x28) and its projection (256 at 56x56, /2)
-BOTTLENECK = ConvShape(8, 56, 56, 384, 512, 1, 1, stride=2)
+BOTTLENECK = ConvShape(8, 56, 56, 384, 512, 1, 1, stride=2, concat=128)
 WG = dict(BLK_ROW_WARPS=1, BLK_COL_WARPS=1, WARP_ROW_TILES=2, WARP_COL_TILES=2, CHUNK=2,
           REORDER_INNER=0, DUP_AWARE=0, PACK_OUT=1, LAYOUT="nhwc", STAGES=4, SPLIT_K=1,
           MMA="wgmma")
@@ -33,34 +33,62 @@ def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("concat")
 
 
+def with_concat(shape: ConvShape, concat: int) -> ConvShape:
+    return ConvShape.from_dict({**shape.to_dict(), "concat": concat})
+
+
 def test_where_two_inputs_apply() -> None:
-    assert concat_problems(BOTTLENECK, Precision.INT8, 90, WG, 128) is None
-    assert concat_problems(BOTTLENECK, Precision.FP16, 80, SYNC, 128) is None
+    assert concat_problems(BOTTLENECK, Precision.INT8, 90, WG) is None
+    assert concat_problems(BOTTLENECK, Precision.FP16, 80, SYNC) is None
+    assert BOTTLENECK.key().endswith("_cat128")
+    assert ConvShape.from_key(BOTTLENECK.key()) == BOTTLENECK
+    assert ConvShape.from_dict(BOTTLENECK.to_dict()) == BOTTLENECK
+    assert "concat" not in with_concat(BOTTLENECK, 0).to_dict()  # one input: as before
+    # the layer itself
+    for concat in (384, 400):
+        assert [f for f, _ in with_concat(BOTTLENECK, concat).problems()] == ["concat"]
+    three = ConvShape(8, 28, 28, 384, 512, 3, 3, pad=1, concat=128)
+    assert "1x1" in three.problems()[0][1]
+    assert "int8 and fp16" in BOTTLENECK.problems(Precision.INT4)[0][1]
+    # its schedules
     cases = [
-        (BOTTLENECK, "int8", WG, 0, "between 0 and"),
-        (BOTTLENECK, "int8", WG, 384, "between 0 and"),
-        (BOTTLENECK, "int4", {**WG, "MMA": "sync"}, 128, "int8 and fp16"),
-        (ConvShape(8, 28, 28, 384, 512, 3, 3, pad=1), "int8", WG, 128, "1x1"),
-        (BOTTLENECK, "int8", {**WG, "TMA": 1}, 128, "TMA=0"),
-        (BOTTLENECK, "int8", {**SYNC, "DUP_AWARE": 1}, 128, "DUP_AWARE=0"),
-        (BOTTLENECK, "int8", {**SYNC, "LAYOUT": "nhwcnc"}, 128, "LAYOUT=nhwc"),
+        ({**WG, "TMA": 1}, 128, "TMA=0"),
+        ({**SYNC, "DUP_AWARE": 1}, 128, "DUP_AWARE=0"),
+        ({**SYNC, "LAYOUT": "nhwcnc"}, 128, "LAYOUT=nhwc"),
         # int8 CHUNK 4: stages of 128 channels; x1's 64 would share one with x's
-        (BOTTLENECK, "int8", {**WG, "CHUNK": 4}, 64, "whole stages of 128"),
+        ({**WG, "CHUNK": 4}, 64, "whole stages of 128"),
     ]
-    for shape, p, sched, concat, why in cases:
-        got = concat_problems(shape, Precision(p), 90, sched, concat)
-        assert got is not None and why in got, (p, sched, concat, got)
+    for sched, concat, why in cases:
+        got = concat_problems(with_concat(BOTTLENECK, concat), Precision.INT8, 90, sched)
+        assert got is not None and why in got, (sched, concat, got)
     # sm_75's int8 instruction is k16: CHUNK 2 stages hold 32 channels there
-    assert concat_problems(BOTTLENECK, Precision.INT8, 75, {**SYNC, "STAGES": 1}, 32) is None
-    assert concat_problems(BOTTLENECK, Precision.INT8, 80, SYNC, 32) is not None
+    assert concat_problems(with_concat(BOTTLENECK, 32), Precision.INT8, 75,
+                           {**SYNC, "STAGES": 1}) is None
+    assert concat_problems(with_concat(BOTTLENECK, 32), Precision.INT8, 80, SYNC) is not None
+    assert concat_problems(with_concat(BOTTLENECK, 0), Precision.INT8, 90,
+                           {**WG, "TMA": 1}) is None
+
+
+def test_the_space_holds_only_schedules_two_inputs_can_run() -> None:
+    """The search's space of such a layer is what concat_problems admits."""
+    for p in (Precision.INT8, Precision.FP16):
+        space = ScheduleSpace(BOTTLENECK, p, get_target("h100"))
+        idx = space.valid_indices
+        assert idx.size > 100
+        rng = np.random.default_rng(0)
+        for i in rng.choice(idx, 200, replace=False):
+            assert concat_problems(BOTTLENECK, p, 90, space.schedule_at(int(i))) is None
+        plain = ScheduleSpace(with_concat(BOTTLENECK, 0), p, get_target("h100"))
+        assert plain.valid_indices.size > idx.size  # TMA and the rest are its own
 
 
 def test_the_build_refuses_what_the_rule_refuses(cache: Path) -> None:
-    res = build(BuildJob(BOTTLENECK, Precision.INT8, 90, {**WG, "TMA": 1}, concat=128), cache)
+    res = build(BuildJob(BOTTLENECK, Precision.INT8, 90, {**WG, "TMA": 1}), cache)
     assert res.status == "compile_error" and "TMA=0" in res.log
-    d = defines(BuildJob(BOTTLENECK, Precision.INT8, 90, WG, concat=128))
+    d = defines(BuildJob(BOTTLENECK, Precision.INT8, 90, WG))
     assert d["TC_CAT"] == 128
-    assert "TC_CAT" not in defines(BuildJob(BOTTLENECK, Precision.INT8, 90, WG))
+    plain = with_concat(BOTTLENECK, 0)
+    assert "TC_CAT" not in defines(BuildJob(plain, Precision.INT8, 90, WG))
 
 
 @pytest.mark.skipif(cuobjdump_path() is None, reason="cuobjdump not installed")
@@ -75,19 +103,19 @@ def test_two_input_builds_hold_the_intended_instructions(precision: str, sm: int
                                                          schedule: dict, mma: str, copy: str,
                                                          cache: Path) -> None:
     assert_mma_and_copy(sass_of(BuildJob(BOTTLENECK, Precision(precision), sm, schedule,
-                                         Epilogue(relu=True), concat=128), cache), mma, copy)
+                                         Epilogue(relu=True)), cache), mma, copy)
 
 
 def test_fp16_two_input_builds_compile_for_sm75(cache: Path) -> None:
     """(fp16's register-staged sm_75 builds keep a local array with one input as with two;
     the SASS check above takes int8 there.)"""
     res = build(BuildJob(BOTTLENECK, Precision.FP16, 75, {**SYNC, "STAGES": 1},
-                         Epilogue(relu=True), concat=128), cache)
+                         Epilogue(relu=True)), cache)
     assert res.status == "ok", res.log[-500:]
 
 
 def test_runtime_contract_of_the_second_input(cache: Path) -> None:
-    op = Conv2d(BOTTLENECK, "int8", WG, "h100", relu=True, concat=128, cache_dir=cache)
+    op = Conv2d(BOTTLENECK, "int8", WG, "h100", relu=True, cache_dir=cache)
     assert op.input_shape == (8, 56, 56, 256) and op.weight_shape == (512, 1, 1, 384)
     assert op.specs["x1"].shapes == ((8, 28, 28, 128),)
     x, w = FakeCupy(op.input_shape, "int8"), FakeCupy(op.weight_shape, "int8")
@@ -97,23 +125,29 @@ def test_runtime_contract_of_the_second_input(cache: Path) -> None:
     with pytest.raises(ValueError, match=r"x1 must have shape \(8, 28, 28, 128\)"):
         op.validate(x, w, s, b, x1=FakeCupy((8, 56, 56, 128), "int8"))
     assert op.validate(x, w, s, b, x1=FakeCupy((8, 28, 28, 128), "int8")) == ("cupy", 0)
-    one = Conv2d(BOTTLENECK, "int8", WG, "h100", cache_dir=cache)
+    one = Conv2d(with_concat(BOTTLENECK, 0), "int8", WG, "h100", cache_dir=cache)
     with pytest.raises(ValueError, match="one input"):
         one.validate(FakeCupy(one.input_shape, "int8"), FakeCupy(one.weight_shape, "int8"),
                      s, b, x1=FakeCupy((8, 28, 28, 128), "int8"))
     with pytest.raises(ValueError, match="TMA=0"):
-        Conv2d(BOTTLENECK, "int8", {**WG, "TMA": 1}, "h100", concat=128, cache_dir=cache)
-    with pytest.raises(ValueError, match="needs a schedule"):
-        Conv2d(BOTTLENECK, "int8", None, "h100", concat=128, cache_dir=cache)
+        Conv2d(BOTTLENECK, "int8", {**WG, "TMA": 1}, "h100", cache_dir=cache)
+    with pytest.warns(DefaultScheduleWarning):  # a default valid for two inputs
+        default = Conv2d(BOTTLENECK, "fp16", None, "h100", cache_dir=cache)
+    assert concat_problems(BOTTLENECK, Precision.FP16, 90, default.schedule) is None
 
 
-def test_the_reference_splits_a_concatenated_input() -> None:
-    shape = ConvShape(2, 9, 11, 96, 40, 1, 1, stride=2)
+def test_the_reference_problem_of_two_inputs() -> None:
+    """make_problem gives x1 and x whose concatenation at the output's pixels is the
+    one-input equivalent's input, with the equivalent's accumulators."""
+    shape = ConvShape(2, 9, 11, 96, 40, 1, 1, stride=2, concat=32)
     eq = ref.concat_equivalent(shape)
-    assert (eq.h, eq.w, eq.c, eq.stride) == (shape.p, shape.q, 96, (1, 1))
-    prob = ref.make_problem(eq, Precision.INT8, 1)
-    x1, x = ref.split_concat(prob.x, shape, 32, 5)
-    assert x1.shape == (2, 5, 6, 32) and x.shape == (2, 9, 11, 64)
-    assert np.array_equal(np.concatenate([x1, x[:, ::2, ::2]], axis=-1), prob.x)
+    assert (eq.h, eq.w, eq.c, eq.stride, eq.concat) == (shape.p, shape.q, 96, (1, 1), 0)
+    prob = ref.make_problem(shape, Precision.INT8, 1)
+    want = ref.make_problem(eq, Precision.INT8, 1)
+    assert prob.x1 is not None and prob.x1.shape == (2, 5, 6, 32) and prob.x.shape == (2, 9, 11, 64)
+    assert np.array_equal(np.concatenate([prob.x1, prob.x[:, ::2, ::2]], axis=-1), want.x)
+    assert np.array_equal(prob.acc, want.acc)
     # the pixels between the strided ones hold values too: a kernel reading them is caught
-    assert np.count_nonzero(x[:, 1::2]) > 0
+    assert np.count_nonzero(prob.x[:, 1::2]) > 0
+    xb, wb = prob.device_inputs("nhwc", 96)
+    assert xb.size == 2 * 9 * 11 * 64 and prob.device_x1().size == 2 * 5 * 6 * 32

@@ -485,18 +485,17 @@ def device_cases() -> dict[str, Conv2d]:
             # two inputs (concat): x1's channels, then x's at the layer's stride (wgmma and
             # mma.sync; tails of M and K; split-K; the persistent grid; padded channels)
             "concat_int8_wgmma_stride2": Conv2d(
-                ConvShape(2, 9, 11, 160, 40, 1, 1, stride=2), "int8", wg, "h100", relu=True,
-                concat=64),
+                ConvShape(2, 9, 11, 160, 40, 1, 1, stride=2, concat=64), "int8", wg, "h100",
+                relu=True),
             "concat_fp16_wgmma_persist": Conv2d(
-                ConvShape(8, 14, 14, 96, 64, 1, 1), "fp16", {**wg, "PERSIST": 2}, "h100",
-                relu=True, concat=32),
+                ConvShape(8, 14, 14, 96, 64, 1, 1, concat=32), "fp16", {**wg, "PERSIST": 2},
+                "h100", relu=True),
             "concat_int8_sync_split_k_padded": Conv2d(
-                ConvShape(3, 9, 11, 72, 24, 1, 1, stride=2), "int8",
-                {**wg, "MMA": "sync", "CHUNK": 1, "SPLIT_K": 2, "STAGES": 2}, "h100",
-                concat=32),
+                ConvShape(3, 9, 11, 72, 24, 1, 1, stride=2, concat=32), "int8",
+                {**wg, "MMA": "sync", "CHUNK": 1, "SPLIT_K": 2, "STAGES": 2}, "h100"),
             "concat_fp16_sync_stride2": Conv2d(
-                ConvShape(8, 28, 28, 192, 128, 1, 1, stride=2), "fp16",
-                {**wg, "MMA": "sync", "BLK_COL_WARPS": 2, "STAGES": 3}, "h100", concat=64),
+                ConvShape(8, 28, 28, 192, 128, 1, 1, stride=2, concat=64), "fp16",
+                {**wg, "MMA": "sync", "BLK_COL_WARPS": 2, "STAGES": 3}, "h100"),
             # programmatic dependent launch: each op feeds the next (C = K), plain and PDL
             **{f"chain_{name}{'_pdl' if pdl else ''}": Conv2d(
                 CHAIN, "int8", sched, "h100", relu=True, pdl=pdl)
@@ -647,10 +646,11 @@ def test_on_gpu_two_inputs_equal_the_reference_of_their_concatenation(
 
     op = cases[name]
     for seed in (1, 2):
-        prob = ref.make_problem(ref.concat_equivalent(op.shape), op.precision, seed)
-        x1, x = ref.split_concat(prob.x, op.shape, op.concat, seed)
-        x, w = ref.pad_channels(x, op.input_shape[-1]), ref.pad_channels(prob.w,
-                                                                         op.padded_channels)
+        prob = ref.make_problem(op.shape, op.precision, seed)
+        x1 = prob.x1
+        assert x1 is not None
+        x, w = ref.pad_channels(prob.x, op.input_shape[-1]), ref.pad_channels(prob.w,
+                                                                              op.padded_channels)
         want = prob.expected(op.epilogue.mode, op.epilogue.relu)
         host = (x, w, prob.scale if op.needs_scale else None, prob.bias)
         y = op(*(None if a is None else cupy.asarray(a) for a in host), x1=cupy.asarray(x1))
