@@ -267,3 +267,41 @@ def test_on_gpu_kernels_agree_with_float32_and_the_reference(precision: str,
                 assert torch.equal(logits(opt, x.cuda()).cpu(), got)
             finally:
                 opt.set_backend("cuda")
+
+
+@on_gpu
+@pytest.mark.parametrize("precision", ["fp16", "int8"])
+def test_on_gpu_a_bottleneck_with_its_projection_as_one_layer(precision: str,
+                                                              tmp_path: Path) -> None:
+    """The last conv and the projection as one kernel over two inputs (a record of that
+    layer given): the kernel's output equals the reference executor's (int8 bit for bit),
+    and the block's output agrees with the float32 block."""
+    from bench.nets import Bottleneck, randomize_bn
+    from tests.deploy.test_deploy_graph import CONCAT_SCHEDULE, _concat_records
+
+    torch.manual_seed(11)
+    m = randomize_bn(Bottleneck(64, 32, stride=2)).eval()
+    x = torch.randn(2, 64, 10, 10)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DefaultScheduleWarning)
+        opt = optimize(m.cuda(), x.cuda(), precision, "h100", backend="cuda",
+                       cache_dir=tmp_path,
+                       schedules=_concat_records(x, precision, CONCAT_SCHEDULE))
+    layer = {mod.layer.name: mod for mod in opt.modules_of(FusedConv)}["conv3"]
+    assert layer.concat == 32
+    seen: list[tuple[tuple[torch.Tensor, ...], torch.Tensor]] = []
+    h = layer.register_forward_hook(lambda mod, a, o: seen.append((a, o)))
+    try:
+        got = opt(x.cuda().contiguous(memory_format=torch.channels_last)).cpu()
+    finally:
+        h.remove()
+    ((args, out),) = seen
+    with torch.no_grad():
+        expect = layer.reference(*args)
+        want = m.cpu()(x)
+    if precision == "int8":
+        assert torch.equal(out, expect)
+        assert cosine(got, want) >= 0.99
+    else:
+        assert rel_l2(out.float().cpu(), expect.float().cpu()) <= 1e-3
+        assert rel_l2(got, want) <= 1e-2

@@ -64,3 +64,27 @@ def test_the_measuring_child_runs_one_thread_per_pool(monkeypatch: pytest.Monkey
     env = child_env()
     assert env["OMP_NUM_THREADS"] == "3"
     assert env["OPENBLAS_NUM_THREADS"] == "1" and env["MKL_NUM_THREADS"] == "1"
+
+
+@pytest.mark.gpu
+def test_runner_checks_and_times_a_layer_over_two_inputs(tmp_path: object) -> None:
+    """The service's measuring child gives a layer over two inputs (ConvShape.concat) its x1:
+    a right schedule checks ok and is timed, the baseline is the two cuDNN layers."""
+    from kernels.build import BuildJob, build
+    from kernels.spec import ConvShape, Precision
+
+    shape = ConvShape(8, 28, 28, 384, 256, 1, 1, stride=2, concat=128)
+    sched = dict(BLK_ROW_WARPS=1, BLK_COL_WARPS=1, WARP_ROW_TILES=1, WARP_COL_TILES=2,
+                 CHUNK=2, REORDER_INNER=0, DUP_AWARE=0, PACK_OUT=1, LAYOUT="nhwc", STAGES=4,
+                 SPLIT_K=1, MMA="wgmma")
+    r = Runner(device=0)
+    try:
+        for p in (Precision.INT8, Precision.FP16):
+            res = build(BuildJob(shape, p, 90, sched), str(tmp_path))
+            assert res.status == "ok", res.log[-500:]
+            m = r.measure(str(tmp_path), res.key)
+            assert m["status"] == "ok" and m["median_us"] > 0, m
+        base = r.baseline(shape, "fp16")
+        assert base["status"] == "ok" and base["median_us"] > 0, base
+    finally:
+        r.close()
