@@ -69,7 +69,8 @@ def test_the_measuring_child_runs_one_thread_per_pool(monkeypatch: pytest.Monkey
 @pytest.mark.gpu
 def test_runner_checks_and_times_a_layer_over_two_inputs(tmp_path: object) -> None:
     """The service's measuring child gives a layer over two inputs (ConvShape.concat) its x1:
-    a right schedule checks ok and is timed, the baseline is the two cuDNN layers."""
+    a right schedule checks ok and is timed; its cuDNN baseline is the two layers it
+    replaces."""
     from kernels.build import BuildJob, build
     from kernels.spec import ConvShape, Precision
 
@@ -84,7 +85,14 @@ def test_runner_checks_and_times_a_layer_over_two_inputs(tmp_path: object) -> No
             assert res.status == "ok", res.log[-500:]
             m = r.measure(str(tmp_path), res.key)
             assert m["status"] == "ok" and m["median_us"] > 0, m
-        base = r.baseline(shape, "fp16")
-        assert base["status"] == "ok" and base["median_us"] > 0, base
     finally:
         r.close()
+    import torch
+
+    from kernels.cudnn import cudnn_baseline
+
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    parts = [cudnn_baseline(ConvShape(8, 14, 14, 128, 256, 1, 1), "fp16", l2),
+             cudnn_baseline(ConvShape(8, 28, 28, 256, 256, 1, 1, stride=2), "fp16", l2)]
+    both = cudnn_baseline(shape, "fp16", l2)
+    assert 0.8 < both.median_us / sum(t.median_us for t in parts) < 1.25  # run to run
