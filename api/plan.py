@@ -7,7 +7,9 @@ A model is a JSON file (`tctune plan model.json`):
 
 (each layer may override precision/target), or a PyTorch module (`tctune plan
 torchvision:resnet50 --input-shape 8,3,224,224` or `module.path:factory`), built here with
-random weights and traced once for its Conv2d layers with `conv_layers()`.
+random weights and traced once for its Conv2d layers with `conv_layers()`, and for the layers
+over two inputs that deploy.optimize merges a ResNet bottleneck's last conv and projection
+shortcut into with `two_input_layers()`.
 """
 
 from __future__ import annotations
@@ -134,7 +136,7 @@ def load_module_model(spec: str, input_shape: tuple[int, ...], precision: str,
     if not found:
         raise ValueError(f"{spec} has no Conv2d layer with groups=1")
     return [Layer(f["name"], ConvShape.from_dict(f["shape"]), precision, target)
-            for f in found]
+            for f in found + two_input_layers(module, found)]
 
 
 def conv_layers(module: Any, example_input: Any) -> list[dict[str, Any]]:
@@ -161,6 +163,66 @@ def conv_layers(module: Any, example_input: Any) -> list[dict[str, Any]]:
         for h in hooks:
             h.remove()
     return found
+
+
+def _conv_1x1(module: Any, node: Any) -> Any:
+    """The node's nn.Conv2d if it is a plain 1x1 one (ungrouped, unpadded, undilated)."""
+    import torch
+
+    if node.op != "call_module":
+        return None
+    m = module.get_submodule(str(node.target))
+    if not (isinstance(m, torch.nn.Conv2d) and m.kernel_size == (1, 1) and m.groups == 1
+            and m.dilation == (1, 1) and m.padding in ((0, 0), "valid")
+            and m.padding_mode == "zeros"):
+        return None
+    return m
+
+
+def two_input_layers(module: Any, found: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The layers over two inputs (ConvShape.concat) of a module: each add of a 1x1
+    stride-1 conv's output and another 1x1 conv's (each through at most one BatchNorm2d, the
+    add's only users) is one GEMM over both convs' inputs, as deploy.optimize runs a ResNet
+    bottleneck's last conv and its projection shortcut (deploy.graph.projection_of says
+    when). `found`: conv_layers' entries of the module, for the shapes."""
+    import operator
+
+    import torch
+    from torch import fx
+
+    try:
+        gm = fx.symbolic_trace(module)
+    except Exception:  # noqa: BLE001 - an untraceable model has no such layers for deploy
+        return []
+    shapes = {f["name"]: f["shape"] for f in found}
+
+    def conv_behind(v: Any) -> Any:
+        if v.op == "call_module" and isinstance(module.get_submodule(str(v.target)),
+                                                torch.nn.BatchNorm2d):
+            if len(v.users) != 1 or not isinstance(v.args[0], fx.Node):
+                return None
+            v = v.args[0]
+        return v if len(v.users) == 1 and _conv_1x1(module, v) is not None else None
+
+    out = []
+    for node in gm.graph.nodes:
+        is_add = (node.op == "call_function" and node.target in (operator.add, operator.iadd,
+                                                                  torch.add)) or \
+            (node.op == "call_method" and node.target in ("add", "add_"))
+        if not is_add or len(node.args) != 2 or node.kwargs or \
+                not all(isinstance(a, fx.Node) for a in node.args):
+            continue
+        a, b = (conv_behind(v) for v in node.args)
+        if a is None or b is None:
+            continue
+        for main, proj in ((a, b), (b, a)):
+            ma, mb = _conv_1x1(module, main), _conv_1x1(module, proj)
+            sa, sb = shapes.get(str(main.target)), shapes.get(str(proj.target))
+            if ma.stride == (1, 1) and sa and sb and ma.out_channels == mb.out_channels:
+                out.append({"name": f"{main.target}+{proj.target}", "shape": {
+                    **sb, "c": sa["c"] + sb["c"], "concat": sa["c"]}})
+                break
+    return out
 
 
 @dataclass

@@ -188,3 +188,20 @@ def test_plan_help_explains_models_and_waiting() -> None:
                   "random weights", "--submit / --dry-run", "--wait",
                   "share a task and its job", "best latency and speedup"):
         assert words in text, words
+
+
+def test_a_module_plan_holds_the_layers_over_two_inputs_deploy_merges() -> None:
+    """A bottleneck's last conv and its projection are also planned as one layer over both
+    inputs, under the key deploy.optimize looks its record up by (concat_shape)."""
+    from api.plan import load_module_model
+    from deploy.optimize import concat_shape
+
+    layers = load_module_model("tests.deploy_nets:small_resnet", (2, 3, 32, 32), "int8", "h100")
+    by_name = {la.name: la.shape for la in layers}
+    pairs = [la for la in layers if la.shape.concat]
+    assert [la.name for la in pairs] == ["layer2.0.conv3+layer2.0.downsample.0"]
+    want = concat_shape(by_name["layer2.0.conv3"], by_name["layer2.0.downsample.0"])
+    assert pairs[0].shape == want and want.concat == 32 and want.stride == (2, 2)
+    # BasicBlocks (a 3x3 last conv) and identity shortcuts have none
+    assert not any(la.shape.concat for la in load_module_model(
+        "tests.models:small_resnet", (2, 3, 32, 32), "int8", "h100"))
