@@ -205,10 +205,9 @@ def render(d: dict[str, Any]) -> str:
             rs = [r for r in rows if r["kind"] == "tune" and r["layer"] == name and
                   r["precision"] == p]
             us = [r["us"] for r in rs if r["ok"]]
+            best = f"{min(us):.2f}" if us else "-"
             lines.append(f"| {name} | {shape.key()} | {p} | {len(rs)} | "
-                         f"{sum(not r['ok'] for r in rs)} | "
-                         f"{min(us):.2f} |" if us else f"| {name} | {shape.key()} | {p} | "
-                         f"{len(rs)} | - | - |")
+                         f"{sum(not r['ok'] for r in rs)} | {best} |")
     return "\n".join(lines)
 
 
