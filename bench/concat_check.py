@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.cli import add_table, commands, log, print_table
+from bench.cli import add_table, commands, log, print_table, read_json
 from kernels.build import BuildJob, Epilogue, build_many
 from kernels.space import CONCAT_KNOBS, ScheduleSpace
 from kernels.spec import ConvShape, Precision, get_target, task_key
@@ -177,8 +177,8 @@ def cmd_run(a: argparse.Namespace) -> int:
 
 def cmd_records(a: argparse.Namespace) -> int:
     """The search's best per (layer, precision) of a run's data file, added to --base."""
-    doc = json.loads(Path(a.file).read_text())
-    records: dict[str, Any] = json.loads(Path(a.base).read_text()) if a.base else {}
+    doc = read_json(a.file)
+    records: dict[str, Any] = read_json(a.base) if a.base else {}
     target = get_target(TARGET)
     for r in doc["rows"]:
         if r["kind"] != "tune" or not r["ok"]:

@@ -204,8 +204,8 @@ def _concat_layer(gm: fx.GraphModule, chain: graph.Chain, proj: graph.Chain,
                   cache_dir: str | Path | None) -> FusedConv | None:
     """A bottleneck's last conv and its projection shortcut as one layer over both inputs
     (`concat_shape`), where a record of that layer has a schedule valid for it and is faster
-    than the two layers' records together; None otherwise (each is then a layer of its
-    own)."""
+    than the two layers' records together (fp16: and than its baseline, cuDNN's two
+    layers); None otherwise (each is then a layer of its own)."""
     if proj.conv not in candidates:
         return None
     (shape_a, lp), (shape_b, lp_b) = candidates[chain.conv], candidates[proj.conv]
@@ -217,6 +217,8 @@ def _concat_layer(gm: fx.GraphModule, chain: graph.Chain, proj: graph.Chain,
     if all(r is not None and r.latency_us for r in parts) and rec.latency_us and \
             rec.latency_us >= sum(r.latency_us for r in parts if r is not None):
         return None
+    if planning.keep_for_record(rec, p):  # fp16: slower than cuDNN's two layers
+        return None
     why = schedule_fits(shape, p, tgt, rec.schedule, Epilogue("default", chain.relu is not None))
     if why:
         lp.notes.append(f"not one GEMM with {lp_b.name}: its record's schedule {why}")
@@ -224,7 +226,7 @@ def _concat_layer(gm: fx.GraphModule, chain: graph.Chain, proj: graph.Chain,
     w_a, b_a = fold.fold_conv_bn(*_conv_and_bn(gm, chain))
     w_b, b_b = fold.fold_conv_bn(*_conv_and_bn(gm, proj))
     lp.replaced, lp.schedule, lp.schedule_source = True, dict(rec.schedule), rec.source
-    lp.latency_us, lp.baseline_us, lp.speedup = rec.latency_us, None, None
+    lp.latency_us, lp.baseline_us, lp.speedup = rec.latency_us, rec.baseline_us, rec.speedup
     lp.bn = str(chain.bn.target) if chain.bn is not None else None
     lp.relu, lp.merged = chain.relu is not None, lp_b.name
     lp.notes.append(f"one GEMM with {lp_b.name} over both inputs ({shape.key()})")
