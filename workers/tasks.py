@@ -371,6 +371,7 @@ def measure_chunk(db_url: str, candidate_ids: Sequence[int], backend: Backend, w
     # worker took meanwhile. Between steps the loop renews it and learns what it still
     # holds; during one long step (a measurement that outlasts the lease on a loaded host)
     # the keeper thread renews it.
+    backend.prepare([(i.spec, i.schedule) for i in leased])
     with LeaseKeeper(db_url, [i.cand_id for i in leased], worker, lease_s):
         renew_at = time.monotonic() + lease_s / 2
         baselines = {tid: b for tid, spec in baselines_needed.items()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 
 from kernels.space import ScheduleSpace
 from kernels.spec import RESNET50_3X3, TARGETS, ConvShape, Precision
@@ -146,3 +147,30 @@ def test_the_baselines_stay_within_their_fitted_error() -> None:
     base = SimulatedBackend(TARGETS["h100"]).baseline_us(
         TaskSpec(STAGE2, Precision.INT8, TARGETS["h100"]))
     assert 0.75 * 11.6 <= base <= 1.25 * 11.6
+
+
+def test_a_prepared_chunk_is_one_model_evaluation_with_the_same_numbers(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Backend.prepare models a chunk's schedules at once (a worker's chunk then costs
+    about what one schedule does); each gets the very latency it gets alone."""
+    from workers.backends import simulated
+
+    task = TaskSpec(RESNET50_3X3["stage3"], Precision.FP16, TARGETS["h200"])
+    space = ScheduleSpace(task.shape, task.precision, task.target)
+    picks = np.random.default_rng(3).choice(space.valid_indices, 8, replace=False)
+    scheds = [space.schedule_at(int(i)) for i in picks]
+    backend = SimulatedBackend(task.target)
+    simulated._ROWS.clear()
+    alone = [backend.measure(task, s, backend.build(task, s)).median_us for s in scheds]
+
+    calls = []
+    real = simulated.simulate_latency_us
+    monkeypatch.setattr(simulated, "simulate_latency_us",
+                        lambda *a, **k: (calls.append(1), real(*a, **k))[1])
+    simulated._ROWS.clear()
+    bad = {**scheds[0], "CHUNK": 3}  # not a value of the knob: no model, a compile error
+    backend.prepare([(task, s) for s in scheds] + [(task, scheds[0]), (task, bad)])
+    assert len(calls) == 1
+    together = [backend.measure(task, s, backend.build(task, s)).median_us for s in scheds]
+    assert len(calls) == 1 and together == alone
+    assert backend.build(task, bad).status == "compile_error"

@@ -7,6 +7,7 @@ process and broker boundaries; a failure is a result with a status, never an exc
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
@@ -64,6 +65,12 @@ class Backend(Protocol):
 
     @property
     def gpu_model(self) -> str: ...
+
+    def prepare(self, items: Sequence[tuple[TaskSpec, dict[str, Any]]]) -> None:
+        """Called once with a chunk's (task, schedule) pairs before they are built and
+        measured one by one: work that costs less for all of them at once (the simulated
+        backend's model); nothing for a GPU."""
+        ...
 
     def build(self, task: TaskSpec, schedule: dict[str, Any]) -> BuildOutcome: ...
 

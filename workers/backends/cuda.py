@@ -13,6 +13,7 @@ import importlib.util
 import logging
 import os
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from kernels.build import BuildJob, build
@@ -48,6 +49,9 @@ class CudaBackend:
     def target(self) -> Target | None:
         """The Target of the local GPU, from the driver's device name."""
         return target_for_gpu_model(self.gpu_model)
+
+    def prepare(self, items: Sequence[tuple[TaskSpec, dict[str, Any]]]) -> None:
+        """Nothing to do ahead (Backend.prepare): each build and measurement is its own."""
 
     def build(self, task: TaskSpec, schedule: dict[str, Any]) -> BuildOutcome:
         t0 = time.perf_counter()

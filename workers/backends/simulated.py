@@ -31,7 +31,8 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Mapping
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -237,24 +238,37 @@ def _space_of(task: TaskSpec) -> ScheduleSpace:
     return ScheduleSpace(task.shape, task.precision, task.target)
 
 
-@lru_cache(maxsize=8192)
-def _row_us(task: TaskSpec, schedule: tuple[tuple[str, Any], ...]) -> float | None:
-    """The model's latency of one schedule (None: invalid for the layer). One row at a time
-    (about 0.5 ms): a worker measures few schedules of each task, and a table of the
-    task's whole space cost a second of enumeration and 70 MB per task and process. The
-    model is elementwise, so one row gives the very number a whole-space call would."""
+Row = tuple[tuple[str, Any], ...]  # a schedule as sorted (knob, value) pairs
+_ROWS: OrderedDict[tuple[TaskSpec, Row], float | None] = OrderedDict()  # LRU of modelled rows
+MAX_ROWS = 8192
+
+
+def _model_rows(task: TaskSpec, rows: list[Row]) -> None:
+    """Model these schedules of one task in one evaluation (None: invalid for the layer) into
+    the row cache. A call costs about 0.5 ms of numpy overhead for one row or a chunk's; a
+    table of the task's whole space would cost a second of enumeration and 70 MB per task
+    and process, and a worker measures few schedules of each task. The model is
+    elementwise: a row gets the very number it gets alone or in a whole-space call."""
     space = _space_of(task)
-    cols = space.columns(np.array([space.index_of(dict(schedule))]))
-    if not validity(task.shape, task.precision, task.target, cols)[0]:
-        return None
-    return float(simulate_latency_us(task.shape, task.precision, task.target, cols)[0])
+    cols = space.columns(np.array([space.index_of(dict(r)) for r in rows]))
+    ok = validity(task.shape, task.precision, task.target, cols)
+    us = simulate_latency_us(task.shape, task.precision, task.target, cols)
+    for r, valid, u in zip(rows, ok, us, strict=True):
+        _ROWS[(task, r)] = float(u) if valid else None
+    while len(_ROWS) > MAX_ROWS:
+        _ROWS.popitem(last=False)
 
 
 def _model_us(task: TaskSpec, schedule: Mapping[str, Any]) -> float | None:
     """The modelled latency of a schedule, or None where it is not valid for the layer."""
     if schedule_problems(task.precision, schedule):
         return None
-    return _row_us(task, tuple(sorted(schedule.items())))
+    key = (task, tuple(sorted(schedule.items())))
+    if key not in _ROWS:
+        _model_rows(task, [key[1]])
+    else:
+        _ROWS.move_to_end(key)
+    return _ROWS[key]
 
 
 def simulated_result(task: TaskSpec, schedule: Mapping[str, Any]) -> MeasureOutcome:
@@ -345,6 +359,20 @@ class SimulatedBackend:
     @property
     def gpu_model(self) -> str:
         return f"{self.target.model} (simulated)"
+
+    def prepare(self, items: Sequence[tuple[TaskSpec, dict[str, Any]]]) -> None:
+        """Model a chunk's schedules in one evaluation per task before they are built and
+        measured one by one (Backend.prepare): a chunk costs about what one schedule
+        does."""
+        todo: dict[TaskSpec, list[Row]] = {}
+        for task, schedule in items:
+            row = tuple(sorted(schedule.items()))
+            if not schedule_problems(task.precision, schedule) and (task, row) not in _ROWS \
+                    and row not in todo.setdefault(task, []):
+                todo[task].append(row)
+        for task, rows in todo.items():
+            if rows:
+                _model_rows(task, rows)
 
     def build(self, task: TaskSpec, schedule: dict[str, Any]) -> BuildOutcome:
         if _model_us(task, schedule) is None:
