@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kernels.spec import ConvShape
+from kernels.spec import ConvShape, two_input_shape
 
 
 @dataclass(frozen=True)
@@ -165,26 +165,12 @@ def conv_layers(module: Any, example_input: Any) -> list[dict[str, Any]]:
     return found
 
 
-def _conv_1x1(module: Any, node: Any) -> Any:
-    """The node's nn.Conv2d if it is a plain 1x1 one (ungrouped, unpadded, undilated)."""
-    import torch
-
-    if node.op != "call_module":
-        return None
-    m = module.get_submodule(str(node.target))
-    if not (isinstance(m, torch.nn.Conv2d) and m.kernel_size == (1, 1) and m.groups == 1
-            and m.dilation == (1, 1) and m.padding in ((0, 0), "valid")
-            and m.padding_mode == "zeros"):
-        return None
-    return m
-
-
 def two_input_layers(module: Any, found: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The layers over two inputs (ConvShape.concat) of a module: each add of a 1x1
-    stride-1 conv's output and another 1x1 conv's (each through at most one BatchNorm2d, the
-    add's only users) is one GEMM over both convs' inputs, as deploy.optimize runs a ResNet
-    bottleneck's last conv and its projection shortcut (deploy.graph.projection_of says
-    when). `found`: conv_layers' entries of the module, for the shapes."""
+    """The layers over two inputs (ConvShape.concat) of a module: each add of two convs'
+    outputs (each through at most one BatchNorm2d, the add's only users) whose shapes are
+    one GEMM over both inputs (kernels.spec.two_input_shape: a ResNet bottleneck's last 1x1
+    conv and its projection shortcut), as deploy.optimize runs them. `found`: conv_layers'
+    entries of the module, for the shapes."""
     import operator
 
     import torch
@@ -194,7 +180,7 @@ def two_input_layers(module: Any, found: list[dict[str, Any]]) -> list[dict[str,
         gm = fx.symbolic_trace(module)
     except Exception:  # noqa: BLE001 - an untraceable model has no such layers for deploy
         return []
-    shapes = {f["name"]: f["shape"] for f in found}
+    shapes = {f["name"]: ConvShape.from_dict(f["shape"]) for f in found}
 
     def conv_behind(v: Any) -> Any:
         if v.op == "call_module" and isinstance(module.get_submodule(str(v.target)),
@@ -202,7 +188,8 @@ def two_input_layers(module: Any, found: list[dict[str, Any]]) -> list[dict[str,
             if len(v.users) != 1 or not isinstance(v.args[0], fx.Node):
                 return None
             v = v.args[0]
-        return v if len(v.users) == 1 and _conv_1x1(module, v) is not None else None
+        return v if len(v.users) == 1 and v.op == "call_module" and str(v.target) in shapes \
+            else None
 
     out = []
     for node in gm.graph.nodes:
@@ -215,12 +202,10 @@ def two_input_layers(module: Any, found: list[dict[str, Any]]) -> list[dict[str,
         a, b = (conv_behind(v) for v in node.args)
         if a is None or b is None:
             continue
-        for main, proj in ((a, b), (b, a)):
-            ma, mb = _conv_1x1(module, main), _conv_1x1(module, proj)
-            sa, sb = shapes.get(str(main.target)), shapes.get(str(proj.target))
-            if ma.stride == (1, 1) and sa and sb and ma.out_channels == mb.out_channels:
-                out.append({"name": f"{main.target}+{proj.target}", "shape": {
-                    **sb, "c": sa["c"] + sb["c"], "concat": sa["c"]}})
+        for last, proj in ((a, b), (b, a)):
+            shape = two_input_shape(shapes[str(last.target)], shapes[str(proj.target)])
+            if shape is not None:
+                out.append({"name": f"{last.target}+{proj.target}", "shape": shape.to_dict()})
                 break
     return out
 

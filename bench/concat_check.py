@@ -12,7 +12,7 @@ valid for two inputs, every candidate checked, then timed.
 The checks compare with the one-input layer over the concatenation
 (kernels.reference.concat_equivalent) and give x pixels between the strided ones that the
 layer must not read. `records` adds the search's bests to a records file (keyed by the
-two-input layer's task key, deploy.optimize.concat_shape), as `bench.model_e2e records`
+two-input layer's task key, kernels.spec.two_input_shape), as `bench.model_e2e records`
 writes them, for deploy to merge the two layers with. The timing is kernels.timing's protocol
 (inputs rotated past L2).
 """
@@ -57,13 +57,9 @@ def _seeds(records: dict[str, Any], shape: ConvShape, p: Precision) -> list[dict
     two inputs (cp.async loads, no TMA stores or ping-pong), and their neighbours in CHUNK,
     STAGES and WARP_COL_TILES."""
     target = get_target(TARGET)
-    c1 = shape.concat
-    parts = [ConvShape(shape.n, shape.p, shape.q, c1, shape.k, 1, 1),
-             ConvShape(shape.n, shape.h, shape.w, shape.c - c1, shape.k, 1, 1,
-                       stride=shape.stride)]
     space = ScheduleSpace(shape, p, target)
     out: list[dict[str, Any]] = []
-    for part in parts:
+    for part in shape.concat_parts():
         rec = records.get(task_key(part, p, target))
         if rec is None:
             continue

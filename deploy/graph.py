@@ -184,30 +184,16 @@ def find_chains(gm: fx.GraphModule, convs: Iterable[fx.Node]) -> list[Chain]:
     return chains
 
 
-def _plain_1x1(conv: nn.Conv2d) -> bool:
-    return (_pair(conv.kernel_size) == (1, 1) and conv.groups == 1 and
-            _pair(conv.dilation) == (1, 1) and conv.padding_mode == "zeros" and
-            (conv.padding == "valid" or (not isinstance(conv.padding, str) and
-                                         _pair(conv.padding) == (0, 0))))
-
-
-def projection_of(gm: fx.GraphModule, chain: Chain, chains: Iterable[Chain]) -> Chain | None:
-    """The chain whose output `chain` adds (its residual) where the two are one GEMM over
-    both inputs: a ResNet bottleneck's last conv (1x1, stride 1) and its projection shortcut
-    (1x1 at any stride, BN at most, no ReLU), both unpadded and ungrouped. None otherwise."""
+def projection_of(chain: Chain, chains: Iterable[Chain]) -> Chain | None:
+    """The chain whose output `chain` adds (its residual) and nothing else follows (BN at
+    most, no ReLU): with `chain` a ResNet bottleneck's last conv, its projection shortcut.
+    Whether the two are one GEMM over both inputs is their shapes' to say
+    (kernels.spec.two_input_shape)."""
     res = chain.residual
     if res is None:
         return None
-    for other in chains:
-        if other is chain or other.last is not res or other.add is not None or \
-                other.relu is not None:
-            continue
-        a, b = module_of(gm, chain.conv), module_of(gm, other.conv)
-        assert isinstance(a, nn.Conv2d) and isinstance(b, nn.Conv2d)
-        if _plain_1x1(a) and _plain_1x1(b) and _pair(a.stride) == (1, 1) and \
-                a.out_channels == b.out_channels:
-            return other
-    return None
+    return next((other for other in chains if other is not chain and other.last is res
+                 and other.add is None and other.relu is None), None)
 
 
 def fuse_concat(gm: fx.GraphModule, chain: Chain, proj: Chain, name: str,

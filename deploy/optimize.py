@@ -28,7 +28,14 @@ from deploy.plan import LayerPlan
 from kernels.build import Epilogue
 from kernels.launch import supports_pdl
 from kernels.runtime import DefaultScheduleWarning, schedule_fits
-from kernels.spec import TARGETS, ConvShape, Precision, Target, get_target, target_for_gpu_model
+from kernels.spec import (
+    TARGETS,
+    Precision,
+    Target,
+    get_target,
+    target_for_gpu_model,
+    two_input_shape,
+)
 
 
 def gpu_available() -> bool:
@@ -143,7 +150,7 @@ def optimize(model: nn.Module, example_inputs: Any, precision: str = "fp16",
     for chain in chains:
         if chain.conv in merged:
             continue
-        proj = graph.projection_of(gm, chain, chains)
+        proj = graph.projection_of(chain, chains)
         if proj is not None:
             mod = _concat_layer(gm, chain, proj, candidates, records, schedules, p, tgt,
                                 backend, pdl, cache_dir)
@@ -203,13 +210,16 @@ def _concat_layer(gm: fx.GraphModule, chain: graph.Chain, proj: graph.Chain,
                   p: Precision, tgt: Target, backend: str, pdl: bool,
                   cache_dir: str | Path | None) -> FusedConv | None:
     """A bottleneck's last conv and its projection shortcut as one layer over both inputs
-    (`concat_shape`), where a record of that layer has a schedule valid for it and is faster
-    than the two layers' records together (fp16: and than its baseline, cuDNN's two
-    layers); None otherwise (each is then a layer of its own)."""
+    (kernels.spec.two_input_shape), where their shapes are one GEMM and a record of that
+    layer has a schedule valid for it and is faster than the two layers' records together
+    (fp16: and than its baseline, cuDNN's two layers); None otherwise (each is then a layer
+    of its own)."""
     if proj.conv not in candidates:
         return None
     (shape_a, lp), (shape_b, lp_b) = candidates[chain.conv], candidates[proj.conv]
-    shape = concat_shape(shape_a, shape_b)
+    shape = two_input_shape(shape_a, shape_b)
+    if shape is None:
+        return None
     rec = planning.lookup_records(schedules, [(f"{lp.name}+{lp_b.name}", shape)], p, tgt)[0]
     if rec is None:
         return None
@@ -242,14 +252,6 @@ def _concat_layer(gm: fx.GraphModule, chain: graph.Chain, proj: graph.Chain,
         op = mod.build(proj.conv.args[0].meta["deploy_shape"])  # type: ignore[union-attr]
         mod.set_input_channels(op.padded_channels - shape_a.c)
     return mod
-
-
-def concat_shape(main: ConvShape, proj: ConvShape) -> ConvShape:
-    """The layer over two inputs of a bottleneck's last conv (1x1 at the output's
-    resolution) and its projection shortcut: the projection's input and stride, both
-    layers' channels."""
-    return ConvShape(proj.n, proj.h, proj.w, main.c + proj.c, proj.k, 1, 1, stride=proj.stride,
-                     concat=main.c)
 
 
 def _conv_and_bn(gm: fx.GraphModule, chain: graph.Chain

@@ -141,10 +141,7 @@ def cudnn_baseline(shape: ConvShape, dtype: str, l2_bytes: int, device: int = 0)
     import torch
 
     if shape.concat:
-        parts = [ConvShape(shape.n, shape.p, shape.q, shape.concat, shape.k, 1, 1),
-                 ConvShape(shape.n, shape.h, shape.w, shape.c - shape.concat, shape.k, 1, 1,
-                           stride=shape.stride)]
-        ts = [cudnn_baseline(part, dtype, l2_bytes, device) for part in parts]
+        ts = [cudnn_baseline(part, dtype, l2_bytes, device) for part in shape.concat_parts()]
         return Timing(sum(t.median_us for t in ts), sum(t.iqr_us for t in ts))
 
     torch_dtype = getattr(torch, BASELINE_DTYPES[dtype])

@@ -339,6 +339,29 @@ class ConvShape:
         return out
 
 
+    def concat_parts(self) -> tuple[ConvShape, ConvShape]:
+        """The two one-input 1x1 layers a layer over two inputs replaces: x1's (stride 1, at
+        the output's resolution) and x's (at the layer's stride)."""
+        return (ConvShape(self.n, self.p, self.q, self.concat, self.k, 1, 1),
+                ConvShape(self.n, self.h, self.w, self.c - self.concat, self.k, 1, 1,
+                          stride=self.stride))
+
+
+def two_input_shape(last: ConvShape, projection: ConvShape) -> ConvShape | None:
+    """The layer over two inputs that a 1x1 stride-1 conv (a ResNet bottleneck's last) and a
+    1x1 conv whose output it is added to (the projection shortcut) are together: the
+    projection's input and stride, both layers' channels, `concat` the last conv's. None
+    where they are not one GEMM (a filter, padding, dilation or stride of the last, unequal
+    outputs). Planning (api.plan) and the rewrite (deploy) share this rule and its key."""
+    plain = all((s.r, s.s, s.pad, s.dilation, s.groups) == (1, 1, (0, 0), (1, 1), 1)
+                for s in (last, projection))
+    if not (plain and last.stride == (1, 1) and last.k == projection.k
+            and (last.n, last.h, last.w) == (projection.n, projection.p, projection.q)):
+        return None
+    return ConvShape(projection.n, projection.h, projection.w, last.c + projection.c,
+                     projection.k, 1, 1, stride=projection.stride, concat=last.c)
+
+
 def canonical_json(obj: Any) -> str:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"))
 

@@ -192,15 +192,16 @@ def test_plan_help_explains_models_and_waiting() -> None:
 
 def test_a_module_plan_holds_the_layers_over_two_inputs_deploy_merges() -> None:
     """A bottleneck's last conv and its projection are also planned as one layer over both
-    inputs, under the key deploy.optimize looks its record up by (concat_shape)."""
+    inputs, under the key deploy.optimize looks its record up by (two_input_shape)."""
     from api.plan import load_module_model
-    from deploy.optimize import concat_shape
+    from kernels.spec import two_input_shape
 
     layers = load_module_model("tests.deploy_nets:small_resnet", (2, 3, 32, 32), "int8", "h100")
     by_name = {la.name: la.shape for la in layers}
     pairs = [la for la in layers if la.shape.concat]
     assert [la.name for la in pairs] == ["layer2.0.conv3+layer2.0.downsample.0"]
-    want = concat_shape(by_name["layer2.0.conv3"], by_name["layer2.0.downsample.0"])
+    want = two_input_shape(by_name["layer2.0.conv3"], by_name["layer2.0.downsample.0"])
+    assert want is not None
     assert pairs[0].shape == want and want.concat == 32 and want.stride == (2, 2)
     # BasicBlocks (a 3x3 last conv) and identity shortcuts have none
     assert not any(la.shape.concat for la in load_module_model(

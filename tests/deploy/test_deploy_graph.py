@@ -331,12 +331,12 @@ def _concat_records(x: torch.Tensor, precision: str, schedule: dict[str, Any],
                     latency_us: float = 5.0) -> dict[str, Any]:
     """A record of the bottleneck's two-input layer (Bottleneck(64, 32, stride=2) at x):
     conv3's 32 channels at 5x5 and the projection's 64 at 10x10, stride 2."""
-    from deploy.optimize import concat_shape
-    from kernels.spec import ConvShape, get_target, task_key
+    from kernels.spec import ConvShape, get_target, task_key, two_input_shape
 
     n, c, h, w = x.shape
-    shape = concat_shape(ConvShape(n, h // 2, w // 2, 32, 128, 1, 1),
-                         ConvShape(n, h, w, c, 128, 1, 1, stride=2))
+    shape = two_input_shape(ConvShape(n, h // 2, w // 2, 32, 128, 1, 1),
+                            ConvShape(n, h, w, c, 128, 1, 1, stride=2))
+    assert shape is not None
     key = task_key(shape, Precision(precision), get_target("h100"))
     return {key: {"schedule": schedule, "latency_us": latency_us}}
 

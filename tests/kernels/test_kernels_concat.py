@@ -16,7 +16,7 @@ from kernels.build import BuildJob, Epilogue, build, defines
 from kernels.runtime import Conv2d, DefaultScheduleWarning
 from kernels.sass import cuobjdump_path
 from kernels.space import ScheduleSpace, concat_problems
-from kernels.spec import ConvShape, Precision, get_target
+from kernels.spec import ConvShape, Precision, get_target, two_input_shape
 from tests.kernels.builds import assert_mma_and_copy, sass_of
 from tests.kernels.test_runtime import FakeCupy
 
@@ -151,3 +151,19 @@ def test_the_reference_problem_of_two_inputs() -> None:
     assert np.count_nonzero(prob.x[:, 1::2]) > 0
     xb, wb = prob.device_inputs("nhwc", 96)
     assert xb.size == 2 * 9 * 11 * 64 and prob.device_x1().size == 2 * 5 * 6 * 32
+
+
+def test_the_rule_of_two_layers_as_one_over_two_inputs() -> None:
+    """kernels.spec.two_input_shape (planning and deploy's one rule) and concat_parts, its
+    inverse."""
+    last = ConvShape(8, 28, 28, 128, 512, 1, 1)
+    proj = ConvShape(8, 56, 56, 256, 512, 1, 1, stride=2)
+    assert two_input_shape(last, proj) == BOTTLENECK
+    assert BOTTLENECK.concat_parts() == (last, proj)
+    for bad_last, bad_proj in (
+            (ConvShape(8, 28, 28, 128, 512, 3, 3, pad=1), proj),  # a 3x3 last conv
+            (ConvShape(8, 56, 56, 128, 512, 1, 1, stride=2), proj),  # a strided last conv
+            (last, ConvShape(8, 56, 56, 256, 512, 1, 1, stride=2, pad=1)),  # padding
+            (ConvShape(8, 28, 28, 128, 256, 1, 1), proj),  # other outputs
+            (last, ConvShape(8, 58, 58, 256, 512, 1, 1, stride=2))):  # another resolution
+        assert two_input_shape(bad_last, bad_proj) is None
