@@ -9,8 +9,9 @@ valid for two inputs, every candidate checked, then timed.
   python -m bench.concat_check records bench/data/concat_check_h100.json --base B --out R
   python -m bench.concat_check table bench/data/concat_check_h100.json
 
-The checks compare with the one-input layer over the concatenation
-(kernels.reference.concat_equivalent) and give x pixels between the strided ones that the
+Candidates are checked and timed in the measuring child of the service's GPU workers
+(kernels.runner), against the one-input layer over the concatenation
+(kernels.reference.concat_equivalent), with x pixels between the strided ones that the
 layer must not read. `records` adds the search's bests to a records file (keyed by the
 two-input layer's task key, kernels.spec.two_input_shape), as `bench.model_e2e records`
 writes them, for deploy to merge the two layers with. The timing is kernels.timing's protocol
@@ -108,63 +109,36 @@ def cmd_prebuild(a: argparse.Namespace) -> int:
                  json.loads(Path(a.seeds).read_text()) if a.seeds else {})
     res = build_many([_job(it) for it in items], a.cache)
     for it, r in zip(items, res, strict=True):
-        it["build"] = r.status
+        it["build"], it["key"] = r.status, r.key
     Path(a.cache, "concat_plan.json").write_text(json.dumps(items) + "\n")
     log(f"{sum(r.status == 'ok' for r in res)} of {len(items)} built into {a.cache}")
     return 0
 
 
-def _run_one(op: Any, it: dict[str, Any], seed: int, time_it: bool) -> dict[str, Any]:
-    import cupy
-
-    from kernels import reference as ref
-    from kernels.timing import sets_for_l2, time_launches
-
-    prob = ref.make_problem(ref.concat_equivalent(op.shape), op.precision, seed)
-    x1, x = ref.split_concat(prob.x, op.shape, seed)
-    x, w = ref.pad_channels(x, op.input_shape[-1]), ref.pad_channels(prob.w, op.padded_channels)
-    want = prob.expected(op.epilogue.mode, op.epilogue.relu)
-    dev = [cupy.asarray(x), cupy.asarray(w),
-           cupy.asarray(prob.scale) if op.needs_scale else None, cupy.asarray(prob.bias),
-           cupy.asarray(x1)]
-    y = op(*dev[:4], x1=dev[4])
-    got = cupy.asnumpy(y).astype(np.float64 if op.output_dtype == "float16" else np.int64)
-    bits = 16 if op.output_dtype == "float16" else 8
-    ok, stats = ref.check_output(got, want, op.precision, bits)
-    row = {"ok": bool(ok), **{k: float(v) for k, v in stats.items()}}
-    if ok and time_it:
-        per_set = x.nbytes + x1.nbytes + int(np.prod(op.output_shape)) * (bits // 8)
-        n_sets = sets_for_l2(per_set, int(cupy.cuda.Device().attributes["L2CacheSize"]))
-        xs = [dev[0]] + [cupy.asarray(x) for _ in range(n_sets - 1)]
-        x1s = [dev[4]] + [cupy.asarray(x1) for _ in range(n_sets - 1)]
-        ys = [cupy.empty(op.output_shape, dtype=op.output_dtype) for _ in range(n_sets)]
-
-        def launch(i: int) -> None:
-            op(xs[i], dev[1], dev[2], dev[3], x1=x1s[i], out=ys[i])
-
-        t = time_launches(launch, n_sets)
-        row.update(us=t.median_us, iqr_us=t.iqr_us)
-    return row
-
-
 def cmd_run(a: argparse.Namespace) -> int:
-    import cupy
-
-    from kernels.runtime import Conv2d
+    """Check every candidate, and time the search's, in the measuring child the service's GPU
+    workers use (kernels.runner.Runner: a faulting kernel is a status, not a crash)."""
+    from kernels.runner import Runner
 
     items = json.loads(Path(a.cache, "concat_plan.json").read_text())
-    gpu = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
-    doc: dict[str, Any] = {"gpu": gpu, "date": dt.date.today().isoformat(), "rows": []}
-    for i, it in enumerate(items):
-        row = {k: it[k] for k in ("kind", "shape", "precision", "schedule", "relu")}
-        row["layer"] = it.get("layer")
-        if it["build"] != "ok":
-            row.update(ok=False, status="compile_error")
-        else:
-            op = Conv2d(ConvShape.from_dict(it["shape"]), it["precision"], it["schedule"],
-                        TARGET, relu=it["relu"], cache_dir=a.cache)
-            row.update(_run_one(op, it, 100 + i, it["kind"] == "tune"), status="ok")
-        doc["rows"].append(row)
+    doc: dict[str, Any] = {"gpu": None, "date": dt.date.today().isoformat(), "rows": []}
+    runner = Runner()
+    try:
+        for i, it in enumerate(items):
+            row = {k: it[k] for k in ("kind", "shape", "precision", "schedule", "relu")}
+            row["layer"] = it.get("layer")
+            res = runner.measure(a.cache, it["key"], seed=100 + i,
+                                 time_it=it["kind"] == "tune") if it["build"] == "ok" \
+                else {"status": it["build"]}
+            check = (res.get("detail") or {}).get("check") or {}
+            row.update(ok=res["status"] == "ok", status=res["status"],
+                       **{k: float(v) for k, v in check.items()})
+            if res.get("median_us") is not None:
+                row.update(us=res["median_us"], iqr_us=res["iqr_us"])
+            doc["rows"].append(row)
+        doc["gpu"] = runner.gpu_name
+    finally:
+        runner.close()
     Path(a.out).write_text(json.dumps(doc, indent=1) + "\n")
     wrong = [r for r in doc["rows"] if not r["ok"]]
     log(f"{len(doc['rows'])} checked, {len(wrong)} wrong")
