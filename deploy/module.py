@@ -162,7 +162,6 @@ class FusedConv(nn.Module):
                          stride=self.stride, pad=self.padding, dilation=self.dilation,
                          concat=self.concat)
 
-
     def set_input_channels(self, channels: int) -> None:
         """Take inputs padded with zero channels to `channels` (the kernel's padded count,
         `op.padded_channels`); forward pads narrower ones."""

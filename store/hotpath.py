@@ -488,7 +488,8 @@ def unfed_gpus(session: Session, target: str, alive_s: float, chunk: int = 1) ->
             .join(Task.__table__, Task.__table__.c.id == C.task_id)
             .where(C.state != "done", C.lease_owner.is_(None),
                    Task.__table__.c.target == target)) or 0
-    return max(0, int(idle) - -(-int(queued) // max(1, chunk)))
+    kept_busy = -(-int(queued) // max(1, chunk))  # GPUs the queued chunks occupy (rounded up)
+    return max(0, int(idle) - kept_busy)
 
 
 @dataclass(frozen=True)
