@@ -16,8 +16,9 @@ of its `--seeds` nearest neighbours, and `run` checks and times the layer's own 
 each candidate in one run through the GPU worker's backend (workers/backends/cuda.py).
 `variants` makes a layer's candidates of its own record instead: a new knob's value set
 (`--set`), and every combination of the `--vary` knobs' values, fewest changes from the
-record first (`--min-waves`: only layers whose record's tiles fill that many waves of the
-GPU's SMs). `merge` writes the records with each layer's fastest schedule of the run; `bench.retime`
+record first (`--min-waves` / `--max-waves`: only layers whose record's tiles fill at least /
+fewer than that many waves of the GPU's SMs). `merge` writes the records with each layer's
+fastest schedule of the run; `bench.retime`
 then times them against cuDNN in a run of their own. R: a records file of
 `bench.model_e2e records`; the layer options are `bench.zoo`'s.
 """
@@ -105,7 +106,7 @@ def variants(a: argparse.Namespace) -> int:
         record = with_defaults(space.precision, rec["schedule"])
         g0 = space.geometry(np.array([space.index_of(record)]))
         tiles = -(-g.shape.gemm_m // int(g0.block_m[0])) * -(-g.shape.gemm_n // int(g0.block_n[0]))
-        if tiles < a.min_waves * target.sms:
+        if tiles < a.min_waves * target.sms or (a.max_waves and tiles >= a.max_waves * target.sms):
             continue
         picks: list[tuple[int, dict[str, Any]]] = []
         for combo in itertools.product(*(space.knobs[k] for k in a.vary)):
@@ -234,6 +235,8 @@ def main(argv: list[str] | None = None) -> int:
     v.add_argument("--limit", type=int, default=6, help="variants per layer")
     v.add_argument("--min-waves", type=float, default=0.0,
                    help="only layers whose record has at least this many tiles per SM")
+    v.add_argument("--max-waves", type=float, default=0.0,
+                   help="only layers whose record's tiles fill fewer waves (0: any)")
     for name, help_text in (("prebuild", "build every candidate (CPU)"),
                             ("run", "check and time each layer's record and candidates (GPU)")):
         p = sub.add_parser(name, help=help_text)
