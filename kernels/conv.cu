@@ -19,8 +19,7 @@
 //                         multistage, register-staged), one entry point each
 //   warp_tile.cuh         shared -> register fragments and the warp's mma loop
 //   warpgroup_tile.cuh    the same for wgmma (MMA=wgmma): warpgroup tiles read from shared
-//   epilogue.cuh          split-K fix-up (global workspace, or a cluster's shared memory),
-//                         requantize / bias / residual / ReLU, packing, stores
+//   epilogue.cuh          split-K fix-up, requantize / bias / residual / ReLU, packing, stores
 //                         (16-byte vectors, or bulk tensor stores with PACK_OUT=2)
 //
 // Tensor contracts (kernels/reference.py builds them):
@@ -69,9 +68,6 @@
 #endif
 #ifndef TC_PINGPONG
 #define TC_PINGPONG 0  // 1: two consumers take the persistent block's tiles in turn
-#endif
-#ifndef TC_SPLIT_CLUSTER
-#define TC_SPLIT_CLUSTER 0  // 1: a tile's SPLIT_K blocks are one cluster and sum in shared memory
 #endif
 #ifndef TC_CAT
 #define TC_CAT 0  // n > 0: the first n reduction channels come from a second input x1
@@ -126,10 +122,6 @@ constexpr int BRW = TC_BLK_ROW_WARPS, BCW = TC_BLK_COL_WARPS;
 constexpr int WRT = TC_WARP_ROW_TILES, WCT = TC_WARP_COL_TILES;
 constexpr int CHUNK = TC_CHUNK, REORDER = TC_REORDER_INNER, DUP = TC_DUP_AWARE;
 constexpr int PACK = TC_PACK_OUT, LAYOUT = TC_LAYOUT, STAGES = TC_STAGES, SPLITK = TC_SPLIT_K;
-// SPLIT_CLUSTER (sm_90): the SPLITK blocks of a tile form one thread-block cluster, and the
-// first reads the others' partial tiles from their shared memory (epilogue.cuh), so no
-// partial tile makes a round trip through global memory.
-constexpr bool SPLIT_CL = TC_SPLIT_CLUSTER != 0;
 
 // ---- block tile
 constexpr int WN = WG ? 32 * WCT : 0;  // columns of one wgmma tile (kernels/space.py: WGMMA_*)
@@ -270,9 +262,6 @@ static_assert(!PLAIN_A || (TMA && R == 1 && S == 1 && SH == 1 && SW == 1 && PH =
                            BM <= 256),
               "the plain-matrix copy of A is the TMA path of 1x1, stride-1, unpadded layers, "
               "one box of at most 256 rows");
-static_assert(!SPLIT_CL || (TC_SM >= 90 && SPLITK > 1 && BM * BN * 4 <= SMEM),
-              "cluster split-K (sm_90) stages each partial tile of 32-bit accumulators in the "
-              "block's shared memory");
 static_assert(!PERSIST || (!F32TC && !REGPATH && SPLITK == 1),
               "a persistent grid runs the TMA or cp.async multistage pipeline without split-K");
 static_assert(!PP || (WS && PERSIST), "the consumers take turns behind a producer warp, "
@@ -417,15 +406,10 @@ __device__ __forceinline__ void conv_persistent(const Inputs in,
 }
 
 // TMA builds take the tensor maps as a by-value kernel parameter (param space, read by the TMA
-// unit without a trip to global memory). SPLIT_CLUSTER: the cluster spans grid z (the splits).
-#if TC_SPLIT_CLUSTER
-#define TC_CLUSTER_DIMS __cluster_dims__(1, 1, TC_SPLIT_K)
-#else
-#define TC_CLUSTER_DIMS
-#endif
+// unit without a trip to global memory).
 extern "C" __global__ void __launch_bounds__(cfg::BLOCK_THREADS,
                                              cfg::PERSIST > 0 ? cfg::PERSIST : 1)
-TC_CLUSTER_DIMS tc_conv(const u8* __restrict__ x, const u8* __restrict__ w, const float* __restrict__ scale,
+tc_conv(const u8* __restrict__ x, const u8* __restrict__ w, const float* __restrict__ scale,
         const float* __restrict__ bias, u8* __restrict__ y, u32* __restrict__ ws,
         u32* __restrict__ counters
 #if TC_CAT

@@ -1,4 +1,4 @@
-// Epilogue: split-K fix-up (global workspace or a cluster's shared memory), then the output transform and the stores.
+// Epilogue: split-K fix-up, then the output transform and the stores.
 //
 // Accumulator fragment of an instruction tile (m16n8 / m8n8): thread (g = lane/4, t = lane%4)
 // holds rows g (and g+8 for m16) at columns 2t, 2t+1.
@@ -108,21 +108,6 @@ __device__ __forceinline__ float fp_epi(float a, float bi, float rv = 0.f) {
   return RELU ? fmaxf(v, 0.f) : v;
 }
 
-#if TC_SM >= 90
-// The whole cluster's threads (those not exited) meet; writes before are seen by reads after.
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;" ::: "memory");
-}
-// The generic address of `p` (this block's shared memory) in the shared memory of cluster
-// block `rank` (distributed shared memory): plain loads through it, which the compiler may
-// batch, are ordered after cluster_sync by its memory clobber.
-__device__ __forceinline__ const u32* cluster_peer(const u32* p, u32 rank) {
-  unsigned long long r;
-  asm("mapa.u64 %0, %1, %2;" : "=l"(r) : "l"(p), "r"(rank));
-  return reinterpret_cast<const u32*>(r);
-}
-#endif
-
 // Half `h` of a warp row tile: which tile column and which row half (g or g+8).
 __device__ __forceinline__ void half_pos(int h, int& j, int& rh) {
   j = h / cfg::ROWS_H;
@@ -137,51 +122,9 @@ __device__ __forceinline__ void epilogue(WT& wt, u8* smem, int m0, int n0, int t
   using namespace cfg;
   const int lane = tid & 31, g = lane >> 2, t = lane & 3;
 
-  // ---- cluster split-K: the other splits stage their partial tiles in their own shared memory
-  // ([accumulator][thread], conflict-free); split 0 adds them to its own in split order (as
-  // the workspace path does) and runs the epilogue; the second barrier keeps every block's
-  // shared memory alive until split 0 has read it.
-  if constexpr (SPLITK > 1 && SPLIT_CL) {
-#if TC_SM >= 90
-    u32* const part = reinterpret_cast<u32*>(smem);
-    if (split != 0) {
-      int k = 0;
-#pragma unroll
-      for (int i = 0; i < WRT; ++i)
-#pragma unroll
-        for (int j = 0; j < EWCT; ++j)
-#pragma unroll
-          for (int c = 0; c < ACC_T; ++c, ++k)
-            part[k * THREADS + tid] = *reinterpret_cast<u32*>(&wt.acc[i][j][c]);
-    }
-    cluster_sync();
-    if (split == 0) {
-      const u32* peer[SPLITK];
-#pragma unroll
-      for (int sp = 1; sp < SPLITK; ++sp) peer[sp] = cluster_peer(part + tid, (u32)sp);
-      int k = 0;
-#pragma unroll
-      for (int i = 0; i < WRT; ++i)
-#pragma unroll
-        for (int j = 0; j < EWCT; ++j)
-#pragma unroll
-          for (int c = 0; c < ACC_T; ++c, ++k) {
-            acc_t sum = wt.acc[i][j][c];
-#pragma unroll
-            for (int sp = 1; sp < SPLITK; ++sp) {
-              u32 v = peer[sp][k * THREADS];
-              sum += *reinterpret_cast<acc_t*>(&v);
-            }
-            wt.acc[i][j][c] = sum;
-          }
-    }
-    cluster_sync();
-    if (split != 0) return;
-#endif
-  } else if constexpr (SPLITK > 1) {
-    // ---- split-K through global memory: every split writes its partial tile; the last to
-    // arrive sums them in split order (deterministic), resets the counter for the next
-    // launch, and runs the epilogue.
+  // ---- split-K: every split writes its partial tile; the last to arrive sums them in split
+  // order (deterministic), resets the counter for the next launch, and runs the epilogue.
+  if constexpr (SPLITK > 1) {
     u32* mine = ws + ((long long)tile * SPLITK + split) * (ACC_N * THREADS);
     int k = 0;
 #pragma unroll

@@ -75,17 +75,12 @@ EXTRA_KNOBS: dict[str, tuple[Any, ...]] = {
     # take a persistent block's tiles in turn behind the producer warp (TMA=2), so that one
     # runs its main loop while the other runs its epilogue (CUTLASS's ping-pong schedule).
     "PINGPONG": (0, 1),
-    # 1 (sm_90, SPLIT_K > 1): a tile's SPLIT_K blocks are one thread-block cluster; the first
-    # sums the others' partial tiles from their shared memory (distributed shared memory)
-    # instead of all of them going through a global workspace and a counter. For layers
-    # with fewer tiles than SMs: the reduction spreads over more SMs at little cost.
-    "SPLIT_CLUSTER": (0, 1),
 }
 # Knobs added after schedules were first stored, with the value that builds the kernel as it
 # was: a schedule that does not name such a knob means that value, and hashes as if the knob
 # were absent, so stored schedules, measurements and their hashes keep their meaning.
 KNOB_DEFAULTS: dict[str, Any] = {"MMA": "sync", "TMA": 0, "FOLD_TAPS": 0, "PERSIST": 0,
-                                 "PLAIN_A": 0, "PINGPONG": 0, "SPLIT_CLUSTER": 0}
+                                 "PLAIN_A": 0, "PINGPONG": 0}
 # Each default is its knob's first value (tested): recorded datasets and stored prior
 # schedules that predate a knob read it as its first value (search/datasets.py, features.py).
 FP32_TC_KNOBS: dict[str, tuple[Any, ...]] = {
@@ -499,11 +494,6 @@ def structural_validity(shape: ConvShape, precision: Precision, target: Target,
     if target.sm < 80 or p is Precision.FP32_TC or int4_via_s8(p, target.sm):
         ok &= persist == 0
     ok &= (persist == 0) | split1
-    # Clusters exist on sm_90; one splits a tile's reduction (SPLIT_K > 1).
-    cluster = _knob(cols, "SPLIT_CLUSTER", n) == 1
-    if target.sm < 90:
-        ok &= ~cluster
-    ok &= ~cluster | ~split1
     # The ping-pong consumers take turns behind a producer warp on a persistent grid.
     ok &= (_knob(cols, "PINGPONG", n) == 0) | ((tma_knob == 2) & (persist > 0))
     # Pipelines deeper than 3 stages pay with wgmma (its loads and math overlap); on the
@@ -562,9 +552,6 @@ def validity(shape: ConvShape, precision: Precision, target: Target,
     persist = _knob(cols, "PERSIST", np.shape(g.block_m))
     ok &= (persist == 0) | (((g.smem_bytes + 1024) * persist <= target.smem_per_sm_kib * 1024) &
                             (g.block_threads * persist <= target.max_threads_per_sm))
-    # Cluster split-K stages a partial tile (32 bits per accumulator) in shared memory.
-    ok &= (_knob(cols, "SPLIT_CLUSTER", np.shape(g.block_m)) == 0) | \
-        (g.block_m * g.block_n * 4 <= g.smem_bytes)
     # Shared memory: a block cannot launch with more than the opt-in maximum.
     ok &= g.smem_bytes <= target.smem_per_block_kib * 1024
     return ok
