@@ -4,7 +4,7 @@ on random inputs, zero wrong; and ResNet-50's four such layers per precision sea
 two layers' recorded bests made valid for two inputs, their neighbours, and random schedules
 valid for two inputs, every candidate checked, then timed.
 
-  python -m bench.concat_check prebuild --cache C                 # CPU: the NVRTC builds
+  python -m bench.concat_check prebuild --cache C [--batches 8]   # CPU: the NVRTC builds
   python -m bench.concat_check run --cache C --out bench/data/concat_check_h100.json  # GPU
   python -m bench.concat_check records bench/data/concat_check_h100.json --base B --out R
   python -m bench.concat_check table bench/data/concat_check_h100.json
@@ -75,7 +75,8 @@ def _seeds(records: dict[str, Any], shape: ConvShape, p: Precision) -> list[dict
     return out
 
 
-def plan(seed: int, checks: int, tune: int, records: dict[str, Any]) -> list[dict[str, Any]]:
+def plan(seed: int, checks: int, tune: int, records: dict[str, Any],
+         batches: tuple[int, ...] = (8,)) -> list[dict[str, Any]]:
     rng = np.random.default_rng(seed)
     items: list[dict[str, Any]] = []
     while len(items) < checks:
@@ -91,7 +92,7 @@ def plan(seed: int, checks: int, tune: int, records: dict[str, Any]) -> list[dic
             items.append({"kind": "check", "shape": shape.to_dict(), "precision": p.value,
                           "schedule": s, "relu": bool(rng.integers(2))})
     for p in (Precision.INT8, Precision.FP16):
-        for name, shape in resnet50_shapes():
+        for name, shape in [ns for n in batches for ns in resnet50_shapes(n)]:
             seeded = _seeds(records, shape, p)
             for s in seeded + [s for s in _valid(shape, p, rng, tune) if s not in seeded]:
                 items.append({"kind": "tune", "layer": name, "shape": shape.to_dict(),
@@ -106,7 +107,8 @@ def _job(it: dict[str, Any]) -> BuildJob:
 
 def cmd_prebuild(a: argparse.Namespace) -> int:
     items = plan(a.seed, a.checks, a.tune,
-                 json.loads(Path(a.seeds).read_text()) if a.seeds else {})
+                 json.loads(Path(a.seeds).read_text()) if a.seeds else {},
+                 tuple(int(b) for b in a.batches.split(",")))
     res = build_many([_job(it) for it in items], a.cache)
     for it, r in zip(items, res, strict=True):
         it["build"], it["key"] = r.status, r.key
@@ -167,13 +169,14 @@ def render(d: dict[str, Any]) -> str:
     checks = [r for r in rows if r["kind"] == "check"]
     lines = [f"{d['gpu']}, {d['date']}: {len(checks)} random (shape, schedule) pairs over two "
              f"inputs, {sum(not r['ok'] for r in checks)} wrong; ResNet-50's layers over two "
-             "inputs at batch 8, best of the random schedules valid for them:", "",
+             "inputs, best of the candidates valid for them:", "",
              "| layer | shape | precision | candidates | wrong | best µs |",
              "|---|---|---|---|---|---|"]
-    for name, shape in resnet50_shapes():
+    batches = sorted({r["shape"]["n"] for r in rows if r["kind"] == "tune"})
+    for name, shape in [ns for n in batches for ns in resnet50_shapes(n)]:
         for p in ("int8", "fp16"):
             rs = [r for r in rows if r["kind"] == "tune" and r["layer"] == name and
-                  r["precision"] == p]
+                  r["precision"] == p and r["shape"]["n"] == shape.n]
             us = [r["us"] for r in rs if r["ok"]]
             best = f"{min(us):.2f}" if us else "-"
             lines.append(f"| {name} | {shape.key()} | {p} | {len(rs)} | "
@@ -191,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="random candidates per ResNet-50 layer")
     b.add_argument("--seeds", default="bench/data/model_e2e_records_h100.json",
                    help="records whose bests of the two layers seed the search")
+    b.add_argument("--batches", default="8", help="ResNet-50's batches to search (comma-separated)")
     r = sub.add_parser("run", help="check, and time the ResNet-50 candidates (GPU)")
     r.add_argument("--cache", required=True)
     r.add_argument("--out", required=True)

@@ -26,6 +26,26 @@ def test_the_plan_holds_schedules_of_two_inputs_only() -> None:
         assert concat_problems(shape, Precision(it["precision"]), 90, it["schedule"]) is None
 
 
+def test_the_plan_searches_the_batches_asked_for_seeded_by_their_records() -> None:
+    records = json.loads(Path("bench/data/model_e2e_records_h100.json").read_text())
+    items = concat_check.plan(seed=2, checks=0, tune=1, records=records, batches=(1, 32))
+    assert {it["shape"]["n"] for it in items} == {1, 32}
+    assert all(it["kind"] == "tune" for it in items)
+    # each (batch, layer, precision) has its two layers' records made valid, and one random
+    target = get_target("h100")
+    for n in (1, 32):
+        for name, shape in concat_check.resnet50_shapes(n):
+            for p in (Precision.INT8, Precision.FP16):
+                mine = [it for it in items if it["layer"] == name and it["shape"]["n"] == n
+                        and it["precision"] == p.value]
+                parts = [records[task_key(part, p, target)]["schedule"]
+                         for part in shape.concat_parts()]
+                assert len(mine) > 1 + 1 and any(
+                    it["schedule"]["CHUNK"] == part["CHUNK"] and
+                    it["schedule"]["WARP_COL_TILES"] == part["WARP_COL_TILES"]
+                    for it in mine for part in parts)
+
+
 class FakeRunner:
     """The measuring child's answers by build key: "slow" and "fast" tune candidates, a
     "wrong" one."""
