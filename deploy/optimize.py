@@ -30,6 +30,7 @@ from kernels.launch import supports_pdl
 from kernels.runtime import DefaultScheduleWarning, schedule_fits
 from kernels.spec import (
     TARGETS,
+    ConvShape,
     Precision,
     Target,
     get_target,
@@ -129,19 +130,27 @@ def optimize(model: nn.Module, example_inputs: Any, precision: str = "fp16",
     records = dict(zip(candidates, planning.lookup_records(
         schedules, [(lp.name, shape) for shape, lp in candidates.values()], p, tgt),
         strict=True))
-    for node, (_, lp) in list(candidates.items()):
+    kept: dict[fx.Node, str] = {}  # fp16 layers slower than cuDNN per their record
+    for node, (_, lp) in candidates.items():
         rec = records[node]
         if rec is not None:
             lp.latency_us, lp.baseline_us, lp.speedup = rec.latency_us, rec.baseline_us, \
                 rec.speedup
         why = planning.keep_for_record(rec, p)
         if why:
-            lp.reason = why
-            del candidates[node]
+            kept[node] = why
         elif rec is not None and rec.slower_than_baseline():
             # int8 has no PyTorch conv of its precision to fall back to: say so, run it.
             lp.notes.append(f"tuned int8 kernel slower than its fp16 baseline per its "
                             f"record (speedup {rec.speedup})")
+    # Layers over two inputs are decided before the kept layers leave: one of the two convs
+    # may lose to cuDNN alone while the pair's one GEMM beats cuDNN's two.
+    pairs = _two_input_layers(gm, candidates, records, kept, schedules, p, tgt)
+    paired = {n for conv, (proj, _, _) in pairs.items() for n in (conv, proj)}
+    for node, why in kept.items():
+        if node not in paired:
+            candidates[node][1].reason = why
+            del candidates[node]
 
     fused: dict[fx.Node, FusedConv] = {}
     defaults: list[str] = []
@@ -150,15 +159,15 @@ def optimize(model: nn.Module, example_inputs: Any, precision: str = "fp16",
     for chain in chains:
         if chain.conv in merged:
             continue
-        proj = graph.projection_of(chain, chains)
-        if proj is not None:
-            mod = _concat_layer(gm, chain, proj, candidates, records, schedules, p, tgt,
+        if chain.conv in pairs:
+            proj = graph.projection_of(chain, chains)
+            assert proj is not None and proj.conv is pairs[chain.conv][0]
+            mod = _concat_layer(gm, chain, proj, candidates, *pairs[chain.conv][1:], p, tgt,
                                 backend, pdl, cache_dir)
-            if mod is not None:
-                merged.add(proj.conv)
-                fused[graph.fuse_concat(gm, chain, proj, _module_name(gm, mod.layer, fused),
-                                        mod)] = mod
-                continue
+            merged.add(proj.conv)
+            fused[graph.fuse_concat(gm, chain, proj, _module_name(gm, mod.layer, fused),
+                                    mod)] = mod
+            continue
         shape, lp = candidates[chain.conv]
         epi = Epilogue("default", chain.relu is not None, chain.residual is not None)
         try:
@@ -204,35 +213,64 @@ def _module_name(gm: fx.GraphModule, lp: LayerPlan, fused: dict[fx.Node, FusedCo
     return name
 
 
-def _concat_layer(gm: fx.GraphModule, chain: graph.Chain, proj: graph.Chain,
-                  candidates: dict[fx.Node, tuple[Any, LayerPlan]],
-                  records: dict[fx.Node, planning.Record | None], schedules: Any,
-                  p: Precision, tgt: Target, backend: str, pdl: bool,
-                  cache_dir: str | Path | None) -> FusedConv | None:
-    """A bottleneck's last conv and its projection shortcut as one layer over both inputs
-    (kernels.spec.two_input_shape), where their shapes are one GEMM and a record of that
-    layer has a schedule valid for it and is faster than the two layers' records together
-    (fp16: and than its baseline, cuDNN's two layers); None otherwise (each is then a layer
-    of its own)."""
-    if proj.conv not in candidates:
-        return None
-    (shape_a, lp), (shape_b, lp_b) = candidates[chain.conv], candidates[proj.conv]
-    shape = two_input_shape(shape_a, shape_b)
-    if shape is None:
-        return None
-    rec = planning.lookup_records(schedules, [(f"{lp.name}+{lp_b.name}", shape)], p, tgt)[0]
+def _two_input_layers(gm: fx.GraphModule, candidates: dict[fx.Node, tuple[Any, LayerPlan]],
+                      records: dict[fx.Node, planning.Record | None],
+                      kept: dict[fx.Node, str], schedules: Any, p: Precision, tgt: Target
+                      ) -> dict[fx.Node, tuple[fx.Node, ConvShape, planning.Record]]:
+    """A bottleneck's last conv and its projection shortcut that run as one layer over both
+    inputs (kernels.spec.two_input_shape): last conv -> (projection conv, the layer's shape,
+    its record). A pair is merged where a record of that layer has a schedule valid for it
+    and is faster than what the two would otherwise run as: each its record, or cuDNN where
+    the record loses to it (`kept`, fp16); fp16 also where its own record says it beats its
+    baseline (cuDNN's two layers)."""
+    out: dict[fx.Node, tuple[fx.Node, ConvShape, planning.Record]] = {}
+    chains = graph.find_chains(gm, candidates)
+    for chain in chains:
+        proj = graph.projection_of(chain, chains)
+        if proj is None:
+            continue
+        (shape_a, lp), (shape_b, lp_b) = candidates[chain.conv], candidates[proj.conv]
+        shape = two_input_shape(shape_a, shape_b)
+        if shape is None:
+            continue
+        rec = planning.lookup_records(schedules, [(f"{lp.name}+{lp_b.name}", shape)], p,
+                                      tgt)[0]
+        if rec is None:
+            continue
+        otherwise = [_runs_as_us(records[n], n in kept) for n in (chain.conv, proj.conv)]
+        if rec.latency_us and all(otherwise) and \
+                rec.latency_us >= sum(t for t in otherwise if t is not None):
+            continue
+        if planning.keep_for_record(rec, p):  # fp16: slower than cuDNN's two layers
+            continue
+        why = schedule_fits(shape, p, tgt, rec.schedule,
+                            Epilogue("default", chain.relu is not None))
+        if why:
+            lp.notes.append(f"not one GEMM with {lp_b.name}: its record's schedule {why}")
+            continue
+        out[chain.conv] = (proj.conv, shape, rec)
+    return out
+
+
+def _runs_as_us(rec: planning.Record | None, kept: bool) -> float | None:
+    """A layer's time as deploy would otherwise run it: its record's, or cuDNN's where it
+    stays in PyTorch (the record's baseline, or its latency times its speedup)."""
     if rec is None:
         return None
-    parts = [records[chain.conv], records[proj.conv]]
-    if all(r is not None and r.latency_us for r in parts) and rec.latency_us and \
-            rec.latency_us >= sum(r.latency_us for r in parts if r is not None):
-        return None
-    if planning.keep_for_record(rec, p):  # fp16: slower than cuDNN's two layers
-        return None
-    why = schedule_fits(shape, p, tgt, rec.schedule, Epilogue("default", chain.relu is not None))
-    if why:
-        lp.notes.append(f"not one GEMM with {lp_b.name}: its record's schedule {why}")
-        return None
+    if not kept:
+        return rec.latency_us
+    if rec.baseline_us is not None:
+        return rec.baseline_us
+    return rec.latency_us * rec.speedup if rec.latency_us and rec.speedup else None
+
+
+def _concat_layer(gm: fx.GraphModule, chain: graph.Chain, proj: graph.Chain,
+                  candidates: dict[fx.Node, tuple[Any, LayerPlan]], shape: ConvShape,
+                  rec: planning.Record, p: Precision, tgt: Target, backend: str, pdl: bool,
+                  cache_dir: str | Path | None) -> FusedConv:
+    """The op of a pair `_two_input_layers` merges: both convs' folded weights side by side
+    (the last conv's channels first, as x1 precedes x), one bias."""
+    lp, lp_b = candidates[chain.conv][1], candidates[proj.conv][1]
     w_a, b_a = fold.fold_conv_bn(*_conv_and_bn(gm, chain))
     w_b, b_b = fold.fold_conv_bn(*_conv_and_bn(gm, proj))
     lp.replaced, lp.schedule, lp.schedule_source = True, dict(rec.schedule), rec.source
