@@ -5,8 +5,9 @@ Two steps, so that the GPU machine spends no time compiling:
   python -m bench.kernels_check run --cache .cache/kc --out bench/data/kernels_check.json
 The run checks every candidate (poisoned output, exact integer compare, fp16 tolerance)
 through kernels.runner.Runner: a fault or hang is recorded as runtime_error / timeout.
-Layers with few channels draw folded schedules (FOLD_TAPS) half the time, and an int8
-requant or fp16 bias epilogue adds a residual a third of the time.
+Layers with few channels draw folded schedules (FOLD_TAPS) half the time, an int8
+requant or fp16 bias epilogue adds a residual a third of the time, and one random int8 or fp16
+layer in eight is a 1x1 layer over two inputs (ConvShape's `concat`).
 
 `prebuild --ptx-targets t4,a100 --ptx-count 150` adds candidates of those targets built as
 PTX (compute_75 / compute_80) that the driver compiles for the GPU at hand: their code paths
@@ -36,7 +37,8 @@ PRECISIONS = (Precision.FP16, Precision.INT8, Precision.INT4)
 
 
 def fixed_shapes() -> list[ConvShape]:
-    """Cases the brief names: strided, 1x1, 7x7 with 3 input channels, tails, ResNet."""
+    """Cases the brief names: strided, 1x1, 7x7 with 3 input channels, tails, ResNet; and
+    layers over two inputs."""
     s5 = RESNET50_3X3["stage5"]
     s4 = RESNET50_3X3["stage4"]
     return [
@@ -53,10 +55,24 @@ def fixed_shapes() -> list[ConvShape]:
         ConvShape(5, 10, 12, 36, 26, 5, 3, stride=(1, 2), pad=(2, 1)),  # rectangular
         ConvShape(16, 6, 6, 64, 64, 3, 3, pad=0),
         s5,
+        # two inputs (int8, fp16): a strided projection beside x1, and tails at stride 1
+        ConvShape(2, 14, 14, 64 + 32, 64, 1, 1, stride=2, concat=64),
+        ConvShape(3, 9, 11, 128 + 40, 40, 1, 1, concat=128),
     ]
 
 
 def random_shape(rng: np.random.Generator, precision: Precision) -> ConvShape:
+    """A random layer; one in eight (int8, fp16) a 1x1 layer over two inputs (ConvShape's
+    `concat`: x1's channels at the output's size, then x's at the layer's stride)."""
+    if precision is not Precision.INT4 and rng.random() < 1 / 8:
+        n = int(rng.choice([1, 2, 3, 8]))
+        h, w = int(rng.integers(3, 30)), int(rng.integers(3, 30))
+        c1 = int(rng.choice([32, 64, 128, 256]))  # whole stages of the common CHUNKs
+        c2 = int(rng.choice([8, 16, 24, 40, 64, 128]))
+        k = int(rng.choice([8, 16, 24, 40, 64, 128, 200]))
+        shape = ConvShape(n, h, w, c1 + c2, k, 1, 1, stride=int(rng.choice([1, 2])), concat=c1)
+        if not shape.problems(precision):
+            return shape
     while True:
         r = int(rng.choice([1, 3, 3, 3, 5, 7]))
         s = r if rng.random() < 0.85 else int(rng.choice([1, 3, 5]))
