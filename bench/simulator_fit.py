@@ -63,7 +63,8 @@ KERNEL_FREE = ("eff_wgmma", "wgmma_n0", "eff_sync", "sync_chains0", "load_bytes_
                "tma_load_gain", "smem_bytes_per_clk", "iter_cycles_wgmma", "iter_cycles_sync",
                "iter_cycles_per_warp", "issue_cycles_per_vector", "load_latency_cycles",
                "dup_iter_cycles", "overlap_p", "epilogue_cycles", "store_bytes_per_clk",
-               "prologue_cycles", "dram_eff", "split_launch_us", "launch_us")
+               "prologue_cycles", "dram_eff", "split_launch_us", "launch_us", "tma_line_cycles",
+               "line_part_cost")
 CUDNN_FREE = ("tile", "channels_half", "compute_eff", "dram_eff", "overlap_p", "k_ns", "launch_us")
 # Bounds of every fitted constant, to keep them physical (efficiencies at most 1).
 BOUNDS = {"eff_wgmma": (0.05, 1.0), "eff_sync": (0.05, 1.0), "dram_eff": (0.05, 1.0),

@@ -113,6 +113,9 @@ def model_inputs(shape: ConvShape, precision: Precision, target: Target,
     # Blocks an SM runs at once, and how many times over it does so.
     conc = np.minimum(bps, np.ceil(grid / target.sms))
     rounds = np.ceil(grid / (target.sms * bps))
+    # The last round holds what is left: fewer blocks per SM, which share it less.
+    full = np.floor(grid / (target.sms * bps))
+    tail_conc = np.ceil((grid - full * target.sms * bps) / target.sms)
 
     peak = target.peak(p) * 1e12 / (target.sms * target.boost_mhz * 1e6)  # per SM and clock
     if p is Precision.FP32_TC:
@@ -128,6 +131,13 @@ def model_inputs(shape: ConvShape, precision: Precision, target: Target,
     # Narrow rows of plain NHWC waste 32-byte sectors; NHWCnc keeps them whole.
     row_bytes = np.minimum(shape.c, g.block_k) * in_bytes
     ld_it = ld_it / np.where(nhwcnc, 1.0, np.minimum(1.0, row_bytes / 32.0))
+    # Channels inner (REORDER_INNER=0, one filter tap per stage run): a stage reads a
+    # row_bytes piece of each input pixel's 128-byte line and the next stages the rest, so
+    # lines shorter than that travel from L2 in parts: A's traffic grows with the parts.
+    a_share = g.block_m / (g.block_m + g.block_n)
+    parts = np.maximum(128.0 / np.maximum(np.minimum(shape.c * in_bytes, g.block_k * in_bytes),
+                                          1.0), 1.0) - 1.0
+    split_lines = np.where((cols["REORDER_INNER"] == 0) & ~dup, a_share * parts, 0.0)
     # mma.sync reads its fragments from shared memory with ldmatrix (wgmma reads in place).
     smem_it = np.where(wg, 0.0, g.warps * (wrt * inst.m + wct * inst.n) * g.block_k * bits / 8)
     epi_bytes = g.block_m * g.block_n * np.where(pack, p.output_bits, 32) / 8
@@ -137,13 +147,47 @@ def model_inputs(shape: ConvShape, precision: Precision, target: Target,
         "wg": wg, "tma": tma, "stages": stages, "split_k": split_k, "dup": dup,
         "pack": pack, "warps": g.warps.astype(f64), "k_iters": g.k_iters.astype(f64),
         "vectors": g.stage_vectors.astype(f64),
-        "conc": conc, "rounds": rounds, "grid": grid, "flops_it": flops_it,
+        # 128-byte lines (swizzle atoms of a row of pixels or filters) of a stage: what the
+        # SM's one TMA unit copies one after the other.
+        "tma_lines": g.stage_vectors * g.threads / np.maximum(g.row_loads, 1) *
+        np.ceil(g.block_k * in_bytes / 128.0),
+        "conc": conc, "rounds": rounds, "grid": grid, "full_rounds": full,
+        "tail_conc": tail_conc, "flops_it": flops_it,
         "peak": peak, "wg_n": wg_n, "chains": chains, "ld_it": ld_it, "smem_it": smem_it,
-        "epi_bytes": epi_bytes, "dram": dram, "clock_hz": target.boost_mhz * 1e6,
+        "epi_bytes": epi_bytes, "split_lines": split_lines, "dram": dram, "clock_hz": target.boost_mhz * 1e6,
         "bw": target.bandwidth_gbs * 1e9, "sms": target.sms,
         "reduce_bytes": np.where(split_k > 1,
                                  split_k * shape.gemm_m * shape.gemm_n * 4 * 2, 0.0),
     }
+
+
+def _block_cycles(x: Mapping[str, Any], c: Mapping[str, float], conc: np.ndarray) -> np.ndarray:
+    """Cycles of one block, from its first load to its last store, with `conc` blocks
+    resident on its SM (sharing its Tensor Cores and load path)."""
+    wg = x["wg"]
+    # Tensor Core rate: wgmma loses to narrow N (per-instruction overhead); mma.sync to
+    # too few independent chains per warp.
+    eff = np.where(wg, c["eff_wgmma"] * x["wg_n"] / (x["wg_n"] + c["wgmma_n0"]),
+                   c["eff_sync"] * x["chains"] / (x["chains"] + c["sync_chains0"]))
+    # A warp issues to one of the SM's four sub-partitions, each with a quarter of its
+    # Tensor Cores: the busiest one sets the pace (a warpgroup spans all four).
+    resident = conc * x["warps"]
+    imbalance = np.where(wg, 1.0, np.ceil(resident / 4.0) * 4.0 / resident)
+    t_mma = conc * x["flops_it"] * imbalance / (x["peak"] * eff)
+    ld_bw = c["load_bytes_per_clk"] * np.where(x["tma"] > 0, c["tma_load_gain"], 1.0)
+    t_ld = conc * (x["ld_it"] * (1.0 + c["line_part_cost"] * x["split_lines"]) / ld_bw + x["smem_it"] / c["smem_bytes_per_clk"])
+    floor = np.where(wg, c["iter_cycles_wgmma"], c["iter_cycles_sync"]) + \
+        c["iter_cycles_per_warp"] * x["warps"] * conc + \
+        c["load_latency_cycles"] / x["stages"] + np.where(x["dup"], c["dup_iter_cycles"], 0.0)
+    # cp.async loads: every thread computes the addresses of its vectors each iteration
+    # (TMA: one thread issues a few tensor copies); warps on one sub-partition take turns.
+    t_issue = np.where(x["tma"] > 0, 0.0, c["issue_cycles_per_vector"] * x["vectors"] *
+                       np.maximum(1.0, conc * x["warps"] / 4.0))
+    # TMA: the SM's copy engine, shared by its blocks, walks a stage's box row by row.
+    t_tma = np.where(x["tma"] > 0, c["tma_line_cycles"] * conc * x["tma_lines"], 0.0)
+    t_it = _smooth_max(c["overlap_p"], floor, t_mma, t_ld, t_issue, t_tma)
+    t_epi = c["epilogue_cycles"] + conc * x["epi_bytes"] / c["store_bytes_per_clk"]
+    return x["k_iters"] * t_it + c["prologue_cycles"] + t_epi
 
 
 def latency_from_inputs(x: Mapping[str, Any], c: Mapping[str, float]) -> np.ndarray:
@@ -153,29 +197,10 @@ def latency_from_inputs(x: Mapping[str, Any], c: Mapping[str, float]) -> np.ndar
     load path, and each iteration has a latency floor (barrier, issue, load latency not hidden
     by the stages); those overlap imperfectly (a smooth max). The main loop is paid per round
     of resident blocks, plus each block's prologue and epilogue; DRAM bounds the whole."""
-    wg = x["wg"]
-    # Tensor Core rate: wgmma loses to narrow N (per-instruction overhead); mma.sync to
-    # too few independent chains per warp.
-    eff = np.where(wg, c["eff_wgmma"] * x["wg_n"] / (x["wg_n"] + c["wgmma_n0"]),
-                   c["eff_sync"] * x["chains"] / (x["chains"] + c["sync_chains0"]))
-    # A warp issues to one of the SM's four sub-partitions, each with a quarter of its
-    # Tensor Cores: the busiest one sets the pace (a warpgroup spans all four).
-    resident = x["conc"] * x["warps"]
-    imbalance = np.where(wg, 1.0, np.ceil(resident / 4.0) * 4.0 / resident)
-    t_mma = x["conc"] * x["flops_it"] * imbalance / (x["peak"] * eff)
-    ld_bw = c["load_bytes_per_clk"] * np.where(x["tma"] > 0, c["tma_load_gain"], 1.0)
-    t_ld = x["conc"] * (x["ld_it"] / ld_bw + x["smem_it"] / c["smem_bytes_per_clk"])
-    floor = np.where(wg, c["iter_cycles_wgmma"], c["iter_cycles_sync"]) + \
-        c["iter_cycles_per_warp"] * x["warps"] * x["conc"] + \
-        c["load_latency_cycles"] / x["stages"] + np.where(x["dup"], c["dup_iter_cycles"], 0.0)
-    # cp.async loads: every thread computes the addresses of its vectors each iteration
-    # (TMA: one thread issues a few tensor copies); warps on one sub-partition take turns.
-    t_issue = np.where(x["tma"] > 0, 0.0, c["issue_cycles_per_vector"] * x["vectors"] *
-                       np.maximum(1.0, x["conc"] * x["warps"] / 4.0))
-    t_it = _smooth_max(c["overlap_p"], floor, t_mma, t_ld, t_issue)
-    t_epi = c["epilogue_cycles"] + x["conc"] * x["epi_bytes"] / c["store_bytes_per_clk"]
-    t_block = x["k_iters"] * t_it + c["prologue_cycles"] + t_epi
-    t_sm = x["rounds"] * t_block / x["clock_hz"]
+    # Full rounds run `conc` blocks per SM; a partial last round, `tail_conc`.
+    t_full = _block_cycles(x, c, x["conc"])
+    t_tail = np.where(x["tail_conc"] > 0, _block_cycles(x, c, np.maximum(x["tail_conc"], 1)), 0.0)
+    t_sm = (x["full_rounds"] * t_full + t_tail) / x["clock_hz"]
     t_dram = x["dram"] / (x["bw"] * c["dram_eff"])
     t_split = x["reduce_bytes"] / (x["bw"] * c["dram_eff"]) + \
         np.where(x["split_k"] > 1, c["split_launch_us"] * 1e-6, 0.0)
