@@ -147,9 +147,9 @@ def model_inputs(shape: ConvShape, precision: Precision, target: Target,
         "wg": wg, "tma": tma, "stages": stages, "split_k": split_k, "dup": dup,
         "pack": pack, "warps": g.warps.astype(f64), "k_iters": g.k_iters.astype(f64),
         "vectors": g.stage_vectors.astype(f64),
-        # 128-byte lines (swizzle atoms of a row of pixels or filters) of a stage: what the
-        # SM's one TMA unit copies one after the other.
-        "tma_lines": g.stage_vectors * g.threads / np.maximum(g.row_loads, 1) *
+        # 128-byte lines (pieces of a row of pixels or filters) a stage loads: L2 serves an
+        # SM's requests a line at a time, and the SM's one TMA unit copies them one by one.
+        "lines": g.stage_vectors * g.threads / np.maximum(g.row_loads, 1) *
         np.ceil(g.block_k * in_bytes / 128.0),
         "conc": conc, "rounds": rounds, "grid": grid, "full_rounds": full,
         "tail_conc": tail_conc, "flops_it": flops_it,
@@ -183,9 +183,9 @@ def _block_cycles(x: Mapping[str, Any], c: Mapping[str, float], conc: np.ndarray
     # (TMA: one thread issues a few tensor copies); warps on one sub-partition take turns.
     t_issue = np.where(x["tma"] > 0, 0.0, c["issue_cycles_per_vector"] * x["vectors"] *
                        np.maximum(1.0, conc * x["warps"] / 4.0))
-    # TMA: the SM's copy engine, shared by its blocks, walks a stage's box row by row.
-    t_tma = np.where(x["tma"] > 0, c["tma_line_cycles"] * conc * x["tma_lines"], 0.0)
-    t_it = _smooth_max(c["overlap_p"], floor, t_mma, t_ld, t_issue, t_tma)
+    # Lines: the L2 requests of cp.async, or the TMA unit's copies, shared by the SM's blocks.
+    t_lines = conc * x["lines"] * np.where(x["tma"] > 0, c["tma_line_cycles"], c["line_cycles"])
+    t_it = _smooth_max(c["overlap_p"], floor, t_mma, t_ld, t_issue, t_lines)
     t_epi = c["epilogue_cycles"] + conc * x["epi_bytes"] / c["store_bytes_per_clk"]
     return x["k_iters"] * t_it + c["prologue_cycles"] + t_epi
 
