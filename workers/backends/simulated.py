@@ -176,9 +176,12 @@ def _block_cycles(x: Mapping[str, Any], c: Mapping[str, float], conc: np.ndarray
     t_mma = conc * x["flops_it"] * imbalance / (x["peak"] * eff)
     ld_bw = c["load_bytes_per_clk"] * np.where(x["tma"] > 0, c["tma_load_gain"], 1.0)
     t_ld = conc * (x["ld_it"] * (1.0 + c["line_part_cost"] * x["split_lines"]) / ld_bw + x["smem_it"] / c["smem_bytes_per_clk"])
+    # TMA=1: a math thread refills each stage once every warp has released it, before its
+    # own next MMAs: a wait per stage the MMAs do not hide (TMA=2: a producer warp's).
     floor = np.where(wg, c["iter_cycles_wgmma"], c["iter_cycles_sync"]) + \
         c["iter_cycles_per_warp"] * x["warps"] * conc + \
-        c["load_latency_cycles"] / x["stages"] + np.where(x["dup"], c["dup_iter_cycles"], 0.0)
+        c["load_latency_cycles"] / x["stages"] + np.where(x["dup"], c["dup_iter_cycles"], 0.0) + \
+        np.where(x["tma"] == 1, c["tma_issue_cycles"], 0.0)
     # cp.async loads: every thread computes the addresses of its vectors each iteration
     # (TMA: one thread issues a few tensor copies); warps on one sub-partition take turns.
     t_issue = np.where(x["tma"] > 0, 0.0, c["issue_cycles_per_vector"] * x["vectors"] *
