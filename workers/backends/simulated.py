@@ -190,7 +190,9 @@ def _block_cycles(x: Mapping[str, Any], c: Mapping[str, float], conc: np.ndarray
     t_lines = conc * x["lines"] * np.where(x["tma"] > 0, c["tma_line_cycles"], c["line_cycles"])
     t_it = _smooth_max(c["overlap_p"], floor, t_mma, t_ld, t_issue, t_lines)
     t_epi = c["epilogue_cycles"] + conc * x["epi_bytes"] / c["store_bytes_per_clk"]
-    return x["k_iters"] * t_it + c["prologue_cycles"] + t_epi
+    # TMA: a block first fetches its tensor maps and sets up its stages' mbarriers.
+    t_pro = c["prologue_cycles"] + np.where(x["tma"] > 0, c["tma_prologue_cycles"], 0.0)
+    return x["k_iters"] * t_it + t_pro + t_epi
 
 
 def latency_from_inputs(x: Mapping[str, Any], c: Mapping[str, float]) -> np.ndarray:
