@@ -188,7 +188,10 @@ def _block_cycles(x: Mapping[str, Any], c: Mapping[str, float], conc: np.ndarray
                        np.maximum(1.0, conc * x["warps"] / 4.0))
     # Lines: the L2 requests of cp.async, or the TMA unit's copies, shared by the SM's blocks.
     t_lines = conc * x["lines"] * np.where(x["tma"] > 0, c["tma_line_cycles"], c["line_cycles"])
-    t_it = _smooth_max(c["overlap_p"], floor, t_mma, t_ld, t_issue, t_lines)
+    # wgmma: each resident block's per-stage bookkeeping (fence, commit and wait of its
+    # warpgroups' MMAs, the stage's barriers) takes the SM's issue slots in turn.
+    t_blocks = np.where(wg, conc * c["block_iter_cycles"], 0.0)
+    t_it = _smooth_max(c["overlap_p"], floor, t_mma, t_ld, t_issue, t_lines, t_blocks)
     t_epi = c["epilogue_cycles"] + conc * x["epi_bytes"] / c["store_bytes_per_clk"]
     # TMA: a block first fetches its tensor maps and sets up its stages' mbarriers.
     t_pro = c["prologue_cycles"] + np.where(x["tma"] > 0, c["tma_prologue_cycles"], 0.0)
