@@ -206,8 +206,9 @@ def latency_from_inputs(x: Mapping[str, Any], c: Mapping[str, float]) -> np.ndar
     by the stages); those overlap imperfectly (a smooth max). The main loop is paid per round
     of resident blocks, plus each block's prologue and epilogue; DRAM bounds the whole."""
     # Full rounds run `conc` blocks per SM; a partial last round, `tail_conc`.
-    t_full = _block_cycles(x, c, x["conc"])
-    t_tail = np.where(x["tail_conc"] > 0, _block_cycles(x, c, np.maximum(x["tail_conc"], 1)), 0.0)
+    # (Both in one evaluation: rows of a (2, n) array broadcast against the inputs.)
+    t_full, t_tail = _block_cycles(x, c, np.stack([x["conc"], np.maximum(x["tail_conc"], 1)]))
+    t_tail = np.where(x["tail_conc"] > 0, t_tail, 0.0)
     t_sm = (x["full_rounds"] * t_full + t_tail) / x["clock_hz"]
     t_dram = x["dram"] / (x["bw"] * c["dram_eff"])
     t_split = x["reduce_bytes"] / (x["bw"] * c["dram_eff"]) + \
