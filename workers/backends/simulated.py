@@ -154,7 +154,8 @@ def model_inputs(shape: ConvShape, precision: Precision, target: Target,
         "conc": conc, "rounds": rounds, "grid": grid, "full_rounds": full,
         "tail_conc": tail_conc, "flops_it": flops_it,
         "peak": peak, "wg_n": wg_n, "chains": chains, "ld_it": ld_it, "smem_it": smem_it,
-        "epi_bytes": epi_bytes, "split_lines": split_lines, "dram": dram, "clock_hz": target.boost_mhz * 1e6,
+        "epi_bytes": epi_bytes, "split_lines": split_lines, "dram": dram,
+        "clock_hz": target.boost_mhz * 1e6,
         "bw": target.bandwidth_gbs * 1e9, "sms": target.sms,
         "reduce_bytes": np.where(split_k > 1,
                                  split_k * shape.gemm_m * shape.gemm_n * 4 * 2, 0.0),
@@ -175,7 +176,8 @@ def _block_cycles(x: Mapping[str, Any], c: Mapping[str, float], conc: np.ndarray
     imbalance = np.where(wg, 1.0, np.ceil(resident / 4.0) * 4.0 / resident)
     t_mma = conc * x["flops_it"] * imbalance / (x["peak"] * eff)
     ld_bw = c["load_bytes_per_clk"] * np.where(x["tma"] > 0, c["tma_load_gain"], 1.0)
-    t_ld = conc * (x["ld_it"] * (1.0 + c["line_part_cost"] * x["split_lines"]) / ld_bw + x["smem_it"] / c["smem_bytes_per_clk"])
+    t_ld = conc * (x["ld_it"] * (1.0 + c["line_part_cost"] * x["split_lines"]) / ld_bw +
+                   x["smem_it"] / c["smem_bytes_per_clk"])
     # TMA=1: a math thread refills each stage once every warp has released it, before its
     # own next MMAs: a wait per stage the MMAs do not hide (TMA=2: a producer warp's).
     floor = np.where(wg, c["iter_cycles_wgmma"], c["iter_cycles_sync"]) + \
