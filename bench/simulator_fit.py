@@ -4,7 +4,8 @@ Kernel model: the ResNet-50 3x3 replay spaces recorded on H100 (wgmma, 32 spaces
 (mma.sync, 8 spaces), bench/data/replay/resnet50_*.jsonl.gz, each an exhaustively measured
 subspace. The split is fixed by layer and batch: every stage-3 space (a layer the fit never
 sees) and every batch-16 space (a batch it never sees) is held out, 16 spaces; the fit uses
-the other 24 (stages 2, 4 and 5 at batch 1, 8 and 32).
+the other 24 (stages 2, 4 and 5 at batch 1, 8 and 32). The 18 fitted wgmma spaces fit every
+constant but the mma.sync path's own (SYNC_FREE), the 6 fitted mma.sync spaces then those.
 
 Baselines: cuDNN fp16 is fitted to the cuDNN fp16 times of bench/data/zoo_h100.json (every
 groups=1 conv of six networks, H100); the layers of ResNet-50 (and any layer of another

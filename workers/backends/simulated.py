@@ -4,18 +4,21 @@ It turns (shape, schedule) into a latency from the quantities that decide a Tens
 conv's speed. Per SM and main-loop iteration, the blocks resident on it (occupancy from
 threads, registers and shared memory) share the Tensor Cores (wgmma, or mma.sync through the
 four sub-partitions), the load path (bytes per iteration; cp.async address work per thread,
-none with TMA) and pay a latency floor (barrier, warps, pipeline depth); these overlap as a
-smooth max. The main loop runs once per round of resident blocks, plus each block's prologue
-and epilogue; DRAM bounds the whole; split-K adds its reduction. The result is deterministic
+none with TMA), its 128-byte lines (L2 requests of cp.async, or the SM's TMA unit's copies)
+and, with wgmma, each block's per-stage bookkeeping, and pay a latency floor (barrier, warps,
+pipeline depth, TMA=1's wait per stage); these overlap as a smooth max. The main loop runs
+once per round of resident blocks (the last round with the blocks left, which share the SM
+less), plus each block's prologue (with TMA, its set-up) and epilogue; DRAM bounds the whole;
+split-K adds its reduction. The result is deterministic
 per (shape, schedule) plus small seeded noise, and every result it makes is stored and shown
 as simulated.
 
 The constants are fitted (bench/simulator_fit.py) to GPU-recorded data and live in
 simulated_fit.json beside this module: "kernel" to the ResNet-50 3x3 replay spaces recorded
-on H100 (wgmma) and H200 (mma.sync); "cudnn_fp16" and "cudnn_fp32" to cuDNN times recorded on
-H100 and H200. Held-out figures are in bench/RESULTS.md, "Simulator calibration". Other
-targets use the same constants with their own datasheet figures (SMs, clock, peaks,
-bandwidth): an extrapolation.
+on H100 (wgmma: the shared constants) and H200 (mma.sync: that path's own); "cudnn_fp16"
+and "cudnn_fp32" to cuDNN times recorded on H100 and H200. Held-out figures are in
+bench/RESULTS.md, "Simulator calibration". Other targets use the same constants with their own
+datasheet figures (SMs, clock, peaks, bandwidth): an extrapolation.
 
 The baseline (`SimulatedBackend.baseline_us`) is a model of cuDNN, not of this kernel: a
 roofline of the layer (arithmetic, DRAM bytes, the reduction walked in order) with its own
