@@ -4,18 +4,21 @@ It turns (shape, schedule) into a latency from the quantities that decide a Tens
 conv's speed. Per SM and main-loop iteration, the blocks resident on it (occupancy from
 threads, registers and shared memory) share the Tensor Cores (wgmma, or mma.sync through the
 four sub-partitions), the load path (bytes per iteration; cp.async address work per thread,
-none with TMA) and pay a latency floor (barrier, warps, pipeline depth); these overlap as a
-smooth max. The main loop runs once per round of resident blocks, plus each block's prologue
-and epilogue; DRAM bounds the whole; split-K adds its reduction. The result is deterministic
+none with TMA), its 128-byte lines (L2 requests of cp.async, or the SM's TMA unit's copies)
+and, with wgmma, each block's per-stage bookkeeping, and pay a latency floor (barrier, warps,
+pipeline depth, TMA=1's wait per stage); these overlap as a smooth max. The main loop runs
+once per round of resident blocks (the last round with the blocks left, which share the SM
+less), plus each block's prologue (with TMA, its set-up) and epilogue; DRAM bounds the whole;
+split-K adds its reduction. The result is deterministic
 per (shape, schedule) plus small seeded noise, and every result it makes is stored and shown
 as simulated.
 
 The constants are fitted (bench/simulator_fit.py) to GPU-recorded data and live in
 simulated_fit.json beside this module: "kernel" to the ResNet-50 3x3 replay spaces recorded
-on H100 (wgmma) and H200 (mma.sync); "cudnn_fp16" and "cudnn_fp32" to cuDNN times recorded on
-H100 and H200. Held-out figures are in bench/RESULTS.md, "Simulator calibration". Other
-targets use the same constants with their own datasheet figures (SMs, clock, peaks,
-bandwidth): an extrapolation.
+on H100 (wgmma: the shared constants) and H200 (mma.sync: that path's own); "cudnn_fp16"
+and "cudnn_fp32" to cuDNN times recorded on H100 and H200. Held-out figures are in
+bench/RESULTS.md, "Simulator calibration". Other targets use the same constants with their own
+datasheet figures (SMs, clock, peaks, bandwidth): an extrapolation.
 
 The baseline (`SimulatedBackend.baseline_us`) is a model of cuDNN, not of this kernel: a
 roofline of the layer (arithmetic, DRAM bytes, the reduction walked in order) with its own
@@ -113,6 +116,9 @@ def model_inputs(shape: ConvShape, precision: Precision, target: Target,
     # Blocks an SM runs at once, and how many times over it does so.
     conc = np.minimum(bps, np.ceil(grid / target.sms))
     rounds = np.ceil(grid / (target.sms * bps))
+    # The last round holds what is left: fewer blocks per SM, which share it less.
+    full = np.floor(grid / (target.sms * bps))
+    tail_conc = np.ceil((grid - full * target.sms * bps) / target.sms)
 
     peak = target.peak(p) * 1e12 / (target.sms * target.boost_mhz * 1e6)  # per SM and clock
     if p is Precision.FP32_TC:
@@ -128,6 +134,13 @@ def model_inputs(shape: ConvShape, precision: Precision, target: Target,
     # Narrow rows of plain NHWC waste 32-byte sectors; NHWCnc keeps them whole.
     row_bytes = np.minimum(shape.c, g.block_k) * in_bytes
     ld_it = ld_it / np.where(nhwcnc, 1.0, np.minimum(1.0, row_bytes / 32.0))
+    # Channels inner (REORDER_INNER=0, one filter tap per stage run): a stage reads a
+    # row_bytes piece of each input pixel's 128-byte line and the next stages the rest, so
+    # lines shorter than that travel from L2 in parts: A's traffic grows with the parts.
+    a_share = g.block_m / (g.block_m + g.block_n)
+    parts = np.maximum(128.0 / np.maximum(np.minimum(shape.c * in_bytes, g.block_k * in_bytes),
+                                          1.0), 1.0) - 1.0
+    split_lines = np.where((cols["REORDER_INNER"] == 0) & ~dup, a_share * parts, 0.0)
     # mma.sync reads its fragments from shared memory with ldmatrix (wgmma reads in place).
     smem_it = np.where(wg, 0.0, g.warps * (wrt * inst.m + wct * inst.n) * g.block_k * bits / 8)
     epi_bytes = g.block_m * g.block_n * np.where(pack, p.output_bits, 32) / 8
@@ -137,13 +150,57 @@ def model_inputs(shape: ConvShape, precision: Precision, target: Target,
         "wg": wg, "tma": tma, "stages": stages, "split_k": split_k, "dup": dup,
         "pack": pack, "warps": g.warps.astype(f64), "k_iters": g.k_iters.astype(f64),
         "vectors": g.stage_vectors.astype(f64),
-        "conc": conc, "rounds": rounds, "grid": grid, "flops_it": flops_it,
+        # 128-byte lines (pieces of a row of pixels or filters) a stage loads: L2 serves an
+        # SM's requests a line at a time, and the SM's one TMA unit copies them one by one.
+        "lines": g.stage_vectors * g.threads / np.maximum(g.row_loads, 1) *
+        np.ceil(g.block_k * in_bytes / 128.0),
+        "conc": conc, "rounds": rounds, "grid": grid, "full_rounds": full,
+        "tail_conc": tail_conc, "flops_it": flops_it,
         "peak": peak, "wg_n": wg_n, "chains": chains, "ld_it": ld_it, "smem_it": smem_it,
-        "epi_bytes": epi_bytes, "dram": dram, "clock_hz": target.boost_mhz * 1e6,
+        "epi_bytes": epi_bytes, "split_lines": split_lines, "dram": dram,
+        "clock_hz": target.boost_mhz * 1e6,
         "bw": target.bandwidth_gbs * 1e9, "sms": target.sms,
         "reduce_bytes": np.where(split_k > 1,
                                  split_k * shape.gemm_m * shape.gemm_n * 4 * 2, 0.0),
     }
+
+
+def _block_cycles(x: Mapping[str, Any], c: Mapping[str, float], conc: np.ndarray) -> np.ndarray:
+    """Cycles of one block, from its first load to its last store, with `conc` blocks
+    resident on its SM (sharing its Tensor Cores and load path)."""
+    wg = x["wg"]
+    # Tensor Core rate: wgmma loses to narrow N (per-instruction overhead); mma.sync to
+    # too few independent chains per warp.
+    eff = np.where(wg, c["eff_wgmma"] * x["wg_n"] / (x["wg_n"] + c["wgmma_n0"]),
+                   c["eff_sync"] * x["chains"] / (x["chains"] + c["sync_chains0"]))
+    # A warp issues to one of the SM's four sub-partitions, each with a quarter of its
+    # Tensor Cores: the busiest one sets the pace (a warpgroup spans all four).
+    resident = conc * x["warps"]
+    imbalance = np.where(wg, 1.0, np.ceil(resident / 4.0) * 4.0 / resident)
+    t_mma = conc * x["flops_it"] * imbalance / (x["peak"] * eff)
+    ld_bw = c["load_bytes_per_clk"] * np.where(x["tma"] > 0, c["tma_load_gain"], 1.0)
+    t_ld = conc * (x["ld_it"] * (1.0 + c["line_part_cost"] * x["split_lines"]) / ld_bw +
+                   x["smem_it"] / c["smem_bytes_per_clk"])
+    # TMA=1: a math thread refills each stage once every warp has released it, before its
+    # own next MMAs: a wait per stage the MMAs do not hide (TMA=2: a producer warp's).
+    floor = np.where(wg, c["iter_cycles_wgmma"], c["iter_cycles_sync"]) + \
+        c["iter_cycles_per_warp"] * x["warps"] * conc + \
+        c["load_latency_cycles"] / x["stages"] + np.where(x["dup"], c["dup_iter_cycles"], 0.0) + \
+        np.where(x["tma"] == 1, c["tma_issue_cycles"], 0.0)
+    # cp.async loads: every thread computes the addresses of its vectors each iteration
+    # (TMA: one thread issues a few tensor copies); warps on one sub-partition take turns.
+    t_issue = np.where(x["tma"] > 0, 0.0, c["issue_cycles_per_vector"] * x["vectors"] *
+                       np.maximum(1.0, conc * x["warps"] / 4.0))
+    # Lines: the L2 requests of cp.async, or the TMA unit's copies, shared by the SM's blocks.
+    t_lines = conc * x["lines"] * np.where(x["tma"] > 0, c["tma_line_cycles"], c["line_cycles"])
+    # wgmma: each resident block's per-stage bookkeeping (fence, commit and wait of its
+    # warpgroups' MMAs, the stage's barriers) takes the SM's issue slots in turn.
+    t_blocks = np.where(wg, conc * c["block_iter_cycles"], 0.0)
+    t_it = _smooth_max(c["overlap_p"], floor, t_mma, t_ld, t_issue, t_lines, t_blocks)
+    t_epi = c["epilogue_cycles"] + conc * x["epi_bytes"] / c["store_bytes_per_clk"]
+    # TMA: a block first fetches its tensor maps and sets up its stages' mbarriers.
+    t_pro = c["prologue_cycles"] + np.where(x["tma"] > 0, c["tma_prologue_cycles"], 0.0)
+    return x["k_iters"] * t_it + t_pro + t_epi
 
 
 def latency_from_inputs(x: Mapping[str, Any], c: Mapping[str, float]) -> np.ndarray:
@@ -153,29 +210,11 @@ def latency_from_inputs(x: Mapping[str, Any], c: Mapping[str, float]) -> np.ndar
     load path, and each iteration has a latency floor (barrier, issue, load latency not hidden
     by the stages); those overlap imperfectly (a smooth max). The main loop is paid per round
     of resident blocks, plus each block's prologue and epilogue; DRAM bounds the whole."""
-    wg = x["wg"]
-    # Tensor Core rate: wgmma loses to narrow N (per-instruction overhead); mma.sync to
-    # too few independent chains per warp.
-    eff = np.where(wg, c["eff_wgmma"] * x["wg_n"] / (x["wg_n"] + c["wgmma_n0"]),
-                   c["eff_sync"] * x["chains"] / (x["chains"] + c["sync_chains0"]))
-    # A warp issues to one of the SM's four sub-partitions, each with a quarter of its
-    # Tensor Cores: the busiest one sets the pace (a warpgroup spans all four).
-    resident = x["conc"] * x["warps"]
-    imbalance = np.where(wg, 1.0, np.ceil(resident / 4.0) * 4.0 / resident)
-    t_mma = x["conc"] * x["flops_it"] * imbalance / (x["peak"] * eff)
-    ld_bw = c["load_bytes_per_clk"] * np.where(x["tma"] > 0, c["tma_load_gain"], 1.0)
-    t_ld = x["conc"] * (x["ld_it"] / ld_bw + x["smem_it"] / c["smem_bytes_per_clk"])
-    floor = np.where(wg, c["iter_cycles_wgmma"], c["iter_cycles_sync"]) + \
-        c["iter_cycles_per_warp"] * x["warps"] * x["conc"] + \
-        c["load_latency_cycles"] / x["stages"] + np.where(x["dup"], c["dup_iter_cycles"], 0.0)
-    # cp.async loads: every thread computes the addresses of its vectors each iteration
-    # (TMA: one thread issues a few tensor copies); warps on one sub-partition take turns.
-    t_issue = np.where(x["tma"] > 0, 0.0, c["issue_cycles_per_vector"] * x["vectors"] *
-                       np.maximum(1.0, x["conc"] * x["warps"] / 4.0))
-    t_it = _smooth_max(c["overlap_p"], floor, t_mma, t_ld, t_issue)
-    t_epi = c["epilogue_cycles"] + x["conc"] * x["epi_bytes"] / c["store_bytes_per_clk"]
-    t_block = x["k_iters"] * t_it + c["prologue_cycles"] + t_epi
-    t_sm = x["rounds"] * t_block / x["clock_hz"]
+    # Full rounds run `conc` blocks per SM; a partial last round, `tail_conc`.
+    # (Both in one evaluation: rows of a (2, n) array broadcast against the inputs.)
+    t_full, t_tail = _block_cycles(x, c, np.stack([x["conc"], np.maximum(x["tail_conc"], 1)]))
+    t_tail = np.where(x["tail_conc"] > 0, t_tail, 0.0)
+    t_sm = (x["full_rounds"] * t_full + t_tail) / x["clock_hz"]
     t_dram = x["dram"] / (x["bw"] * c["dram_eff"])
     t_split = x["reduce_bytes"] / (x["bw"] * c["dram_eff"]) + \
         np.where(x["split_k"] > 1, c["split_launch_us"] * 1e-6, 0.0)
