@@ -5,7 +5,8 @@ Every measurement passes through here, so each step is a few statements whatever
 chunk's size, with no ORM objects (profiled: ORM loads, per-call compilation of
 multi-row INSERTs and one round trip per job were most of a measurement's CPU). The
 statements are built once and cached by SQLAlchemy; lists travel as expanding IN
-parameters and rows as executemany (insertmanyvalues: one INSERT per batch).
+parameters, and rows as executemany (insertmanyvalues: one INSERT per batch) or, on
+PostgreSQL, as one array per column with the schedules as one JSON array.
 Exactly-once is kept by the same keys as before: unique (task, schedule hash) with
 insert-or-ignore, and a lease that only a free or own candidate can take.
 """
