@@ -5,7 +5,8 @@ Every measurement passes through here, so each step is a few statements whatever
 chunk's size, with no ORM objects (profiled: ORM loads, per-call compilation of
 multi-row INSERTs and one round trip per job were most of a measurement's CPU). The
 statements are built once and cached by SQLAlchemy; lists travel as expanding IN
-parameters and rows as executemany (insertmanyvalues: one INSERT per batch).
+parameters, and rows as executemany (insertmanyvalues: one INSERT per batch) or, on
+PostgreSQL, as one array per column with the schedules as one JSON array.
 Exactly-once is kept by the same keys as before: unique (task, schedule hash) with
 insert-or-ignore, and a lease that only a free or own candidate can take.
 """
@@ -227,29 +228,32 @@ _BUILDERS = {"record": _record_stmt, "best": _best_stmt, "candidates": _candidat
 # PostgreSQL: a whole group of rows as one array per column, in one short statement that
 # psycopg parses once and the server prepares once. A multi-row VALUES statement is new
 # text for every row count and too long for psycopg's statement cache, and parsing it
-# was most of the explorer's and a good part of a worker's CPU per write.
+# was most of the explorer's and a good part of a worker's CPU per write. The schedules go
+# as one JSON array (`json_array_elements`, zipped with the columns by ROWS FROM): as a
+# json[] psycopg quoted and escaped every one of their quotes in Python, most of the
+# insert's CPU.
 _RECORD_PG = text(
     "INSERT INTO measurement (task_id, job_id, schedule, schedule_hash, status, median_us,"
     " iqr_us, backend, worker, error, predicted_us, created_at)"
-    " SELECT * FROM unnest(:task_id ::integer[], :job_id ::integer[], :schedule ::json[],"
-    " :schedule_hash ::varchar[], :status ::varchar[], :median_us ::float8[],"
-    " :iqr_us ::float8[], :backend ::varchar[], :worker ::varchar[], :error ::text[],"
-    " :predicted_us ::float8[], :created_at ::timestamptz[])"
+    " SELECT * FROM ROWS FROM (unnest(:task_id ::integer[]), unnest(:job_id ::integer[]),"
+    " json_array_elements(:schedule ::json), unnest(:schedule_hash ::varchar[]),"
+    " unnest(:status ::varchar[]), unnest(:median_us ::float8[]), unnest(:iqr_us ::float8[]),"
+    " unnest(:backend ::varchar[]), unnest(:worker ::varchar[]), unnest(:error ::text[]),"
+    " unnest(:predicted_us ::float8[]), unnest(:created_at ::timestamptz[]))"
     " ON CONFLICT (task_id, schedule_hash) DO NOTHING RETURNING task_id, schedule_hash")
-# The round: the given one, or (NULL) the job's next, in the same statement.
+# The round: the given one, or (NULL) the job's next, in the same statement. What a round's
+# rows share (job, task, state, stamps) goes as one value each (psycopg dumps an array's
+# elements one by one in Python), the schedules as one JSON array as above.
 _CANDIDATES_PG = text(
     "INSERT INTO candidate (job_id, task_id, round, schedule, schedule_hash, state, attempts,"
     " created_at, predicted_us, dispatched_at)"
-    " SELECT u.job_id, u.task_id, coalesce(:round ::integer,"
+    " SELECT :job ::integer, :task_id ::integer, coalesce(:round ::integer,"
     " (SELECT coalesce(max(c.round), 0) + 1 FROM candidate c WHERE c.job_id = :job)),"
-    " u.schedule, u.schedule_hash, u.state, u.attempts, u.created_at, u.predicted_us,"
-    " u.dispatched_at"
-    " FROM unnest(:job_id ::integer[], :task_id ::integer[],"
-    " :schedule ::json[], :schedule_hash ::varchar[], :state ::varchar[],"
-    " :attempts ::integer[], :created_at ::timestamptz[], :predicted_us ::float8[],"
-    " :dispatched_at ::timestamptz[])"
-    " AS u(job_id, task_id, schedule, schedule_hash, state, attempts, created_at,"
-    " predicted_us, dispatched_at)"
+    " u.schedule, u.schedule_hash, 'pending', 0, :created_at ::timestamptz, u.predicted_us,"
+    " :dispatched_at ::timestamptz"
+    " FROM ROWS FROM (json_array_elements(:schedule ::json),"
+    " unnest(:schedule_hash ::varchar[]), unnest(:predicted_us ::float8[]))"
+    " AS u(schedule, schedule_hash, predicted_us)"
     " ON CONFLICT (job_id, schedule_hash) DO NOTHING RETURNING id")
 
 
@@ -258,7 +262,7 @@ def _insert_rows(session: Session, name: str, pg: Any, rows: list[dict[str, Any]
     if session.get_bind().dialect.name != "postgresql":
         return session.connection().execute(_statement(session, name), rows)
     arrays = {k: [r[k] for r in rows] for k in rows[0]}
-    arrays["schedule"] = [json.dumps(v) for v in arrays["schedule"]]
+    arrays["schedule"] = json.dumps(arrays["schedule"])
     return session.execute(pg, arrays)
 
 
@@ -279,30 +283,35 @@ def record_results(session: Session, rows: Sequence[dict[str, Any]]) -> set[tupl
 
 def add_candidates(session: Session, job_id: int, task_id: int,
                    schedules: Sequence[dict[str, Any]], round_no: int | None,
-                   predicted_us: Sequence[float | None], dispatched: bool = False
-                   ) -> list[int]:
+                   predicted_us: Sequence[float | None], dispatched: bool = False,
+                   hashes: Sequence[str] | None = None) -> list[int]:
     """Insert a round's proposals (ignoring any the job already has); the new ids.
     `round_no` None: the job's next round (its highest + 1), worked out by the insert
     itself on PostgreSQL (the caller holds the job's row lock). `dispatched`: stamp them
-    as sent (the caller sends them right after its commit)."""
+    as sent (the caller sends them right after its commit). `hashes`: the schedules'
+    `schedule_hash`, where the caller has them already."""
     if not schedules:
         return []
     now = utcnow()
     pg = session.get_bind().dialect.name == "postgresql"
     if round_no is None and not pg:
         round_no = next_round(session, job_id)
+    if hashes is None:
+        hashes = [schedule_hash(sched) for sched in schedules]
     params = [{"job_id": job_id, "task_id": task_id, "round": round_no, "schedule": sched,
-               "schedule_hash": schedule_hash(sched), "state": "pending", "attempts": 0,
+               "schedule_hash": h, "state": "pending", "attempts": 0,
                "created_at": now, "predicted_us": pred,
                "dispatched_at": now if dispatched else None}
-              for sched, pred in zip(schedules, predicted_us, strict=True)]
+              for sched, h, pred in zip(schedules, hashes, predicted_us, strict=True)]
     if pg:
-        params[0]["round"] = round_no  # one value (None: the next round), not an array
-        arrays = {k: [r[k] for r in params] for k in params[0] if k != "round"}
-        arrays["schedule"] = [json.dumps(v) for v in arrays["schedule"]]
-        return sorted(i for (i,) in session.execute(
-            _CANDIDATES_PG, {**arrays, "round": round_no, "job": job_id}))
-    return sorted(i for (i,) in _insert_rows(session, "candidates", _CANDIDATES_PG, params))
+        return sorted(i for (i,) in session.execute(_CANDIDATES_PG, {
+            "job": job_id, "task_id": task_id, "round": round_no, "created_at": now,
+            "dispatched_at": now if dispatched else None,
+            "schedule": json.dumps([r["schedule"] for r in params]),
+            "schedule_hash": [r["schedule_hash"] for r in params],
+            "predicted_us": [r["predicted_us"] for r in params]}))
+    return sorted(i for (i,) in session.connection().execute(
+        _statement(session, "candidates"), params))
 
 
 def next_round(session: Session, job_id: int) -> int:
@@ -426,14 +435,14 @@ def closed_rounds(session: Session, rounds: Iterable[tuple[int, int]]) -> set[in
 class OpenRow:
     id: int
     round: int
-    schedule: dict[str, Any]
+    schedule_hash: str  # its schedule: `candidate_schedules` (the explorer maps most by hash)
     dispatched: bool
 
 
 _ONE = select(literal(1).label("one")).subquery()
 _OPEN_AND_MEASURED = (
     select(select(func.count()).where(M.job_id == bindparam("job_id")).scalar_subquery(),
-           C.id, C.round, C.schedule, C.dispatched_at)
+           C.id, C.round, C.schedule_hash, C.dispatched_at)
     .select_from(_ONE.outerjoin(Candidate.__table__,
                                 (C.job_id == bindparam("job_id")) & (C.state != "done")))
     .order_by(C.id))
@@ -444,8 +453,26 @@ def open_and_measured(session: Session, job_id: int) -> tuple[list[OpenRow], int
     explorer asks both for every round)."""
     rows = session.execute(_OPEN_AND_MEASURED, {"job_id": job_id}).all()
     measured = int(rows[0][0]) if rows else 0
-    return [OpenRow(i, r, s, d is not None) for _, i, r, s, d in rows if i is not None], \
+    return [OpenRow(i, r, h, d is not None) for _, i, r, h, d in rows if i is not None], \
         measured
+
+
+def candidate_schedules(session: Session, ids: Sequence[int]
+                        ) -> list[tuple[str, dict[str, Any]]]:
+    """(schedule hash, schedule) of these candidates."""
+    if not ids:
+        return []
+    return [(h, sched) for h, sched in session.execute(
+        select(C.schedule_hash, C.schedule).where(C.id.in_(list(ids))))]
+
+
+def measurement_schedules(session: Session, ids: Sequence[int]
+                          ) -> list[tuple[str, dict[str, Any]]]:
+    """(schedule hash, schedule) of these measurements."""
+    if not ids:
+        return []
+    return [(h, sched) for h, sched in session.execute(
+        select(M.schedule_hash, M.schedule).where(M.id.in_(list(ids))))]
 
 
 def measured_count(session: Session, job_id: int) -> int:
@@ -541,10 +568,11 @@ def task_of_candidate(session: Session, candidate_id: int) -> int | None:
 
 
 def task_measurements_since(session: Session, task_id: int, after_id: int
-                            ) -> list[tuple[int, dict[str, Any], str, float | None]]:
-    """(id, schedule, status, median_us) of a task's measurements with id > after_id."""
+                            ) -> list[tuple[int, str, str, float | None]]:
+    """(id, schedule hash, status, median_us) of a task's measurements with id > after_id
+    (their schedules: `measurement_schedules`)."""
     return [tuple(r) for r in session.execute(  # type: ignore[misc]
-        select(M.id, M.schedule, M.status, M.median_us)
+        select(M.id, M.schedule_hash, M.status, M.median_us)
         .where(M.task_id == task_id, M.id > after_id).order_by(M.id))]
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -174,18 +174,27 @@ def task_measurements(session: Session, task_id: int) -> Sequence[Measurement]:
 
 
 def prior_measurements_since(session: Session, target: str, precision: str, after_id: int
-                             ) -> list[tuple[int, int, dict[str, Any], dict[str, Any], str,
-                                             float | None]]:
-    """(id, task id, shape, schedule, status, median_us) of measurements on a target and
-    precision with id > after_id, oldest first: what new tasks' cost models start from."""
+                             ) -> list[tuple[int, int, dict[str, Any], str, float | None]]:
+    """(id, task id, schedule, status, median_us) of measurements on a target and precision
+    with id > after_id, oldest first: what new tasks' cost models start from (their layers:
+    `task_shapes`)."""
     rows = session.execute(
-        select(Measurement.id, Task.id, Task.shape, Measurement.schedule, Measurement.status,
+        select(Measurement.id, Measurement.task_id, Measurement.schedule, Measurement.status,
                Measurement.median_us)
         .join(Task, Task.id == Measurement.task_id)
         .where(Task.target == target, Task.precision == precision, Measurement.id > after_id)
         .order_by(Measurement.id)
     ).all()
     return [tuple(r) for r in rows]  # type: ignore[misc]
+
+
+def task_shapes(session: Session, task_ids: Iterable[int]) -> dict[int, dict[str, Any]]:
+    """Task id -> its shape (as stored)."""
+    ids = sorted(set(task_ids))
+    if not ids:
+        return {}
+    return {i: shape for i, shape in session.execute(
+        select(Task.id, Task.shape).where(Task.id.in_(ids)))}
 
 
 # --- candidates -------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from kernels.space import ScheduleSpace
+from kernels.space import ScheduleSpace, schedule_hash
 from kernels.spec import ConvShape, Precision, get_target
 from search.strategy import History
 from store import hotpath as hp
@@ -25,7 +25,7 @@ from store.db import session_scope
 from store.models import ACTIVE_JOB_STATES, Job, Task
 from workers import artifacts, explorer_stats
 from workers.backends.base import Backend, BuildOutcome, MeasureOutcome, TaskSpec
-from workers.history import history_of, seed_prior, strategy_for
+from workers.history import history_of, known_indices, pending_of, seed_prior, strategy_for
 from workers.leases import LeaseKeeper
 from workers.seeds import start_points
 
@@ -188,7 +188,7 @@ def explore_round(db_url: str, job_id: int, batch_size: int = 32, rounds_in_flig
         started = time.perf_counter()
         history = history_of(s, db_url, job.task_id, target, spec.precision.value, space,
                              prior_refresh_s)
-        history.pending = pending_indices(space, [r.schedule for r in open_rows])
+        history.pending = pending_of(s, db_url, job.task_id, space, open_rows)
         strategy = strategy_for(db_url, job, space)
         size = min(round_size(s, db_url, target, batch_size, max_round, alive_s, chunk),
                    remaining)
@@ -221,8 +221,13 @@ def explore_round(db_url: str, job_id: int, batch_size: int = 32, rounds_in_flig
             job.insight = insight
         # The next round's number and the dispatch stamp go in with the rows (the job's
         # row lock keeps the round number ours).
-        ids = hp.add_candidates(s, job.id, job.task_id, space.schedules(picks), None,
-                                [predictions.get(i) for i in picks], dispatched=True)
+        scheds = space.schedules(picks)
+        hashes = [schedule_hash(x) for x in scheds]
+        ids = hp.add_candidates(s, job.id, job.task_id, scheds, None,
+                                [predictions.get(i) for i in picks], dispatched=True,
+                                hashes=hashes)
+        # Their hashes map to their indices from now on (`workers.history.pending_of`).
+        known_indices(db_url, job.task_id).update(zip(hashes, picks, strict=True))
         more = in_flight + 1 < rounds_in_flight and remaining > len(ids)
         return Proposal(resend + ids, more, target)
 
@@ -249,16 +254,6 @@ def describe_round(strategy: Any, job_id: int, history: Any, picks: Sequence[int
             _insight_at.popitem(last=False)
         return describe(history, picks)  # type: ignore[no-any-return]
     return strategy.predicted_latency(history, picks)[0], None
-
-
-def pending_indices(space: ScheduleSpace, schedules: Sequence[dict[str, Any]]) -> set[int]:
-    out = set()
-    for sched in schedules:
-        try:
-            out.add(space.index_of(sched))
-        except (KeyError, ValueError):  # a schedule from an older space
-            continue
-    return out
 
 
 def build_many(db_url: str, candidate_ids: Sequence[int], backend: Backend,

@@ -557,3 +557,18 @@ def test_candidate_sets_are_a_function_of_the_seed_and_trials() -> None:
     other.propose(h, 32)
     assert not np.array_equal(np.isfinite(other.own_scores),  # type: ignore[arg-type]
                               np.isfinite(fresh.own_scores))  # type: ignore[arg-type]
+
+
+def test_prior_fingerprint_follows_the_list() -> None:
+    """The fingerprint is cached per list object: the same for that list and for an equal
+    one, another once the list grows."""
+    from search.model_based import prior_fingerprint
+    from search.strategy import PriorTrial
+
+    shape = RESNET50_3X3["stage3"]
+    prior = [PriorTrial(shape, {}, "ok", float(i)) for i in range(5)]
+    fp = prior_fingerprint(prior)
+    assert prior_fingerprint(prior) == fp == prior_fingerprint(list(prior))
+    prior.append(PriorTrial(shape, {}, "ok", 9.0))
+    assert prior_fingerprint(prior) != fp
+    assert prior_fingerprint(prior) == prior_fingerprint(list(prior))

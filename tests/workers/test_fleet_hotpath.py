@@ -175,3 +175,93 @@ def test_a_job_pipelines_only_once_its_first_round_is_measured(db: str) -> None:
     third = tasks.explore_round(db, job_id, 16, rounds_in_flight=2, pipeline_after=16)
     assert len(second.ids) == 16 and len(third.ids) == 16  # now two rounds in flight
     assert not set(second.ids) & set(third.ids)
+
+
+def test_open_candidates_and_trials_map_by_hash_whoever_proposed_them(db: str) -> None:
+    """The explorer maps the schedule hashes it proposed to space indices without reading
+    the schedules; candidates and measurements it did not propose (another explorer, a
+    restart) are read and mapped, and a schedule of an older space is left out."""
+    space = ScheduleSpace(SHAPE, Precision.INT8, H200)
+    job_id = _job(db, 64)
+    mine = tasks.explore_round(db, job_id, 8, rounds_in_flight=2).ids
+    with session_scope(db) as s:
+        job = repo.get_job(s, job_id)
+        assert job is not None
+        task_id = job.task_id
+        proposed = {space.index_of(c.schedule) for c in
+                    s.scalars(select(Candidate).where(Candidate.id.in_(mine)))}
+        # Another process's round: none of its hashes is known here.
+        seen = proposed | {int(i) for i in space.valid_indices[:8]}
+        theirs = [int(i) for i in space.valid_indices if int(i) not in seen][:4]
+        hp.add_candidates(s, job_id, task_id, space.schedules(theirs), None, [None] * 4)
+        old = {**space.schedule_at(theirs[0]), "CHUNK": 3}  # no such knob value
+        hp.add_candidates(s, job_id, task_id, [old], None, [None])
+    with session_scope(db) as s:
+        open_rows, _ = hp.open_and_measured(s, job_id)
+        assert len(open_rows) == 8 + 4 + 1
+        assert history.pending_of(s, db, task_id, space, open_rows) == proposed | set(theirs)
+        # Measured: one of ours, one of theirs and the old one.
+        ours = next(iter(proposed))
+        row = {"task_id": task_id, "job_id": job_id, "status": "ok", "backend": "simulated",
+               "median_us": 1.0}
+        hp.record_results(s, [{**row, "schedule": sched, "schedule_hash": schedule_hash(sched)}
+                              for sched in (space.schedule_at(ours),
+                                            space.schedule_at(theirs[1]), old)])
+    history._indices.clear()  # a restarted explorer knows no hash
+    with session_scope(db) as s:
+        assert sorted(t.index for t in history.trials_of(s, db, task_id, space)) == \
+            sorted([ours, theirs[1]])
+
+
+def test_candidates_of_a_round_share_its_stamps(db: str) -> None:
+    """add_candidates: one value per round for what its rows share, the next round's
+    number, the dispatch stamp and each row's own prediction (None too)."""
+    space = ScheduleSpace(SHAPE, Precision.INT8, H200)
+    job_id = _job(db, 64)
+    with session_scope(db) as s:
+        job = repo.get_job(s, job_id)
+        assert job is not None
+        first = hp.add_candidates(s, job_id, job.task_id, space.schedules(space.valid_indices[:3]),
+                                  None, [1.5, None, 2.5], dispatched=True)
+        second = hp.add_candidates(s, job_id, job.task_id,
+                                   space.schedules(space.valid_indices[2:5]), None,
+                                   [None] * 3)
+        assert len(first) == 3 and len(second) == 2  # the repeated schedule is ignored
+        rows = {c.id: c for c in s.scalars(select(Candidate).where(Candidate.job_id == job_id))}
+    assert [rows[i].predicted_us for i in first] == [1.5, None, 2.5]
+    assert {rows[i].round for i in first} == {1} and {rows[i].round for i in second} == {2}
+    assert all(rows[i].dispatched_at is not None for i in first)
+    assert all(rows[i].dispatched_at is None for i in second)
+    assert {(c.state, c.attempts, c.task_id) for c in rows.values()} == {
+        ("pending", 0, rows[first[0]].task_id)}
+    assert all(c.schedule_hash == schedule_hash(c.schedule) for c in rows.values())
+
+
+def test_the_prior_names_each_rows_layer(db: str) -> None:
+    """prior_of: rows of several tasks, each with its own layer's shape (read once per
+    task), and the new rows of a later read."""
+    space = ScheduleSpace(SHAPE, Precision.INT8, H200)
+    other = RESNET50_3X3["stage4"]
+    with session_scope(db) as s:
+        tids = [repo.get_or_create_task(s, shape, Precision.INT8, H200).id
+                for shape in (SHAPE, other)]
+        jids = [repo.create_job(s, repo.get_task(s, t), 10, "random", 0).id for t in tids]
+
+    def write(k: int) -> None:
+        with session_scope(db) as s:
+            hp.record_results(s, [{
+                "task_id": t, "job_id": j, "status": "ok", "backend": "simulated",
+                "median_us": float(k + 1), "schedule": space.schedule_at(int(i)),
+                "schedule_hash": schedule_hash(space.schedule_at(int(i)))}
+                for t, j in zip(tids, jids, strict=True)
+                for i in space.valid_indices[k:k + 2]])
+
+    write(0)
+    with session_scope(db) as s:
+        prior = history.prior_of(s, db, "h200", "int8", exclude_task=-1)
+        assert [p.shape for p in prior] == [other, other, SHAPE, SHAPE]  # newest first
+    write(2)
+    with session_scope(db) as s:
+        prior = history.prior_of(s, db, "h200", "int8", exclude_task=tids[1])
+        assert [p.shape for p in prior] == [SHAPE] * 4
+        assert [p.median_us for p in prior] == [3.0, 3.0, 1.0, 1.0]
