@@ -98,12 +98,15 @@ def test_recorded_datasets_load_the_same_with_a_new_knob(mma_knob: None) -> None
     path = REPLAY / "resnet50_stage4_n8_fp16_h200.jsonl.gz"
     with_knob = load_dataset(path)
     assert with_knob.defaulted["MMA"] == "sync"  # (and any later knob at its first value)
-    # Same schedules and results as without the knob (undo the patch by hand to compare).
+    # Same schedules and results as without the knob (undo the patch by hand to compare;
+    # the table's order is restored too: it orders the space's knobs for later tests).
+    table = dict(kspace.EXTRA_KNOBS)
     del kspace.EXTRA_KNOBS["MMA"]
     try:
         without = load_dataset(path)
     finally:
-        kspace.EXTRA_KNOBS["MMA"] = NEW_KNOB[1]
+        kspace.EXTRA_KNOBS.clear()
+        kspace.EXTRA_KNOBS.update(table)
     assert without.defaulted == {k: v for k, v in with_knob.defaulted.items() if k != "MMA"}
     assert len(with_knob.space.valid_indices) == len(without.space.valid_indices)
     assert with_knob.best_us == without.best_us
