@@ -145,16 +145,18 @@ def optimize(model: nn.Module, example_inputs: Any, precision: str = "fp16",
                             f"record (speedup {rec.speedup})")
     # Layers over two inputs are decided before the kept layers leave: one of the two convs
     # may lose to cuDNN alone while the pair's one GEMM beats cuDNN's two.
-    pairs = _two_input_layers(gm, candidates, records, kept, schedules, p, tgt)
+    chains = graph.find_chains(gm, candidates)
+    pairs = _two_input_layers(chains, candidates, records, kept, schedules, p, tgt)
     paired = {n for conv, (proj, _, _) in pairs.items() for n in (conv, proj)}
-    for node, why in kept.items():
-        if node not in paired:
-            candidates[node][1].reason = why
-            del candidates[node]
+    leaving = [node for node in kept if node not in paired]
+    for node in leaving:
+        candidates[node][1].reason = kept[node]
+        del candidates[node]
+    if leaving:  # their adds and ReLUs go to the chains that remain
+        chains = graph.find_chains(gm, candidates)
 
     fused: dict[fx.Node, FusedConv] = {}
     defaults: list[str] = []
-    chains = graph.find_chains(gm, candidates)
     merged: set[fx.Node] = set()  # projection convs that run in another layer's kernel
     for chain in chains:
         if chain.conv in merged:
@@ -213,7 +215,8 @@ def _module_name(gm: fx.GraphModule, lp: LayerPlan, fused: dict[fx.Node, FusedCo
     return name
 
 
-def _two_input_layers(gm: fx.GraphModule, candidates: dict[fx.Node, tuple[Any, LayerPlan]],
+def _two_input_layers(chains: list[graph.Chain],
+                      candidates: dict[fx.Node, tuple[Any, LayerPlan]],
                       records: dict[fx.Node, planning.Record | None],
                       kept: dict[fx.Node, str], schedules: Any, p: Precision, tgt: Target
                       ) -> dict[fx.Node, tuple[fx.Node, ConvShape, planning.Record]]:
@@ -222,19 +225,20 @@ def _two_input_layers(gm: fx.GraphModule, candidates: dict[fx.Node, tuple[Any, L
     its record). A pair is merged where a record of that layer has a schedule valid for it
     and is faster than what the two would otherwise run as: each its record, or cuDNN where
     the record loses to it (`kept`, fp16); fp16 also where its own record says it beats its
-    baseline (cuDNN's two layers)."""
-    out: dict[fx.Node, tuple[fx.Node, ConvShape, planning.Record]] = {}
-    chains = graph.find_chains(gm, candidates)
+    baseline (cuDNN's two layers). The pairs' records come in one lookup."""
+    found: list[tuple[graph.Chain, graph.Chain, ConvShape]] = []
     for chain in chains:
         proj = graph.projection_of(chain, chains)
         if proj is None:
             continue
-        (shape_a, lp), (shape_b, lp_b) = candidates[chain.conv], candidates[proj.conv]
-        shape = two_input_shape(shape_a, shape_b)
-        if shape is None:
-            continue
-        rec = planning.lookup_records(schedules, [(f"{lp.name}+{lp_b.name}", shape)], p,
-                                      tgt)[0]
+        shape = two_input_shape(candidates[chain.conv][0], candidates[proj.conv][0])
+        if shape is not None:
+            found.append((chain, proj, shape))
+    recs = planning.lookup_records(
+        schedules, [(f"{candidates[c.conv][1].name}+{candidates[j.conv][1].name}", shape)
+                    for c, j, shape in found], p, tgt) if found else []
+    out: dict[fx.Node, tuple[fx.Node, ConvShape, planning.Record]] = {}
+    for (chain, proj, shape), rec in zip(found, recs, strict=True):
         if rec is None:
             continue
         otherwise = [_runs_as_us(records[n], n in kept) for n in (chain.conv, proj.conv)]
@@ -246,6 +250,7 @@ def _two_input_layers(gm: fx.GraphModule, candidates: dict[fx.Node, tuple[Any, L
         why = schedule_fits(shape, p, tgt, rec.schedule,
                             Epilogue("default", chain.relu is not None))
         if why:
+            lp, lp_b = candidates[chain.conv][1], candidates[proj.conv][1]
             lp.notes.append(f"not one GEMM with {lp_b.name}: its record's schedule {why}")
             continue
         out[chain.conv] = (proj.conv, shape, rec)

@@ -457,22 +457,25 @@ def open_and_measured(session: Session, job_id: int) -> tuple[list[OpenRow], int
         measured
 
 
-def candidate_schedules(session: Session, ids: Sequence[int]
-                        ) -> list[tuple[str, dict[str, Any]]]:
-    """(schedule hash, schedule) of these candidates."""
+def _schedules_of(session: Session, cols: Any, ids: Sequence[int]
+                  ) -> list[tuple[str, dict[str, Any]]]:
+    """(schedule hash, schedule) of these rows of a table's columns `cols` (C or M)."""
     if not ids:
         return []
     return [(h, sched) for h, sched in session.execute(
-        select(C.schedule_hash, C.schedule).where(C.id.in_(list(ids))))]
+        select(cols.schedule_hash, cols.schedule).where(cols.id.in_(list(ids))))]
+
+
+def candidate_schedules(session: Session, ids: Sequence[int]
+                        ) -> list[tuple[str, dict[str, Any]]]:
+    """(schedule hash, schedule) of these candidates."""
+    return _schedules_of(session, C, ids)
 
 
 def measurement_schedules(session: Session, ids: Sequence[int]
                           ) -> list[tuple[str, dict[str, Any]]]:
     """(schedule hash, schedule) of these measurements."""
-    if not ids:
-        return []
-    return [(h, sched) for h, sched in session.execute(
-        select(M.schedule_hash, M.schedule).where(M.id.in_(list(ids))))]
+    return _schedules_of(session, M, ids)
 
 
 def measured_count(session: Session, job_id: int) -> int:
