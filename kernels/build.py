@@ -279,12 +279,7 @@ def launch_meta(job: BuildJob, d: Mapping[str, int]) -> dict[str, Any]:
     epi = job.epilogue.resolved(p)
     s, g = _job_geometry(job, bool(d["TC_INT4_S8"]))
     threads = int(g.threads[0])  # split-K partials: one set per math thread
-    bm, bn = int(g.block_m[0]), int(g.block_n[0])
-    tiles_n = -(-sh.gemm_n // bn)
-    tiles = (-(-sh.gemm_m // bm)) * tiles_n
-    # MULTICAST: the operand a pair shares (conv.cu: MC_A, MC_B), the weights with one column
-    # of tiles, else the im2col rows.
-    mc = s.get("MULTICAST") == 1
+    tiles = (-(-sh.gemm_m // int(g.block_m[0]))) * (-(-sh.gemm_n // int(g.block_n[0])))
     # Split-K partials: one accumulator set per thread (fp32_tc's sets are combined first).
     inst_m = 16 if (p in (Precision.FP16, Precision.FP32_TC) or job.sm >= 80) else 8
     per_tile = WGMMA_N_PER_TILE // 2 if s["MMA"] == "wgmma" else inst_m * 8 // 32
@@ -299,17 +294,15 @@ def launch_meta(job: BuildJob, d: Mapping[str, int]) -> dict[str, Any]:
         # PERSIST: the grid is this many blocks per SM of the GPU at hand, at most `tiles`
         # (kernels/launch.py: launch_dims).
         "persist": int(s.get("PERSIST", 0)), "tiles": tiles,
-        # MULTICAST: clusters of two blocks along the grid's x (conv.cu: __cluster_dims__).
-        "cluster": 2 if mc else 1,
         "shape": sh.to_dict(), "precision": p.value, "sm": job.sm,
         "schedule": dict(s), "epilogue": epi.to_dict(), "out_bits": epi.out_bits(p),
         "c_padded": int(d["TC_C"]), "layout": s["LAYOUT"], "concat": sh.concat,
         "channel_vector": channel_vector(p), "batch_block": NHWCNC_BATCH_BLOCK,
         "int4_s8": bool(d["TC_INT4_S8"]), "defines": dict(d),
-        "tma": tma_maps(sh, p, int(d["TC_C"]), bm, bn, int(g.block_k[0]),
+        "tma": tma_maps(sh, p, int(d["TC_C"]), int(g.block_m[0]), int(g.block_n[0]),
+                        int(g.block_k[0]),
                         epi.out_bits(p) if s["PACK_OUT"] == 2 else None,
-                        plain_a=s.get("PLAIN_A") == 1,
-                        multicast=("b" if tiles_n == 1 else "a") if mc else "") if s.get("TMA")
+                        plain_a=s.get("PLAIN_A") == 1) if s.get("TMA")
         else None,
     }
 
@@ -319,12 +312,9 @@ TMA_ATOM_BYTES = 128
 
 
 def tma_maps(sh: ConvShape, p: Precision, c_padded: int, bm: int, bn: int,
-             bk: int, store_bits: int | None = None, plain_a: bool = False,
-             multicast: str = "") -> dict[str, Any]:
+             bk: int, store_bits: int | None = None, plain_a: bool = False) -> dict[str, Any]:
     """What kernels/launch.py needs to encode a TMA build's two tensor maps (cuTensorMapEncode*)
     for any x and w of this shape: dimensions innermost first, byte strides, boxes, swizzle.
-    `bm` x `bn`: the block tile; `multicast` "a" or "b" (MULTICAST): that operand's copies
-    are of half the tile's rows, each block of a pair copying one half into both.
     x: NHWC as (C, W, H, N) walked im2col-wise, BM pixels per box from the block's first output
     pixel, corners such that the walk covers exactly the P x Q output positions (as CUTLASS
     does: lower = -pad, upper = pad - (filter - 1) * dilation). w: KRSC as (C, R*S, K).
@@ -336,7 +326,6 @@ def tma_maps(sh: ConvShape, p: Precision, c_padded: int, bm: int, bn: int,
     atom = min(bk * es, TMA_ATOM_BYTES)
     (sh_, sw_), (ph, pw), (dh, dw) = sh.stride, sh.pad, sh.dilation
     out: dict[str, Any] = {}
-    a_rows, b_rows = (bm // 2 if multicast == "a" else bm), (bn // 2 if multicast == "b" else bn)
     if store_bits is not None:
         row, tile_row = sh.k * store_bits // 8, bn * store_bits // 8
         swb = next(b for b in (128, 64, 32) if tile_row % b == 0)
@@ -344,18 +333,18 @@ def tma_maps(sh: ConvShape, p: Precision, c_padded: int, bm: int, bn: int,
                     "element_strides": [1, 1], "swizzle_bytes": swb}
     x: dict[str, Any] = (
         {"tiled": True, "dims": [c_padded, sh.n * sh.h * sh.w], "strides": [c_padded * es],
-         "box": [atom // es, a_rows], "element_strides": [1, 1]} if plain_a else
+         "box": [atom // es, bm], "element_strides": [1, 1]} if plain_a else
         {"dims": [c_padded, sh.w, sh.h, sh.n],
          "strides": [c_padded * es, sh.w * c_padded * es, sh.h * sh.w * c_padded * es],
          "lower": [-pw, -ph], "upper": [pw - (sh.s - 1) * dw, ph - (sh.r - 1) * dh],
-         "channels": atom // es, "pixels": a_rows, "element_strides": [1, sw_, sh_, 1]})
+         "channels": atom // es, "pixels": bm, "element_strides": [1, sw_, sh_, 1]})
     return {
         "dtype": "float16" if p is Precision.FP16 else "uint8",
         "swizzle_bytes": atom,
         "x": x,
         "w": {"dims": [c_padded, sh.r * sh.s, sh.k],
               "strides": [c_padded * es, sh.r * sh.s * c_padded * es],
-              "box": [atom // es, 1, b_rows], "element_strides": [1, 1, 1]},
+              "box": [atom // es, 1, bn], "element_strides": [1, 1, 1]},
         **out,
     }
 

@@ -66,9 +66,6 @@
 #ifndef TC_PLAIN_A
 #define TC_PLAIN_A 0  // 1: TMA copies A as the plain [N*H*W][C] matrix (1x1, stride 1, pad 0)
 #endif
-#ifndef TC_MULTICAST
-#define TC_MULTICAST 0  // 1: clusters of two blocks share one operand's copies (pipeline_tma.cuh)
-#endif
 #ifndef TC_PINGPONG
 #define TC_PINGPONG 0  // 1: two consumers take the persistent block's tiles in turn
 #endif
@@ -169,13 +166,6 @@ constexpr int TILES = ((M + BM - 1) / BM) * TILES_N;
 // PERSIST: blocks walk the tiles (kernels/launch.py sizes the grid to PERSIST per SM).
 constexpr int PERSIST = TC_PERSIST;
 constexpr bool PLAIN_A = TC_PLAIN_A != 0;
-// MULTICAST: two neighbouring blocks (a cluster along the grid's x; tiles 2i and 2i + 1)
-// share one operand's tile of every stage, each copying half its rows into both blocks:
-// the weights where the output has one column of tiles (MC_B), else the im2col rows of A
-// (MC_A: an even number of columns, so a pair is two tiles of one row of tiles).
-constexpr bool MC = TC_MULTICAST != 0;
-constexpr bool MC_B = MC && TILES_N == 1;
-constexpr bool MC_A = MC && TILES_N > 1;
 
 // ---- duplicate-aware receptive field (paper 3.1), see block_tile.cuh
 constexpr int cmin(int a, int b) { return a < b ? a : b; }
@@ -276,10 +266,6 @@ static_assert(!PERSIST || (!F32TC && !REGPATH && SPLITK == 1),
               "a persistent grid runs the TMA or cp.async multistage pipeline without split-K");
 static_assert(!PP || (WS && PERSIST), "the consumers take turns behind a producer warp, "
               "on a persistent grid");
-static_assert(!MC || (WS && SPLITK == 1 && (MC_B ? TILES % 2 == 0 : TILES_N % 2 == 0)),
-              "a multicast pair is two tiles that share the weights (one column of tiles, an "
-              "even number of rows) or the im2col rows (an even number of columns), whose "
-              "copies the producer warps issue");
 static_assert(!CAT || ((PREC == 0 || PREC == 1) && !TMA && !FOLD && !DUP && !LAYOUT &&
                        R == 1 && S == 1 && PH == 0 && PW == 0 && CAT % BKC == 0 && CAT < C),
               "two inputs: an int8 / fp16 1x1 unpadded NHWC layer on the cp.async or "
@@ -421,11 +407,7 @@ __device__ __forceinline__ void conv_persistent(const Inputs in,
 
 // TMA builds take the tensor maps as a by-value kernel parameter (param space, read by the TMA
 // unit without a trip to global memory).
-extern "C" __global__ void
-#if TC_MULTICAST
-__cluster_dims__(2, 1, 1)
-#endif
-__launch_bounds__(cfg::BLOCK_THREADS,
+extern "C" __global__ void __launch_bounds__(cfg::BLOCK_THREADS,
                                              cfg::PERSIST > 0 ? cfg::PERSIST : 1)
 tc_conv(const u8* __restrict__ x, const u8* __restrict__ w, const float* __restrict__ scale,
         const float* __restrict__ bias, u8* __restrict__ y, u32* __restrict__ ws,

@@ -51,13 +51,11 @@ def sm_count() -> int:
 def launch_dims(meta: dict[str, Any], sms: int | None = None
                 ) -> tuple[tuple[int, ...], tuple[int, ...], int]:
     """(grid, block, dynamic shared bytes) of a build. A persistent build's grid is PERSIST
-    blocks per SM (`sms`: the current device's count), at most one per tile, in whole
-    clusters (MULTICAST: pairs, whose tile counts are even)."""
+    blocks per SM (`sms`: the current device's count), at most one per tile."""
     grid = tuple(meta["grid"])
     if meta.get("persist"):
         per_sm = int(meta["persist"]) * (sm_count() if sms is None else sms)
-        cluster = int(meta.get("cluster", 1))
-        grid = (min(int(meta["tiles"]), per_sm) // cluster * cluster, 1, 1)
+        grid = (min(int(meta["tiles"]), per_sm), 1, 1)
     return grid, tuple(meta["block"]), int(meta["smem_bytes"])
 
 

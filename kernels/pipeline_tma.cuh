@@ -5,13 +5,6 @@
 // for every warp's release before it issues its next MMAs. TMA=2: it is the one working
 // thread of a producer warp after the math warps (CUTLASS's warp-specialized kernels), and no
 // math warp waits on anything but its data.
-//
-// MULTICAST (behind a producer warp): the two blocks of a cluster run the same stream of
-// stages, and each producer copies half of the shared operand's rows of a stage into both
-// blocks (conv.cu: MC_A, MC_B). A slot is then refilled once the math warps of both blocks
-// have released it (each warp arrives on both blocks' empty barrier), and the blocks meet at
-// a cluster barrier after the barriers' init and before their memory is reused or left, so
-// that no copy or arrival of the other block lands on a barrier not yet made or gone.
 #pragma once
 
 // A persistent block's tiles: blockIdx.x, + gridDim.x, ... The grid has at most one block per
@@ -28,10 +21,9 @@ struct TmaRing {
   u32 bars;
   const void* xmap;
   const void* wmap;
-  u32 rank;  // MULTICAST: this block's in its pair (0 without)
   __device__ __forceinline__ TmaRing(const StageRing s, const TensorMaps* maps)
       : sr(s), bars(s.base + (u32)(cfg::STAGES * (cfg::A_STAGE + cfg::B_STAGE))),
-        xmap(maps->x), wmap(maps->w), rank(cfg::MC ? cluster_rank() : 0u) {}
+        xmap(maps->x), wmap(maps->w) {}
   __device__ __forceinline__ u32 full(int st) const { return bars + 8u * (u32)st; }
   __device__ __forceinline__ u32 empty(int st) const {
     return bars + 8u * (u32)(cfg::STAGES + st);
@@ -41,12 +33,11 @@ struct TmaRing {
     return bars + 8u * (u32)(2 * cfg::STAGES + g);
   }
   // Thread 0, before a block-wide barrier: one arrival fills a stage, one per warp of the
-  // consuming tile (MULTICAST: of both blocks' tiles) empties it (and hands a consumer its
-  // turn).
+  // consuming tile empties it (and hands a consumer its turn).
   __device__ __forceinline__ void init() const {
     for (int st = 0; st < cfg::STAGES; ++st) {
       mbar_init(full(st), 1);
-      mbar_init(empty(st), cfg::MC ? 2 * cfg::WARPS : cfg::WARPS);
+      mbar_init(empty(st), cfg::WARPS);
     }
     if constexpr (cfg::PP) { mbar_init(turn(0), cfg::WARPS); mbar_init(turn(1), cfg::WARPS); }
     mbar_init_fence();
@@ -57,23 +48,11 @@ struct TmaRing {
     for (int st = 0; st < cfg::STAGES; ++st) { mbar_inval(full(st)); mbar_inval(empty(st)); }
     if constexpr (cfg::PP) { mbar_inval(turn(0)); mbar_inval(turn(1)); }
   }
-  // A math warp is done with slot st (its first lane arrives; MULTICAST: on both blocks'
-  // empty barrier, since both producers' copies fill it).
-  __device__ __forceinline__ void release(int st, int tid) const {
-    __syncwarp();
-    if ((tid & 31) == 0) {
-      mbar_arrive(empty(st));
-      if constexpr (cfg::MC) mbar_arrive_remote(empty(st), rank ^ 1u);
-    }
-  }
   // Where a tile's copies start: its first output pixel as the input coordinate the im2col
-  // walk starts from, and its first output channel; MULTICAST: where this block's half of
-  // the shared operand's rows starts.
+  // walk starts from, and its first output channel.
   struct Origin { int img, h0, w0, n0, m0; };
-  __device__ __forceinline__ Origin origin(int m0, int n0) const {
+  __device__ __forceinline__ static Origin origin(int m0, int n0) {
     using namespace cfg;
-    if constexpr (MC_A) m0 += (int)rank * (BM / 2);
-    if constexpr (MC_B) n0 += (int)rank * (BN / 2);
     const int img = m0 / (P * Q), pq = m0 - img * (P * Q);
     return {img, (pq / Q) * SH - PH, (pq % Q) * SW - PW, n0, m0};
   }
@@ -84,37 +63,20 @@ struct TmaRing {
             j - k * nit);
   }
   // Stage `it` of the tile at `o` into slot st: per swizzle atom, the im2col rows of A and
-  // the weight rows of B. MULTICAST: the shared operand's half rows go to both blocks (the
-  // stage's bytes land in each block all the same: its own copies and the other's half).
+  // the weight rows of B.
   __device__ __forceinline__ void produce(int st, const Origin o, int it) const {
     using namespace cfg;
     const int img = o.img, h0 = o.h0, w0 = o.w0, n0 = o.n0;
     const StageIdx sx = stage_idx(it);
-    const u32 a_half = MC_A ? rank * (u32)(BM / 2 * ATOM) : 0u;
-    const u32 b_half = MC_B ? rank * (u32)(BN / 2 * ATOM) : 0u;
-    const unsigned short off_w = (unsigned short)(sx.s * DW), off_h = (unsigned short)(sx.r * DH);
     mbar_arrive_expect_tx(full(st), (u32)(A_STAGE + B_STAGE));
 #pragma unroll
     for (int a = 0; a < NATOM; ++a) {
       const int c = sx.cb * BKC + a * (ATOM * 8 / ELEM_BITS);
-      const u32 adst = sr.a(st) + (u32)(a * BM * ATOM) + a_half;
-      const u32 bdst = sr.b(st) + (u32)(a * BN * ATOM) + b_half;
-      if constexpr (PLAIN_A && MC_A) tma_tile2_mc(adst, xmap, full(st), c, o.m0);
-      else if constexpr (PLAIN_A) tma_tile2(adst, xmap, full(st), c, o.m0);
-      else if constexpr (MC_A) tma_im2col_mc(adst, xmap, full(st), c, w0, h0, img, off_w, off_h);
-      else tma_im2col(adst, xmap, full(st), c, w0, h0, img, off_w, off_h);
-      if constexpr (MC_B) tma_tile3_mc(bdst, wmap, full(st), c, sx.r * S + sx.s, n0);
-      else tma_tile3(bdst, wmap, full(st), c, sx.r * S + sx.s, n0);
+      if constexpr (PLAIN_A) tma_tile2(sr.a(st) + (u32)(a * BM * ATOM), xmap, full(st), c, o.m0);
+      else tma_im2col(sr.a(st) + (u32)(a * BM * ATOM), xmap, full(st), c, w0, h0, img,
+                      (unsigned short)(sx.s * DW), (unsigned short)(sx.r * DH));
+      tma_tile3(sr.b(st) + (u32)(a * BN * ATOM), wmap, full(st), c, sx.r * S + sx.s, n0);
     }
-  }
-  // After the main loop, before the barriers' memory is reused (every math thread; with
-  // MULTICAST every thread of both blocks, the producer warps' too, so nothing of the other
-  // block lands here later).
-  __device__ __forceinline__ void finish(int tid) const {
-    if constexpr (cfg::MC) pair_sync();
-    else if constexpr (cfg::PP) math_sync();
-    else block_sync();
-    if (tid == 0) inval();
   }
 };
 
@@ -135,19 +97,16 @@ __device__ __forceinline__ void producer_loop(const TmaRing& ring, const int tot
 }
 
 // The ring's start: thread 0 initializes the barriers; then with a producer warp (TMA=2) its
-// first lane issues all `total` stages and the warp is done (false; MULTICAST: once both
-// blocks are, TmaRing::finish), else thread 0 issues the first STAGES of them
-// (`produce(j, slot)`) and the refills come with the releases.
+// first lane issues all `total` stages and the warp is done (false), else thread 0 issues the
+// first STAGES of them (`produce(j, slot)`) and the refills come with the releases.
 template <class Produce>
 __device__ __forceinline__ bool start_ring(const TmaRing& ring, const int tid, const int total,
                                            Produce&& produce) {
   if (tid == 0) ring.init();
-  if constexpr (cfg::MC) pair_sync<true>();  // both blocks' barriers exist before either copies
-  else __syncthreads();  // the whole block, the producer warp included
+  __syncthreads();  // the whole block, the producer warp included
   if constexpr (cfg::WS) {
     if (tid >= cfg::MATH_THREADS) {
       if (tid == cfg::MATH_THREADS) producer_loop(ring, total, produce);
-      if constexpr (cfg::MC) pair_sync();
       return false;
     }
   } else if (tid == 0) {
@@ -204,13 +163,14 @@ __device__ __forceinline__ bool mainloop_tma(Tile& wt, const StageRing sr, const
   // barrier, runs its MMAs, and releases the slot on its empty barrier (one arrival per
   // warp); the issuing thread refills a slot once all math warps have released it.
   const TmaRing ring(sr, maps);
-  const TmaRing::Origin at = ring.origin(m0, n0);
+  const TmaRing::Origin at = TmaRing::origin(m0, n0);
   if (!start_ring(ring, tid, nit, [&](int j, int st) { ring.produce(st, at, it0 + j); }))
     return false;
   // A stage's slot is released once its MMAs are done; thread 0 then refills it with the
   // stage STAGES later.
   auto release = [&](int s, u32 p, int j) {
-    ring.release(s, tid);
+    __syncwarp();
+    if ((tid & 31) == 0) mbar_arrive(ring.empty(s));
     if constexpr (!WS) {
       if (tid == 0 && j + STAGES < nit) {
         mbar_wait(ring.empty(s), p);
@@ -222,7 +182,8 @@ __device__ __forceinline__ bool mainloop_tma(Tile& wt, const StageRing sr, const
 #pragma unroll 1
   for (int i = 0; i < nit; ++i) consume_stage(wt, sr, ring, pos, i, i, it0 + i, release);
   if constexpr (STAGES >= 2) wt.retire();
-  ring.finish(tid);  // every wait is done: the barriers' memory returns to the epilogue
+  block_sync();  // every wait is done: the barriers' memory returns to the epilogue
+  if (tid == 0) ring.inval();
   return true;
 }
 
@@ -241,7 +202,8 @@ __device__ __forceinline__ void persistent_tma(Tile& wt, const StageRing sr, con
   auto produce = [&](int j, int st) { ring.produce_stream(st, j, nit); };
   if (!start_ring(ring, tid, total, produce)) return;
   auto release = [&](int s, u32 p, int j) {  // as in mainloop_tma, over the whole stream
-    ring.release(s, tid);
+    __syncwarp();
+    if ((tid & 31) == 0) mbar_arrive(ring.empty(s));
     if constexpr (!WS) {
       if (tid == 0 && j + STAGES < total) {
         mbar_wait(ring.empty(s), p);
@@ -263,7 +225,8 @@ __device__ __forceinline__ void persistent_tma(Tile& wt, const StageRing sr, con
       i = 0;
     }
   }
-  ring.finish(tid);
+  block_sync();
+  if (tid == 0) ring.inval();
 }
 
 // PINGPONG: two consumers (tid / THREADS), each the math warps of one tile, take the block's
@@ -287,7 +250,10 @@ __device__ __forceinline__ void pingpong_tma(Tile& wt, const StageRing sr, const
     return;  // the producer warp (PINGPONG implies TMA=2)
   const int g = __shfl_sync(0xffffffffu, tid / THREADS, 0);  // warp-uniform, as ptxas sees
   const int ctid = tid - g * THREADS;
-  auto release = [&](int s, u32, int) { ring.release(s, tid); };
+  auto release = [&](int s, u32, int) {
+    __syncwarp();
+    if ((tid & 31) == 0) mbar_arrive(ring.empty(s));
+  };
   u32 tph = 0;
 #pragma unroll 1
   for (int k = g; k < ntiles; k += 2) {
@@ -309,5 +275,6 @@ __device__ __forceinline__ void pingpong_tma(Tile& wt, const StageRing sr, const
     }
     finish_tile(block_tile(k), g, ctid);
   }
-  ring.finish(tid);  // both consumers are done with the barriers
+  math_sync();  // both consumers are done with the barriers
+  if (tid == 0) ring.inval();
 }

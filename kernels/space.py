@@ -75,17 +75,12 @@ EXTRA_KNOBS: dict[str, tuple[Any, ...]] = {
     # take a persistent block's tiles in turn behind the producer warp (TMA=2), so that one
     # runs its main loop while the other runs its epilogue (CUTLASS's ping-pong schedule).
     "PINGPONG": (0, 1),
-    # 1: clusters of two neighbouring blocks share one operand's stage copies (TMA multicast
-    # behind a producer warp): the weight rows where the output has one column of tiles, the
-    # im2col rows where it has an even number of columns; each block loads half of that
-    # operand's box rows into both blocks, so L2 serves it once per pair.
-    "MULTICAST": (0, 1),
 }
 # Knobs added after schedules were first stored, with the value that builds the kernel as it
 # was: a schedule that does not name such a knob means that value, and hashes as if the knob
 # were absent, so stored schedules, measurements and their hashes keep their meaning.
 KNOB_DEFAULTS: dict[str, Any] = {"MMA": "sync", "TMA": 0, "FOLD_TAPS": 0, "PERSIST": 0,
-                                 "PLAIN_A": 0, "PINGPONG": 0, "MULTICAST": 0}
+                                 "PLAIN_A": 0, "PINGPONG": 0}
 # Each default is its knob's first value (tested): recorded datasets and stored prior
 # schedules that predate a knob read it as its first value (search/datasets.py, features.py).
 FP32_TC_KNOBS: dict[str, tuple[Any, ...]] = {
@@ -501,8 +496,6 @@ def structural_validity(shape: ConvShape, precision: Precision, target: Target,
     ok &= (persist == 0) | split1
     # The ping-pong consumers take turns behind a producer warp on a persistent grid.
     ok &= (_knob(cols, "PINGPONG", n) == 0) | ((tma_knob == 2) & (persist > 0))
-    # Multicast pairs share copies issued by their producer warps, one output tile each.
-    ok &= (_knob(cols, "MULTICAST", n) == 0) | ((tma_knob == 2) & split1)
     # Pipelines deeper than 3 stages pay with wgmma (its loads and math overlap); on the
     # mma.sync path they gained 2-4% on int8 and lost beyond 4 (docs/decisions.md, H100 probe),
     # not worth a space twice the size.
@@ -550,13 +543,6 @@ def validity(shape: ConvShape, precision: Precision, target: Target,
     ok &= (tma_knob == 0) | (g.block_n <= TMA_MAX_BOX_ROWS)
     ok &= (_knob(cols, "PLAIN_A", np.shape(g.block_m)) == 0) | (g.block_m <= TMA_MAX_BOX_ROWS)
     ok &= (np.asarray(cols["PACK_OUT"]) != 2) | (g.block_m % TMA_STORE_BOX_ROWS == 0)
-    # MULTICAST: the two blocks of a cluster are neighbouring tiles that share the shared
-    # operand's tile: one column of tiles (same weights) and an even number of rows, or an
-    # even number of columns (same im2col rows); the tile counts are compile-time, so a pair
-    # never straddles a row of tiles and every persistent block of a pair gets as many tiles.
-    tiles_m, tiles_n = -(-shape.gemm_m // g.block_m), -(-shape.gemm_n // g.block_n)
-    ok &= (_knob(cols, "MULTICAST", np.shape(g.block_m)) == 0) | \
-        (((tiles_n == 1) & (tiles_m % 2 == 0)) | (tiles_n % 2 == 0))
     # FOLD_TAPS' loader keeps one tap slot per thread: threads a multiple of the taps per
     # stage row.
     fold = _knob(cols, "FOLD_TAPS", np.shape(g.block_m)) == 1

@@ -65,31 +65,6 @@ __device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
                  : "=r"(done) : "r"(bar), "r"(parity) : "memory");
   } while (!done);
 }
-// MULTICAST: this block's rank in its cluster of two, an arrival on the other block's
-// mbarrier at the same offset (a consumer's release of a slot that both blocks' copies
-// fill; release at CTA scope, as the local one: at cluster scope it is a GPU-wide memory
-// barrier per warp and stage, which made every schedule 1.2-2.5x slower), and the
-// cluster-wide barrier (every non-exited thread of both blocks).
-__device__ __forceinline__ u32 cluster_rank() {
-  u32 r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-  return r;
-}
-__device__ __forceinline__ void mbar_arrive_remote(u32 bar, u32 cta) {
-  asm volatile("{\n .reg .b32 remote;\n"
-               " mapa.shared::cluster.u32 remote, %0, %1;\n"
-               " mbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n"
-               :: "r"(bar), "r"(cta) : "memory");
-}
-// `relaxed`: the arrival orders none of the thread's memory operations (the barriers' init
-// is published by its own fence, mbar_init_fence); else it releases them (a GPU-wide memory
-// barrier), as before the barriers' memory is reused.
-template <bool relaxed = false>
-__device__ __forceinline__ void pair_sync() {
-  if constexpr (relaxed) asm volatile("barrier.cluster.arrive.relaxed;\n" ::: "memory");
-  else asm volatile("barrier.cluster.arrive.release;\n" ::: "memory");
-  asm volatile("barrier.cluster.wait.acquire;\n" ::: "memory");
-}
 __device__ __forceinline__ void tmap_prefetch(const void* map) {
   asm volatile("prefetch.tensormap [%0];\n" :: "l"(map) : "memory");
 }
@@ -101,31 +76,6 @@ __device__ __forceinline__ void tma_im2col(u32 dst, const void* map, u32 bar, in
       "cp.async.bulk.tensor.4d.shared::cluster.global.im2col.mbarrier::complete_tx::bytes"
       " [%0], [%1, {%2, %3, %4, %5}], [%6], {%7, %8};\n"
       :: "r"(dst), "l"(map), "r"(c), "r"(w), "r"(h), "r"(n), "r"(bar), "h"(off_w), "h"(off_h)
-      : "memory");
-}
-// The same copies into both blocks of the cluster (the same offsets), completing on each
-// block's mbarrier at `bar`'s offset (MULTICAST).
-__device__ __forceinline__ void tma_im2col_mc(u32 dst, const void* map, u32 bar, int c, int w,
-                                              int h, int n, unsigned short off_w,
-                                              unsigned short off_h) {
-  asm volatile(
-      "cp.async.bulk.tensor.4d.shared::cluster.global.im2col.mbarrier::complete_tx::bytes"
-      ".multicast::cluster [%0], [%1, {%2, %3, %4, %5}], [%6], {%7, %8}, %9;\n"
-      :: "r"(dst), "l"(map), "r"(c), "r"(w), "r"(h), "r"(n), "r"(bar), "h"(off_w), "h"(off_h),
-         "h"((unsigned short)3) : "memory");
-}
-__device__ __forceinline__ void tma_tile2_mc(u32 dst, const void* map, u32 bar, int c, int m) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-      ".multicast::cluster [%0], [%1, {%2, %3}], [%4], %5;\n"
-      :: "r"(dst), "l"(map), "r"(c), "r"(m), "r"(bar), "h"((unsigned short)3) : "memory");
-}
-__device__ __forceinline__ void tma_tile3_mc(u32 dst, const void* map, u32 bar, int c, int tap,
-                                             int k) {
-  asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-      ".multicast::cluster [%0], [%1, {%2, %3, %4}], [%5], %6;\n"
-      :: "r"(dst), "l"(map), "r"(c), "r"(tap), "r"(k), "r"(bar), "h"((unsigned short)3)
       : "memory");
 }
 // PLAIN_A: BM rows of x seen as the matrix [N*H*W][C] (a 1x1, stride-1, unpadded layer's

@@ -43,8 +43,7 @@ def test_one_more_warp_is_launched_and_counted_against_the_registers() -> None:
 def test_valid_where_tma_loads_are_unless_the_extra_warp_breaks_a_limit() -> None:
     space = ScheduleSpace(WIDE, Precision.FP16, H100, restrict={
         "MMA": ["wgmma"], "TMA": [1, 2], "DUP_AWARE": [0], "LAYOUT": ["nhwc"],
-        "STAGES": [2, 4, 8], "SPLIT_K": [1, 2], "PINGPONG": [0],
-        "MULTICAST": [0]})  # ping-pong and multicast: their own tests
+        "STAGES": [2, 4, 8], "SPLIT_K": [1, 2], "PINGPONG": [0]})  # ping-pong: its own test
     by_tma: dict[int, set[tuple]] = {1: set(), 2: set()}
     for s in space.schedules(space.valid_indices):
         by_tma[s["TMA"]].add(tuple(sorted((k, v) for k, v in s.items() if k != "TMA")))
