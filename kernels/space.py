@@ -135,6 +135,14 @@ REG_WGMMA_512 = 40
 # 8 warpgroups (1024 threads, 64 registers each): one at the rule's limit (32 accumulators,
 # split-K 4) spilled 4 bytes in the GPU check of 200 random wgmma schedules.
 REG_WGMMA_1024 = 8
+# TMA builds (calibrated on 150 sm_90a builds near the limit and 1,043 zoo builds, 4 and 8
+# warpgroups): the math threads load nothing, so no per-job address state and no 512-thread
+# term: 64 accumulators took 90-105 registers of a 4-warpgroup block's 120-128. Split-K's raw
+# partial sums and the one-stage loop (it waits for each stage's MMAs) hold more: they took
+# all 128 and spilled a few bytes in 7 builds, so they add enough to leave out 64
+# accumulators at 4 warpgroups.
+REG_TMA_BASE = 40
+REG_TMA_HELD = 32
 # 128 accumulators split over several 64-row tiles (WARP_ROW_TILES >= 2) spilled a few bytes
 # in 2 of ~40 builds (an epilogue or split-K sum holding every tile at once): left out.
 WGMMA_MAX_MULTI_TILE_ACC = 96
@@ -429,6 +437,10 @@ def register_slack(shape: ConvShape, precision: Precision, target: Target,
     fixed = np.where(wg, REG_WGMMA_BASE + REG_WGMMA_PER_JOB * unrolled +
                      np.where(g.threads == 512, REG_WGMMA_512, 0) +
                      np.where(g.threads == 1024, REG_WGMMA_1024, 0), fixed)
+    tma = wg & (_knob(cols, "TMA", np.shape(g.block_m)) >= 1)
+    held = (np.asarray(cols["SPLIT_K"]) > 1) | (np.asarray(cols["STAGES"]) == 1)
+    # (the loader's model, where it is the smaller, held for TMA builds too)
+    fixed = np.where(tma, np.minimum(fixed, REG_TMA_BASE + np.where(held, REG_TMA_HELD, 0)), fixed)
     return cap - (g.acc_regs + 2 * g.frag_regs + fixed)
 
 

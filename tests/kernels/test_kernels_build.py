@@ -207,6 +207,25 @@ def test_wgmma_register_rule_guards_spills(cache: Path) -> None:
     assert spilled, "no schedule past the wgmma register rule spilled: the rule would be unneeded"
 
 
+def test_tma_register_rule_admits_four_warpgroups_of_64_accumulators(cache: Path) -> None:
+    """TMA builds' math threads load nothing: a 256 x 128 tile over 4 warpgroups behind the
+    producer warp (64 accumulators a thread, 120 registers) is valid and compiles without
+    spilling in the precisions and epilogues it runs with; with split-K or one stage it is
+    left out (both spilled), and the loader's model still rejects its cp.async twin."""
+    shape, target = ConvShape(8, 128, 128, 128, 128, 3, 3, pad=1), get_target("h100")
+    s = {**BASE, "BLK_ROW_WARPS": 4, "BLK_COL_WARPS": 1, "WARP_ROW_TILES": 1,
+         "WARP_COL_TILES": 4, "CHUNK": 4, "STAGES": 4, "MMA": "wgmma", "TMA": 2}
+    for p in (Precision.FP16, Precision.INT8):
+        space = ScheduleSpace(shape, p, target)
+        assert space.is_valid(s)
+        for breaks in ({"SPLIT_K": 2}, {"STAGES": 1}, {"TMA": 0}):
+            assert not space.is_valid({**s, **breaks})
+    results = build_many([BuildJob(shape, Precision.FP16, 90, s, Epilogue("bias", True, True)),
+                          BuildJob(shape, Precision.INT8, 90, s, Epilogue("acc", False, False))],
+                         cache)
+    assert all(r.status == "ok" for r in results), [r.log[-400:] for r in results]
+
+
 def test_deep_pipelines_are_pruned_from_mma_sync_not_impossible(cache: Path) -> None:
     """STAGES 4-8 with mma.sync compile and run; the space leaves them out because they were
     measured no better there (docs/decisions.md), not because they fail."""
