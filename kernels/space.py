@@ -439,7 +439,7 @@ def register_slack(shape: ConvShape, precision: Precision, target: Target,
                      np.where(g.threads == 1024, REG_WGMMA_1024, 0), fixed)
     tma = wg & (_knob(cols, "TMA", np.shape(g.block_m)) >= 1)
     held = (np.asarray(cols["SPLIT_K"]) > 1) | (np.asarray(cols["STAGES"]) == 1)
-    # (the loader's model, where it is the smaller, held for TMA builds too)
+    # TMA builds: their own model, or the loader's where that is smaller (what it admits stays)
     fixed = np.where(tma, np.minimum(fixed, REG_TMA_BASE + np.where(held, REG_TMA_HELD, 0)), fixed)
     return cap - (g.acc_regs + 2 * g.frag_regs + fixed)
 
