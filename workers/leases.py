@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from types import TracebackType
 
 from store import hotpath as hp
-from store.db import session_scope
+from store.db import statement_scope
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ class LeaseKeeper:
     def _run(self) -> None:
         while not self._stop.wait(self.lease_s / 3):
             try:
-                with session_scope(self.db_url) as s:
+                with statement_scope(self.db_url) as s:
                     hp.renew_leases(s, self.ids, self.owner, self.lease_s)
                 self.renewals += 1
             except Exception:  # a failed renewal leaves the lease to the next one
