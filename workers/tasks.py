@@ -432,17 +432,17 @@ def _write(s: Any, groups: Sequence[WriteGroup]) -> set[tuple[int, str]]:
             repo.set_baseline(s, task_id, us, g.backend)
     if not results:
         return set()
-    wrote = hp.record_results(s, [{
+    wrote, now_best = hp.write_results(s, [{
         "task_id": item.task_id, "job_id": item.job_id, "schedule": item.schedule,
         "schedule_hash": item.schedule_hash, "status": out.status,
         "median_us": out.median_us, "iqr_us": out.iqr_us, "backend": g.backend,
         "worker": g.worker, "error": (out.error or None) and out.error[-20000:],
-        "predicted_us": item.predicted_us} for item, out, g in results])
-    hp.retire_candidates(s, sorted(item.cand_id for item, _, _ in results))
+        "predicted_us": item.predicted_us} for item, out, g in results],
+        sorted(item.cand_id for item, _, _ in results))
     hp.refresh_best_after_write(s, [
         (i.task_id, i.schedule_hash, o.median_us) for i, o, _ in results
         if o.status == "ok" and o.median_us is not None
-        and (i.task_id, i.schedule_hash) in wrote])
+        and (i.task_id, i.schedule_hash) in wrote], now_best)
     for job_id in hp.jobs_reaching_budget(s, {item.job_id for item, _, _ in results}):
         job = repo.get_job(s, job_id)
         if job is not None:
