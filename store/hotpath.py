@@ -288,8 +288,9 @@ def _result_params(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 # PostgreSQL: a worker's write in one statement: its results inserted, its candidates
 # retired, and the current best of each of their tasks read (`refresh_best_after_write`'s
 # first look), where these were three round trips. The retirement is a WITH that nothing
-# reads: PostgreSQL runs it after the insert, the order of the statements it replaces (a
-# row's unique-index entry before its candidate's row lock). The best is read in the
+# reads, which PostgreSQL runs once the query is done (ExecPostprocessPlan), so after the
+# insert: the order of the statements it replaces (a row's unique-index entry before its
+# candidate's row lock, no new deadlock between two writers). The best is read in the
 # statement's snapshot, as of just before the insert: never faster than what a later
 # statement would see (a best only gets faster), so no task that needs its best moved is
 # left alone (those whose new rows are all slower than that best are).
