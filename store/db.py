@@ -54,6 +54,29 @@ def _factory(url: str) -> sessionmaker[Session]:
     return sessionmaker(get_engine(url), expire_on_commit=False)
 
 
+@lru_cache(maxsize=8)
+def _autocommit_factory(url: str) -> sessionmaker[Session]:
+    return sessionmaker(get_engine(url).execution_options(isolation_level="AUTOCOMMIT"),
+                        expire_on_commit=False)
+
+
+@contextmanager
+def statement_scope(url: str) -> Iterator[Session]:
+    """A session whose statements each commit on their own, for work that is one statement
+    or reads that need no common snapshot (a measuring worker's lease, the rounds its write
+    closed). On PostgreSQL without a transaction: BEGIN and COMMIT were two of a chunk's
+    round trips each time. Elsewhere a `session_scope`."""
+    if not url.startswith("postgresql"):
+        with session_scope(url) as s:
+            yield s
+        return
+    session = _autocommit_factory(url)()
+    try:
+        yield session
+    finally:
+        session.close()
+
+
 @contextmanager
 def session_scope(url: str) -> Iterator[Session]:
     """One unit of work: commit on success, roll back on error."""

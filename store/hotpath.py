@@ -271,14 +271,60 @@ def record_results(session: Session, rows: Sequence[dict[str, Any]]) -> set[tupl
     schedule hash) pairs written by this call — a pair measured before stays as it was."""
     if not rows:
         return set()
-    now = utcnow()
-    params = [{"created_at": now, "error": None, "median_us": None, "iqr_us": None,
-               "predicted_us": None, "worker": None, **r} for r in rows]
+    params = _result_params(rows)
     if "id" in params[0]:  # an explicit id (tests of commit order): the generic statement
         res = session.connection().execute(_statement(session, "record"), params)
     else:
         res = _insert_rows(session, "record", _RECORD_PG, params)
     return {(t, h) for t, h in res}
+
+
+def _result_params(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    now = utcnow()
+    return [{"created_at": now, "error": None, "median_us": None, "iqr_us": None,
+             "predicted_us": None, "worker": None, **r} for r in rows]
+
+
+# PostgreSQL: a worker's write in one statement: its results inserted, its candidates
+# retired, and the current best of each of their tasks read (`refresh_best_after_write`'s
+# first look), where these were three round trips. The retirement is a WITH that nothing
+# reads, which PostgreSQL runs once the query is done (ExecPostprocessPlan), so after the
+# insert: the order of the statements it replaces (a row's unique-index entry before its
+# candidate's row lock, no new deadlock between two writers). The best is read in the
+# statement's snapshot, as of just before the insert: never faster than what a later
+# statement would see (a best only gets faster), so no task that needs its best moved is
+# left alone (those whose new rows are all slower than that best are).
+_WRITE_PG = text(
+    "WITH retired AS (UPDATE candidate SET state = 'done', lease_owner = NULL,"
+    " lease_expires_at = NULL WHERE id = ANY(:retire)),"
+    " ins AS (" + _RECORD_PG.text.split(" RETURNING ")[0] + " RETURNING task_id, schedule_hash)"
+    " SELECT true AS written, task_id, schedule_hash, NULL::float8 AS best_us FROM ins"
+    " UNION ALL SELECT false, b.task_id, NULL, m.median_us FROM best_schedule b"
+    " JOIN measurement m ON m.id = b.measurement_id WHERE b.task_id = ANY(:best_tasks)")
+
+
+def write_results(session: Session, rows: Sequence[dict[str, Any]], retire: Sequence[int]
+                  ) -> tuple[set[tuple[int, str]], dict[int, float] | None]:
+    """A measuring worker's results: insert them once (`record_results`) and retire the
+    candidates `retire`. Returns the (task id, schedule hash) pairs written and, on
+    PostgreSQL (one statement), the current best latency of each of their tasks that has
+    one, for `refresh_best_after_write` (elsewhere None: it reads them itself)."""
+    if not rows or session.get_bind().dialect.name != "postgresql":
+        wrote = record_results(session, rows)
+        retire_candidates(session, retire)
+        return wrote, None
+    params = _result_params(rows)
+    arrays = {k: [r[k] for r in params] for k in params[0]}
+    arrays["schedule"] = json.dumps(arrays["schedule"])
+    wrote: set[tuple[int, str]] = set()
+    best: dict[int, float] = {}
+    for written, task_id, h, us in session.execute(_WRITE_PG, {
+            **arrays, "retire": list(retire), "best_tasks": sorted(set(arrays["task_id"]))}):
+        if written:
+            wrote.add((task_id, h))
+        else:
+            best[task_id] = us
+    return wrote, best
 
 
 def add_candidates(session: Session, job_id: int, task_id: int,
@@ -359,13 +405,15 @@ _BEST_NOW_PG = text(
 
 
 def refresh_best_after_write(session: Session,
-                             written: Iterable[tuple[int, str, float]]) -> None:
+                             written: Iterable[tuple[int, str, float]],
+                             now_best: dict[int, float] | None = None) -> None:
     """Move each task's best to the fastest of the rows just written (task, schedule hash,
     median of the verified ones) where it beats the current best. PostgreSQL: a task whose
     new rows are all slower than its best as this transaction sees it is left alone (a
     best only gets faster, so it stays so) without taking its lock, which most writes do
     once a search has found its good schedules; the others take the lock and move in one
-    statement. Elsewhere each touched task's best is recomputed."""
+    statement. Elsewhere each touched task's best is recomputed. `now_best`: the tasks'
+    current bests as read in this transaction already (`write_results`), else read here."""
     rows = sorted(set(written))
     if not rows:
         return
@@ -375,7 +423,9 @@ def refresh_best_after_write(session: Session,
     fastest: dict[int, float] = {}
     for t, _, us in rows:
         fastest[t] = min(us, fastest.get(t, us))
-    now_best = {t: us for t, us in session.execute(_BEST_NOW_PG, {"tasks": sorted(fastest)})}
+    if now_best is None:
+        now_best = {t: us for t, us in session.execute(_BEST_NOW_PG,
+                                                        {"tasks": sorted(fastest)})}
     maybe = {t for t, us in fastest.items() if t not in now_best or us <= now_best[t]}
     if not maybe:
         return

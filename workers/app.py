@@ -40,9 +40,14 @@ def make_app() -> Celery:
         task_time_limit=settings.task_soft_limit_s + 60,
         broker_connection_retry_on_startup=True,
         broker_connection_max_retries=None,  # ride out a broker restart
-        # Unacknowledged messages come back after this long; the sweeper usually re-sends
-        # lost work sooner, from the database.
-        broker_transport_options={"visibility_timeout": 3600},
+        # Redis keeps no copy of a delivered message until its acknowledgement (kombu's
+        # ack emulation, two MULTI/EXEC round trips per message: a sixth of a simulated
+        # worker's CPU). A message whose whole worker process died is lost; the sweeper
+        # re-sends its candidates from the database (redispatch_s), as it did before
+        # Redis's own restore (after the visibility timeout, an hour). A dead prefork
+        # child's message is still requeued (reject_on_worker_lost), and a worker that
+        # shuts down puts back what it holds.
+        broker_transport_options={"ack_emulation": False},
         worker_hijack_root_logger=False,
         worker_send_task_events=False,
     )

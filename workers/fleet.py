@@ -40,10 +40,16 @@ def explorer_sweeper(settings: Settings) -> Sweeper:
     return Sweeper(dispatch, watch, free_dead_leases=True)
 
 
-def _celery(args: list[str]) -> None:
-    # Before any engine exists: Celery's retries handle a connection lost with PostgreSQL.
+def _no_pre_ping() -> None:
+    """Before any engine exists (the heartbeat's and the sweeper's threads make one at their
+    first beat): no ping per connection checkout, a round trip per transaction; Celery's
+    retries handle a connection lost with PostgreSQL. TCTUNE_DB_PRE_PING overrides."""
     if "TCTUNE_DB_PRE_PING" not in os.environ:
         set_for_processes(db_pre_ping=False)
+
+
+def _celery(args: list[str]) -> None:
+    _no_pre_ping()
     from workers.app import app
 
     # Two INFO lines per message (received, succeeded) cost a worker measurably at
@@ -60,6 +66,7 @@ def run_explorer(settings: Settings, procs: int = 1) -> None:
     restart-safe. `procs` > 1: that many processes take explore messages (a prefork pool),
     each proposing for one job at a time; the job's row lock keeps two from proposing for
     one job. One sweeper (this process) for all of them."""
+    _no_pre_ping()
     from search import cost_model  # sets OMP_WAIT_POLICY=PASSIVE before XGBoost loads
 
     # One XGBoost thread per explorer process by default (TCTUNE_XGB_THREADS): a second
@@ -109,6 +116,7 @@ def run_worker(settings: Settings, gpu: int | None, simulate: str | None,
     from kernels.spec import get_target
     from workers.backends import local_gpu_target
 
+    _no_pre_ping()
     if simulate:
         target = get_target(simulate)
         model, sm, backend = f"{target.model} (simulated)", target.sm, "simulated"

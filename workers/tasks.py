@@ -21,7 +21,7 @@ from kernels.spec import ConvShape, Precision, get_target
 from search.strategy import History
 from store import hotpath as hp
 from store import repository as repo
-from store.db import session_scope
+from store.db import session_scope, statement_scope
 from store.models import ACTIVE_JOB_STATES, Job, Task
 from workers import artifacts, explorer_stats
 from workers.backends.base import Backend, BuildOutcome, MeasureOutcome, TaskSpec
@@ -342,7 +342,8 @@ def measure_chunk(db_url: str, candidate_ids: Sequence[int], backend: Backend, w
     leased: list[_Leased] = []
     gave_up: list[tuple[_Leased, MeasureOutcome]] = []
     baselines_needed: dict[int, TaskSpec] = {}
-    with session_scope(db_url) as s:
+    # The lease is one statement on PostgreSQL and what follows only reads: no transaction.
+    with statement_scope(db_url) as s:
         rows, rounds = hp.lease_chunk(s, candidate_ids, worker, lease_s)
         baseline_here = baselines_to_time(s, db_url, rows, backend)
         for row in rows:
@@ -379,7 +380,7 @@ def measure_chunk(db_url: str, candidate_ids: Sequence[int], backend: Backend, w
         held = {item.cand_id for item in leased}
         for k, item in enumerate(leased):
             if time.monotonic() >= renew_at:
-                with session_scope(db_url) as s:
+                with statement_scope(db_url) as s:
                     held = hp.renew_leases(s, [i.cand_id for i in leased], worker, lease_s)
                 renew_at = time.monotonic() + lease_s / 2
             if item.cand_id not in held:
@@ -401,15 +402,15 @@ def measure_chunk(db_url: str, candidate_ids: Sequence[int], backend: Backend, w
 
 def write_groups(db_url: str, groups: Sequence[WriteGroup]) -> list[tuple[int, set[int]]]:
     """Write groups of results in one transaction (best schedules and job states follow);
-    then, in a transaction of its own on the same connection, ask which of their rounds
-    have no open candidate left. Per group: (rows it wrote, jobs one of whose rounds
-    closed). A schedule in two groups (two jobs of one task) counts for the first."""
+    then, after its commit, ask which of their rounds have no open candidate left. Per
+    group: (rows it wrote, jobs one of whose rounds closed). A schedule in two groups (two
+    jobs of one task) counts for the first."""
     rounds = set().union(*(g.rounds or set() for g in groups))
     with session_scope(db_url) as s:
         wrote = _write(s, groups)
-        closed: set[int] = set()
-        if rounds:
-            s.commit()  # asked after the commit: see the sibling chunks' results
+    closed: set[int] = set()
+    if rounds:  # asked after the commit: see the sibling chunks' results
+        with statement_scope(db_url) as s:
             closed = hp.closed_rounds(s, rounds)
     out = []
     for g in groups:
@@ -431,17 +432,17 @@ def _write(s: Any, groups: Sequence[WriteGroup]) -> set[tuple[int, str]]:
             repo.set_baseline(s, task_id, us, g.backend)
     if not results:
         return set()
-    wrote = hp.record_results(s, [{
+    wrote, now_best = hp.write_results(s, [{
         "task_id": item.task_id, "job_id": item.job_id, "schedule": item.schedule,
         "schedule_hash": item.schedule_hash, "status": out.status,
         "median_us": out.median_us, "iqr_us": out.iqr_us, "backend": g.backend,
         "worker": g.worker, "error": (out.error or None) and out.error[-20000:],
-        "predicted_us": item.predicted_us} for item, out, g in results])
-    hp.retire_candidates(s, sorted(item.cand_id for item, _, _ in results))
+        "predicted_us": item.predicted_us} for item, out, g in results],
+        sorted(item.cand_id for item, _, _ in results))
     hp.refresh_best_after_write(s, [
         (i.task_id, i.schedule_hash, o.median_us) for i, o, _ in results
         if o.status == "ok" and o.median_us is not None
-        and (i.task_id, i.schedule_hash) in wrote])
+        and (i.task_id, i.schedule_hash) in wrote], now_best)
     for job_id in hp.jobs_reaching_budget(s, {item.job_id for item, _, _ in results}):
         job = repo.get_job(s, job_id)
         if job is not None:

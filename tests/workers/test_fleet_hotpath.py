@@ -265,3 +265,38 @@ def test_the_prior_names_each_rows_layer(db: str) -> None:
         prior = history.prior_of(s, db, "h200", "int8", exclude_task=tids[1])
         assert [p.shape for p in prior] == [SHAPE] * 4
         assert [p.median_us for p in prior] == [3.0, 3.0, 1.0, 1.0]
+
+
+def test_a_write_retires_its_candidates_and_moves_the_best(db: str) -> None:
+    """`write_results` (one statement on PostgreSQL): the rows once, the candidates
+    retired, and the best moved only by a faster row."""
+    backend = SimulatedBackend(H200)
+    job_id = _job(db, 16)
+    ids = tasks.explore_round(db, job_id, 16).ids
+    assert tasks.measure_chunk(db, ids[:8], backend, "w#0", 60).written == 8
+    with session_scope(db) as s:
+        job = s.get(Job, job_id)
+        assert job is not None
+        task_id = job.task_id
+        best = s.scalar(select(Measurement.median_us).join(
+            BestSchedule, BestSchedule.measurement_id == Measurement.id)
+            .where(BestSchedule.task_id == task_id))
+        open_rows = s.scalars(select(Candidate).where(Candidate.id.in_(ids[8:10]))).all()
+        assert best is not None and all(c.state != "done" for c in open_rows)
+        row = {"task_id": task_id, "job_id": job_id, "status": "ok", "backend": "simulated"}
+        slower, faster = ({**row, "schedule": dict(c.schedule), "schedule_hash": c.schedule_hash,
+                           "median_us": us} for c, us in zip(open_rows, (best * 2, best / 2),
+                                                              strict=True))
+        wrote, now_best = hp.write_results(s, [slower], [open_rows[0].id])
+        assert wrote == {(task_id, slower["schedule_hash"])}
+        assert now_best in (None, {task_id: best})
+        hp.refresh_best_after_write(s, [(task_id, slower["schedule_hash"], best * 2)], now_best)
+        wrote, now_best = hp.write_results(s, [faster, slower], [open_rows[1].id])
+        assert wrote == {(task_id, faster["schedule_hash"])}  # the slower one is there already
+        hp.refresh_best_after_write(s, [(task_id, faster["schedule_hash"], best / 2)], now_best)
+    with session_scope(db) as s:
+        assert {c.state for c in s.scalars(select(Candidate).where(
+            Candidate.id.in_(ids[8:10])))} == {"done"}
+        assert s.scalar(select(Measurement.median_us).join(
+            BestSchedule, BestSchedule.measurement_id == Measurement.id)
+            .where(BestSchedule.task_id == task_id)) == best / 2
