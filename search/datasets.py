@@ -94,11 +94,14 @@ def load_dataset(path: str | Path) -> ReplayDataset:
     idx = np.array([probe.index_of({**defaulted, **r["schedule"]}) for r in rows],
                    dtype=np.int64)
     ok = np.array([r["status"] == "ok" for r in rows], dtype=bool)
+    unbuilt = np.array([r["status"] == "compile_error" for r in rows], dtype=bool)
     # Proposable: what the kernel's space accepts (the explorer never proposes the rest, so
     # a recorded compile_error of a schedule it rejects is no trial), plus every schedule
     # that ran ok, so that the replay's optimum stays reachable if the validity rules
-    # tighten after the recording.
-    proposable = ok | probe.valid_mask(idx)
+    # tighten after the recording. A recording marks what its day's rules rejected as a
+    # compile_error (no recorded space has a compile_error its rules admitted): where the
+    # rules widen later, such a schedule is unknown, not a failure, and is left out.
+    proposable = ok | (probe.valid_mask(idx) & ~unbuilt)
     space = ReplaySpace(shape, precision, target, restrict, idx[proposable])
     status = np.full(space.size, "", dtype=object)
     median = np.full(space.size, np.inf)

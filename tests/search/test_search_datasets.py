@@ -115,6 +115,28 @@ def test_recorded_datasets_load_the_same_with_a_new_knob(mma_knob: None) -> None
         np.sort(without.median_us[without.space.valid_indices]))
 
 
+def test_a_recorded_compile_error_the_rules_now_admit_is_left_out(tmp_path: Path) -> None:
+    """A recording marks what its rules rejected as compile_error; where the rules widen
+    (a schedule now valid), it is unknown, not a failed trial the replay could propose."""
+    scheds = _old_schedules()[:6]
+    rows = [{"schedule": s, "status": "ok", "median_us": 10.0 + j, "iqr_us": 0.1}
+            for j, s in enumerate(scheds[:4])]
+    rows += [{"schedule": s, "status": st, "median_us": None, "iqr_us": None}
+             for s, st in zip(scheds[4:], ("compile_error", "runtime_error"), strict=True)]
+    meta = {"dataset": "widened", "shape": RESNET50_3X3["stage4"].to_dict(),
+            "precision": "int8", "target": "h100", "gpu": "test", "simulated": True,
+            "fixed": FIXED, "date": "2026-01-01"}
+    write_dataset(tmp_path / "widened.jsonl.gz", meta, rows)
+    ds = load_dataset(tmp_path / "widened.jsonl.gz")
+    got = ds.space.schedules(ds.space.valid_indices)
+    def canon(s: dict) -> str:
+        return str(sorted(s.items()))
+
+    # the four that ran and the runtime failure (a real trial's outcome), not the unbuilt one
+    assert sorted(map(canon, got)) == sorted(canon({**ds.defaulted, **s})
+                                             for s in scheds[:4] + scheds[5:])
+
+
 def test_prior_schedules_stored_before_the_knob_read_as_its_first_value(
         mma_knob: None) -> None:
     cols = columns_from_schedules(Precision.INT8, [
