@@ -5,13 +5,13 @@ conv's speed. Per SM and main-loop iteration, the blocks resident on it (occupan
 threads, registers and shared memory) share the Tensor Cores (wgmma, or mma.sync through the
 four sub-partitions), the load path (bytes per iteration; cp.async address work per thread,
 none with TMA), its 128-byte lines (L2 requests of cp.async, or the SM's TMA unit's copies)
-and, with wgmma, each block's per-stage bookkeeping, and pay a latency floor (barrier, warps,
-pipeline depth, TMA=1's wait per stage); these overlap as a smooth max. The main loop runs
-once per round of resident blocks (the last round with the blocks left, which share the SM
-less), plus each block's prologue (with TMA, its set-up) and epilogue; DRAM bounds the whole;
-split-K adds its reduction. The result is deterministic
-per (shape, schedule) plus small seeded noise, and every result it makes is stored and shown
-as simulated.
+and, with wgmma, each block's per-stage bookkeeping, and pay a latency floor (barrier,
+warps, pipeline depth, TMA=1's wait per stage, longer with more resident blocks); these
+overlap as a smooth max. The main loop runs once per round of resident blocks (the last
+round with the blocks left, which share the SM less), plus each block's prologue (with TMA,
+its set-up) and epilogue; DRAM bounds the whole; split-K adds its reduction. The result is
+deterministic per (shape, schedule) plus small seeded noise, and every result it makes is
+stored and shown as simulated.
 
 The constants are fitted (bench/simulator_fit.py) to GPU-recorded data and live in
 simulated_fit.json beside this module: "kernel" to the ResNet-50 3x3 replay spaces recorded
@@ -182,11 +182,12 @@ def _block_cycles(x: Mapping[str, Any], c: Mapping[str, float], conc: np.ndarray
     t_ld = conc * (x["ld_it"] * (1.0 + c["line_part_cost"] * x["split_lines"]) / ld_bw +
                    x["smem_it"] / c["smem_bytes_per_clk"])
     # TMA=1: a math thread refills each stage once every warp has released it, before its
-    # own next MMAs: a wait per stage the MMAs do not hide (TMA=2: a producer warp's).
+    # own next MMAs: a wait per stage the MMAs do not hide (TMA=2: a producer warp's), and
+    # its copies queue behind the other resident blocks' at the SM's one TMA unit.
     floor = np.where(wg, c["iter_cycles_wgmma"], c["iter_cycles_sync"]) + \
         c["iter_cycles_per_warp"] * x["warps"] * conc + \
         c["load_latency_cycles"] / x["stages"] + np.where(x["dup"], c["dup_iter_cycles"], 0.0) + \
-        np.where(x["tma"] == 1, c["tma_issue_cycles"], 0.0)
+        np.where(x["tma"] == 1, c["tma_issue_cycles"] * conc, 0.0)
     # cp.async loads: every thread computes the addresses of its vectors each iteration
     # (TMA: one thread issues a few tensor copies); warps on one sub-partition take turns.
     t_issue = np.where(x["tma"] > 0, 0.0, c["issue_cycles_per_vector"] * x["vectors"] *
