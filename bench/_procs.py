@@ -19,6 +19,7 @@ from pathlib import Path
 import httpx
 
 REPO = Path(__file__).resolve().parent.parent
+TICK = os.sysconf("SC_CLK_TCK")
 
 
 def free_port() -> int:
@@ -89,3 +90,16 @@ def stop_all(procs: Iterable[subprocess.Popen[bytes]], timeout: float = 20.0) ->
             p.wait(max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             kill(p)
+
+
+def comm_cpu_s(name: str) -> float:
+    """CPU seconds (user + system) of every process of the machine named `name`, from /proc."""
+    total = 0.0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text_ = stat.read_text()
+        except OSError:
+            continue
+        if text_.split("(", 1)[1].split(")", 1)[0] == name:
+            total += sum(int(x) for x in text_.rsplit(")", 1)[1].split()[11:13]) / TICK
+    return total

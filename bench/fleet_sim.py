@@ -35,14 +35,11 @@ from sqlalchemy import create_engine, text
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
 
-from _procs import free_port, kill, start, stop_all, wait_http  # noqa: E402
+from _procs import TICK, comm_cpu_s, free_port, kill, start, stop_all, wait_http  # noqa: E402
 
 PG_ADMIN = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 LAYERS = [  # ResNet-50's 3x3 layers
     (56, 64), (28, 128), (14, 256), (7, 512)]
-
-
-TICK = os.sysconf("SC_CLK_TCK")
 
 
 def group_cpu_s() -> dict[int, float]:
@@ -58,18 +55,6 @@ def group_cpu_s() -> dict[int, float]:
         # two already split off (pid, comm)
         out[pgrp] = out.get(pgrp, 0.0) + sum(int(x) for x in fields[11:15]) / TICK
     return out
-
-
-def comm_cpu_s(name: str) -> float:
-    total = 0.0
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            text_ = stat.read_text()
-        except OSError:
-            continue
-        if text_.split("(", 1)[1].split(")", 1)[0] == name:
-            total += sum(int(x) for x in text_.rsplit(")", 1)[1].split()[11:13]) / TICK
-    return total
 
 
 def machine_busy_s() -> float:

@@ -28,20 +28,11 @@ from typing import Any
 
 from sqlalchemy import create_engine, text
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _procs import comm_cpu_s  # noqa: E402
+
 PG_ADMIN = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
-TICK = os.sysconf("SC_CLK_TCK")
-
-
-def postgres_cpu_s() -> float:
-    total = 0.0
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            data = stat.read_text()
-        except OSError:
-            continue
-        if data.split("(", 1)[1].split(")", 1)[0] == "postgres":
-            total += sum(int(x) for x in data.rsplit(")", 1)[1].split()[11:13]) / TICK
-    return total
 
 
 def main() -> int:
@@ -142,9 +133,9 @@ def run(args: argparse.Namespace, url: str) -> int:
     all_slots()
     todo[:] = measured
     start_written = written[0]
-    cpu0, pg0, t0 = time.process_time(), postgres_cpu_s(), time.monotonic()
+    cpu0, pg0, t0 = time.process_time(), comm_cpu_s("postgres"), time.monotonic()
     all_slots()
-    cpu1, pg1, t1 = time.process_time(), postgres_cpu_s(), time.monotonic()
+    cpu1, pg1, t1 = time.process_time(), comm_cpu_s("postgres"), time.monotonic()
     n = written[0] - start_written
     result: dict[str, Any] = {
         "label": args.label, "measurements": n, "threads": args.threads, "chunk": args.chunk,
