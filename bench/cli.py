@@ -25,6 +25,23 @@ def read_json(path: str | Path) -> Any:
         return json.load(f)
 
 
+def records_on(path: str | Path, target: str, measured_on: str | None = None) -> dict[str, Any]:
+    """A records file (`bench.model_e2e records`: task key -> record) for `target`. With
+    `measured_on` another GPU model, that GPU's records keyed as `target`'s: its schedules
+    become the records timed on this one."""
+    records: dict[str, Any] = json.loads(Path(path).read_text())
+    if not measured_on or measured_on == target:
+        return records
+    return {k.removesuffix(f"|{measured_on}") + f"|{target}": v for k, v in records.items()
+            if k.endswith(f"|{measured_on}")}
+
+
+def add_records_target(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--records-target", default=None,
+                   help="the GPU model the records were measured on, if not the target's "
+                        "(its schedules are then the records timed on the target)")
+
+
 def geomean(xs: Iterable[float]) -> float | None:
     """The geometric mean of positive values; None for none."""
     v = list(xs)

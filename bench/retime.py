@@ -23,7 +23,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from bench.cli import add_table, commands, geomean, log, print_table
+from bench.cli import add_records_target, add_table, commands, geomean, log, print_table, records_on
 from bench.zoo import add_layer_args, atomic_write, planned, shape_text
 from kernels.spec import Precision, task_key
 
@@ -51,8 +51,8 @@ def prebuild(a: argparse.Namespace) -> int:
     from kernels.build import BuildJob, build_many
     from kernels.spec import get_target
 
-    records = json.loads(Path(a.records).read_text())
     target = get_target(a.target)
+    records = records_on(a.records, target.name, a.records_target)
     jobs = []
     for g in planned(a):
         rec = records.get(task_key(g.shape, Precision(g.precision), target))
@@ -67,12 +67,12 @@ def run(a: argparse.Namespace) -> int:
     from workers.backends.base import TaskSpec
     from workers.backends.cuda import CudaBackend
 
-    records = json.loads(Path(a.records).read_text())
     groups = planned(a)
     backend = CudaBackend(a.cache)
     target = backend.target
     if target is None:
         raise SystemExit(f"no target for GPU {backend.gpu_model!r}")
+    records = records_on(a.records, target.name, a.records_target)
     rows: list[dict[str, Any]] = []
     cudnn: dict[str, float | None] = {}
     doc: dict[str, Any] = {"gpu": backend.gpu_model, "date": dt.date.today().isoformat(),
@@ -116,8 +116,8 @@ def profile(a: argparse.Namespace) -> int:
     from kernels.runner import DeviceSession
     from kernels.spec import get_target
 
-    records = json.loads(Path(a.records).read_text())
     target = get_target(a.target)
+    records = records_on(a.records, target.name, a.records_target)
     keys = set(a.keys.split(","))
     groups = [g for g in planned(a) if g.shape.key() in keys]
     sess = DeviceSession()
@@ -175,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     for p in (r, pb, pf):
         p.add_argument("--records", required=True)
         p.add_argument("--cache", default="/tmp/tctune-retime")
+        add_records_target(p)
         add_layer_args(p, models="resnet50", batches="8")
     add_table(sub)
     a = ap.parse_args(argv)

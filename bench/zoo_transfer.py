@@ -3,6 +3,9 @@
   python -m bench.zoo_transfer candidates --records R --out C.json --precisions fp16  # CPU
   python -m bench.zoo_transfer variants --records R --out C.json --set PINGPONG=1 \
       --set TMA=2 --vary PERSIST --vary STAGES                                   # CPU
+  python -m bench.zoo_transfer sample --records R --out C.json --restrict HALO=1 \
+      --count 26 --derive 10 --vary TMA --vary CHUNK                            # CPU
+  python -m bench.zoo_transfer neighbours F.json --out C.json --top 3 --limit 36  # CPU
   python -m bench.zoo_transfer prebuild --candidates C.json --cache D               # CPU
   python -m bench.zoo_transfer run --candidates C.json --cache D --out F.json        # GPU
   python -m bench.zoo_transfer merge F.json... --records R --out R2.json            # CPU
@@ -17,10 +20,16 @@ each candidate in one run through the GPU worker's backend (workers/backends/cud
 `variants` makes a layer's candidates of its own record instead: a new knob's value set
 (`--set`), and every combination of the `--vary` knobs' values, fewest changes from the
 record first (`--min-waves` / `--max-waves`: only layers whose record's tiles fill at least /
-fewer than that many waves of the GPU's SMs). `merge` writes the records with each layer's
-fastest schedule of the run; `bench.retime`
+fewer than that many waves of the GPU's SMs). `sample` draws a layer's candidates from a
+subspace (`--restrict`, e.g. a new knob's value): `--count` at random, and `--derive` of the
+record's variants in it over the `--vary` knobs, also at random. `neighbours` takes a run's
+`--top` fastest candidates of each layer within `--within` of its record and draws their
+single-knob neighbours (the `--keep` knobs left as they are). `merge` writes the records with
+each layer's fastest schedule of the run; `bench.retime`
 then times them against cuDNN in a run of their own. R: a records file of
-`bench.model_e2e records`; the layer options are `bench.zoo`'s.
+`bench.model_e2e records`; the layer options are `bench.zoo`'s. `--records-target`: the GPU
+model R was measured on where it is not `--target`'s (its schedules are then the records
+timed on the other GPU).
 """
 
 from __future__ import annotations
@@ -32,7 +41,16 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from bench.cli import add_table, commands, geomean, log, print_table, read_json
+from bench.cli import (
+    add_records_target,
+    add_table,
+    commands,
+    geomean,
+    log,
+    print_table,
+    read_json,
+    records_on,
+)
 from bench.zoo import add_layer_args, atomic_write, planned
 from kernels.spec import Precision, task_key
 
@@ -47,6 +65,24 @@ def records_prior(records: dict[str, Any], precision: str, target: str) -> list[
     return [PriorTrial(ConvShape.from_key(k.split("|")[0]), r["schedule"], "ok", r["latency_us"])
             for k, r in records.items()
             if k.split("|")[1:] == [precision, target] and r.get("latency_us")]
+
+
+def _records(a: argparse.Namespace) -> dict[str, Any]:
+    return records_on(a.records, a.target, a.records_target)
+
+
+def _restrictions(specs: list[str]) -> dict[str, list[Any]]:
+    """KNOB=V1,V2 options as a space restriction."""
+    out: dict[str, list[Any]] = {}
+    for spec in specs:
+        name, vals = spec.split("=", 1)
+        out[name] = [_knob_value(v) for v in vals.split(",")]
+    return out
+
+
+def _write_candidates(a: argparse.Namespace, rows: list[dict[str, Any]], **extra: Any) -> None:
+    Path(a.out).write_text(json.dumps({"records": a.records, "target": a.target, **extra,
+                                       "rows": rows}, indent=1) + "\n")
 
 
 def _recorded_layers(a: argparse.Namespace, records: dict[str, Any], target: Any
@@ -66,7 +102,7 @@ def candidates(a: argparse.Namespace) -> int:
     from kernels.spec import get_target
     from workers.seeds import transfer_points
 
-    records = json.loads(Path(a.records).read_text())
+    records = _records(a)
     target = get_target(a.target)
     priors: dict[str, list[Any]] = {}
     rows = []
@@ -96,7 +132,7 @@ def variants(a: argparse.Namespace) -> int:
     from kernels.space import with_defaults
     from kernels.spec import get_target
 
-    records = json.loads(Path(a.records).read_text())
+    records = _records(a)
     target = get_target(a.target)
     fixed = dict((k, _knob_value(v)) for k, v in (kv.split("=", 1) for kv in a.set))
     rows = []
@@ -120,6 +156,79 @@ def variants(a: argparse.Namespace) -> int:
     Path(a.out).write_text(json.dumps({"records": a.records, "target": target.name,
                                        "set": fixed, "vary": a.vary, "rows": rows},
                                       indent=1) + "\n")
+    return 0
+
+
+def sample(a: argparse.Namespace) -> int:
+    import itertools
+
+    import numpy as np
+
+    from kernels.space import ScheduleSpace, with_defaults
+    from kernels.spec import get_target
+
+    records = _records(a)
+    target = get_target(a.target)
+    restrict = _restrictions(a.restrict)
+    rng = np.random.default_rng(a.seed)
+    rows = []
+    for g, key, rec, space in _recorded_layers(a, records, target):
+        if g.shape.q < a.min_width or g.shape.c < a.min_channels:
+            continue
+        sub = ScheduleSpace(g.shape, space.precision, target, restrict)
+        valid = sub.valid_indices
+        if not len(valid):
+            continue
+        record = with_defaults(space.precision, rec["schedule"])
+        fixed = {k: v[0] for k, v in restrict.items() if len(v) == 1}
+        derived: list[dict[str, Any]] = []
+        for combo in itertools.product(*(space.knobs[k] for k in a.vary)):
+            s = {**record, **fixed, **dict(zip(a.vary, combo, strict=True))}
+            if all(s[k] in sub.knobs[k] for k in sub.knobs) and sub.is_valid(s) and \
+                    s not in derived:
+                derived.append(s)
+        cands = [derived[int(i)] for i in rng.permutation(len(derived))[:a.derive]]
+        drawn = sub.schedules(rng.choice(valid, size=min(a.count, len(valid)), replace=False))
+        cands += [s for s in drawn if s not in cands]
+        rows.append({"key": key, "layer": g.uses[0].layers[0], "shape": g.shape.to_dict(),
+                     "precision": g.precision, "record": rec["schedule"], "candidates": cands})
+        log(f"{key}: {len(cands)} candidates of {len(valid)}")
+    _write_candidates(a, rows, restrict=restrict)
+    return 0
+
+
+def neighbours(a: argparse.Namespace) -> int:
+    import numpy as np
+
+    from kernels.space import ScheduleSpace, with_defaults
+    from kernels.spec import ConvShape, get_target
+
+    doc = read_json(a.file)
+    a.records = doc["records"]
+    target = get_target(a.target)
+    rng = np.random.default_rng(a.seed)
+    rows = []
+    for r in doc["rows"]:
+        own = r["times"][0]
+        ok = sorted((t for t in r["times"][1:] if t["status"] == "ok"), key=lambda t: t["us"])
+        if own["status"] != "ok" or not ok or ok[0]["us"] > own["us"] * a.within:
+            continue
+        prec = Precision(r["precision"])
+        space = ScheduleSpace(ConvShape.from_dict(r["shape"]), prec, target)
+        tops = [s for s in (with_defaults(prec, t["schedule"]) for t in ok[:a.top])
+                if space.is_valid(s)]
+        seen = [t["schedule"] for t in r["times"]]
+        cands = tops[:1]
+        for base in tops:
+            near = [{**base, k: v} for k, vals in space.knobs.items() if k not in a.keep
+                    for v in vals if v != base[k]]
+            near = [s for i, s in enumerate(near) if space.is_valid(s) and s not in seen
+                    and s not in cands and s not in near[:i]]
+            cands += [near[int(i)] for i in rng.permutation(len(near))[:a.limit // len(tops)]]
+        rows.append({"key": r["key"], "layer": r["layer"], "shape": r["shape"],
+                     "precision": r["precision"], "record": own["schedule"], "candidates": cands})
+        log(f"{r['key']}: {len(cands)} candidates, fastest {ok[0]['us'] / own['us']:.3f}x")
+    _write_candidates(a, rows, around=a.file)
     return 0
 
 
@@ -182,7 +291,7 @@ def fastest(row: dict[str, Any]) -> dict[str, Any] | None:
 def merge(a: argparse.Namespace) -> int:
     """Each layer moves to the fastest schedule of the runs where it beats the record's time
     of the same run by more than --margin (run to run, a time moves by a percent or so)."""
-    records = json.loads(Path(a.records).read_text())
+    records = _records(a)
     moved = set()
     for path in a.files:
         for row in read_json(path)["rows"]:
@@ -214,6 +323,20 @@ def render(doc: dict[str, Any]) -> str:
         bad = sum(t["status"] != "ok" for r in rs for t in r["times"][1:])
         lines.append(f"| {prec} | {len(rs)} | {sum(x < 1 for x in ratios)} | "
                      f"{geomean(ratios):.3f} | {min(ratios):.3f} | {bad} |")
+    lines += ["", "The layers that moved (the fastest's knobs where they differ from the "
+              "record's):", "",
+              "| layer | shape | precision | record us | fastest us | ratio | knobs |",
+              "|---|---|---|---|---|---|---|"]
+    for r in doc["rows"]:
+        best, own = fastest(r), r["times"][0]
+        if best is None or own["status"] != "ok" or best is own:
+            continue
+        diff = ", ".join(f"{k}={v}" for k, v in best["schedule"].items()
+                         if own["schedule"].get(k) != v)
+        sh = r["shape"]
+        lines.append(f"| {r['layer']} | {sh['h']}x{sh['w']}x{sh['c']}->{sh['k']}, "
+                     f"{sh['r']}x{sh['s']} | {r['precision']} | {own['us']:.2f} | "
+                     f"{best['us']:.2f} | {best['us'] / own['us']:.3f} | {diff} |")
     return "\n".join(lines)
 
 
@@ -237,6 +360,30 @@ def main(argv: list[str] | None = None) -> int:
                    help="only layers whose record has at least this many tiles per SM")
     v.add_argument("--max-waves", type=float, default=0.0,
                    help="only layers whose record's tiles fill fewer waves (0: any)")
+    sm = sub.add_parser("sample", help="each layer's record and draws of a subspace (CPU)")
+    add_layer_args(sm)
+    sm.add_argument("--records", required=True)
+    sm.add_argument("--out", required=True)
+    sm.add_argument("--target", default="h100")
+    sm.add_argument("--restrict", action="append", default=[], metavar="KNOB=V1,V2")
+    sm.add_argument("--count", type=int, default=20, help="random schedules of the subspace")
+    sm.add_argument("--derive", type=int, default=0, help="variants of the record in it")
+    sm.add_argument("--vary", action="append", default=[], metavar="KNOB")
+    sm.add_argument("--min-width", type=int, default=0, help="only layers this many columns wide")
+    sm.add_argument("--min-channels", type=int, default=0)
+    sm.add_argument("--seed", type=int, default=0)
+    nb = sub.add_parser("neighbours", help="single-knob neighbours of a run's fastest (CPU)")
+    nb.add_argument("file")
+    nb.add_argument("--out", required=True)
+    nb.add_argument("--target", default="h100", help="the GPU model the run was timed on")
+    nb.add_argument("--top", type=int, default=3)
+    nb.add_argument("--limit", type=int, default=36, help="candidates per layer")
+    nb.add_argument("--within", type=float, default=1.25,
+                    help="only layers whose fastest took at most this times the record's")
+    nb.add_argument("--keep", action="append", default=[], metavar="KNOB")
+    nb.add_argument("--seed", type=int, default=0)
+    for p_ in (c, v, sm):
+        add_records_target(p_)
     for name, help_text in (("prebuild", "build every candidate (CPU)"),
                             ("run", "check and time each layer's record and candidates (GPU)")):
         p = sub.add_parser(name, help=help_text)
@@ -249,12 +396,14 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--margin", type=float, default=0.01)
     m.add_argument("--records", required=True)
     m.add_argument("--out", required=True)
+    m.add_argument("--target", default="h100")
+    add_records_target(m)
     add_table(sub)
     a = ap.parse_args(argv)
     if print_table(a, render):
         return 0
-    return {"candidates": candidates, "variants": variants, "prebuild": prebuild, "run": run,
-            "merge": merge}[a.cmd](a)
+    return {"candidates": candidates, "variants": variants, "sample": sample,
+            "neighbours": neighbours, "prebuild": prebuild, "run": run, "merge": merge}[a.cmd](a)
 
 
 if __name__ == "__main__":

@@ -62,13 +62,36 @@ __device__ __forceinline__ u32 soff(int row, int chunk) {
                (((chunk % NCA) ^ swz(row)) << 4));
 }
 
+// HALO: the image, band (its first output column) and first position in the band of the tile
+// whose rows start at GEMM row m0 (tiles in image, band, position order: neighbours share
+// input rows in L2).
+struct HaloTile { int img, q0, v0; };
+__device__ __forceinline__ HaloTile halo_tile(int m0) {
+  using namespace cfg;
+  const int mt = m0 / BM, img = mt / (HBANDS * HTILES), rem = mt - img * (HBANDS * HTILES);
+  const int band = rem / HTILES;
+  return {img, band * HCOLS, (rem - band * HTILES) * BM};
+}
+// The output pixel (GEMM row) of row `row` of the tile that starts at m0, or -1 where there is
+// none (past M; HALO: a halo column, or past the band's last row).
+__device__ __forceinline__ int out_row(int m0, int row) {
+  using namespace cfg;
+  if constexpr (HALO) {
+    const HaloTile t = halo_tile(m0);
+    const int v = t.v0 + row, p = v / HPITCH, ql = v - p * HPITCH, q = t.q0 + ql;
+    return (ql < HCOLS && q < Q && p < P) ? (t.img * P + p) * Q + q : -1;
+  } else {
+    return m0 + row < M ? m0 + row : -1;
+  }
+}
+
 struct StageIdx { int r, s, cb; };
 
 __device__ __forceinline__ StageIdx stage_idx(int it) {
   using namespace cfg;
   StageIdx st;
-  if constexpr (FOLD) {
-    st.r = 0; st.s = 0; st.cb = it;  // the taps of stage it (BlockLoader::fold_tap)
+  if constexpr (FOLD || HALO) {
+    st.r = 0; st.s = 0; st.cb = it;  // the taps of stage it (fold_tap), or all of them (HALO)
   } else if constexpr (DUP) {
     if constexpr (REORDER) { st.r = 0; st.s = 0; st.cb = it; }
     else { st.cb = it % NCB; st.r = it / NCB; st.s = 0; }

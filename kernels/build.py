@@ -26,9 +26,11 @@ from kernels.space import (
     TMA_STORE_BOX_ROWS,
     WGMMA_N_PER_TILE,
     Geometry,
+    HaloTiling,
     channel_vector,
     concat_problems,
     geometry,
+    halo_tiling,
     int4_via_s8,
     knobs_for,
     padded_channels,
@@ -199,6 +201,11 @@ def defines(job: BuildJob) -> dict[str, int]:
             d["TC_MMA"] = MMA_CODE[sched[name]]
         else:
             d[f"TC_{name}"] = int(sched[name])
+    if sched.get("HALO") == 1:  # the tiling space.halo_tiling chose (conv.cu derives the rest)
+        t = halo_tiling(sh, int(g.block_m[0]))
+        if t is None:
+            raise ValueError(f"HALO: no tiling of {int(g.block_m[0])} rows for this shape")
+        d["TC_HALO_COLS"] = t.cols
     return d
 
 
@@ -279,7 +286,7 @@ def launch_meta(job: BuildJob, d: Mapping[str, int]) -> dict[str, Any]:
     epi = job.epilogue.resolved(p)
     s, g = _job_geometry(job, bool(d["TC_INT4_S8"]))
     threads = int(g.threads[0])  # split-K partials: one set per math thread
-    tiles = (-(-sh.gemm_m // int(g.block_m[0]))) * (-(-sh.gemm_n // int(g.block_n[0])))
+    tiles = int(g.grid_blocks[0]) // int(s["SPLIT_K"])
     # Split-K partials: one accumulator set per thread (fp32_tc's sets are combined first).
     inst_m = 16 if (p in (Precision.FP16, Precision.FP32_TC) or job.sm >= 80) else 8
     per_tile = WGMMA_N_PER_TILE // 2 if s["MMA"] == "wgmma" else inst_m * 8 // 32
@@ -302,7 +309,9 @@ def launch_meta(job: BuildJob, d: Mapping[str, int]) -> dict[str, Any]:
         "tma": tma_maps(sh, p, int(d["TC_C"]), int(g.block_m[0]), int(g.block_n[0]),
                         int(g.block_k[0]),
                         epi.out_bits(p) if s["PACK_OUT"] == 2 else None,
-                        plain_a=s.get("PLAIN_A") == 1) if s.get("TMA")
+                        plain_a=s.get("PLAIN_A") == 1,
+                        halo=halo_tiling(sh, int(g.block_m[0])) if s.get("HALO") == 1 else None)
+        if s.get("TMA")
         else None,
     }
 
@@ -312,7 +321,8 @@ TMA_ATOM_BYTES = 128
 
 
 def tma_maps(sh: ConvShape, p: Precision, c_padded: int, bm: int, bn: int,
-             bk: int, store_bits: int | None = None, plain_a: bool = False) -> dict[str, Any]:
+             bk: int, store_bits: int | None = None, plain_a: bool = False,
+             halo: HaloTiling | None = None) -> dict[str, Any]:
     """What kernels/launch.py needs to encode a TMA build's two tensor maps (cuTensorMapEncode*)
     for any x and w of this shape: dimensions innermost first, byte strides, boxes, swizzle.
     x: NHWC as (C, W, H, N) walked im2col-wise, BM pixels per box from the block's first output
@@ -321,7 +331,10 @@ def tma_maps(sh: ConvShape, p: Precision, c_padded: int, bm: int, bn: int,
     `store_bits` (PACK_OUT=2): y as bytes (K * store_bits / 8, N*P*Q), boxes of the widest
     swizzle dividing the tile's row bytes x 64 rows (conv.cu: SWB, BOX_ROWS). `plain_a`
     (PLAIN_A=1, 1x1 stride-1 unpadded layers): x as the tiled matrix (C, N*H*W), boxes of
-    BM rows ("tiled": true) instead of the im2col walk."""
+    BM rows ("tiled": true) instead of the im2col walk. `halo` (HALO=1): x as the tiled
+    tensor (C, W, H, N), one box per tile of the patch's `pitch` columns x `box_rows` rows
+    (space.halo_tiling), which the kernel places at the tile's first input row and column
+    (from -pad): zeros past the image."""
     es = p.input_bits // 8
     atom = min(bk * es, TMA_ATOM_BYTES)
     (sh_, sw_), (ph, pw), (dh, dw) = sh.stride, sh.pad, sh.dilation
@@ -331,11 +344,14 @@ def tma_maps(sh: ConvShape, p: Precision, c_padded: int, bm: int, bn: int,
         swb = next(b for b in (128, 64, 32) if tile_row % b == 0)
         out["y"] = {"dims": [row, sh.gemm_m], "strides": [row], "box": [swb, TMA_STORE_BOX_ROWS],
                     "element_strides": [1, 1], "swizzle_bytes": swb}
+    nhwc_strides = [c_padded * es, sh.w * c_padded * es, sh.h * sh.w * c_padded * es]
     x: dict[str, Any] = (
         {"tiled": True, "dims": [c_padded, sh.n * sh.h * sh.w], "strides": [c_padded * es],
          "box": [atom // es, bm], "element_strides": [1, 1]} if plain_a else
-        {"dims": [c_padded, sh.w, sh.h, sh.n],
-         "strides": [c_padded * es, sh.w * c_padded * es, sh.h * sh.w * c_padded * es],
+        {"tiled": True, "dims": [c_padded, sh.w, sh.h, sh.n], "strides": nhwc_strides,
+         "box": [atom // es, halo.pitch, halo.box_rows, 1], "element_strides": [1, 1, 1, 1]}
+        if halo is not None else
+        {"dims": [c_padded, sh.w, sh.h, sh.n], "strides": nhwc_strides,
          "lower": [-pw, -ph], "upper": [pw - (sh.s - 1) * dw, ph - (sh.r - 1) * dh],
          "channels": atom // es, "pixels": bm, "element_strides": [1, sw_, sh_, 1]})
     return {

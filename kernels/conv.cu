@@ -11,7 +11,8 @@
 // Hardware levels, as in CUTLASS:
 //   instruction_tile.cuh  mma.sync / ldmatrix / cp.async wrappers
 //   block_tile.cuh        global -> shared loads of a stage (im2col, duplicate-aware, or
-//                         folded taps), cp.async or staged through registers
+//                         folded taps), cp.async or staged through registers; which output
+//                         pixel a tile row is (HALO's tiles are runs of a band's positions)
 //   tma.cuh               bulk tensor copies and mbarriers (TMA=1, 2), the math warps' barrier
 //   pipeline*.cuh         the main loop: one header per pipeline (TMA, its copies issued by a
 //                         math warp's thread or by a producer warp, whose tiles two
@@ -68,6 +69,12 @@
 #endif
 #ifndef TC_PINGPONG
 #define TC_PINGPONG 0  // 1: two consumers take the persistent block's tiles in turn
+#endif
+#ifndef TC_HALO
+#define TC_HALO 0  // 1: a stage is one input patch read by every filter tap (block_tile.cuh)
+#endif
+#ifndef TC_HALO_COLS
+#define TC_HALO_COLS 1  // HALO: output columns of a band (kernels/space.py: halo_tiling)
 #endif
 #ifndef TC_CAT
 #define TC_CAT 0  // n > 0: the first n reduction channels come from a second input x1
@@ -161,8 +168,20 @@ constexpr int BMP = BM / NB;                            // pixel positions per b
 constexpr int PIXSTRIDE = LAYOUT ? XB * 8 : XB;
 constexpr int CVSTRIDE = LAYOUT ? 128 : 16;
 constexpr int IMGSTRIDE = H * W * PIXSTRIDE;
+// HALO: the output is cut into HBANDS bands of HCOLS columns; a band of one image is a run of
+// HVIRT positions, row after row at a pitch of HPITCH = HCOLS + S - 1 (position v: output
+// (v / HPITCH, v % HPITCH) of the band, a pixel where v % HPITCH < HCOLS), and a tile is BM
+// consecutive positions. Tap (r, s) of position v reads the band's input pixel
+// v + r * HPITCH + s (from -pad): a tile's A operand is one patch of HBOX_ROWS input rows of
+// HPITCH pixels (one TMA box per channel atom), each tap's view of it a constant offset from
+// the tile's first position (warpgroup_tile.cuh: issue_halo).
+constexpr bool HALO = TC_HALO != 0;
+constexpr int HCOLS = TC_HALO_COLS, HPITCH = HCOLS + S - 1;
+constexpr int HBANDS = (Q + HCOLS - 1) / HCOLS, HVIRT = (P - 1) * HPITCH + HCOLS;
+constexpr int HTILES = (HVIRT + BM - 1) / BM;  // tiles per band and image
+constexpr int HBOX_ROWS = R + (BM + S - 2 + HPITCH - 1) / HPITCH;
 constexpr int TILES_N = (K + BN - 1) / BN;
-constexpr int TILES = ((M + BM - 1) / BM) * TILES_N;
+constexpr int TILES = (HALO ? N * HBANDS * HTILES : (M + BM - 1) / BM) * TILES_N;
 // PERSIST: blocks walk the tiles (kernels/launch.py sizes the grid to PERSIST per SM).
 constexpr int PERSIST = TC_PERSIST;
 constexpr bool PLAIN_A = TC_PLAIN_A != 0;
@@ -179,8 +198,10 @@ constexpr int IN_COLS = ((FULLROW ? Q : BMP) - 1) * SW + (S - 1) * DW + 1;
 constexpr int SLOTS = REORDER ? (FULLROW ? (ROWS_OUT - 1) * SH + (R - 1) * DH + 1 + (NIMG - 1) * GAP
                                          : ROWS_OUT * R)
                               : ROWS_OUT;
-constexpr int TAPS = DUP ? (REORDER ? R * S : S) : 1;  // filter taps per stage
-constexpr int A_ROWS = DUP ? SLOTS * IN_COLS * NB : BM;
+constexpr int TAPS = DUP ? (REORDER ? R * S : S) : HALO ? R * S : 1;  // filter taps per stage
+// HALO: the patch's pixel rows in shared memory, in whole 1024-byte units of every atom width.
+constexpr int HPLANE_ROWS = (HBOX_ROWS * HPITCH + 31) / 32 * 32;
+constexpr int A_ROWS = DUP ? SLOTS * IN_COLS * NB : HALO ? HPLANE_ROWS : BM;
 constexpr int A_PLANE = A_ROWS * SB, B_PLANE = BN * TAPS * SB;  // one fp16 plane (fp32_tc: hi)
 constexpr int A_STAGE = PLANES * A_PLANE, B_STAGE = PLANES * B_PLANE;
 // FOLD_TAPS: the reduction is the R*S taps of TV bytes each (C is padded to one tap vector),
@@ -189,7 +210,7 @@ constexpr bool FOLD = TC_FOLD_TAPS != 0;
 constexpr int TV = FOLD ? CB : 16;
 constexpr int TPS = FOLD ? SB / TV : 1;
 constexpr int NIT = FOLD ? (R * S + TPS - 1) / TPS
-                         : DUP ? (REORDER ? NCB : R * NCB) : R * S * NCB;  // main-loop stages
+                         : DUP ? (REORDER ? NCB : R * NCB) : HALO ? NCB : R * S * NCB;  // stages
 
 // ---- epilogue (compile-time options of the build, not knobs)
 constexpr int EPI = TC_EPI;    // int: 0 raw int32 acc, 1 requantize; fp16: 0 plain, 1 + bias
@@ -221,6 +242,8 @@ constexpr int MBAR_SMEM = TMA ? 16 * STAGES + (PP ? 16 : 0) : 0;
 constexpr int PIPE_SMEM = (F32_ASYNC ? 2 + STAGES : STAGES) * (A_STAGE + B_STAGE) + SMEM_ALIGN +
                           MBAR_SMEM;
 constexpr int NATOM = SB / ATOM;  // swizzle atoms per stage row (TMA: one box each)
+// Bytes the TMA copies of A deliver per stage (HALO: the boxes, not the plane's slack).
+constexpr int A_TX = HALO ? NATOM * HBOX_ROWS * HPITCH * ATOM : A_STAGE;
 // A persistent block's epilogue has its own region after the pipeline (one per consumer):
 // the next tile's first stages land while it runs.
 constexpr int EPI_OFF = PERSIST ? PIPE_SMEM : 0;
@@ -262,6 +285,11 @@ static_assert(!PLAIN_A || (TMA && R == 1 && S == 1 && SH == 1 && SW == 1 && PH =
                            BM <= 256),
               "the plain-matrix copy of A is the TMA path of 1x1, stride-1, unpadded layers, "
               "one box of at most 256 rows");
+static_assert(!HALO || (TMA && !TMA_ST && SPLITK == 1 && !REORDER && SH == 1 && SW == 1 &&
+                        DH == 1 && DW == 1 && R * S > 1 && !CAT && HPITCH <= 256 &&
+                        HBOX_ROWS <= 256 && HCOLS <= Q),
+              "the halo patch: a stride-1 TMA build whose tile's patch is one box of at most "
+              "256 x 256 pixels, reduced by one block, stored by the threads");
 static_assert(!PERSIST || (!F32TC && !REGPATH && SPLITK == 1),
               "a persistent grid runs the TMA or cp.async multistage pipeline without split-K");
 static_assert(!PP || (WS && PERSIST), "the consumers take turns behind a producer warp, "
@@ -355,29 +383,32 @@ __device__ __forceinline__ void conv_persistent(const Inputs in,
   const StageRing sr{sbase};
   int nit = NIT;
   if constexpr (WG) asm volatile("" : "+r"(nit));  // as in conv_block
+  // A tile's first GEMM row (the wgmma tile's init takes the next tile's: HALO's view of it).
+  auto m0_of = [](int tile) { return (tile / TILES_N) * BM; };
   if constexpr (PP) {
     Tile wt;
     BlockLoader ld;  // unused by the wgmma tile
-    wt.init(0, tid % THREADS, ld);
+    const int g0 = tid / THREADS;  // consumer g takes the block's tiles g, g + 2, ...
+    wt.init(m0_of(block_tile(g0)), tid % THREADS, ld);
     pingpong_tma(wt, sr, nit, tid, maps, [&](int tile, int g, int ctid) {
-      const int m0 = (tile / TILES_N) * BM, n0 = (tile % TILES_N) * BN;
+      const int m0 = m0_of(tile), n0 = (tile % TILES_N) * BN;
       epilogue(wt, smem + EPI_OFF + g * EPI_SMEM, m0, n0, ctid, tile, 0, scale, bias, res, y,
                ws, counters, maps);
       block_sync();  // the consumer's epilogue region is free for its next tile's
-      wt.init(m0, ctid, ld);
+      wt.init(m0_of(tile + 2 * (int)gridDim.x), ctid, ld);
     });
     return;
   }
   if constexpr (TMA) {
     Tile wt;
     BlockLoader ld;  // unused by the wgmma tile
-    wt.init(0, tid, ld);
+    wt.init(m0_of(blockIdx.x), tid, ld);
     persistent_tma(wt, sr, nit, tid, maps, [&](int tile) {
-      const int m0 = (tile / TILES_N) * BM, n0 = (tile % TILES_N) * BN;
+      const int m0 = m0_of(tile), n0 = (tile % TILES_N) * BN;
       epilogue(wt, smem + EPI_OFF, m0, n0, tid, tile, 0, scale, bias, res, y, ws, counters,
                maps);
       block_sync();  // the epilogue's region is free for the next tile's
-      wt.init(m0, tid, ld);
+      wt.init(m0_of(tile + (int)gridDim.x), tid, ld);
     });
     return;
   }

@@ -174,8 +174,8 @@ __device__ __forceinline__ void epilogue(WT& wt, u8* smem, int m0, int n0, int t
 #pragma unroll 1
     for (int v = tid; v < BM * VPRO; v += THREADS) {
       const int row = v / VPRO, cv = v - row * VPRO;
-      const int m = m0 + row, n = n0 + cv * EV;
-      if (m < M && n < K) copy_vw<VW>(rs + row * E_ROW + cv * VW, res.p + out_off(m, n));
+      const int m = out_row(m0, row), n = n0 + cv * EV;
+      if (m >= 0 && n < K) copy_vw<VW>(rs + row * E_ROW + cv * VW, res.p + out_off(m, n));
     }
     block_sync();
   }
@@ -188,9 +188,9 @@ __device__ __forceinline__ void epilogue(WT& wt, u8* smem, int m0, int n0, int t
       for (int j = 0; j < EWCT; ++j)
 #pragma unroll
         for (int rh = 0; rh < ROWS_H; ++rh) {
-          const int m = m0 + wt.wm0 + i * ROWSTEP + rh * 8 + g;
+          const int m = out_row(m0, wt.wm0 + i * ROWSTEP + rh * 8 + g);
           const int n = n0 + wt.wn0 + j * 8 + 2 * t;
-          if (m >= M || n >= K) continue;
+          if (m < 0 || n >= K) continue;
           int* dst = reinterpret_cast<int*>(y + out_off(m, n));
           int v0, v1;
           if constexpr (PREC == 3) {  // fp32 out: bias + ReLU in registers
@@ -354,8 +354,8 @@ __device__ __forceinline__ void epilogue(WT& wt, u8* smem, int m0, int n0, int t
 #pragma unroll 1
   for (int v = tid; v < BM * VPRO; v += THREADS) {
     const int row = v / VPRO, cv = v - row * VPRO;
-    const int m = m0 + row, n = n0 + cv * EV;
-    if (m >= M || n >= K) continue;
+    const int m = out_row(m0, row), n = n0 + cv * EV;
+    if (m < 0 || n >= K) continue;
     u8* dst = y + out_off(m, n);
     if constexpr (PACK) {
       copy_vw<VW>(dst, smem + row * E_ROW + cv * VW);

@@ -76,7 +76,7 @@ def alloc_scratch(meta: dict[str, Any]) -> tuple[Any, Any]:
 
 
 def encode_tensor_maps(tma: dict[str, Any], x_ptr: int, w_ptr: int, y_ptr: int = 0) -> bytes:
-    """The bytes a TMA build reads: x's im2col map (its tiled matrix map with PLAIN_A), then
+    """The bytes a TMA build reads: x's im2col map (tiled with PLAIN_A and HALO), then
     w's tiled map, then for TMA stores (PACK_OUT=2, "y" in the parameters) y's tiled map
     (kernels/tma.cuh), 128 bytes each,
     encoded by the driver from `launch_meta`'s "tma" parameters and the device pointers."""
@@ -99,9 +99,9 @@ def encode_tensor_maps(tma: dict[str, Any], x_ptr: int, w_ptr: int, y_ptr: int =
     def u32(v: list[int]) -> list[Any]:
         return [drv.cuuint32_t(int(i)) for i in v]
 
-    if xs.get("tiled"):  # PLAIN_A: x as the [N*H*W, C] matrix
+    if xs.get("tiled"):  # PLAIN_A: x as the [N*H*W, C] matrix; HALO: x as (C, W, H, N)
         err, xmap = drv.cuTensorMapEncodeTiled(
-            dtype, 2, x_ptr, u64(xs["dims"]), u64(xs["strides"]), u32(xs["box"]),
+            dtype, len(xs["dims"]), x_ptr, u64(xs["dims"]), u64(xs["strides"]), u32(xs["box"]),
             u32(xs["element_strides"]), *common)
     else:
         err, xmap = drv.cuTensorMapEncodeIm2col(

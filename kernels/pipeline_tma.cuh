@@ -53,6 +53,10 @@ struct TmaRing {
   struct Origin { int img, h0, w0, n0, m0; };
   __device__ __forceinline__ static Origin origin(int m0, int n0) {
     using namespace cfg;
+    if constexpr (HALO) {  // the patch's corner: the band's input row of the tile's first
+      const HaloTile t = halo_tile(m0);  // position, and its first input column
+      return {t.img, t.v0 / HPITCH - PH, t.q0 - PW, n0, m0};
+    }
     const int img = m0 / (P * Q), pq = m0 - img * (P * Q);
     return {img, (pq / Q) * SH - PH, (pq % Q) * SW - PW, n0, m0};
   }
@@ -63,19 +67,30 @@ struct TmaRing {
             j - k * nit);
   }
   // Stage `it` of the tile at `o` into slot st: per swizzle atom, the im2col rows of A and
-  // the weight rows of B.
+  // the weight rows of B (HALO: the patch and the weight rows of every tap).
   __device__ __forceinline__ void produce(int st, const Origin o, int it) const {
     using namespace cfg;
     const int img = o.img, h0 = o.h0, w0 = o.w0, n0 = o.n0;
     const StageIdx sx = stage_idx(it);
-    mbar_arrive_expect_tx(full(st), (u32)(A_STAGE + B_STAGE));
+    mbar_arrive_expect_tx(full(st), (u32)(A_TX + B_STAGE));
+    if constexpr (HALO) {  // per atom: the patch, then the weight rows of every tap
 #pragma unroll
-    for (int a = 0; a < NATOM; ++a) {
-      const int c = sx.cb * BKC + a * (ATOM * 8 / ELEM_BITS);
-      if constexpr (PLAIN_A) tma_tile2(sr.a(st) + (u32)(a * BM * ATOM), xmap, full(st), c, o.m0);
-      else tma_im2col(sr.a(st) + (u32)(a * BM * ATOM), xmap, full(st), c, w0, h0, img,
-                      (unsigned short)(sx.s * DW), (unsigned short)(sx.r * DH));
-      tma_tile3(sr.b(st) + (u32)(a * BN * ATOM), wmap, full(st), c, sx.r * S + sx.s, n0);
+      for (int a = 0; a < NATOM; ++a) {
+        const int c = sx.cb * BKC + a * (ATOM * 8 / ELEM_BITS);
+        tma_tile4(sr.a(st) + (u32)(a * A_ROWS * ATOM), xmap, full(st), c, w0, h0, img);
+#pragma unroll
+        for (int t = 0; t < R * S; ++t)
+          tma_tile3(sr.b(st) + (u32)((a * TAPS + t) * BN * ATOM), wmap, full(st), c, t, n0);
+      }
+    } else {
+#pragma unroll
+      for (int a = 0; a < NATOM; ++a) {
+        const int c = sx.cb * BKC + a * (ATOM * 8 / ELEM_BITS);
+        if constexpr (PLAIN_A) tma_tile2(sr.a(st) + (u32)(a * BM * ATOM), xmap, full(st), c, o.m0);
+        else tma_im2col(sr.a(st) + (u32)(a * BM * ATOM), xmap, full(st), c, w0, h0, img,
+                        (unsigned short)(sx.s * DW), (unsigned short)(sx.r * DH));
+        tma_tile3(sr.b(st) + (u32)(a * BN * ATOM), wmap, full(st), c, sx.r * S + sx.s, n0);
+      }
     }
   }
 };

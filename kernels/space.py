@@ -75,12 +75,16 @@ EXTRA_KNOBS: dict[str, tuple[Any, ...]] = {
     # take a persistent block's tiles in turn behind the producer warp (TMA=2), so that one
     # runs its main loop while the other runs its epilogue (CUTLASS's ping-pong schedule).
     "PINGPONG": (0, 1),
+    # 1: a stage holds a channel block of all R*S filter taps, A as one patch of the input
+    # (a tiled TMA box of padded rows) that each tap reads at its own offset, instead of R*S
+    # im2col boxes: stride-1 layers (halo_tiling).
+    "HALO": (0, 1),
 }
 # Knobs added after schedules were first stored, with the value that builds the kernel as it
 # was: a schedule that does not name such a knob means that value, and hashes as if the knob
 # were absent, so stored schedules, measurements and their hashes keep their meaning.
 KNOB_DEFAULTS: dict[str, Any] = {"MMA": "sync", "TMA": 0, "FOLD_TAPS": 0, "PERSIST": 0,
-                                 "PLAIN_A": 0, "PINGPONG": 0}
+                                 "PLAIN_A": 0, "PINGPONG": 0, "HALO": 0}
 # Each default is its knob's first value (tested): recorded datasets and stored prior
 # schedules that predate a knob read it as its first value (search/datasets.py, features.py).
 FP32_TC_KNOBS: dict[str, tuple[Any, ...]] = {
@@ -143,6 +147,13 @@ REG_WGMMA_1024 = 8
 # accumulators at 4 warpgroups.
 REG_TMA_BASE = 40
 REG_TMA_HELD = 32
+# HALO builds issue every tap's MMAs of a stage with descriptors of their own: calibrated on
+# 1,227 sm_90a builds (1,077 zoo, 150 random), they keep REG_HALO more; a one-stage loop (it
+# waits for each stage's MMAs) spilled in 18 of 475 builds, all past 36 MMAs a stage or within
+# 16 registers of the cap, and none of 752 deeper ones did.
+REG_HALO = 8
+REG_HALO_ONE_STAGE = 16
+HALO_ONE_STAGE_MAX_MMAS = 36
 # 128 accumulators split over several 64-row tiles (WARP_ROW_TILES >= 2) spilled a few bytes
 # in 2 of ~40 builds (an epilogue or split-K sum holding every tile at once): left out.
 WGMMA_MAX_MULTI_TILE_ACC = 96
@@ -198,6 +209,56 @@ def padded_channels(shape: ConvShape, precision: Precision, fold: bool = False) 
         return fold_tap_bytes(shape, precision) * 8 // Precision(precision).input_bits
     cv = channel_vector(precision)
     return -(-shape.c // cv) * cv
+
+
+@dataclass(frozen=True)
+class HaloTiling:
+    """HALO=1's output tiles for one block_m (kernels/conv.cu: HALO). The output is cut into
+    `bands` of `cols` columns; a band of one image is a run of `virtual` positions, row after
+    row at a `pitch` of cols + S - 1 (position v is output (v // pitch, v % pitch) of the band,
+    a pixel where v % pitch < cols), and a tile is block_m consecutive positions of it. Tap
+    (r, s) of position v reads the band's input pixel v + r * pitch + s (input rows and
+    columns from -pad), so a tile's A operand is one patch of `box_rows` input rows of
+    `pitch` pixels (a TMA box, zero-filled past the image), each tap's view of it a constant
+    offset from the tile's first position. `plane_rows`: the patch's pixel rows in shared
+    memory (whole KB of every atom width)."""
+
+    cols: int
+    pitch: int
+    bands: int
+    virtual: int
+    tiles_per_band: int
+    box_rows: int
+    plane_rows: int
+
+    @property
+    def tiles_per_image(self) -> int:
+        return self.bands * self.tiles_per_band
+
+
+def halo_tiling(shape: ConvShape, block_m: int) -> HaloTiling | None:
+    """The fewest bands whose pitch fits a TMA box (<= 256 pixels); None where the patch's
+    rows would not (> 256)."""
+    q, s, r = shape.q, shape.s, shape.r
+    bands = -(-(q + s - 1) // TMA_MAX_BOX_ROWS)
+    cols = -(-q // bands)
+    while cols + s - 1 > TMA_MAX_BOX_ROWS:
+        bands += 1
+        cols = -(-q // bands)
+    pitch = cols + s - 1
+    virtual = (shape.p - 1) * pitch + cols
+    box_rows = r + -(-(block_m + s - 2) // pitch)
+    if box_rows > TMA_MAX_BOX_ROWS:
+        return None
+    return HaloTiling(cols=cols, pitch=pitch, bands=-(-q // cols), virtual=virtual,
+                      tiles_per_band=-(-virtual // block_m), box_rows=box_rows,
+                      plane_rows=-(-(box_rows * pitch) // 32) * 32)
+
+
+def halo_applies(shape: ConvShape) -> bool:
+    """HALO=1's layers: stride 1, no dilation, a filter of more than one tap, one input."""
+    return tuple(shape.stride) == (1, 1) and tuple(shape.dilation) == (1, 1) and \
+        shape.r * shape.s > 1 and not shape.concat
 
 
 CONCAT_KNOBS = {"TMA": 0, "FOLD_TAPS": 0, "DUP_AWARE": 0, "LAYOUT": "nhwc"}
@@ -369,6 +430,11 @@ def geometry(shape: ConvShape, precision: Precision, target: Target,
                      rows_out)
     taps = np.where(dup, np.where(reorder, r * s, s), 1)
     a_rows = np.where(dup, slots * in_cols * nb, bm)
+    # HALO=1: a stage holds all R*S taps of a channel block and A is the tile's input patch.
+    halo = _knob(cols, "HALO", np.shape(brw)) == 1
+    hal = _halo_columns(shape, bm, halo)
+    taps = np.where(halo, r * s, taps)
+    a_rows = np.where(halo, hal["plane_rows"], a_rows)
     a_stage = planes * a_rows * sb
     b_stage = planes * bn * taps * sb
     # fp32_tc with STAGES=3 on sm_80+ (conv.cu: F32_ASYNC): two hi/lo plane buffers and a
@@ -396,20 +462,39 @@ def geometry(shape: ConvShape, precision: Precision, target: Target,
     smem = np.where(persist, pipeline + consumers * epilogue, np.maximum(pipeline, epilogue))
 
     n_it = np.where(fold, -(-(r * s) // tps),
-                    np.where(dup, np.where(reorder, n_cb, r * n_cb), r * s * n_cb))
-    tiles = (-(-shape.gemm_m // bm)) * (-(-shape.gemm_n // bn))
+                    np.where(dup | halo, np.where(reorder | halo, n_cb, r * n_cb), r * s * n_cb))
+    m_tiles = np.where(halo, shape.n * hal["tiles_per_image"], -(-shape.gemm_m // bm))
+    tiles = m_tiles * (-(-shape.gemm_n // bn))
     # global loads per row per stage: 16-byte vectors, or taps (FOLD_TAPS)
     gvec = np.where(fold, tps, bk * elem_bits // 8 // 16)
     threads = warps * 32
     stage_vec = -(-np.where(dup, a_rows, bm) * gvec // threads) + \
         -(-(bn * taps * gvec) // threads)
     footprint = np.where(dup, a_rows * np.where(reorder, 1, r), bm * r * s)
+    footprint = np.where(halo, hal["box_pixels"], footprint)
     return Geometry(
         block_m=bm, block_n=bn, block_k=bk, warps=warps, threads=threads, acc_regs=acc,
         smem_bytes=smem, grid_blocks=tiles * split_k, k_iters=-(-n_it // split_k),
         footprint_pixels=footprint, frag_regs=frag, stage_vectors=stage_vec,
         row_loads=gvec, block_threads=consumers * threads + np.where(tma_knob == 2, 32, 0),
     )
+
+
+def _halo_columns(shape: ConvShape, bm: np.ndarray, halo: np.ndarray) -> dict[str, np.ndarray]:
+    """halo_tiling per schedule where HALO=1 (zeros where it has none or HALO=0)."""
+    out = {k: np.zeros(np.shape(bm), np.int64)
+           for k in ("plane_rows", "tiles_per_image", "box_pixels")}
+    if not np.any(halo):
+        return out
+    for b in np.unique(np.asarray(bm)[halo]):
+        t = halo_tiling(shape, int(b))
+        if t is None:
+            continue
+        sel = halo & (bm == b)
+        out["plane_rows"][sel] = t.plane_rows
+        out["tiles_per_image"][sel] = t.tiles_per_image
+        out["box_pixels"][sel] = t.box_rows * t.pitch
+    return out
 
 
 def register_slack(shape: ConvShape, precision: Precision, target: Target,
@@ -441,6 +526,9 @@ def register_slack(shape: ConvShape, precision: Precision, target: Target,
     held = (np.asarray(cols["SPLIT_K"]) > 1) | (np.asarray(cols["STAGES"]) == 1)
     # TMA builds: their own model, or the loader's where that is smaller (what it admits stays)
     fixed = np.where(tma, np.minimum(fixed, REG_TMA_BASE + np.where(held, REG_TMA_HELD, 0)), fixed)
+    one_stage = np.asarray(cols["STAGES"]) == 1
+    fixed = fixed + np.where(_knob(cols, "HALO", np.shape(g.block_m)) == 1,
+                             REG_HALO + np.where(one_stage, REG_HALO_ONE_STAGE, 0), 0)
     return cap - (g.acc_regs + 2 * g.frag_regs + fixed)
 
 
@@ -526,6 +614,16 @@ def structural_validity(shape: ConvShape, precision: Precision, target: Target,
     # Two inputs (concat_problems): the cp.async / register-staged loads of NHWC rows.
     if shape.concat:
         ok &= (tma_knob == 0) & ~fold & dup0 & nhwc
+    # The halo patch is a TMA box of whole rows at stride 1 that each tap reads at an offset;
+    # its tiles are rows of the output, not runs of M (no TMA stores of 64-row boxes), each
+    # reduced by one block (no split-K); REORDER_INNER has no meaning (every tap is in the
+    # stage): 0.
+    halo = _knob(cols, "HALO", n) == 1
+    if halo_applies(shape):
+        ok &= ~halo | ((tma_knob >= 1) & ~tma_store & split1 &
+                       (np.asarray(cols["REORDER_INNER"]) == 0))
+    else:
+        ok &= ~halo
     return ok
 
 
@@ -555,6 +653,13 @@ def validity(shape: ConvShape, precision: Precision, target: Target,
     ok &= (tma_knob == 0) | (g.block_n <= TMA_MAX_BOX_ROWS)
     ok &= (_knob(cols, "PLAIN_A", np.shape(g.block_m)) == 0) | (g.block_m <= TMA_MAX_BOX_ROWS)
     ok &= (np.asarray(cols["PACK_OUT"]) != 2) | (g.block_m % TMA_STORE_BOX_ROWS == 0)
+    # HALO: the tile's patch is one TMA box of at most 256 rows (halo_tiling); a one-stage
+    # loop issues at most HALO_ONE_STAGE_MAX_MMAS MMAs a stage (more spilled: REG_HALO).
+    halo = _knob(cols, "HALO", np.shape(g.block_m)) == 1
+    if np.any(halo):
+        mmas = shape.r * shape.s * np.asarray(cols["CHUNK"]) * np.asarray(cols["WARP_ROW_TILES"])
+        ok &= ~halo | ((_halo_columns(shape, g.block_m, halo)["plane_rows"] > 0) &
+                       ((np.asarray(cols["STAGES"]) >= 2) | (mmas <= HALO_ONE_STAGE_MAX_MMAS)))
     # FOLD_TAPS' loader keeps one tap slot per thread: threads a multiple of the taps per
     # stage row.
     fold = _knob(cols, "FOLD_TAPS", np.shape(g.block_m)) == 1

@@ -2,8 +2,9 @@
 //
 // A stage is two bulk tensor copies per 128-byte swizzle atom: the im2col rows of A (the
 // hardware walks BM output pixels from the block's first one, applies the filter tap as an
-// offset and zero-fills padding and tails; with PLAIN_A a plain box of BM rows of x) and the
-// weight rows of B. One thread issues them;
+// offset and zero-fills padding and tails; with PLAIN_A a plain box of BM rows of x; with
+// HALO one box of the tile's input patch for all taps) and the weight rows of B. One thread
+// issues them;
 // the copies complete on the stage's "full" mbarrier with a byte count, and the consumers'
 // arrivals on its "empty" mbarrier tell the issuing thread when the slot can be refilled.
 // No cp.async, no CTA-wide barrier and no proxy fence per stage: TMA writes and wgmma reads
@@ -85,6 +86,14 @@ __device__ __forceinline__ void tma_tile2(u32 dst, const void* map, u32 bar, int
       "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
       " [%0], [%1, {%2, %3}], [%4];\n"
       :: "r"(dst), "l"(map), "r"(c), "r"(m), "r"(bar) : "memory");
+}
+// HALO: the patch box of x at input coordinate (c, w, h, n), zeros past the image.
+__device__ __forceinline__ void tma_tile4(u32 dst, const void* map, u32 bar, int c, int w, int h,
+                                          int n) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3, %4, %5}], [%6];\n"
+      :: "r"(dst), "l"(map), "r"(c), "r"(w), "r"(h), "r"(n), "r"(bar) : "memory");
 }
 // A box of weight rows: (c, tap, k) of the KRSC weights seen as [K][R*S][C].
 __device__ __forceinline__ void tma_tile3(u32 dst, const void* map, u32 bar, int c, int tap,

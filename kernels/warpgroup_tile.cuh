@@ -38,9 +38,13 @@ struct GroupTile {
   acc_t acc[cfg::WRT][cfg::EWCT][cfg::ACC_T];
   int wm0, wn0;
   u32 a_off, b_off;  // this warpgroup's first A row and B row in a stage, in bytes
+  u32 a_view;        // HALO: the tile's first position in its patch (bytes), 0 otherwise
 
-  __device__ __forceinline__ void init(int /*m0*/, int tid, const BlockLoader& /*ld*/) {
+  // Before each tile (m0: its first GEMM row): zeroed accumulators.
+  __device__ __forceinline__ void init(int m0, int tid, const BlockLoader& /*ld*/) {
     using namespace cfg;
+    if constexpr (HALO) a_view = (u32)((halo_tile(m0).v0 % HPITCH) * ATOM);
+    else a_view = 0;
     // The warpgroup index through a shuffle: ptxas then knows it is warp-uniform and keeps
     // the descriptors in uniform registers (main loop of the stage3 int8 best: 119 -> 105
     // instructions per stage).
@@ -73,9 +77,13 @@ struct GroupTile {
 
   // Issue the stage's MMAs (asynchronous: the caller loads the next stage meanwhile).
   __device__ __forceinline__ void issue(u32 abuf, u32 bbuf) {
+    if constexpr (cfg::HALO) issue_halo(abuf, bbuf);
+    else issue_tap(abuf, bbuf);
+  }
+  // One filter tap's stage. One descriptor per operand; the k-steps and row tiles are offsets
+  // in its start-address field (16-byte units; shared addresses stay below 2^18, so no carry).
+  __device__ __forceinline__ void issue_tap(u32 abuf, u32 bbuf) {
     using namespace cfg;
-    // One descriptor per operand and stage; the k-steps and row tiles are offsets in its
-    // start-address field (16-byte units; shared addresses stay below 2^18, so no carry).
     const u64 da = wg_desc(abuf + a_off), db = wg_desc(bbuf + b_off);
     wgmma_fence();
 #pragma unroll
@@ -84,6 +92,26 @@ struct GroupTile {
       for (int i = 0; i < WRT; ++i)
         wgmma_tile<WN>(&acc[i][0][0], da + (u64)((i * WGM * WG_ROWB + wg_koff(ks, BM)) >> 4),
                        db + (u64)(wg_koff(ks, BN) >> 4));
+    wgmma_commit();
+  }
+  // HALO: every tap, the patch from the tile's first position plus the tap's offset, and the
+  // tap's weight rows. A view may start at any pixel row of the patch: the hardware applies
+  // the swizzle to the address bits (as TMA wrote them into the 1024-byte-aligned plane), so
+  // the descriptor's base offset stays 0 (with (addr >> 7) & 7 there, every output was wrong).
+  __device__ __forceinline__ void issue_halo(u32 abuf, u32 bbuf) {
+    using namespace cfg;
+    const u32 a0 = abuf + a_off + a_view, b0 = bbuf + b_off;
+    wgmma_fence();
+#pragma unroll
+    for (int t = 0; t < R * S; ++t)
+#pragma unroll
+      for (int ks = 0; ks < CHUNK; ++ks)
+#pragma unroll
+        for (int i = 0; i < WRT; ++i) {
+          const int row = i * WGM + (t / S) * HPITCH + t % S;
+          wgmma_tile<WN>(&acc[i][0][0], wg_desc(a0 + (u32)(row * ATOM + wg_koff(ks, A_ROWS))),
+                         wg_desc(b0 + (u32)(wg_koff(ks, TAPS * BN) + t * BN * ATOM)));
+        }
     wgmma_commit();
   }
   // Wait for them: the stage's buffer is reloaded after the next barrier.

@@ -482,6 +482,17 @@ def device_cases() -> dict[str, Conv2d]:
             "int8_pingpong_one_stage_two_warpgroups": Conv2d(
                 tails, "int8", {**tma, "TMA": 2, "PERSIST": 1, "PINGPONG": 1, "STAGES": 1,
                                 "BLK_ROW_WARPS": 2}, "h100", epilogue="requant"),
+            # HALO: one input patch read by every tap (tails; two bands of a wide layer; the
+            # persistent grid, ping-pong consumers and the residual tile)
+            "int8_halo_persist_residual": Conv2d(
+                tails, "int8", {**tma, "TMA": 2, "REORDER_INNER": 0, "CHUNK": 2, "STAGES": 2,
+                                "PERSIST": 1, "HALO": 1}, "h100", relu=True, residual=True),
+            "fp16_halo_two_bands": Conv2d(
+                ConvShape(1, 5, 300, 16, 24, 3, 3, pad=1), "fp16",
+                {**tma, "REORDER_INNER": 0, "CHUNK": 1, "STAGES": 2, "HALO": 1}, "h100"),
+            "fp16_halo_pingpong_unpacked": Conv2d(
+                tails, "fp16", {**tma, "TMA": 2, "REORDER_INNER": 0, "CHUNK": 2, "STAGES": 2,
+                                "PERSIST": 1, "PINGPONG": 1, "PACK_OUT": 0, "HALO": 1}, "h100"),
             # two inputs (concat): x1's channels, then x's at the layer's stride (wgmma and
             # mma.sync; tails of M and K; split-K; the persistent grid; padded channels)
             "concat_int8_wgmma_stride2": Conv2d(
@@ -624,7 +635,9 @@ def _run_torch(op: Conv2d, prob: ref.Problem, padded: bool = True) -> np.ndarray
                                   "int8_persist_unpacked_acc", "int8_persist_tma_residual",
                                   "fp16_persist_tma_one_stage",
                                   "int8_plain_a_tma_store_persist_residual",
-                                  "fp16_plain_a_tails", "int8_plain_a_producer_warp_split_k"])
+                                  "fp16_plain_a_tails", "int8_plain_a_producer_warp_split_k",
+                                  "int8_halo_persist_residual", "fp16_halo_two_bands",
+                                  "fp16_halo_pingpong_unpacked"])
 def test_on_gpu_cupy_and_torch_equal_the_reference(cases: dict[str, Conv2d], name: str) -> None:
     op = cases[name]
     for seed in (1, 2):  # fresh random inputs each time
