@@ -468,8 +468,8 @@ def geometry(shape: ConvShape, precision: Precision, target: Target,
     # global loads per row per stage: 16-byte vectors, or taps (FOLD_TAPS)
     gvec = np.where(fold, tps, bk * elem_bits // 8 // 16)
     threads = warps * 32
-    stage_vec = -(-np.where(dup, a_rows, bm) * gvec // threads) + \
-        -(-(bn * taps * gvec) // threads)
+    stage_vec = -(-np.where(dup, a_rows, np.where(halo, hal["box_pixels"], bm)) * gvec //
+                  threads) + -(-(bn * taps * gvec) // threads)
     footprint = np.where(dup, a_rows * np.where(reorder, 1, r), bm * r * s)
     footprint = np.where(halo, hal["box_pixels"], footprint)
     return Geometry(

@@ -123,7 +123,9 @@ def model_inputs(shape: ConvShape, precision: Precision, target: Target,
     peak = target.peak(p) * 1e12 / (target.sms * target.boost_mhz * 1e6)  # per SM and clock
     if p is Precision.FP32_TC:
         peak = peak / np.vectorize(FP32_TC_PRODUCTS.get)(cols["SPLIT"]).astype(f64)
-    flops_it = 2.0 * g.block_m * g.block_n * g.block_k
+    # HALO: a stage holds every filter tap of its channels.
+    flops_it = 2.0 * g.block_m * g.block_n * g.block_k * \
+        np.where(_knob(cols, "HALO", n) == 1, shape.r * shape.s, 1)
     # Width of one instruction's N (wgmma: one instruction spans the warp's WCT tiles) and
     # the independent instruction chains a warp keeps in flight (mma.sync).
     wg_n = WGMMA_N_PER_TILE * wct
