@@ -51,7 +51,7 @@ from bench.cli import (
     read_json,
     records_on,
 )
-from bench.zoo import add_layer_args, atomic_write, planned
+from bench.zoo import add_layer_args, atomic_write, planned, shape_text
 from kernels.spec import Precision, task_key
 
 
@@ -188,11 +188,13 @@ def sample(a: argparse.Namespace) -> int:
                     s not in derived:
                 derived.append(s)
         cands = [derived[int(i)] for i in rng.permutation(len(derived))[:a.derive]]
+        n_derived = len(cands)
         drawn = sub.schedules(rng.choice(valid, size=min(a.count, len(valid)), replace=False))
         cands += [s for s in drawn if s not in cands]
         rows.append({"key": key, "layer": g.uses[0].layers[0], "shape": g.shape.to_dict(),
-                     "precision": g.precision, "record": rec["schedule"], "candidates": cands})
-        log(f"{key}: {len(cands)} candidates of {len(valid)}")
+                     "precision": g.precision, "record": rec["schedule"], "candidates": cands,
+                     "derived": n_derived})
+        log(f"{key}: {len(cands)} candidates ({n_derived} of the record) of {len(valid)}")
     _write_candidates(a, rows, restrict=restrict)
     return 0
 
@@ -333,26 +335,28 @@ def render(doc: dict[str, Any]) -> str:
             continue
         diff = ", ".join(f"{k}={v}" for k, v in best["schedule"].items()
                          if own["schedule"].get(k) != v)
-        sh = r["shape"]
-        lines.append(f"| {r['layer']} | {sh['h']}x{sh['w']}x{sh['c']}->{sh['k']}, "
-                     f"{sh['r']}x{sh['s']} | {r['precision']} | {own['us']:.2f} | "
+        shape = shape_text(r["shape"]) if r["shape"] else "-"
+        lines.append(f"| {r['layer']} | {shape} | {r['precision']} | {own['us']:.2f} | "
                      f"{best['us']:.2f} | {best['us'] / own['us']:.3f} | {diff} |")
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap, sub = commands("python -m bench.zoo_transfer", __doc__)
-    c = sub.add_parser("candidates", help="each layer's neighbours' bests (CPU)")
-    add_layer_args(c)
-    c.add_argument("--records", required=True)
-    c.add_argument("--out", required=True)
-    c.add_argument("--target", default="h100")
+
+    def candidates_parser(name: str, help_text: str) -> Any:
+        """A command that writes a candidates file from the records of the picked layers."""
+        p = sub.add_parser(name, help=help_text)
+        add_layer_args(p)
+        p.add_argument("--records", required=True)
+        p.add_argument("--out", required=True)
+        p.add_argument("--target", default="h100")
+        add_records_target(p)
+        return p
+
+    c = candidates_parser("candidates", "each layer's neighbours' bests (CPU)")
     c.add_argument("--seeds", type=int, default=8, help="neighbours per layer")
-    v = sub.add_parser("variants", help="each layer's record with knobs set and varied (CPU)")
-    add_layer_args(v)
-    v.add_argument("--records", required=True)
-    v.add_argument("--out", required=True)
-    v.add_argument("--target", default="h100")
+    v = candidates_parser("variants", "each layer's record with knobs set and varied (CPU)")
     v.add_argument("--set", action="append", default=[], metavar="KNOB=VALUE")
     v.add_argument("--vary", action="append", default=[], metavar="KNOB")
     v.add_argument("--limit", type=int, default=6, help="variants per layer")
@@ -360,11 +364,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="only layers whose record has at least this many tiles per SM")
     v.add_argument("--max-waves", type=float, default=0.0,
                    help="only layers whose record's tiles fill fewer waves (0: any)")
-    sm = sub.add_parser("sample", help="each layer's record and draws of a subspace (CPU)")
-    add_layer_args(sm)
-    sm.add_argument("--records", required=True)
-    sm.add_argument("--out", required=True)
-    sm.add_argument("--target", default="h100")
+    sm = candidates_parser("sample", "each layer's record and draws of a subspace (CPU)")
     sm.add_argument("--restrict", action="append", default=[], metavar="KNOB=V1,V2")
     sm.add_argument("--count", type=int, default=20, help="random schedules of the subspace")
     sm.add_argument("--derive", type=int, default=0, help="variants of the record in it")
@@ -382,8 +382,6 @@ def main(argv: list[str] | None = None) -> int:
                     help="only layers whose fastest took at most this times the record's")
     nb.add_argument("--keep", action="append", default=[], metavar="KNOB")
     nb.add_argument("--seed", type=int, default=0)
-    for p_ in (c, v, sm):
-        add_records_target(p_)
     for name, help_text in (("prebuild", "build every candidate (CPU)"),
                             ("run", "check and time each layer's record and candidates (GPU)")):
         p = sub.add_parser(name, help=help_text)

@@ -11,7 +11,7 @@ import numpy as np
 
 from bench import zoo_transfer
 from bench.zoo import SHAPES_FILE, planned
-from kernels.space import ScheduleSpace, schedule_hash
+from kernels.space import ScheduleSpace, schedule_hash, with_defaults
 from kernels.spec import ConvShape, Precision, get_target, task_key
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -111,3 +111,52 @@ def test_merge_moves_a_record_only_past_the_margin(tmp_path: Path) -> None:
     # the table: one line per precision, counted over the layers whose record ran
     table = zoo_transfer.render(json.loads(first.read_text()))
     assert "| fp16 | 2 | 2 | " in table
+
+
+def test_sample_draws_the_subspace_and_variants_of_the_record_on_another_gpu(
+        tmp_path: Path) -> None:
+    out = tmp_path / "s.json"
+    assert zoo_transfer.main(["sample", "--records", str(RECORDS), "--records-target", "h100",
+                              "--target", "h200", "--out", str(out), "--models", "resnet50",
+                              "--batches", "8", "--precisions", "int8", "--restrict", "HALO=1",
+                              "--restrict", "TMA=1,2", "--count", "5", "--derive", "3",
+                              "--vary", "CHUNK", "--vary", "STAGES", "--min-width", "28"]) == 0
+    doc = json.loads(out.read_text())
+    records = json.loads(RECORDS.read_text())
+    h200 = get_target("h200")
+    # the H100's records, keyed and timed as the H200's; only stride-1 layers >= 28 wide
+    assert doc["target"] == "h200" and len(doc["rows"]) == 2
+    for row in doc["rows"]:
+        assert row["key"].endswith("|int8|h200")
+        assert row["record"] == records[row["key"].removesuffix("h200") + "h100"]["schedule"]
+        space = ScheduleSpace(ConvShape.from_dict(row["shape"]), Precision.INT8, h200)
+        assert 5 <= len(row["candidates"]) <= 8
+        for s in row["candidates"]:
+            assert space.is_valid(s) and s["HALO"] == 1 and s["TMA"] in (1, 2)
+        record = with_defaults(Precision.INT8, row["record"])
+        assert row["derived"] <= 3
+        for s in row["candidates"][:row["derived"]]:  # HALO set, CHUNK and STAGES varied
+            assert {k for k in s if s[k] != record[k]} <= {"HALO", "CHUNK", "STAGES"}
+
+
+def test_neighbours_change_one_knob_of_a_runs_fastest(tmp_path: Path) -> None:
+    records = json.loads(RECORDS.read_text())
+    key = next(k for k in records if k.startswith("n8_h28_w28_c128_k128_r3_s3") and "|int8|" in k)
+    rec = records[key]["schedule"]
+    fast = {**rec, "STAGES": 4}
+    run = {"gpu": "test", "date": "2026-01-01", "records": str(RECORDS), "rows": [
+        {"key": key, "layer": "l", "shape": ConvShape.from_key(key.split("|")[0]).to_dict(),
+         "precision": "int8", "times": [{"schedule": rec, "status": "ok", "us": 10.0},
+                                        {"schedule": fast, "status": "ok", "us": 9.0}]}]}
+    (tmp_path / "run.json").write_text(json.dumps(run))
+    out = tmp_path / "n.json"
+    assert zoo_transfer.main(["neighbours", str(tmp_path / "run.json"), "--out", str(out),
+                              "--top", "1", "--limit", "6", "--keep", "MMA",
+                              "--keep", "TMA"]) == 0
+    row = json.loads(out.read_text())["rows"][0]
+    space = ScheduleSpace(ConvShape.from_dict(row["shape"]), Precision.INT8, H100)
+    fast = with_defaults(Precision.INT8, fast)
+    assert row["candidates"][0] == fast and 1 < len(row["candidates"]) <= 7
+    for s in row["candidates"][1:]:
+        changed = {k for k in s if s[k] != fast[k]}
+        assert len(changed) == 1 and not changed & {"MMA", "TMA"} and space.is_valid(s)
