@@ -1,8 +1,9 @@
 """Child processes for the benchmarks and the tests' fixtures: a free port, a logged child in
 a process group of its own, waiting for its /healthz, stopping the whole group.
 
-Standard library and httpx only, and nothing of the project: the benchmarks in bench/ and
-tests/conftest.py both import it (tests may use bench/, never the other way round).
+Standard library and httpx only (SQLAlchemy for a scratch PostgreSQL database, imported
+there), and nothing of the project: the benchmarks in bench/ and tests/conftest.py both
+import it (tests may use bench/, never the other way round).
 """
 
 from __future__ import annotations
@@ -13,13 +14,17 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterable, Mapping, Sequence
+import uuid
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import httpx
 
 REPO = Path(__file__).resolve().parent.parent
 TICK = os.sysconf("SC_CLK_TCK")
+# Where scratch databases are made (trust auth on the local server, as in CI).
+PG_ADMIN_URL = os.environ.get("TCTUNE_TEST_PG",
+                              "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
 
 
 def free_port() -> int:
@@ -103,3 +108,36 @@ def comm_cpu_s(name: str) -> float:
         if text_.split("(", 1)[1].split(")", 1)[0] == name:
             total += sum(int(x) for x in text_.rsplit(")", 1)[1].split()[11:13]) / TICK
     return total
+
+
+def _admin_execute(admin_url: str, sql: str) -> None:
+    from sqlalchemy import create_engine, text
+
+    admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            conn.execute(text(sql))
+    finally:
+        admin.dispose()
+
+
+def create_database(prefix: str, admin_url: str = PG_ADMIN_URL) -> str:
+    """A fresh, empty PostgreSQL database named `prefix` and a random suffix: its URL."""
+    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
+    _admin_execute(admin_url, f'CREATE DATABASE "{name}"')
+    return admin_url.rsplit("/", 1)[0] + f"/{name}"
+
+
+def drop_database(url: str, admin_url: str = PG_ADMIN_URL) -> None:
+    """Drop a database of `create_database`, its connections closed by the server."""
+    _admin_execute(admin_url, f'DROP DATABASE IF EXISTS "{url.rsplit("/", 1)[1]}" WITH (FORCE)')
+
+
+@contextlib.contextmanager
+def scratch_database(prefix: str, admin_url: str = PG_ADMIN_URL) -> Iterator[str]:
+    """`create_database`'s URL, dropped on the way out."""
+    url = create_database(prefix, admin_url)
+    try:
+        yield url
+    finally:
+        drop_database(url, admin_url)

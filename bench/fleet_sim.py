@@ -24,7 +24,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -35,9 +34,18 @@ from sqlalchemy import create_engine, text
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
 
-from _procs import TICK, comm_cpu_s, free_port, kill, start, stop_all, wait_http  # noqa: E402
+from _procs import (  # noqa: E402
+    TICK,
+    comm_cpu_s,
+    create_database,
+    drop_database,
+    free_port,
+    kill,
+    start,
+    stop_all,
+    wait_http,
+)
 
-PG_ADMIN = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 LAYERS = [  # ResNet-50's 3x3 layers
     (56, 64), (28, 128), (14, 256), (7, 512)]
 
@@ -110,11 +118,7 @@ def main() -> int:
 
     load_before = Path("/proc/loadavg").read_text().split()[:3]
     tmp = Path(tempfile.mkdtemp(prefix="fleet_sim_"))
-    db_name = f"tctune_fleet_{uuid.uuid4().hex[:8]}"
-    admin = create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT")
-    with admin.connect() as c:
-        c.execute(text(f'CREATE DATABASE "{db_name}"'))
-    db_url = PG_ADMIN.rsplit("/", 1)[0] + f"/{db_name}"
+    db_url = create_database("tctune_fleet")
     redis_port, api_port = free_port(), free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("TCTUNE_")}
     env.update({
@@ -216,8 +220,7 @@ def main() -> int:
         stop_all(procs, timeout=3)
         for p in procs:  # what a leader left behind in its group (pool children)
             kill(p)
-        with admin.connect() as c:
-            c.execute(text(f'DROP DATABASE IF EXISTS "{db_name}" WITH (FORCE)'))
+        drop_database(db_url)
         print(f"logs in {tmp}", file=sys.stderr)
 
 

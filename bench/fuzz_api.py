@@ -29,7 +29,6 @@ import sys
 import tempfile
 import threading
 import time
-import uuid
 from collections import Counter, defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -39,15 +38,18 @@ from typing import Any
 from urllib.parse import quote
 
 import httpx
-from sqlalchemy import create_engine, text
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench._procs import free_port, start, stop, wait_http  # noqa: E402
-
-PG_ADMIN_URL = os.environ.get("TCTUNE_TEST_PG",
-                              "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
+from bench._procs import (  # noqa: E402
+    create_database,
+    drop_database,
+    free_port,
+    start,
+    stop,
+    wait_http,
+)
 
 SHAPE = {"n": 8, "h": 56, "w": 56, "c": 64, "k": 64, "r": 3, "s": 3,
          "stride": [1, 1], "pad": [1, 1], "dilation": [1, 1]}
@@ -258,13 +260,9 @@ def run_one(db: str, n: int, threads: int, seed: int) -> dict[str, Any]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TCTUNE_")}
     env.update(TCTUNE_BACKEND="simulated", TCTUNE_EVENTS_MAX_S="1",
                TCTUNE_ACTIVE_JOBS_PER_TOKEN="10", PYTHONUNBUFFERED="1")
-    pg_name = None
+    pg_url = None
     if db == "postgresql":
-        pg_name = f"tctune_fuzz_{uuid.uuid4().hex[:10]}"
-        pg_admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
-        with pg_admin.connect() as conn:
-            conn.execute(text(f'CREATE DATABASE "{pg_name}"'))
-        env["TCTUNE_DATABASE_URL"] = PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{pg_name}"
+        pg_url = env["TCTUNE_DATABASE_URL"] = create_database("tctune_fuzz")
         from store import migrate
 
         migrate.upgrade(env["TCTUNE_DATABASE_URL"])
@@ -304,12 +302,11 @@ def run_one(db: str, n: int, threads: int, seed: int) -> dict[str, Any]:
         elapsed = time.monotonic() - started
     finally:
         stop(proc)
-        if pg_name:
+        if pg_url:
             from store.db import get_engine
 
-            get_engine(env["TCTUNE_DATABASE_URL"]).dispose()
-            with pg_admin.connect() as conn:
-                conn.execute(text(f'DROP DATABASE IF EXISTS "{pg_name}" WITH (FORCE)'))
+            get_engine(pg_url).dispose()
+            drop_database(pg_url)
     total = sum(v for c in counts.values() for s, v in c.items() if s != 0)
     server_errors = sum(v for c in counts.values() for s, v in c.items() if s >= 500 or s < 0)
     by_status: Counter[int] = Counter()

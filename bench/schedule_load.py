@@ -36,27 +36,31 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
 import httpx
-from sqlalchemy import create_engine, insert, text
+from sqlalchemy import insert, text
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench._procs import free_port, start, stop, wait_http  # noqa: E402
+from bench._procs import (  # noqa: E402
+    PG_ADMIN_URL,
+    create_database,
+    drop_database,
+    free_port,
+    start,
+    stop,
+    wait_http,
+)
 from kernels.space import knobs_for, schedule_hash  # noqa: E402
 from kernels.spec import TARGETS, ConvShape, Precision, task_key  # noqa: E402
 from store import migrate  # noqa: E402
 from store.db import get_engine  # noqa: E402
 from store.models import BestSchedule, Job, Measurement, Task  # noqa: E402
-
-PG_ADMIN_URL = os.environ.get("TCTUNE_TEST_PG",
-                              "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
 
 # wrk's Lua side: every thread walks the URL list from its own offset; requests are
 # formatted once in init() so that the load generator spends its CPU on sockets.
@@ -244,15 +248,10 @@ def bench_db(kind: str, args: argparse.Namespace, workdir: Path) -> list[dict[st
     rng = random.Random(args.seed)
     data_dir = workdir / kind
     data_dir.mkdir()
-    pg_name = None
     if kind == "sqlite":
         url = f"sqlite:///{(data_dir / 'tctune.db').resolve()}"
     else:
-        pg_name = f"tctune_bench_{uuid.uuid4().hex[:10]}"
-        admin = create_engine(args.pg_admin_url, isolation_level="AUTOCOMMIT")
-        with admin.connect() as conn:
-            conn.execute(text(f'CREATE DATABASE "{pg_name}"'))
-        url = args.pg_admin_url.rsplit("/", 1)[0] + f"/{pg_name}"
+        url = create_database("tctune_bench", args.pg_admin_url)
     rows = []
     try:
         migrate.upgrade(url)
@@ -305,11 +304,8 @@ def bench_db(kind: str, args: argparse.Namespace, workdir: Path) -> list[dict[st
             rows.append(row)
     finally:
         get_engine(url).dispose()
-        if pg_name is not None:
-            admin = create_engine(args.pg_admin_url, isolation_level="AUTOCOMMIT")
-            with admin.connect() as conn:
-                conn.execute(text(f'DROP DATABASE IF EXISTS "{pg_name}" WITH (FORCE)'))
-            admin.dispose()
+        if kind != "sqlite":
+            drop_database(url, args.pg_admin_url)
     return rows
 
 

@@ -22,17 +22,12 @@ import os
 import sys
 import threading
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import create_engine, text
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _procs import comm_cpu_s  # noqa: E402
-
-PG_ADMIN = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+from _procs import comm_cpu_s, scratch_database  # noqa: E402
 
 
 def main() -> int:
@@ -50,21 +45,15 @@ def main() -> int:
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
 
-    db_name = f"tctune_wpath_{uuid.uuid4().hex[:8]}"
-    admin = create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT")
-    with admin.connect() as c:
-        c.execute(text(f'CREATE DATABASE "{db_name}"'))
-    url = PG_ADMIN.rsplit("/", 1)[0] + f"/{db_name}"
     os.environ["TCTUNE_DB_PRE_PING"] = "true" if args.pre_ping == "on" else "false"
     os.environ["TCTUNE_WORKER_SLOTS"] = str(args.threads)
-    try:
-        return run(args, url)
-    finally:
-        from store.db import get_engine
+    with scratch_database("tctune_wpath") as url:
+        try:
+            return run(args, url)
+        finally:
+            from store.db import get_engine
 
-        get_engine(url).dispose()
-        with admin.connect() as c:
-            c.execute(text(f'DROP DATABASE IF EXISTS "{db_name}" WITH (FORCE)'))
+            get_engine(url).dispose()
 
 
 def run(args: argparse.Namespace, url: str) -> int:

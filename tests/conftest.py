@@ -6,19 +6,15 @@ import os
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import create_engine, text
 
-from bench._procs import free_port, kill, start, stop, wait_http
+from bench._procs import PG_ADMIN_URL, free_port, kill, scratch_database, start, stop, wait_http
 
-PG_ADMIN_URL = os.environ.get("TCTUNE_TEST_PG",
-                              "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
 REPO = Path(__file__).resolve().parent.parent
 
 __all__ = ["PG_ADMIN_URL", "REPO", "Service", "free_port", "has_gpu"]
@@ -118,20 +114,13 @@ def make_service(tmp_path: Path) -> Iterator[Callable[..., Service]]:
 @pytest.fixture
 def pg_url() -> Iterator[str]:
     """A fresh, empty PostgreSQL database, dropped afterwards."""
-    name = f"tctune_test_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    url = PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
-    try:
-        yield url
-    finally:
-        from store.db import get_engine
+    with scratch_database("tctune_test") as url:
+        try:
+            yield url
+        finally:
+            from store.db import get_engine
 
-        get_engine(url).dispose()
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+            get_engine(url).dispose()
 
 
 @pytest.fixture(params=["postgresql", "sqlite"])
