@@ -52,7 +52,7 @@ from bench.cli import (
     records_on,
 )
 from bench.zoo import add_layer_args, atomic_write, planned, shape_text
-from kernels.spec import Precision, task_key
+from kernels.spec import Precision, get_target, task_key
 
 
 def records_prior(records: dict[str, Any], precision: str, target: str) -> list[Any]:
@@ -80,8 +80,11 @@ def _restrictions(specs: list[str]) -> dict[str, list[Any]]:
     return out
 
 
-def _write_candidates(a: argparse.Namespace, rows: list[dict[str, Any]], **extra: Any) -> None:
-    Path(a.out).write_text(json.dumps({"records": a.records, "target": a.target, **extra,
+def _write_candidates(a: argparse.Namespace, records: str, rows: list[dict[str, Any]],
+                      **extra: Any) -> None:
+    """A candidates file (`prebuild` and `run` read it): the records it starts from, the
+    target, what made it (`extra`), and per layer the record and its candidates."""
+    Path(a.out).write_text(json.dumps({"records": records, "target": a.target, **extra,
                                        "rows": rows}, indent=1) + "\n")
 
 
@@ -99,7 +102,6 @@ def _recorded_layers(a: argparse.Namespace, records: dict[str, Any], target: Any
 
 def candidates(a: argparse.Namespace) -> int:
     from kernels.space import schedule_hash
-    from kernels.spec import get_target
     from workers.seeds import transfer_points
 
     records = _records(a)
@@ -115,8 +117,7 @@ def candidates(a: argparse.Namespace) -> int:
                      "candidates": space.schedules(picks)})
         log(f"{key}: {len(picks)} candidates "
             f"({', '.join(schedule_hash(s) for s in space.schedules(picks))})")
-    Path(a.out).write_text(json.dumps({"records": a.records, "target": target.name,
-                                       "seeds": a.seeds, "rows": rows}, indent=1) + "\n")
+    _write_candidates(a, a.records, rows, seeds=a.seeds)
     return 0
 
 
@@ -130,7 +131,6 @@ def variants(a: argparse.Namespace) -> int:
     import numpy as np
 
     from kernels.space import with_defaults
-    from kernels.spec import get_target
 
     records = _records(a)
     target = get_target(a.target)
@@ -153,9 +153,7 @@ def variants(a: argparse.Namespace) -> int:
         rows.append({"key": key, "layer": g.uses[0].layers[0], "shape": g.shape.to_dict(),
                      "precision": g.precision, "record": rec["schedule"], "candidates": cands})
         log(f"{key}: {len(cands)} variants")
-    Path(a.out).write_text(json.dumps({"records": a.records, "target": target.name,
-                                       "set": fixed, "vary": a.vary, "rows": rows},
-                                      indent=1) + "\n")
+    _write_candidates(a, a.records, rows, set=fixed, vary=a.vary)
     return 0
 
 
@@ -165,11 +163,11 @@ def sample(a: argparse.Namespace) -> int:
     import numpy as np
 
     from kernels.space import ScheduleSpace, with_defaults
-    from kernels.spec import get_target
 
     records = _records(a)
     target = get_target(a.target)
     restrict = _restrictions(a.restrict)
+    fixed = {k: v[0] for k, v in restrict.items() if len(v) == 1}
     rng = np.random.default_rng(a.seed)
     rows = []
     for g, key, rec, space in _recorded_layers(a, records, target):
@@ -180,7 +178,6 @@ def sample(a: argparse.Namespace) -> int:
         if not len(valid):
             continue
         record = with_defaults(space.precision, rec["schedule"])
-        fixed = {k: v[0] for k, v in restrict.items() if len(v) == 1}
         derived: list[dict[str, Any]] = []
         for combo in itertools.product(*(space.knobs[k] for k in a.vary)):
             s = {**record, **fixed, **dict(zip(a.vary, combo, strict=True))}
@@ -195,7 +192,7 @@ def sample(a: argparse.Namespace) -> int:
                      "precision": g.precision, "record": rec["schedule"], "candidates": cands,
                      "derived": n_derived})
         log(f"{key}: {len(cands)} candidates ({n_derived} of the record) of {len(valid)}")
-    _write_candidates(a, rows, restrict=restrict)
+    _write_candidates(a, a.records, rows, restrict=restrict)
     return 0
 
 
@@ -203,10 +200,9 @@ def neighbours(a: argparse.Namespace) -> int:
     import numpy as np
 
     from kernels.space import ScheduleSpace, with_defaults
-    from kernels.spec import ConvShape, get_target
+    from kernels.spec import ConvShape
 
     doc = read_json(a.file)
-    a.records = doc["records"]
     target = get_target(a.target)
     rng = np.random.default_rng(a.seed)
     rows = []
@@ -224,13 +220,12 @@ def neighbours(a: argparse.Namespace) -> int:
         for base in tops:
             near = [{**base, k: v} for k, vals in space.knobs.items() if k not in a.keep
                     for v in vals if v != base[k]]
-            near = [s for i, s in enumerate(near) if space.is_valid(s) and s not in seen
-                    and s not in cands and s not in near[:i]]
+            near = [s for s in near if space.is_valid(s) and s not in seen and s not in cands]
             cands += [near[int(i)] for i in rng.permutation(len(near))[:a.limit // len(tops)]]
         rows.append({"key": r["key"], "layer": r["layer"], "shape": r["shape"],
                      "precision": r["precision"], "record": own["schedule"], "candidates": cands})
         log(f"{r['key']}: {len(cands)} candidates, fastest {ok[0]['us'] / own['us']:.3f}x")
-    _write_candidates(a, rows, around=a.file)
+    _write_candidates(a, doc["records"], rows, around=a.file)
     return 0
 
 
@@ -241,7 +236,7 @@ def _jobs(doc: dict[str, Any]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
 
 def prebuild(a: argparse.Namespace) -> int:
     from kernels.build import BuildJob, build_many
-    from kernels.spec import ConvShape, get_target
+    from kernels.spec import ConvShape
 
     doc = json.loads(Path(a.candidates).read_text())
     sm = get_target(doc["target"]).sm
@@ -400,6 +395,8 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if print_table(a, render):
         return 0
+    if getattr(a, "target", None):  # the name records' keys and candidates files carry
+        a.target = get_target(a.target).name
     return {"candidates": candidates, "variants": variants, "sample": sample,
             "neighbours": neighbours, "prebuild": prebuild, "run": run, "merge": merge}[a.cmd](a)
 
