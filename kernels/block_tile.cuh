@@ -62,6 +62,10 @@ __device__ __forceinline__ u32 soff(int row, int chunk) {
                (((chunk % NCA) ^ swz(row)) << 4));
 }
 
+// A tile's first GEMM row and first output channel (TILES_N tiles along N per row of tiles).
+__device__ __forceinline__ int tile_m0(int tile) { return (tile / cfg::TILES_N) * cfg::BM; }
+__device__ __forceinline__ int tile_n0(int tile) { return (tile % cfg::TILES_N) * cfg::BN; }
+
 // HALO: the image, band (its first output column) and first position in the band of the tile
 // whose rows start at GEMM row m0 (tiles in image, band, position order: neighbours share
 // input rows in L2).

@@ -334,8 +334,7 @@ __device__ __forceinline__ void conv_block(const Inputs in, const float* __restr
   const int tid = threadIdx.x;
   const int tile = blockIdx.x;
   const int split = blockIdx.z;
-  const int m0 = (tile / TILES_N) * BM;
-  const int n0 = (tile % TILES_N) * BN;
+  const int m0 = tile_m0(tile), n0 = tile_n0(tile);
   // Balanced split of the main loop: every split owns [it0, it1).
   const int it0 = split * NIT / SPLITK;
   const int it1 = (split + 1) * NIT / SPLITK;
@@ -383,50 +382,48 @@ __device__ __forceinline__ void conv_persistent(const Inputs in,
   const StageRing sr{sbase};
   int nit = NIT;
   if constexpr (WG) asm volatile("" : "+r"(nit));  // as in conv_block
-  // A tile's first GEMM row (the wgmma tile's init takes the next tile's: HALO's view of it).
-  auto m0_of = [](int tile) { return (tile / TILES_N) * BM; };
+  // The wgmma tile's init takes the next tile's first row (HALO: its view of the patch).
   if constexpr (PP) {
     Tile wt;
     BlockLoader ld;  // unused by the wgmma tile
     const int g0 = tid / THREADS;  // consumer g takes the block's tiles g, g + 2, ...
-    wt.init(m0_of(block_tile(g0)), tid % THREADS, ld);
+    wt.init(tile_m0(block_tile(g0)), tid % THREADS, ld);
     pingpong_tma(wt, sr, nit, tid, maps, [&](int tile, int g, int ctid) {
-      const int m0 = m0_of(tile), n0 = (tile % TILES_N) * BN;
+      const int m0 = tile_m0(tile), n0 = tile_n0(tile);
       epilogue(wt, smem + EPI_OFF + g * EPI_SMEM, m0, n0, ctid, tile, 0, scale, bias, res, y,
                ws, counters, maps);
       block_sync();  // the consumer's epilogue region is free for its next tile's
-      wt.init(m0_of(tile + 2 * (int)gridDim.x), ctid, ld);
+      wt.init(tile_m0(tile + 2 * (int)gridDim.x), ctid, ld);
     });
     return;
   }
   if constexpr (TMA) {
     Tile wt;
     BlockLoader ld;  // unused by the wgmma tile
-    wt.init(m0_of(blockIdx.x), tid, ld);
+    wt.init(tile_m0(blockIdx.x), tid, ld);
     persistent_tma(wt, sr, nit, tid, maps, [&](int tile) {
-      const int m0 = m0_of(tile), n0 = (tile % TILES_N) * BN;
+      const int m0 = tile_m0(tile), n0 = tile_n0(tile);
       epilogue(wt, smem + EPI_OFF, m0, n0, tid, tile, 0, scale, bias, res, y, ws, counters,
                maps);
       block_sync();  // the epilogue's region is free for the next tile's
-      wt.init(m0_of(tile + (int)gridDim.x), tid, ld);
+      wt.init(tile_m0(tile + (int)gridDim.x), tid, ld);
     });
     return;
   }
   int tile = blockIdx.x;
   BlockLoader ld;
-  ld.init(in, (tile / TILES_N) * BM, (tile % TILES_N) * BN, tid);
+  ld.init(in, tile_m0(tile), tile_n0(tile), tid);
   multistage_prologue(ld, sr, 0, nit);
 #pragma unroll 1
   for (; tile < TILES; tile += gridDim.x) {
-    const int m0 = (tile / TILES_N) * BM;
-    const int n0 = (tile % TILES_N) * BN;
+    const int m0 = tile_m0(tile), n0 = tile_n0(tile);
     Tile wt;
     wt.init(m0, tid, ld);
     multistage_body(ld, wt, sr, 0, nit);
     __syncthreads();  // every warp is done with the stages the next prologue overwrites
     const int next = tile + gridDim.x;
     if (next < TILES) {
-      ld.init(in, (next / TILES_N) * BM, (next % TILES_N) * BN, tid);
+      ld.init(in, tile_m0(next), tile_n0(next), tid);
       multistage_prologue(ld, sr, 0, nit);
     }
     epilogue(wt, smem + EPI_OFF, m0, n0, tid, tile, 0, scale, bias, res, y, ws, counters,

@@ -63,8 +63,7 @@ struct TmaRing {
   // Stage j of a persistent block's stream of tiles (nit stages each) into slot st.
   __device__ __forceinline__ void produce_stream(int st, int j, int nit) const {
     const int k = j / nit, tile = block_tile(k);
-    produce(st, origin((tile / cfg::TILES_N) * cfg::BM, (tile % cfg::TILES_N) * cfg::BN),
-            j - k * nit);
+    produce(st, origin(tile_m0(tile), tile_n0(tile)), j - k * nit);
   }
   // Stage `it` of the tile at `o` into slot st: per swizzle atom, the im2col rows of A and
   // the weight rows of B (HALO: the patch and the weight rows of every tap).
