@@ -11,7 +11,9 @@ latency (its log), and the measure queue's depth (Redis).
     python3 bench/fleet_sim.py --workers 256 --seconds 90 --out bench/data/fleet_sim.json
 
 It also reports CPU milliseconds per measurement written, per role of process (workers,
-explorer, builder, PostgreSQL, ...), from /proc over the same window.
+explorer, builder, PostgreSQL, ...), from /proc over the same window. `--jobs` jobs run at
+all times: a job that ends is replaced by a new one (a new task), and the first jobs'
+budgets are spread up to `--trials`, so that jobs of every age share the window.
 """
 
 from __future__ import annotations
@@ -48,6 +50,15 @@ from _procs import (  # noqa: E402
 
 LAYERS = [  # ResNet-50's 3x3 layers
     (56, 64), (28, 128), (14, 256), (7, 512)]
+
+
+def job_request(j: int) -> dict[str, Any]:
+    """The j-th job: ResNet-50's 3x3 layers in both precisions at batches 1..128 (the
+    first 64), then at 3x, 5x, ... those batches, so that every job is a task of its own."""
+    hw, c = LAYERS[j % len(LAYERS)]
+    n = 2 ** (j // len(LAYERS) // 2 % 8) * (1 + 2 * (j // (len(LAYERS) * 16)))
+    return {"shape": {"n": n, "h": hw, "w": hw, "c": c, "k": c, "r": 3, "s": 3, "pad": 1},
+            "precision": ("int8", "fp16")[(j // len(LAYERS)) % 2], "target": "h200"}
 
 
 def group_cpu_s() -> dict[int, float]:
@@ -156,16 +167,24 @@ def main() -> int:
         api = f"http://127.0.0.1:{api_port}"
         wait_http(f"{api}/healthz", procs[1], timeout=60, log=tmp / "api.log",
                   what="tctune serve")
-        for j in range(args.jobs):
-            hw, c = LAYERS[j % len(LAYERS)]
-            n = 2 ** (j // len(LAYERS) // 2 % 8)  # batch 1..128
-            precision = ("int8", "fp16")[(j // len(LAYERS)) % 2]
-            r = httpx.post(f"{api}/tune", json={
-                "shape": {"n": n, "h": hw, "w": hw, "c": c, "k": c, "r": 3, "s": 3, "pad": 1},
-                "precision": precision, "target": "h200", "trials": args.trials,
-                "strategy": args.strategy}, timeout=30)
-            r.raise_for_status()
+        submitted = 0
 
+        def submit(count: int) -> None:
+            nonlocal submitted
+            for _ in range(count):
+                j = submitted
+                # The first jobs' budgets are spread over (0, --trials] (in an order unlike
+                # their layers'), so that jobs end and new ones start throughout: the window
+                # sees the mix of young and old jobs of a service with a queue, not one
+                # generation of jobs that all start, and end, together.
+                trials = args.trials if j >= args.jobs else \
+                    max(32, args.trials * (1 + j * 29 % args.jobs) // args.jobs)
+                r = httpx.post(f"{api}/tune", json={**job_request(j), "trials": trials,
+                                                    "strategy": args.strategy}, timeout=30)
+                r.raise_for_status()
+                submitted += 1
+
+        submit(args.jobs)
         engine = create_engine(db_url)
         samples: list[tuple[float, int, int]] = []
         t0 = time.monotonic()
@@ -175,6 +194,12 @@ def main() -> int:
                 cpu0 = cpu_by_role(roles)
             with engine.connect() as c:
                 count = int(c.execute(text("SELECT count(*) FROM measurement")).scalar() or 0)
+                active = int(c.execute(text(
+                    "SELECT count(*) FROM job WHERE status IN ('queued', 'running')")).scalar()
+                    or 0)
+            # A finished job is replaced by a new one: the fleet stays as loaded as a
+            # service with a queue of jobs (a window in which jobs run out is no rate).
+            submit(args.jobs - active)
             depth = subprocess.run(["redis-cli", "-p", str(redis_port), "llen", "measure.h200"],
                                    capture_output=True, text=True).stdout.strip()
             samples.append((time.monotonic() - t0, count, int(depth or 0)))
@@ -206,7 +231,8 @@ def main() -> int:
             "round_mean": round(float(np.mean([n for n, _ in logged])), 1) if logged else None,
             "max_round": args.max_round,
             "queue_depth_max": max(s[2] for s in window), "strategy": args.strategy,
-            "measure_s": args.measure_s, "jobs": args.jobs, "explorers": args.explorers,
+            "measure_s": args.measure_s, "jobs": args.jobs, "jobs_submitted": submitted,
+            "explorers": args.explorers,
             "window_s": args.seconds, "machine": f"{os.cpu_count()} cores",
             "procs": args.procs, "rounds_in_flight": args.rounds_in_flight,
             "prior_refresh_s": args.prior_refresh_s, "chunk": args.chunk,

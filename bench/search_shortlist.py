@@ -7,7 +7,9 @@ GPU is the analytical model over a layer's whole valid space (simulated; 1.5% no
 the default strategy runs per seed as it is, with every retraining scoring the whole space
 (the shortlist kept), and with every retraining and boosting step scoring the whole space;
 `long jobs as short ones` runs it with the schedule of its first 256 trials throughout
-(retrained as the trials grow by half, boosted every 32 trials and at each proposal's count).
+(retrained as the trials grow by half, boosted every 32 trials and at each proposal's count);
+`five bags and voices in long jobs` with the task model's five bags and the extra voices
+past 256 trials too (`long_bags=5:long_voices=1`).
 Reported as the replay reports (`tctune bench search`): trials to 95% / 99% of the space's
 best (median over seeds) and the score at 64 / 200 / the last trial against random search.
 
@@ -46,6 +48,15 @@ VARIANTS: dict[str, dict[str, int]] = {
     # Long jobs on the schedule of short ones: retrained as the trials grow by half,
     # boosted every 32 trials and at each proposal's count.
     "long jobs as short ones": {"LONG_FROM": 1 << 62},
+    "five bags and voices in long jobs": {},
+    "three bags and voices in long jobs": {},
+    "five bags without voices in long jobs": {},
+}
+# Strategy options of a variant (the rest: the strategy's defaults).
+VARIANT_OPTIONS: dict[str, dict[str, int]] = {
+    "five bags and voices in long jobs": {"long_bags": 5, "long_voices": 1},
+    "three bags and voices in long jobs": {"long_bags": 3, "long_voices": 1},
+    "five bags without voices in long jobs": {"long_bags": 5, "long_voices": 0},
 }
 DEFAULTS = {name: getattr(model_based, name) for v in VARIANTS.values() for name in v}
 
@@ -71,7 +82,8 @@ def _run(stage: str, precision: str, variant: str, seed: int, trials: int) -> li
     for name, value in {**DEFAULTS, **VARIANTS[variant]}.items():
         setattr(model_based, name, value)
     ds = whole_space(stage, Precision(precision))
-    return run_one(ds, "diversity", seed, trials).tolist()
+    return run_one(ds, "diversity", seed, trials,
+                   options=VARIANT_OPTIONS.get(variant)).tolist()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -81,18 +93,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--variants", default=",".join(VARIANTS),
                     help=f"comma-separated, of: {', '.join(VARIANTS)}")
+    ap.add_argument("--spaces", default=",".join(f"{st}:{p.value}" for st, p in SPACES),
+                    help="comma-separated STAGE:PRECISION")
     ap.add_argument("--out", default="bench/data/search_shortlist.json")
     args = ap.parse_args(argv)
+    spaces = [(st, Precision(p)) for st, p in (x.split(":") for x in args.spaces.split(","))]
     variants = args.variants.split(",")
     if unknown := set(variants) - set(VARIANTS):
         ap.error(f"unknown variants {sorted(unknown)}")
-    units = [(st, p.value, v, seed) for st, p in SPACES for v in variants
+    units = [(st, p.value, v, seed) for st, p in spaces for v in variants
              for seed in range(args.seeds)]
     with ProcessPoolExecutor(args.jobs) as pool:
         curves = list(pool.map(_run, *zip(*units, strict=True),
                                [args.trials] * len(units)))
     rows: list[dict[str, Any]] = []
-    for st, p in SPACES:
+    for st, p in spaces:
         ds = whole_space(st, p)
         rand = random_expectation(ds.throughput(ds.space.valid_indices), args.trials)
         for v in variants:

@@ -188,10 +188,14 @@ class DiversityAware(ModelBasedStrategy):
     # afterwards); the task model retrained from scratch only as the trials grow by half
     # (quality equal in the replay, a proposal in between costs 0.6x); the rank and own
     # voices (chosen on the table and a development set, the rank voices under a rule fixed
-    # before the full replay, the own voices checked on the development set).
+    # before the full replay, the own voices checked on the development set); from 256
+    # trials on three bags, and no own voices (long jobs with a prior found their best as
+    # soon at half the explorer's CPU, bench/search_long_jobs.py; the rank voices stay: a
+    # whole space without a prior stayed in a trap without them, bench/search_shortlist.py).
     # first_n=0:loss=rank:bags=1:pick=top:refit=1:rank_voices=0:own_voices=0 is the paper's.
     OPTIONS = (
-        *with_defaults(ModelBasedStrategy.OPTIONS, loss="reg", bags=5, refit=1.5),
+        *with_defaults(ModelBasedStrategy.OPTIONS, loss="reg", bags=5, long_bags=3,
+                       refit=1.5),
         # Each set of voices costs a cold proposal about 0.25 s, and with a prior there is
         # no room for both in the explorer's budget (bench/RESULTS.md "Proposal time").
         Option("own_voices", int, 2, "with a prior: boosters (the strategy's loss) trained on "
@@ -200,6 +204,9 @@ class DiversityAware(ModelBasedStrategy):
         Option("rank_voices", int, 3, "without a prior: pairwise-rank boosters trained on the "
                "task's trials that take turns in the batch pick; 0: none", minimum=0,
                maximum=32),
+        Option("long_voices", int, 0, "1: the own voices (with a prior) take turns from 256 "
+               "trials on too (with `refit` > 1); 0: only before (the rank voices, without a "
+               "prior, always do)", minimum=0, maximum=1),
         Option("first", str, "random", "the batch before anything is known (no trial, no "
                "prior): uniform random draws or a space-filling design",
                choices=("random", "coverage")),
@@ -217,6 +224,7 @@ class DiversityAware(ModelBasedStrategy):
         o = self.options
         self.own_voices = o["own_voices"]
         self.rank_voices = o["rank_voices"]
+        self.long_voices = bool(o["long_voices"])
         self.first: str = o["first"]
         self.pick: str = o["pick"]
         self.first_n: int = o["first_n"]

@@ -191,6 +191,8 @@ MODEL_OPTIONS: tuple[Option, ...] = (
     Option("max_depth", int, 4, "depth of each tree", minimum=1, maximum=16),
     Option("bags", int, 1, "bagged boosters of the task's model; the score is their mean",
            minimum=1, maximum=32),
+    Option("long_bags", int, 0, f"with `refit` > 1: bags of a task model trained from "
+           f"scratch on {LONG_FROM} trials or more; 0: `bags`", minimum=0, maximum=32),
     Option("refit", float, 1.0, "<= 1: retrain the task's model from scratch for every "
            "proposal (AutoTVM's way); > 1: only when the trials have grown by this factor "
            "(from 256 trials on, at least doubled), boosting it further in between"),
@@ -214,6 +216,7 @@ class ModelBasedStrategy(Strategy):
     # diversity strategy declares them as options.
     own_voices: int = 0
     rank_voices: int = 0
+    long_voices: bool = True
 
     def __init__(self, space: ScheduleSpace, seed: int = 0, **options: Any) -> None:
         super().__init__(space, seed=seed, **options)
@@ -222,6 +225,7 @@ class ModelBasedStrategy(Strategy):
         self.rounds: int = o["rounds"]
         self.max_depth: int = o["max_depth"]
         self.bags: int = o["bags"]
+        self.long_bags: int = o["long_bags"] or o["bags"]
         self.refit: float = o["refit"]
         self.extend_rounds: int = o["extend"]
         # The refit chain of the task's model (key None) and of each set of voices.
@@ -346,8 +350,14 @@ class ModelBasedStrategy(Strategy):
         # Each bag's scores over the valid schedules (rows in valid_indices order), for
         # strategies that explore where the bags disagree; None with a single booster.
         self.bag_scores = bag_scores
+        # From LONG_FROM trials on the task model has learned this layer from its own
+        # trials more than from the prior, and the own voices (without `long_voices`) cost
+        # more than they find; the rank voices' other loss still finds ways out of traps.
+        own = self.long_voices or len(trials) < LONG_FROM or self.refit <= 1
+        if not own:
+            self._chains.pop((self.loss, self.own_voices, OWN_VOICES_SALT), None)
         self.own_scores = (
-            self.alone_margins(trials, self.loss, self.own_voices, OWN_VOICES_SALT)
+            self.alone_margins(trials, self.loss, self.own_voices * own, OWN_VOICES_SALT)
             if base is not None
             else self.alone_margins(trials, "rank", self.rank_voices, RANK_VOICES_SALT))
         return table
@@ -426,8 +436,14 @@ class ModelBasedStrategy(Strategy):
         if data is None:
             return None
         # The task's own model is bagged (its data are few); the prior's is not.
-        loss, bags, salt = voice or (self.loss, self.bags, 0)
+        loss, bags, salt = voice or (self.loss, self.bags_at(len(trials)), 0)
         return self._new_model(bags, loss, salt).fit(*data)
+
+    def bags_at(self, trials: int) -> int:
+        """Bags of the task model trained from scratch on this many trials: fewer in a
+        long job (`long_bags`), where a bag's own draw of the trials matters less and
+        training and scoring each bag is most of the explorer's work."""
+        return self.long_bags if trials >= LONG_FROM and self.refit > 1 else self.bags
 
     def task_margins(self, trials: Sequence[Trial],
                      base: Base | None,

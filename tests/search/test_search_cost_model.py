@@ -9,7 +9,13 @@ import pytest
 
 from kernels.space import ScheduleSpace
 from kernels.spec import RESNET50_3X3, TARGETS, Precision
-from search.cost_model import CostModel, Rows, normalized_throughput, pairwise_accuracy
+from search.cost_model import (
+    CostModel,
+    Rows,
+    intercept,
+    normalized_throughput,
+    pairwise_accuracy,
+)
 from search.datasets import load_dataset
 from search.features import columns_from_schedules, feature_names, space_features
 
@@ -119,6 +125,41 @@ def test_extended_model_margins_are_the_old_ones_plus_the_new_trees(bags: int) -
     err = [np.abs(m.predict(X[64:200], base_margin=base[64:200]) - y[64:200]).mean()
            for m in (old, new)]
     assert err[1] < err[0]
+
+
+@pytest.mark.parametrize("loss", ["rank", "reg"])
+def test_bags_predicted_as_one_merged_model_give_each_bag_margins(
+        loss: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Many rows per tree take the merged path (one multi-target model of every bag's
+    trees); its margins are each booster's own, whole or a range of rounds."""
+    from search import cost_model
+    from search.cost_model import MERGE_ROWS_PER_TREE, merged
+
+    ds = load_dataset(REPLAY / "sim_stage4_fp16_h100_paper6.jsonl.gz")
+    v = ds.space.valid_indices
+    X = np.ascontiguousarray(space_features(ds.space, v), dtype=np.float32)
+    m = CostModel(loss, rounds=12, bags=4, seed=1).fit(
+        Rows(X[:300], ds.throughput(v[:300]), np.zeros(300, np.int64)))
+    for since, upto in ((0, 12), (0, 3), (3, 12), (5, 7)):
+        one = np.vstack([CostModel._margin(b, X, since, upto) for b in m.boosters])
+        both = np.asarray(merged(m.boosters, since, upto).inplace_predict(
+            X, predict_type="margin")).T
+        if since == 0:
+            both = both + np.array([[intercept(b)] for b in m.boosters])
+        np.testing.assert_allclose(both, one, atol=1e-5)
+    calls: list[tuple[int, int]] = []
+
+    def spy(boosters, since, end):  # type: ignore[no-untyped-def]
+        calls.append((since, end))
+        return merged(boosters, since, end)
+
+    monkeypatch.setattr(cost_model, "merged", spy)
+    big = np.ascontiguousarray(np.resize(X, (MERGE_ROWS_PER_TREE * 2, X.shape[1])))
+    np.testing.assert_allclose(m.predict_each(big, upto=2),
+                               np.vstack([CostModel._margin(b, big, 0, 2)
+                                          for b in m.boosters]), atol=1e-5)
+    m.predict_each(big, since=2)  # 10 trees: too few rows per tree to merge
+    assert calls == [(0, 2)]
 
 
 @pytest.mark.parametrize("loss", ["rank", "reg"])

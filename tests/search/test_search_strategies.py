@@ -20,6 +20,8 @@ REPLAY = Path(__file__).resolve().parents[2] / "bench" / "data" / "replay"
 ALL = sorted(STRATEGIES)
 # Small annealing budgets keep the contract tests fast; the replay test runs the defaults.
 FAST = {"iters": 60, "rounds": 30}
+# Five bags and the extra voices past 256 trials too, as before 256.
+LONG_AS_SHORT = {**FAST, "long_bags": 5, "long_voices": 1}
 
 
 def _options(name: str) -> dict:
@@ -407,7 +409,7 @@ def test_a_long_job_retrains_as_its_trials_double_with_eight_steps_between() -> 
     assert [boost_step(s) for s in (32, 160, 256, 512, 1024, 2048)] == [32, 32, 32, 64, 128, 256]
     wide = load_dataset(REPLAY / "sim_stage2_int8_h100_wide.jsonl.gz")
     trials = _history(wide, 700, pending=0, seed=1).trials
-    live = make_strategy("diversity", wide.space, seed=2, **FAST)
+    live = make_strategy("diversity", wide.space, seed=2, **LONG_AS_SHORT)
     live.propose(History(trials=trials[:300]), 32)
     chain = live._chains[None]  # type: ignore[attr-defined]
     # Steps of 32 (at 288), and a copy boosted on all 300 trials for this proposal.
@@ -424,10 +426,44 @@ def test_a_long_job_retrains_as_its_trials_double_with_eight_steps_between() -> 
     voices = live._chains[("rank", 3, RANK_VOICES_SALT)]  # type: ignore[attr-defined]
     assert voices["upto"] == 640 and voices["model"].trees == FAST["rounds"] + 2 * 10
     h = History(trials=trials[:700])
-    fresh = make_strategy("diversity", wide.space, seed=2, **FAST)
+    fresh = make_strategy("diversity", wide.space, seed=2, **LONG_AS_SHORT)
     assert live.propose(h, 32) == fresh.propose(h, 32)
     np.testing.assert_array_equal(live.bag_scores, fresh.bag_scores)  # type: ignore[arg-type]
     np.testing.assert_array_equal(live.own_scores, fresh.own_scores)  # type: ignore[arg-type]
+
+
+def test_a_long_job_trains_three_bags_and_with_a_prior_no_own_voices() -> None:
+    """From 256 trials on (the default `long_bags=3`, `long_voices=0`) the task model is
+    three bags, and with a prior the own voices stop (their chain dropped); the rank voices
+    of a job without a prior go on. Before 256 nothing differs from five bags with every
+    voice all along."""
+    from search.model_based import OWN_VOICES_SALT, RANK_VOICES_SALT
+
+    wide = load_dataset(REPLAY / "sim_stage2_int8_h100_wide.jsonl.gz")
+    prior = transfer_prior(wide, [load_dataset(REPLAY / "sim_stage3_int8_h100_paper6.jsonl.gz")])
+    trials = _history(wide, 600, pending=0, seed=1).trials
+    n = len(wide.space.valid_indices)
+    for p, voices, key in ((prior, 2, ("reg", 2, OWN_VOICES_SALT)),
+                           ([], 3, ("rank", 3, RANK_VOICES_SALT))):
+        default = make_strategy("diversity", wide.space, seed=2, **FAST)
+        always = make_strategy("diversity", wide.space, seed=2, **LONG_AS_SHORT)
+        for k in (100, 250):
+            h = History(trials=trials[:k], prior=p)
+            assert default.propose(h, 32) == always.propose(h, 32)
+            assert default.bag_scores.shape == (5, n)  # type: ignore[union-attr]
+            assert default.own_scores.shape == (voices, n)  # type: ignore[union-attr]
+        for k in (300, 560):
+            h = History(trials=trials[:k], prior=p)
+            default.propose(h, 32)
+            always.propose(h, 32)
+            assert default.bag_scores.shape == (3, n)  # type: ignore[union-attr]
+            assert always.bag_scores.shape == (5, n)  # type: ignore[union-attr]
+            assert always.own_scores.shape == (voices, n)  # type: ignore[union-attr]
+            if p:
+                assert default.own_scores is None and key not in default._chains  # type: ignore
+            else:
+                assert default.own_scores.shape == (3, n)  # type: ignore[union-attr]
+                assert key in default._chains  # type: ignore[attr-defined]
 
 
 def test_between_retrainings_the_task_model_keeps_its_base(ds: ReplayDataset) -> None:
