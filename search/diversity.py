@@ -194,8 +194,7 @@ class DiversityAware(ModelBasedStrategy):
     # whole space without a prior stayed in a trap without them, bench/search_shortlist.py).
     # first_n=0:loss=rank:bags=1:pick=top:refit=1:rank_voices=0:own_voices=0 is the paper's.
     OPTIONS = (
-        *with_defaults(ModelBasedStrategy.OPTIONS, loss="reg", bags=5, long_bags=3,
-                       refit=1.5),
+        *with_defaults(ModelBasedStrategy.OPTIONS, loss="reg", bags=5, refit=1.5),
         # Each set of voices costs a cold proposal about 0.25 s, and with a prior there is
         # no room for both in the explorer's budget (bench/RESULTS.md "Proposal time").
         Option("own_voices", int, 2, "with a prior: boosters (the strategy's loss) trained on "

@@ -191,8 +191,8 @@ MODEL_OPTIONS: tuple[Option, ...] = (
     Option("max_depth", int, 4, "depth of each tree", minimum=1, maximum=16),
     Option("bags", int, 1, "bagged boosters of the task's model; the score is their mean",
            minimum=1, maximum=32),
-    Option("long_bags", int, 0, f"with `refit` > 1: bags of a task model trained from "
-           f"scratch on {LONG_FROM} trials or more; 0: `bags`", minimum=0, maximum=32),
+    Option("long_bags", int, 3, f"with `refit` > 1: bags of a task model trained from "
+           f"scratch on {LONG_FROM} trials or more (at most `bags`)", minimum=2, maximum=32),
     Option("refit", float, 1.0, "<= 1: retrain the task's model from scratch for every "
            "proposal (AutoTVM's way); > 1: only when the trials have grown by this factor "
            "(from 256 trials on, at least doubled), boosting it further in between"),
@@ -225,7 +225,7 @@ class ModelBasedStrategy(Strategy):
         self.rounds: int = o["rounds"]
         self.max_depth: int = o["max_depth"]
         self.bags: int = o["bags"]
-        self.long_bags: int = o["long_bags"] or o["bags"]
+        self.long_bags: int = min(o["long_bags"], o["bags"])
         self.refit: float = o["refit"]
         self.extend_rounds: int = o["extend"]
         # The refit chain of the task's model (key None) and of each set of voices.
