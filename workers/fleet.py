@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import time
 from collections.abc import Collection
 from datetime import timedelta
 from typing import Any
@@ -84,28 +83,43 @@ def run_builder(settings: Settings, concurrency: int) -> None:
 
 
 class SlotActivity:
-    """When each GPU slot of this process last measured a chunk: what its heartbeat
+    """Which GPU slots of this process are measuring a chunk now: what its heartbeat
     reports as busy (asking the database which worker wrote lately cost a scan per beat).
-    Learnt from Celery's own success signal, sent in the thread that ran the task, the
-    slot's thread."""
+    Learnt from Celery's own signals before and after a task, sent in the thread that runs
+    it, the slot's thread.
+
+    Why now, not "measured lately": the explorer's round size counts the idle GPUs, and a
+    simulated slot that measures a chunk of 0.27 s every few seconds read busy for the two
+    heartbeat periods (20 s) after each: 160-193 of 256 slots busy while 13-93 held a chunk,
+    so most rounds stayed at the smallest size (bench/RESULTS.md "Fleet by simulation")."""
 
     def __init__(self) -> None:
-        self._last: dict[str, float] = {}
+        self._running: set[str] = set()
 
     def watch(self) -> None:
         from celery import signals
 
-        signals.task_success.connect(self._succeeded, weak=False)
+        signals.task_prerun.connect(self._started, weak=False)
+        signals.task_postrun.connect(self._ended, weak=False)
 
-    def _succeeded(self, sender: Any = None, **_: Any) -> None:
-        if getattr(sender, "name", None) == MEASURE_TASK:
+    @staticmethod
+    def _measures(sender: Any) -> bool:
+        return getattr(sender, "name", None) == MEASURE_TASK
+
+    def _started(self, sender: Any = None, **_: Any) -> None:
+        if self._measures(sender):
             from workers.app import worker_identity
 
-            self._last[worker_identity()] = time.monotonic()
+            self._running.add(worker_identity())
 
-    def busy(self, within_s: float) -> set[str]:
-        since = time.monotonic() - within_s
-        return {n for n, t in list(self._last.items()) if t >= since}
+    def _ended(self, sender: Any = None, **_: Any) -> None:
+        if self._measures(sender):
+            from workers.app import worker_identity
+
+            self._running.discard(worker_identity())
+
+    def busy(self) -> set[str]:
+        return set(self._running)
 
 
 def run_worker(settings: Settings, gpu: int | None, simulate: str | None,
@@ -135,7 +149,7 @@ def run_worker(settings: Settings, gpu: int | None, simulate: str | None,
 
     def busy(s: Session) -> Collection[str]:
         if slots > 1:  # the slots are this process's threads: it knows who measured
-            return activity.busy(recent)
+            return activity.busy()
         # the task runs in a pool child: ask the database
         return hp.workers_measured_since(s, names, utcnow() - timedelta(seconds=recent))
 

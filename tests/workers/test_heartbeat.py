@@ -4,7 +4,6 @@ against SQLite, and how a simulated node learns which of its slots measured."""
 from __future__ import annotations
 
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -47,8 +46,9 @@ def test_beats_name_the_busy_and_the_stopped(tmp_path: Path) -> None:
     assert {state for state, _, _ in _rows(settings.db_url).values()} == {"stopped"}
 
 
-def test_a_slot_that_measured_is_busy(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Celery sends its success signal in the thread that ran the task: the slot's."""
+def test_a_slot_is_busy_while_it_measures(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Celery sends its signals before and after a task in the thread that runs it: the
+    slot's. A slot is busy from the one to the other, and only for a measure task."""
     from workers.app import measure_task, worker_identity
 
     monkeypatch.setenv("TCTUNE_WORKER_NAME", "node/sim")
@@ -57,20 +57,31 @@ def test_a_slot_that_measured_is_busy(monkeypatch: pytest.MonkeyPatch) -> None:
     activity = SlotActivity()
     activity.watch()
     names: list[str] = []
+    started, release = threading.Event(), threading.Event()
 
-    def slot(measured: bool) -> None:
+    def slot(task: object) -> None:
         names.append(worker_identity())
-        if measured:
-            signals.task_success.send(sender=measure_task, result=1)
+        signals.task_prerun.send(sender=task)
+        started.set()
+        release.wait(5)
+        signals.task_postrun.send(sender=task)
 
+    other = type("OtherTask", (), {"name": "tctune.other"})()
     try:
-        for measured in (True, False):
-            t = threading.Thread(target=slot, args=(measured,))
-            t.start()
-            t.join()
-        assert activity.busy(10.0) == {names[0]} and names[0] != names[1]
-        time.sleep(0.05)
-        assert activity.busy(0.01) == set(), "busy only while it measured lately"
+        t = threading.Thread(target=slot, args=(measure_task,))
+        t.start()
+        assert started.wait(5)
+        assert activity.busy() == {names[0]}
+        release.set()
+        t.join()
+        assert activity.busy() == set(), "idle once its chunk is done"
+        started.clear()
+        t = threading.Thread(target=slot, args=(other,))
+        t.start()
+        assert started.wait(5)
+        assert activity.busy() == set(), "only a measure task makes a slot busy"
+        t.join()
     finally:
-        signals.task_success.disconnect(activity._succeeded)
+        signals.task_prerun.disconnect(activity._started)
+        signals.task_postrun.disconnect(activity._ended)
         get_settings.cache_clear()
