@@ -67,6 +67,8 @@ def truth(space: ScheduleSpace, rugged: float, seed: int) -> np.ndarray:
 
 def make_prior(shape: ConvShape, precision: Precision, target: str, per_layer: int,
                seed: int) -> list[PriorTrial]:
+    """Modelled measurements (1.5% noise) of `per_layer` random valid schedules of each
+    prior layer but the job's own: what a fleet's other tasks have measured."""
     rng = np.random.default_rng(seed)
     prior: list[PriorTrial] = []
     for other in PRIOR_LAYERS:
@@ -84,6 +86,8 @@ def make_prior(shape: ConvShape, precision: Precision, target: str, per_layer: i
 
 def run_job(space: ScheduleSpace, true_us: np.ndarray, prior: Sequence[PriorTrial],
             spec: str, seed: int, trials: int, batch: int) -> dict[str, Any]:
+    """One job of `trials` in rounds of `batch`: each proposal's CPU seconds and, after each
+    round, the truth of the best measured schedule over the space's best."""
     name, options, _ = parse_strategy(spec)
     strat = make_strategy(name, space, seed=seed, **options)
     history = History(prior=list(prior))
