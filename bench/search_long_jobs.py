@@ -21,6 +21,7 @@ import json
 import os
 import platform
 import statistics
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -28,12 +29,15 @@ from typing import Any
 
 import numpy as np
 
-from kernels.space import ScheduleSpace
-from kernels.spec import TARGETS, ConvShape, Precision
-from search.registry import make_strategy
-from search.replay import parse_strategy
-from search.strategy import History, PriorTrial, Trial
-from workers.backends.simulated import simulate_latency_us
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.search_proposal_time import measurements  # noqa: E402
+from kernels.space import ScheduleSpace  # noqa: E402
+from kernels.spec import TARGETS, ConvShape, Precision  # noqa: E402
+from search.registry import make_strategy  # noqa: E402
+from search.replay import parse_strategy  # noqa: E402
+from search.strategy import History, PriorTrial, Trial  # noqa: E402
+from workers.backends.simulated import simulate_latency_us  # noqa: E402
 
 # Layers of the jobs: ResNet-50's 3x3 stages and two 1x1 layers at batch 8.
 LAYERS = {
@@ -67,18 +71,16 @@ def truth(space: ScheduleSpace, rugged: float, seed: int) -> np.ndarray:
 
 def make_prior(shape: ConvShape, precision: Precision, target: str, per_layer: int,
                seed: int) -> list[PriorTrial]:
-    """Modelled measurements (1.5% noise) of `per_layer` random valid schedules of each
-    prior layer but the job's own: what a fleet's other tasks have measured."""
+    """Modelled measurements (1.5% noise, `measurements`) of `per_layer` random valid
+    schedules of each prior layer but the job's own: what a fleet's other tasks have
+    measured."""
     rng = np.random.default_rng(seed)
     prior: list[PriorTrial] = []
     for other in PRIOR_LAYERS:
         if other == shape:
             continue
         sp = ScheduleSpace(other, precision, TARGETS[target])
-        idx = rng.choice(sp.valid_indices, size=min(per_layer, len(sp.valid_indices)),
-                         replace=False)
-        lat = simulate_latency_us(other, precision, sp.target, sp.columns(idx))
-        lat = lat * np.exp(rng.normal(0.0, NOISE, len(idx)))
+        idx, lat = measurements(sp, per_layer, rng)
         prior += [PriorTrial(other, s, "ok", float(us))
                   for s, us in zip(sp.schedules(idx), lat, strict=True)]
     return prior

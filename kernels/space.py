@@ -754,9 +754,7 @@ class ScheduleSpace:
         cols = {n: np.repeat(tcols[n], len(structural)) if t else np.tile(scols[n][keep],
                                                                             len(tiles))
                 for n, t in zip(self.names, tile, strict=True)}
-        ok = validity(self.shape, self.precision, self.target, cols)
-        order = np.argsort(idx[ok], kind="stable")
-        return idx[ok][order]
+        return np.sort(idx[validity(self.shape, self.precision, self.target, cols)])
 
     def is_valid(self, schedule: Mapping[str, Any]) -> bool:
         if schedule_problems(self.precision, schedule):
