@@ -133,15 +133,23 @@ def _frozen(app: Any) -> Any:
 @main.command()
 @click.option("--procs", default=1, show_default=True, type=click.IntRange(1, 256),
               help="explorer processes taking explore messages (one job each at a time)")
+@click.option("--threads", default=None, type=click.IntRange(1, 64),
+              help="threads of one explorer process taking explore messages (one job each "
+                   "at a time; they share its caches and models; PostgreSQL only) "
+                   "[default: 2 on PostgreSQL without --procs, else 1]")
 @click.option("--rounds-in-flight", default=None, type=click.IntRange(1, 8),
               help="rounds of one job proposed ahead of their measurement "
                    "[default: TCTUNE_ROUNDS_IN_FLIGHT or 2]")
 @click.option("--prior-refresh-s", default=None, type=click.FloatRange(0),
               help="re-read other layers' measurements (the prior) at most this often "
                    "[default: TCTUNE_PRIOR_REFRESH_S or 30]")
-def explorer(procs: int, rounds_in_flight: int | None, prior_refresh_s: float | None) -> None:
+def explorer(procs: int, threads: int | None, rounds_in_flight: int | None,
+             prior_refresh_s: float | None) -> None:
     """The central explorer of the distributed fleet (queue 'explore' + the sweeper)."""
     from workers.fleet import run_explorer
+
+    if procs > 1 and (threads or 1) > 1:
+        raise click.ClickException("--procs and --threads: choose one of them")
 
     # Through the environment: the Celery tasks (and pool children) read their settings.
     if rounds_in_flight is not None:
@@ -151,7 +159,16 @@ def explorer(procs: int, rounds_in_flight: int | None, prior_refresh_s: float | 
     from store.settings import get_settings
 
     get_settings.cache_clear()
-    run_explorer(_distributed_settings(), procs)
+    settings = _distributed_settings()
+    postgresql = settings.db_url.startswith("postgresql")
+    if threads is None:
+        # A second thread proposes while the first waits on the database or trains (both
+        # without the GIL) (bench/RESULTS.md, "Fleet by simulation").
+        threads = 2 if postgresql and procs == 1 else 1
+    if threads > 1 and not postgresql:
+        raise click.ClickException("--threads needs PostgreSQL (TCTUNE_DATABASE_URL): its "
+                                   "row locks keep two threads from proposing for one job")
+    run_explorer(settings, procs, threads)
 
 
 @main.command()

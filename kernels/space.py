@@ -12,6 +12,7 @@ enumeration of a space and the search's features, and they cannot disagree.
 from __future__ import annotations
 
 import hashlib
+import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
@@ -481,20 +482,22 @@ def geometry(shape: ConvShape, precision: Precision, target: Target,
 
 
 def _halo_columns(shape: ConvShape, bm: np.ndarray, halo: np.ndarray) -> dict[str, np.ndarray]:
-    """halo_tiling per schedule where HALO=1 (zeros where it has none or HALO=0)."""
-    out = {k: np.zeros(np.shape(bm), np.int64)
-           for k in ("plane_rows", "tiles_per_image", "box_pixels")}
+    """halo_tiling per schedule where HALO=1 (zeros where it has none or HALO=0); `bm` and
+    `halo` may be broadcastable arrays of different shapes."""
+    keys = ("plane_rows", "tiles_per_image", "box_pixels")
+    bm = np.asarray(bm)
     if not np.any(halo):
-        return out
-    for b in np.unique(np.asarray(bm)[halo]):
+        zeros = np.zeros(np.broadcast_shapes(bm.shape, np.shape(halo)), np.int64)
+        return dict.fromkeys(keys, zeros)
+    # halo_tiling depends on the block's rows alone: one lookup row per distinct block_m.
+    values, inverse = np.unique(bm, return_inverse=True)
+    table = np.zeros((len(keys), len(values)), np.int64)
+    for j, b in enumerate(values):
         t = halo_tiling(shape, int(b))
-        if t is None:
-            continue
-        sel = halo & (bm == b)
-        out["plane_rows"][sel] = t.plane_rows
-        out["tiles_per_image"][sel] = t.tiles_per_image
-        out["box_pixels"][sel] = t.box_rows * t.pitch
-    return out
+        if t is not None:
+            table[:, j] = (t.plane_rows, t.tiles_per_image, t.box_rows * t.pitch)
+    inverse = inverse.reshape(bm.shape)
+    return {k: np.where(halo, table[i][inverse], 0) for i, k in enumerate(keys)}
 
 
 def register_slack(shape: ConvShape, precision: Precision, target: Target,
@@ -630,11 +633,21 @@ def structural_validity(shape: ConvShape, precision: Precision, target: Target,
 def validity(shape: ConvShape, precision: Precision, target: Target,
              cols: Mapping[str, np.ndarray]) -> np.ndarray:
     """Boolean column: which schedules can compile and launch: the structural rules and the
-    tile rules below. Each rule says why it exists (tests/kernels/test_kernels_build.py shows, per
-    rule, a schedule that breaks it and fails)."""
+    tile rules (`tile_validity`). Each rule says why it exists (tests/kernels/test_kernels_build.py
+    shows, per rule, a schedule that breaks it and fails)."""
+    return structural_validity(shape, precision, target, cols) & \
+        tile_validity(shape, precision, target, cols)
+
+
+def tile_validity(shape: ConvShape, precision: Precision, target: Target,
+                  cols: Mapping[str, np.ndarray]) -> np.ndarray:
+    """Boolean array: the rules of `validity` that read the tiles' geometry. The columns may
+    be arrays of different shapes that broadcast together (the enumeration's tile knobs as a
+    column, structural knobs as a row): what depends on one of them alone is worked out once
+    per its values."""
     p = Precision(precision)
     g = geometry(shape, p, target, cols)
-    ok = structural_validity(shape, p, target, cols)
+    ok = np.ones(np.broadcast_shapes(*(np.shape(v) for v in cols.values())), dtype=bool)
     # Two inputs: each stage holds channels of one input (x1's fill whole stages).
     if shape.concat:
         ok &= shape.concat % (np.asarray(cols["CHUNK"]) * instruction_shape(p, target.sm).k) == 0
@@ -734,9 +747,10 @@ class ScheduleSpace:
         if hit is None:
             hit = self._enumerate_valid()
             hit.flags.writeable = False
-            if len(_VALID_CACHE) >= _VALID_CACHE_SIZE:
-                _VALID_CACHE.pop(next(iter(_VALID_CACHE)))
-            _VALID_CACHE[key] = hit
+            with _VALID_LOCK:
+                while len(_VALID_CACHE) >= _VALID_CACHE_SIZE:
+                    _VALID_CACHE.pop(next(iter(_VALID_CACHE)))
+                hit = _VALID_CACHE.setdefault(key, hit)
         return hit
 
     def _enumerate_valid(self) -> np.ndarray:
@@ -747,14 +761,22 @@ class ScheduleSpace:
         structural = structural[keep]
         tiles = _product_offsets(np.where(tile, self.radices, 1), self._place)
         tcols = self.columns(tiles)
-        # The crossed product's columns are its two factors' (a tile knob's digit is 0 in
-        # every structural index and a structural knob's in every tile index), repeated and
-        # tiled: no digit of its index need be divided out, which was half the work.
-        idx = (tiles[:, None] + structural[None, :]).ravel()
-        cols = {n: np.repeat(tcols[n], len(structural)) if t else np.tile(scols[n][keep],
-                                                                            len(tiles))
-                for n, t in zip(self.names, tile, strict=True)}
-        return np.sort(idx[validity(self.shape, self.precision, self.target, cols)])
+        # The tile rules over the crossed product by broadcasting, tile knobs as a column and
+        # the structural survivors as a row: a quantity of one factor alone (a block's
+        # tile sizes, a pipeline's stage count) is worked out once per its values, and no
+        # crossed column is built.
+        scols = {n: v[keep] for n, v in scols.items()}
+        # Per Tensor Core path (a knob most of the geometry branches on), as a scalar.
+        path = scols.get("MMA", np.zeros(len(structural)))
+        out = []
+        for value in np.unique(path):
+            sel = path == value
+            cols = {n: tcols[n][:, None] if t else
+                    (scols[n][sel][:1, None] if n == "MMA" else scols[n][sel][None, :])
+                    for n, t in zip(self.names, tile, strict=True)}
+            ok = tile_validity(self.shape, self.precision, self.target, cols)
+            out.append((tiles[:, None] + structural[sel][None, :])[ok])
+        return np.sort(np.concatenate(out)) if out else np.zeros(0, np.int64)
 
     def is_valid(self, schedule: Mapping[str, Any]) -> bool:
         if schedule_problems(self.precision, schedule):
@@ -782,6 +804,7 @@ class ScheduleSpace:
 # of a task many times (explorer rounds, the simulated backend, features), and it is fixed.
 _VALID_CACHE: dict[tuple[Any, ...], np.ndarray] = {}
 _VALID_CACHE_SIZE = 64
+_VALID_LOCK = threading.Lock()  # evictions (threads of one explorer share the cache)
 
 
 def _product_offsets(radices: np.ndarray, place: np.ndarray) -> np.ndarray:

@@ -20,6 +20,7 @@ import copy
 import ctypes
 import json
 import os
+import threading
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -52,6 +53,12 @@ MERGE_ROWS_PER_TREE = 2048
 # Boosters trained in this process so far, "scratch" or "extend": the explorer's metrics
 # (workers/explorer_stats.py) read how many each proposal trained.
 FITS: Counter[str] = Counter()
+_FITS_LOCK = threading.Lock()  # an explorer's threads train at once
+
+
+def _count_fits(kind: str, boosters: int) -> None:
+    with _FITS_LOCK:
+        FITS[kind] += boosters
 
 
 def _boost(b: xgb.Booster, dm: xgb.DMatrix, first: int, rounds: int) -> None:
@@ -171,7 +178,7 @@ class CostModel:
             b = xgb.Booster(self._bag_params(j), [dm])
             _boost(b, dm, 0, self.rounds)
             self.boosters.append(b.reset())
-        FITS["scratch"] += len(self.boosters)
+        _count_fits("scratch", len(self.boosters))
         self._dm = dm
         return self
 
@@ -199,7 +206,7 @@ class CostModel:
                          + b.num_boosted_rounds()})
             _boost(b, dm, 0, rounds)
         out.boosters, out._dm = boosters, dm
-        FITS["extend"] += len(boosters)
+        _count_fits("extend", len(boosters))
         return out
 
     @property

@@ -51,15 +51,24 @@ def schedule_features(shape: ConvShape, precision: Precision, target: Target,
     p = Precision(precision)
     knobs = knobs_for(p)
     n = len(next(iter(cols.values())))
-    out: list[np.ndarray] = []
+    # Filled column by column in place (column-major, then one row-major copy): stacking
+    # float64 columns and converting them was most of the features' time on a whole space.
+    out = np.empty((len(feature_names(p)), n), dtype=np.float32)
+    j = 0
+
+    def put(*values: np.ndarray | float) -> None:
+        nonlocal j
+        for v in values:
+            out[j] = v
+            j += 1
+
     for knob, values in knobs.items():
         col = np.asarray(cols[knob])
         if _categorical(values):
-            out += [(col == v).astype(np.float64) for v in values]
+            put(*(col == v for v in values))
         else:
             # Power-of-two knobs are ordinal on a log scale; 0/1 switches stay 0/1.
-            out.append(_log2(col) if max(values) > 1 and min(values) >= 1 else
-                       col.astype(np.float64))
+            put(_log2(col) if max(values) > 1 and min(values) >= 1 else col)
 
     g = geometry(shape, p, target, cols)
     f64 = np.float64
@@ -69,8 +78,8 @@ def schedule_features(shape: ConvShape, precision: Precision, target: Target,
     # Occupancy from threads and shared memory only (registers are the kernel's business).
     by_threads = target.max_threads_per_sm // threads
     by_smem = target.smem_per_sm_kib * 1024 // np.maximum(smem, 1.0)
-    blocks_per_sm = np.maximum(1.0, np.minimum.reduce(
-        [np.full(n, float(target.max_blocks_per_sm)), by_threads, by_smem]))
+    blocks_per_sm = np.maximum(1.0, np.minimum(float(target.max_blocks_per_sm),
+                                               np.minimum(by_threads, by_smem)))
     waves = g.grid_blocks / (target.sms * blocks_per_sm)
     wave_eff = waves / np.ceil(waves)
     # Duplicate ratio: im2col rows of the block tile over the distinct input pixels they
@@ -87,17 +96,16 @@ def schedule_features(shape: ConvShape, precision: Precision, target: Target,
     pad_n = np.ceil(shape.gemm_n / bn) * bn
     split_k = np.asarray(cols["SPLIT_K"]).astype(f64)
     pad_k = np.ceil(shape.gemm_k / (bk * split_k)) * bk * split_k
-    out += [
-        _log2(bm), _log2(bn), _log2(bk), _log2(g.warps), _log2(g.acc_regs), smem / 1024,
+    put(_log2(bm), _log2(bn), _log2(bk), _log2(g.warps), _log2(g.acc_regs), smem / 1024,
         _log2(g.grid_blocks), _log2(g.k_iters), blocks_per_sm, _log2(waves), wave_eff,
         dup_ratio, _log2(intensity),
-        shape.gemm_m / pad_m, shape.gemm_n / pad_n, shape.gemm_k / pad_k, _log2(a_bytes),
-    ]
+        shape.gemm_m / pad_m, shape.gemm_n / pad_n, shape.gemm_k / pad_k, _log2(a_bytes))
     shape_vals = [shape.n, shape.h, shape.w, shape.c, shape.k, shape.r, shape.s,
                   shape.stride[0], shape.p, shape.q, shape.gemm_m, shape.gemm_n,
                   shape.gemm_k, shape.flops]
-    out += [np.full(n, float(np.log2(v))) for v in shape_vals]
-    return np.column_stack(out).astype(np.float32)
+    put(*(float(np.log2(v)) for v in shape_vals))
+    assert j == len(out)
+    return np.ascontiguousarray(out.T)
 
 
 def space_features(space: ScheduleSpace, indices: np.ndarray) -> np.ndarray:

@@ -542,32 +542,37 @@ def open_rounds_per_job(session: Session) -> dict[int, int]:
     return {j: int(n) for j, n in rows}
 
 
-# The open candidates first, by their partial index, then their tasks' target: as a join, a
-# planner whose statistics still saw a young fleet's near-empty tables scanned the whole
-# candidate table once per task (0.44 s a call at 35,000 candidates, once a second: most
-# of the explorer's time).
+# Per active job of the target, its open candidates by their partial index: the planner
+# cannot but take the index for one job's rows. Counted over the whole table (the open ones
+# first, as a materialized CTE, then their target), the rows a busy fleet had finished
+# grew the count past the partial index's worth: a parallel scan of all 170,000 candidates,
+# 60-120 ms a call (once a second) of PostgreSQL's CPU and the explorer's time, and more
+# the longer the service runs.
 _QUEUED_PG = text(
-    "WITH queued AS MATERIALIZED (SELECT task_id FROM candidate"
-    " WHERE state != 'done' AND lease_owner IS NULL)"
-    " SELECT count(*) FROM queued q JOIN task t ON t.id = q.task_id WHERE t.target = :target")
+    "SELECT coalesce(sum(o.n), 0) FROM job j JOIN task t ON t.id = j.task_id"
+    " CROSS JOIN LATERAL (SELECT count(*) AS n FROM candidate c WHERE c.job_id = j.id"
+    " AND c.state != 'done' AND c.lease_owner IS NULL) o"
+    " WHERE t.target = :target AND j.status = ANY(:active)")
 
 
 def unfed_gpus(session: Session, target: str, alive_s: float, chunk: int = 1) -> int:
     """GPUs of the target that are idle (heartbeat within `alive_s`) minus those the
-    candidates of its tasks waiting for a GPU (open, not leased) will keep busy, `chunk` of
-    them per GPU (a measure message's): how many would wait for the explorer if it
-    proposed nothing more."""
+    candidates of its active jobs waiting for a GPU (open, not leased) will keep busy,
+    `chunk` of them per GPU (a measure message's): how many would wait for the explorer if
+    it proposed nothing more."""
     idle = session.scalar(select(func.count()).select_from(Worker).where(
         Worker.target == target, Worker.state == "idle",
         Worker.last_heartbeat >= utcnow() - timedelta(seconds=alive_s))) or 0
     if session.get_bind().dialect.name == "postgresql":
-        queued = session.scalar(_QUEUED_PG, {"target": target}) or 0
+        queued = session.scalar(_QUEUED_PG, {"target": target,
+                                             "active": list(ACTIVE_JOB_STATES)}) or 0
     else:
         queued = session.scalar(
             select(func.count()).select_from(Candidate.__table__)
-            .join(Task.__table__, Task.__table__.c.id == C.task_id)
+            .join(Job.__table__, J.id == C.job_id)
+            .join(Task.__table__, Task.__table__.c.id == J.task_id)
             .where(C.state != "done", C.lease_owner.is_(None),
-                   Task.__table__.c.target == target)) or 0
+                   J.status.in_(ACTIVE_JOB_STATES), Task.__table__.c.target == target)) or 0
     kept_busy = -(-int(queued) // max(1, chunk))  # GPUs the queued chunks occupy (rounded up)
     return max(0, int(idle) - kept_busy)
 

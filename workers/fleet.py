@@ -60,11 +60,13 @@ def _celery(args: list[str]) -> None:
                      *args])
 
 
-def run_explorer(settings: Settings, procs: int = 1) -> None:
+def run_explorer(settings: Settings, procs: int = 1, threads: int = 1) -> None:
     """The central explorer: all jobs, up to `settings.rounds_in_flight` rounds each;
     restart-safe. `procs` > 1: that many processes take explore messages (a prefork pool),
     each proposing for one job at a time; the job's row lock keeps two from proposing for
-    one job. One sweeper (this process) for all of them."""
+    one job. `threads` > 1: that many threads of this process do, sharing its spaces,
+    strategies and base models (processes each train their own). One sweeper (this
+    process) for all of them."""
     _no_pre_ping()
     from search import cost_model  # sets OMP_WAIT_POLICY=PASSIVE before XGBoost loads
 
@@ -73,7 +75,8 @@ def run_explorer(settings: Settings, procs: int = 1) -> None:
     # 2-core machine, 0.165 vs 0.152 on a busy one; the same trees, so the same proposals).
     cost_model.NTHREAD = max(1, settings.xgb_threads)
     every(settings.sweep_s, explorer_sweeper(settings).sweep, "sweeper")
-    pool = ["-P", "solo"] if procs <= 1 else ["-P", "prefork", "-c", str(procs)]
+    pool = ["-P", "threads", "-c", str(threads)] if threads > 1 else \
+        ["-P", "solo"] if procs <= 1 else ["-P", "prefork", "-c", str(procs)]
     _celery(["-Q", "explore", *pool, "-n", f"explorer-{os.getpid()}@{socket.gethostname()}"])
 
 

@@ -10,10 +10,12 @@ the same history)."""
 
 from __future__ import annotations
 
+import functools
+import threading
 import time
-from collections import OrderedDict
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 from kernels.space import ScheduleSpace
 from kernels.spec import ConvShape
@@ -22,6 +24,10 @@ from search.strategy import History, PriorTrial, Strategy, Trial
 from store import hotpath as hp
 from store import repository as repo
 from store.models import Job
+from workers.lru import Lru
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 PRIOR_LIMIT = 50_000
 # With a refresh window, the prior handed to strategies is replaced once the rows read since
@@ -52,22 +58,34 @@ class _Trials:
     trials: list[Trial] = field(default_factory=list)
 
 
+# The readers below update these caches in place: one at a time (an explorer's threads).
+_reading = threading.RLock()
 _priors: dict[tuple[str, str, str], _Prior] = {}
+
+
 # (db, target, precision, task) -> (prior version, the prior that task's strategy gets)
-_prior_views: OrderedDict[tuple[str, str, str, int], tuple[int, list[PriorTrial]]] = \
-    OrderedDict()
-_trials: OrderedDict[tuple[str, int], _Trials] = OrderedDict()
-_strategies: OrderedDict[tuple[str, int], Strategy] = OrderedDict()
+_prior_views: Lru[tuple[str, str, str, int], tuple[int, list[PriorTrial]]] = Lru(TRIALS_CACHE)
+_trials: Lru[tuple[str, int], _Trials] = Lru(TRIALS_CACHE)
+_strategies: Lru[tuple[str, int], Strategy] = Lru(STRATEGY_CACHE)
 # (db, task) -> schedule hash -> its index in the task's space (None: not a schedule of it).
 # A hash names one schedule, so the explorer maps its open candidates and new measurements
 # by the hashes it proposed instead of decoding each row's schedule (JSON) and looking it
 # up: that was a tenth of the fleet explorer's CPU. Unknown hashes (another process's
 # proposals, a restart) are read and mapped as before.
-_indices: OrderedDict[tuple[str, int], dict[str, int | None]] = OrderedDict()
+_indices: Lru[tuple[str, int], dict[str, int | None]] = Lru(TRIALS_CACHE)
 # (db, task) -> its layer: a task's shape never changes, so the prior's rows name the task.
 _shapes: dict[tuple[str, int], ConvShape] = {}
 
 
+def _one_reader(f: Callable[P, R]) -> Callable[P, R]:
+    @functools.wraps(f)
+    def locked(*args: P.args, **kwargs: P.kwargs) -> R:
+        with _reading:
+            return f(*args, **kwargs)
+    return locked
+
+
+@_one_reader
 def prior_of(session: Any, db_url: str, target: str, precision: str,
              exclude_task: int, refresh_s: float = 0.0, settled: bool = False
              ) -> list[PriorTrial]:
@@ -111,7 +129,6 @@ def prior_of(session: Any, db_url: str, target: str, precision: str,
     key = (db_url, target, precision, exclude_task)
     view = _prior_views.get(key)
     if view is not None and view[0] == cache.version:
-        _prior_views.move_to_end(key)
         if settled and refresh_s > 0:
             cache.settled = (cache.read, view[1])
         return view[1]
@@ -121,9 +138,7 @@ def prior_of(session: Any, db_url: str, target: str, precision: str,
             out.append(trial)
             if len(out) >= PRIOR_LIMIT:
                 break
-    _prior_views[key] = (cache.version, out)
-    while len(_prior_views) > TRIALS_CACHE:
-        _prior_views.popitem(last=False)
+    _prior_views.put(key, (cache.version, out))
     if settled and refresh_s > 0:
         cache.settled = (cache.read, out)
     return out
@@ -133,12 +148,13 @@ def known_indices(db_url: str, task_id: int) -> dict[str, int | None]:
     """The task's schedule hashes mapped so far (`_indices`); callers add what they map."""
     key = (db_url, task_id)
     known = _indices.get(key)
-    if known is None:
-        known = _indices[key] = {}
-        while len(_indices) > TRIALS_CACHE:
-            _indices.popitem(last=False)
-    _indices.move_to_end(key)
-    return known
+    return _indices.setdefault(key, {}) if known is None else known
+
+
+@_one_reader
+def remember_indices(db_url: str, task_id: int, pairs: Iterable[tuple[str, int]]) -> None:
+    """Hashes of schedules just proposed for the task and their indices in its space."""
+    known_indices(db_url, task_id).update(pairs)
 
 
 def _index_or_none(space: ScheduleSpace, sched: dict[str, Any]) -> int | None:
@@ -155,6 +171,7 @@ def map_hashes(known: dict[str, int | None], space: ScheduleSpace,
         known[h] = _index_or_none(space, sched)
 
 
+@_one_reader
 def pending_of(session: Any, db_url: str, task_id: int, space: ScheduleSpace,
                open_rows: list[hp.OpenRow]) -> set[int]:
     """Space indices of the job's open candidates (those of an older space left out)."""
@@ -164,6 +181,7 @@ def pending_of(session: Any, db_url: str, task_id: int, space: ScheduleSpace,
     return {i for r in open_rows if (i := known.get(r.schedule_hash)) is not None}
 
 
+@_one_reader
 def trials_of(session: Any, db_url: str, task_id: int, space: ScheduleSpace) -> list[Trial]:
     """The task's measurements as trials, oldest first, read incrementally by id. A row
     committed after a newer one was read (ids are not commit order) shows up as a count
@@ -185,10 +203,7 @@ def trials_of(session: Any, db_url: str, task_id: int, space: ScheduleSpace) -> 
         if cache.rows == hp.task_measurement_count(session, task_id, cache.last_id):
             break
         cache = _Trials()
-    _trials[key] = cache
-    _trials.move_to_end(key)
-    while len(_trials) > TRIALS_CACHE:
-        _trials.popitem(last=False)
+    _trials.put(key, cache)
     return list(cache.trials)
 
 
@@ -211,10 +226,6 @@ def strategy_for(db_url: str, job: Job, space: ScheduleSpace) -> Strategy:
     key = (db_url, job.id)
     strat = _strategies.get(key)
     if strat is None:
-        strat = make_strategy(job.strategy, space, seed=job.seed,
-                              **(job.strategy_options or {}))
-        _strategies[key] = strat
-        while len(_strategies) > STRATEGY_CACHE:
-            _strategies.popitem(last=False)
-    _strategies.move_to_end(key)
+        strat = _strategies.setdefault(key, make_strategy(job.strategy, space, seed=job.seed,
+                                                          **(job.strategy_options or {})))
     return strat

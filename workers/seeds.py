@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict
 from typing import Any
 
 import numpy as np
@@ -23,6 +22,7 @@ import numpy as np
 from kernels.space import ScheduleSpace, schedule_problems
 from kernels.spec import ConvShape, gemm_distance
 from workers.backends.base import TaskSpec
+from workers.lru import Lru
 
 log = logging.getLogger(__name__)
 
@@ -71,12 +71,9 @@ def shape_distance(a: ConvShape, b: ConvShape) -> float:
 # is found once per list (one pass over up to 50,000 measurements, not one per job), and its
 # neighbours' ranking is kept per (list, layer), so that a round costs the walk down that
 # ranking. Each entry holds the list itself, so its id stays its own.
-_BESTS: OrderedDict[tuple[int, int], tuple[Any, dict[ConvShape, tuple[float, dict[str, Any]]]]] \
-    = OrderedDict()
-_BESTS_SIZE = 8
-_RANKINGS: OrderedDict[tuple[int, int, ConvShape], tuple[Any, list[dict[str, Any]]]] = \
-    OrderedDict()
-_RANKINGS_SIZE = 64
+_BESTS: Lru[tuple[int, int], tuple[Any, dict[ConvShape, tuple[float, dict[str, Any]]]]] = \
+    Lru(8)
+_RANKINGS: Lru[tuple[int, int, ConvShape], tuple[Any, list[dict[str, Any]]]] = Lru(64)
 
 
 def layer_bests(prior: Any) -> dict[ConvShape, tuple[float, dict[str, Any]]]:
@@ -85,7 +82,6 @@ def layer_bests(prior: Any) -> dict[ConvShape, tuple[float, dict[str, Any]]]:
     key = (id(prior), len(prior))
     hit = _BESTS.get(key)
     if hit is not None and hit[0] is prior:
-        _BESTS.move_to_end(key)
         return hit[1]
     best: dict[ConvShape, tuple[float, dict[str, Any]]] = {}
     for t in prior:
@@ -94,9 +90,7 @@ def layer_bests(prior: Any) -> dict[ConvShape, tuple[float, dict[str, Any]]]:
         have = best.get(t.shape)
         if have is None or t.median_us < have[0]:
             best[t.shape] = (t.median_us, t.schedule)
-    _BESTS[key] = (prior, best)
-    while len(_BESTS) > _BESTS_SIZE:
-        _BESTS.popitem(last=False)
+    _BESTS.put(key, (prior, best))
     return best
 
 
@@ -105,14 +99,11 @@ def neighbour_bests(shape: ConvShape, prior: Any) -> list[dict[str, Any]]:
     key = (id(prior), len(prior), shape)
     hit = _RANKINGS.get(key)
     if hit is not None and hit[0] is prior:
-        _RANKINGS.move_to_end(key)
         return hit[1]
     best = layer_bests(prior)
     ranked = [best[s][1] for s in sorted((s for s in best if s != shape),
                                          key=lambda s: (shape_distance(shape, s), s.key()))]
-    _RANKINGS[key] = (prior, ranked)
-    while len(_RANKINGS) > _RANKINGS_SIZE:
-        _RANKINGS.popitem(last=False)
+    _RANKINGS.put(key, (prior, ranked))
     return ranked
 
 

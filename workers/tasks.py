@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -25,8 +24,15 @@ from store.db import session_scope, statement_scope
 from store.models import ACTIVE_JOB_STATES, Job, Task
 from workers import artifacts, explorer_stats
 from workers.backends.base import Backend, BuildOutcome, MeasureOutcome, TaskSpec
-from workers.history import history_of, known_indices, pending_of, seed_prior, strategy_for
+from workers.history import (
+    history_of,
+    pending_of,
+    remember_indices,
+    seed_prior,
+    strategy_for,
+)
 from workers.leases import LeaseKeeper
+from workers.lru import Lru
 from workers.seeds import start_points
 
 log = logging.getLogger(__name__)
@@ -75,18 +81,15 @@ def space_of(task: Task) -> ScheduleSpace:
 
 # Schedule spaces of the tasks the explorer proposes for: a space is a pure function of
 # the task's spec, and its valid-schedule mask costs milliseconds to rebuild each round.
-_spaces: OrderedDict[tuple[str, int], ScheduleSpace] = OrderedDict()
 SPACE_CACHE = 256
+_spaces: Lru[tuple[str, int], ScheduleSpace] = Lru(SPACE_CACHE)
 
 
 def cached_space(db_url: str, task_id: int, spec: TaskSpec) -> ScheduleSpace:
     key = (db_url, task_id)
     space = _spaces.get(key)
     if space is None:
-        space = _spaces[key] = ScheduleSpace(spec.shape, spec.precision, spec.target)
-        while len(_spaces) > SPACE_CACHE:
-            _spaces.popitem(last=False)
-    _spaces.move_to_end(key)
+        space = _spaces.setdefault(key, ScheduleSpace(spec.shape, spec.precision, spec.target))
     return space
 
 
@@ -227,7 +230,7 @@ def explore_round(db_url: str, job_id: int, batch_size: int = 32, rounds_in_flig
                                 [predictions.get(i) for i in picks], dispatched=True,
                                 hashes=hashes)
         # Their hashes map to their indices from now on (`workers.history.pending_of`).
-        known_indices(db_url, job.task_id).update(zip(hashes, picks, strict=True))
+        remember_indices(db_url, job.task_id, zip(hashes, picks, strict=True))
         more = in_flight + 1 < rounds_in_flight and remaining > len(ids)
         return Proposal(resend + ids, more, target)
 
@@ -236,7 +239,7 @@ def explore_round(db_url: str, job_id: int, batch_size: int = 32, rounds_in_flig
 # averages the model's score over the whole space per knob value, which cost a seventh of
 # a diversity proposal. The predicted latency of each pick is worked out every round.
 INSIGHT_EVERY_S = 10.0
-_insight_at: OrderedDict[int, float] = OrderedDict()
+_insight_at: Lru[int, float] = Lru(4096)
 
 
 def describe_round(strategy: Any, job_id: int, history: Any, picks: Sequence[int],
@@ -247,11 +250,9 @@ def describe_round(strategy: Any, job_id: int, history: Any, picks: Sequence[int
     if describe is None:
         return {}, None
     now = time.monotonic() if now is None else now
-    if now - _insight_at.get(job_id, -1e18) >= INSIGHT_EVERY_S:
-        _insight_at[job_id] = now
-        _insight_at.move_to_end(job_id)
-        while len(_insight_at) > 4096:
-            _insight_at.popitem(last=False)
+    last = _insight_at.get(job_id)
+    if last is None or now - last >= INSIGHT_EVERY_S:
+        _insight_at.put(job_id, now)
         return describe(history, picks)  # type: ignore[no-any-return]
     return strategy.predicted_latency(history, picks)[0], None
 

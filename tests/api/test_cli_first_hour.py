@@ -64,3 +64,15 @@ def test_serve_says_where_it_listens_and_the_cli_finds_it_by_data_dir(
     res = cli("tune", *SHAPE, "--trials", "4", "--server", svc.url, "--data", str(svc.data_dir))
     assert res.returncode == 0, res.stderr
     assert "queued" in res.stderr or "job" in res.stderr
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (["--threads", "2"], ["--threads needs PostgreSQL", "TCTUNE_DATABASE_URL"]),
+    (["--threads", "2", "--procs", "2"], ["--procs and --threads"]),
+])
+def test_explorer_threads_refused_where_they_cannot_run(args: list[str], words: list[str],
+                                                        tmp_path: Path) -> None:
+    # SQLite has no row lock to keep two threads off one job.
+    res = cli("explorer", *args, TCTUNE_BROKER_URL="redis://127.0.0.1:1/0",
+              TCTUNE_DATABASE_URL=f"sqlite:///{tmp_path / 'db.sqlite'}")
+    assert_one_line(res, *words)

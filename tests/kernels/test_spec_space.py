@@ -108,9 +108,11 @@ def test_space_index_roundtrip_and_validity_agree(precision: Precision) -> None:
 
 
 # Few-channel stem (FOLD_TAPS), a strided 1x1 with K not a multiple of 16 bytes of int4
-# (TMA stores), a batch NHWCnc cannot block, and a ResNet 3x3.
+# (TMA stores), a batch NHWCnc cannot block, a ResNet 3x3 (HALO) and a layer over two
+# inputs (the concat rule reads a tile knob).
 ENUMERATED = [ConvShape(1, 224, 224, 3, 64, 7, 7, stride=(2, 2), pad=(3, 3)),
-              ConvShape(3, 14, 14, 24, 40, 1, 1, stride=(2, 2)), STAGE2]
+              ConvShape(3, 14, 14, 24, 40, 1, 1, stride=(2, 2)), STAGE2,
+              ConvShape(2, 9, 11, 96, 40, 1, 1, stride=2, concat=32)]
 
 
 @pytest.mark.parametrize("target", ["t4", "a100", "h100"])

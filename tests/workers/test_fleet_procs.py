@@ -1,12 +1,14 @@
-"""Several explorer processes (`tctune explorer --procs 2`) with pipelined rounds, through
-Celery, Redis and PostgreSQL: jobs finish with exactly their budget, no schedule measured
-twice, and no round proposed beyond what one job may have in flight."""
+"""Several explorer processes (`tctune explorer --procs 2`) or threads (`--threads 2`) with
+pipelined rounds, through Celery, Redis and PostgreSQL: jobs finish with exactly their
+budget, no schedule measured twice, and no round proposed beyond what one job may have in
+flight."""
 
 from __future__ import annotations
 
 import signal
 from collections import Counter
 
+import pytest
 from sqlalchemy import select
 
 from store.db import session_scope
@@ -14,10 +16,11 @@ from store.models import Candidate, Measurement
 from tests.workers.test_fleet import Fleet, fleet  # noqa: F401  (the fixture)
 
 
-def test_two_explorer_processes_share_the_jobs(fleet: Fleet) -> None:  # noqa: F811
+@pytest.mark.parametrize("pool", ["--procs", "--threads"])
+def test_two_explorers_share_the_jobs(fleet: Fleet, pool: str) -> None:  # noqa: F811
     fleet.start(workers=2, TCTUNE_SIM_DELAY_S="0.02")
     fleet.explorer.kill(signal.SIGTERM)
-    fleet.explorer = fleet.run("explorer-procs", "explorer", "--procs", "2",
+    fleet.explorer = fleet.run("explorer-procs", "explorer", pool, "2",
                                "--rounds-in-flight", "2")
     jobs = [fleet.submit(48, seed=i, shape={"n": 1 + i, "h": 28, "w": 28, "c": 128, "k": 128,
                                             "r": 3, "s": 3, "pad": [1, 1]})

@@ -1,0 +1,58 @@
+"""A bounded map that forgets its least recently used entry, safe to share between threads:
+the explorer's in-process caches (spaces, strategies, trials, seeds' rankings), which the
+threads of `tctune explorer --threads` share."""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from typing import Generic, TypeVar
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class Lru(Generic[K, V]):
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._items: OrderedDict[K, V] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: K) -> V | None:
+        """The entry (now the most recently used), or None."""
+        with self._lock:
+            value = self._items.get(key)
+            if value is not None:
+                self._items.move_to_end(key)
+            return value
+
+    def put(self, key: K, value: V) -> V:
+        """Store `value` under `key` (the most recently used); returns it."""
+        with self._lock:
+            self._items[key] = value
+            return self._touch(key)
+
+    def setdefault(self, key: K, value: V) -> V:
+        """The entry under `key`, stored as `value` if there was none (of two threads that
+        make one at once, both get the one stored first)."""
+        with self._lock:
+            if self._items.get(key) is None:
+                self._items[key] = value
+            return self._touch(key)
+
+    def _touch(self, key: K) -> V:
+        self._items.move_to_end(key)
+        value = self._items[key]
+        while len(self._items) > self.size:
+            self._items.popitem(last=False)
+        return value
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._items
