@@ -8,7 +8,8 @@ worker. The driver submits many tuning jobs through the API and samples, over a 
 after warm-up: measurements written per second (database), the explorer's proposal
 latency (its log), and the measure queue's depth (Redis).
 
-    python3 bench/fleet_sim.py --workers 256 --seconds 90 --out bench/data/fleet_sim.json
+    python3 bench/fleet_sim.py --workers 256 --strategy diversity --warmup 150 --seconds 90 \
+        --measure-s 0.034 [--threads N] [--out run.json]
 
 It also reports CPU milliseconds per measurement written, per role of process (workers,
 explorer, builder, PostgreSQL, ...), from /proc over the same window. `--jobs` jobs run at

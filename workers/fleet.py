@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import sys
 from collections.abc import Collection
 from datetime import timedelta
 from typing import Any
@@ -26,6 +27,8 @@ from workers.protocol import Dispatch, Sweeper
 from workers.queues import MEASURE_TASK, CeleryTransport, QueueWatch, queue_depths
 
 log = logging.getLogger(__name__)
+
+GIL_SWITCH_S = 0.0005  # an explorer's threads hand each other the GIL this often (default 5 ms)
 
 
 def explorer_sweeper(settings: Settings) -> Sweeper:
@@ -75,6 +78,11 @@ def run_explorer(settings: Settings, procs: int = 1, threads: int = 1) -> None:
     # 2-core machine, 0.165 vs 0.152 on a busy one; the same trees, so the same proposals).
     cost_model.NTHREAD = max(1, settings.xgb_threads)
     every(settings.sweep_s, explorer_sweeper(settings).sweep, "sweeper")
+    if threads > 1:
+        # A thread back from numpy or XGBoost waits for the GIL until the one running Python
+        # gives it up, by default every 5 ms: a proposal's hundreds of array steps then
+        # waited seconds behind the other thread's SQLAlchemy and JSON.
+        sys.setswitchinterval(GIL_SWITCH_S)
     pool = ["-P", "threads", "-c", str(threads)] if threads > 1 else \
         ["-P", "solo"] if procs <= 1 else ["-P", "prefork", "-c", str(procs)]
     _celery(["-Q", "explore", *pool, "-n", f"explorer-{os.getpid()}@{socket.gethostname()}"])
