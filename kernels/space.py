@@ -766,7 +766,8 @@ class ScheduleSpace:
         # tile sizes, a pipeline's stage count) is worked out once per its values, and no
         # crossed column is built.
         scols = {n: v[keep] for n, v in scols.items()}
-        # Per Tensor Core path (a knob most of the geometry branches on), as a scalar.
+        # Once per Tensor Core path, MMA a (1, 1) column: most of the geometry branches on it,
+        # and a row holding both paths would make nearly every quantity a crossed one.
         path = scols.get("MMA", np.zeros(len(structural)))
         out = []
         for value in np.unique(path):

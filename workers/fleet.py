@@ -73,7 +73,7 @@ def run_explorer(settings: Settings, procs: int = 1, threads: int = 1) -> None:
     _no_pre_ping()
     from search import cost_model  # sets OMP_WAIT_POLICY=PASSIVE before XGBoost loads
 
-    # One XGBoost thread per explorer process by default (TCTUNE_XGB_THREADS): a second
+    # One XGBoost thread per model call by default (TCTUNE_XGB_THREADS): a second
     # OpenMP thread cost more CPU than it saved (0.24 vs 0.12 CPU-s per fit on an idle
     # 2-core machine, 0.165 vs 0.152 on a busy one; the same trees, so the same proposals).
     cost_model.NTHREAD = max(1, settings.xgb_threads)

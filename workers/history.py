@@ -61,8 +61,6 @@ class _Trials:
 # The readers below update these caches in place: one at a time (an explorer's threads).
 _reading = threading.RLock()
 _priors: dict[tuple[str, str, str], _Prior] = {}
-
-
 # (db, target, precision, task) -> (prior version, the prior that task's strategy gets)
 _prior_views: Lru[tuple[str, str, str, int], tuple[int, list[PriorTrial]]] = Lru(TRIALS_CACHE)
 _trials: Lru[tuple[str, int], _Trials] = Lru(TRIALS_CACHE)
