@@ -144,9 +144,7 @@ def prior_of(session: Any, db_url: str, target: str, precision: str,
 
 def known_indices(db_url: str, task_id: int) -> dict[str, int | None]:
     """The task's schedule hashes mapped so far (`_indices`); callers add what they map."""
-    key = (db_url, task_id)
-    known = _indices.get(key)
-    return _indices.setdefault(key, {}) if known is None else known
+    return _indices.get_or_make((db_url, task_id), dict)
 
 
 @_one_reader
@@ -222,8 +220,5 @@ def seed_prior(session: Any, db_url: str, task_id: int, target: str, precision: 
 
 def strategy_for(db_url: str, job: Job, space: ScheduleSpace) -> Strategy:
     key = (db_url, job.id)
-    strat = _strategies.get(key)
-    if strat is None:
-        strat = _strategies.setdefault(key, make_strategy(job.strategy, space, seed=job.seed,
-                                                          **(job.strategy_options or {})))
-    return strat
+    return _strategies.get_or_make(key, lambda: make_strategy(
+        job.strategy, space, seed=job.seed, **(job.strategy_options or {})))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Generic, TypeVar
 
 K = TypeVar("K")
@@ -32,9 +33,13 @@ class Lru(Generic[K, V]):
             self._items[key] = value
             return self._touch(key)
 
-    def setdefault(self, key: K, value: V) -> V:
-        """The entry under `key`, stored as `value` if there was none (of two threads that
-        make one at once, both get the one stored first)."""
+    def get_or_make(self, key: K, make: Callable[[], V]) -> V:
+        """The entry under `key`, or `make()` stored there (made outside the lock: of two
+        threads that make one at once, both get the one stored first)."""
+        value = self.get(key)
+        if value is not None:
+            return value
+        value = make()
         with self._lock:
             if self._items.get(key) is None:
                 self._items[key] = value

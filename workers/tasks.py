@@ -86,11 +86,8 @@ _spaces: Lru[tuple[str, int], ScheduleSpace] = Lru(SPACE_CACHE)
 
 
 def cached_space(db_url: str, task_id: int, spec: TaskSpec) -> ScheduleSpace:
-    key = (db_url, task_id)
-    space = _spaces.get(key)
-    if space is None:
-        space = _spaces.setdefault(key, ScheduleSpace(spec.shape, spec.precision, spec.target))
-    return space
+    return _spaces.get_or_make((db_url, task_id),
+                               lambda: ScheduleSpace(spec.shape, spec.precision, spec.target))
 
 
 def finish_if_done(session: Any, job: Job) -> bool:
