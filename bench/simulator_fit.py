@@ -15,24 +15,32 @@ and 5; stage 3 is held out.
 
 Per held-out (and fitted) space it prints the Spearman correlation of modelled and recorded
 latency, the median absolute relative error, and the recorded latency of the schedule the
-model ranks first over the recorded best.
+model ranks first over the recorded best. The same figures for every layer of other timed
+rounds (TIMED): the zoo's (six networks' layers on an H100, each with the 4-21 schedules near
+its best that a round timed: how the model carries over from ResNet-50's 3x3 layers to the
+stem, 1x1 and strided layers) and the halo patch's (H200). Each fits one constant of a knob
+the replay spaces lack (a persistent block's overlap; a halo stage's cost per filter tap)
+on the layers of some networks, the others held out.
 
     python -m bench.simulator_fit          # fit, write the constants and the report
     python -m bench.simulator_fit --check  # the committed constants, report only
 
 Writes workers/backends/simulated_fit.json (the constants; not with --check) and
-bench/data/simulator_fit.json (rows per space, baseline_rows per layer, speedup_rows: the
-simulated speedup over modelled cuDNN fp16 next to the recorded one, and meta).
+bench/data/simulator_fit.json (rows per space, timed_rows per timed layer, baseline_rows per
+layer, speedup_rows: the simulated speedup over modelled cuDNN fp16 next to the recorded
+one, and meta).
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import datetime as dt
+import gzip
 import json
 import re
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,12 +52,40 @@ from scipy.stats import spearmanr
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from kernels.spec import ConvShape, Precision, get_target  # noqa: E402
+from kernels.space import ScheduleSpace  # noqa: E402
+from kernels.spec import RESNET50_3X3, ConvShape, Precision, get_target  # noqa: E402
 from search.datasets import load_dataset  # noqa: E402
 from workers.backends import simulated  # noqa: E402
 
 REPLAY = ROOT / "bench" / "data" / "replay"
 ZOO = ROOT / "bench" / "data" / "zoo_h100.json"
+ZOO_SHAPES = ROOT / "bench" / "data" / "zoo_shapes.json"
+
+
+@dataclass(frozen=True)
+class TimedSet:
+    """Timed rounds of other layers (bench/data; every candidate checked on the GPU). Each
+    fits only constants of knobs the replay spaces lack (`free`), on its layers of networks
+    not in `held_out_models`; the rest, and the held-out replay stages' layers at any batch,
+    are held out."""
+
+    patterns: tuple[str, ...]
+    free: tuple[str, ...]
+    held_out_models: tuple[str, ...]
+
+
+TIMED = {
+    # The zoo's transfer, ping-pong and 4-warpgroup rounds (H100: 4-21 schedules near each
+    # layer's best): how much of a block's fixed cost a persistent block's next tile hides.
+    "zoo_h100": TimedSet(("zoo_transfer_r*_h100.json.gz", "zoo_pingpong*_h100.json.gz",
+                          "zoo_wg4_h100.json.gz"), ("persist_hidden",),
+                         ("mobilenet_v2", "efficientnet_b0")),
+    # The halo patch's A/B (H200: 26 random HALO=1 schedules per layer beside its record's
+    # and their neighbours): what each filter tap of a halo stage costs.
+    "halo_h200": TimedSet(("halo_random_ab_h200.json.gz", "halo_local_ab_h200.json.gz"),
+                          ("halo_tap_cycles",), ("resnet50", "resnet18", "densenet121")),
+}
+MIN_TIMINGS = 4  # a layer's timed set this small says little about ranking
 CUDNN_FILES = (ROOT / "bench" / "data" / "conv_vs_cudnn.json",
                ROOT / "bench" / "data" / "conv_vs_cudnn_h200_sync.json")
 OUT = ROOT / "bench" / "data" / "simulator_fit.json"
@@ -58,7 +94,7 @@ HELD_OUT_BATCHES = (16,)
 HELD_OUT_MODEL = "resnet50"  # baseline: its layers (and same-shape layers elsewhere)
 # Fast schedules weigh more in the fit: the ranking that matters is at the top.
 TOP_WITHIN = 1.3
-TOP_WEIGHT = 4.0
+TOP_WEIGHT = 30.0
 # Kernel constants the fit moves (the rest of simulated_fit.json's "kernel" stays as is).
 KERNEL_FREE = ("eff_wgmma", "wgmma_n0", "eff_sync", "sync_chains0", "load_bytes_per_clk",
                "tma_load_gain", "smem_bytes_per_clk", "iter_cycles_wgmma", "iter_cycles_sync",
@@ -67,13 +103,14 @@ KERNEL_FREE = ("eff_wgmma", "wgmma_n0", "eff_sync", "sync_chains0", "load_bytes_
                "prologue_cycles", "dram_eff", "split_launch_us", "launch_us", "line_cycles",
                "tma_line_cycles", "tma_issue_cycles", "tma_prologue_cycles",
                "block_iter_cycles",
-               "line_part_cost")
+               "line_part_cost", "sync_lone_cpi")
 # The mma.sync path's own constants: they do not enter a wgmma schedule's latency.
 SYNC_FREE = ("eff_sync", "sync_chains0", "iter_cycles_sync", "smem_bytes_per_clk",
-             "dup_iter_cycles")
+             "dup_iter_cycles", "sync_lone_cpi")
 CUDNN_FREE = ("tile", "channels_half", "compute_eff", "dram_eff", "overlap_p", "k_ns", "launch_us")
 # Bounds of every fitted constant, to keep them physical (efficiencies at most 1).
 BOUNDS = {"eff_wgmma": (0.05, 1.0), "eff_sync": (0.05, 1.0), "dram_eff": (0.05, 1.0),
+          "persist_hidden": (1e-3, 1.0), "halo_tap_cycles": (1e-3, 1e4),
           "k_ns": (1e-4, 100.0), "tile": (8.0, 256.0),
           "channels_half": (0.01, 1e4),
           "compute_eff": (0.02, 1.0), "overlap_p": (1.0, 12.0), "tma_load_gain": (0.3, 3.0)}
@@ -107,6 +144,74 @@ def load_spaces(paths: Sequence[Path]) -> list[Space]:
                                         d.space.columns(idx))
         out.append(Space(d.name, held_out_space(d.name), real, inputs))
     return out
+
+
+def _layer(shape: ConvShape) -> tuple[Any, ...]:
+    """A layer without its batch."""
+    return (shape.h, shape.w, shape.c, shape.k, shape.r, shape.s, tuple(shape.stride),
+            tuple(shape.pad), tuple(shape.dilation), shape.concat)
+
+
+def held_out_layers(models: Sequence[str]) -> Callable[[ConvShape], bool]:
+    """Which zoo layers a fit leaves out: those of `models` only, and every layer of a
+    held-out replay stage (its timings would leak into its replay spaces)."""
+    owners: dict[tuple[Any, ...], set[str]] = {}
+    for model, entry in json.loads(ZOO_SHAPES.read_text())["models"].items():
+        for s in entry["shapes"]:
+            owners.setdefault(_layer(ConvShape.from_dict({**s["shape"], "n": 1})),
+                              set()).add(model)
+    held_replay = {_layer(RESNET50_3X3[st]) for st in HELD_OUT_STAGES}
+    models_held = set(models)
+
+    def held(shape: ConvShape) -> bool:
+        models = owners.get(_layer(shape), set())
+        return _layer(shape) in held_replay or bool(models) and \
+            models <= set(models_held)
+    return held
+
+
+def load_timed_spaces(patterns: Sequence[str],
+                      held_out: Callable[[ConvShape], bool] | None = None) -> list[Space]:
+    """One Space per (layer, batch, precision, GPU) of timed rounds (files of
+    bench.zoo_transfer's format): the schedules each timed (the last timing of a schedule
+    timed twice), at least MIN_TIMINGS of them. Unlike a replay space, a sample of the
+    layer's space. Held out: as `held_out` says (None: every one)."""
+    times: dict[str, dict[str, float]] = {}
+    shapes: dict[str, ConvShape] = {}
+    paths = sorted(p for pattern in patterns for p in (ROOT / "bench" / "data").glob(pattern))
+    for path in paths:
+        with gzip.open(path) as f:
+            rows = json.load(f)["rows"]
+        for r in rows:
+            shape = r["shape"]
+            shapes[r["key"]] = ConvShape.from_dict(
+                ast.literal_eval(shape) if isinstance(shape, str) else shape)
+            timed = ast.literal_eval(r["times"]) if isinstance(r["times"], str) else r["times"]
+            for t in timed:
+                if t["status"] == "ok" and t.get("us"):
+                    times.setdefault(r["key"], {})[
+                        json.dumps(t["schedule"], sort_keys=True)] = float(t["us"])
+    out = []
+    for key in sorted(times):
+        if len(times[key]) < MIN_TIMINGS:
+            continue
+        _, prec, target = key.split("|")
+        shape, p, t = shapes[key], Precision(prec), get_target(target)
+        space = ScheduleSpace(shape, p, t)
+        idx = np.array([space.index_of(json.loads(s)) for s in times[key]])
+        out.append(Space(key, held_out is None or held_out(shape),
+                         np.array(list(times[key].values())),
+                         simulated.model_inputs(shape, p, t, space.columns(idx))))
+    return out
+
+
+def layer_class(name: str) -> str:
+    """A layer's class, from its key: "C<8" (the stems, squeeze layers), else 1x1, 3x3, ...
+    with /2 where strided."""
+    m = re.search(r"_c(\d+)_k\d+_r(\d+)_s(\d+)_st(\d+)x", name)
+    assert m is not None, name
+    c, r, s, st = (int(x) for x in m.groups())
+    return "C<8" if c < 8 else f"{r}x{s}" + (f"/{st}" if st > 1 else "")
 
 
 def space_metrics(real: np.ndarray, sim: np.ndarray) -> dict[str, float]:
@@ -290,8 +395,8 @@ def summarize(rows: Sequence[Mapping[str, Any]], keys: Sequence[str]) -> dict[st
         out[label] = {"count": len(part)}
         for k in keys:
             vals = np.array([r[k] for r in part])
-            worst = vals.min() if k == "spearman" else vals.max()
-            out[label][k] = {"median": round(float(np.median(vals)), 4),
+            worst = np.nanmin(vals) if k == "spearman" else np.nanmax(vals)
+            out[label][k] = {"median": round(float(np.nanmedian(vals)), 4),
                              "worst": round(float(worst), 4)}
     return out
 
@@ -305,9 +410,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     fit = {k: dict(v) for k, v in simulated.FIT.items()}
     spaces = load_spaces(sorted(REPLAY.glob("resnet50_*.jsonl.gz")))
+    timed = {name: load_timed_spaces(t.patterns, held_out_layers(t.held_out_models))
+             for name, t in TIMED.items()}
     zoo, fp32 = zoo_layers(), fp32_layers()
     if not args.check:
         fit["kernel"] = fit_kernel([s for s in spaces if not s.held_out], fit["kernel"])
+        for name, t in TIMED.items():
+            fit["kernel"] = _fit_constants([s for s in timed[name] if not s.held_out],
+                                           fit["kernel"], t.free)
         fit["cudnn_fp16"] = fit_baseline("cudnn_fp16", [la for la in zoo if not la.held_out],
                                          fit["cudnn_fp16"], CUDNN_FREE)
         # Few layers: the overlap exponent and DRAM share stay where fp16 puts them.
@@ -325,6 +435,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows.append({"dataset": s.name, "held_out": s.held_out, **m})
         print(f"{s.name:44s} {'yes' if s.held_out else '':>5s} {m['spearman']:8.3f} "
               f"{m['median_abs_err']:8.3f} {m['pick_vs_best']:9.3f}")
+    timed_rows = [
+        {"set": name, "layer": s.name, "held_out": s.held_out, "class": layer_class(s.name),
+         "timed": len(s.real),
+         **space_metrics(s.real, simulated.latency_from_inputs(s.inputs, fit["kernel"]))}
+        for name, sets in timed.items() for s in sets]
+    timed_summary = {
+        name: {"all": summarize(part, ("spearman", "median_abs_err", "pick_vs_best")),
+               **{cls: summarize([r for r in part if r["class"] == cls],
+                                 ("median_abs_err", "pick_vs_best"))
+                  for cls in sorted({r["class"] for r in part})}}
+        for name in timed for part in [[r for r in timed_rows if r["set"] == name]]}
+    print(json.dumps({name: v["all"] for name, v in timed_summary.items()}, indent=1))
     base = baseline_rows("cudnn_fp16", zoo, fit["cudnn_fp16"]) + \
         baseline_rows("cudnn_fp32", fp32, fit["cudnn_fp32"])
     summary = summarize(rows, ("spearman", "median_abs_err", "pick_vs_best"))
@@ -342,6 +464,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             "kernel": f"held out: every space of {', '.join(HELD_OUT_STAGES)} and every "
                       f"space at batch {', '.join(map(str, HELD_OUT_BATCHES))}; fitted: "
                       "the rest",
+            **{name: f"{', '.join(t.patterns)} (bench/data): fit {', '.join(t.free)} only; "
+                     f"held out: layers only of {', '.join(t.held_out_models)}, and "
+                     f"{', '.join(HELD_OUT_STAGES)}'s layer at any batch"
+               for name, t in TIMED.items()},
             "cudnn_fp16": f"bench/data/zoo_h100.json; held out: layers of "
                           f"{HELD_OUT_MODEL} (and the same shape in other networks)",
             "cudnn_fp32": "conv_vs_cudnn.json (h100), conv_vs_cudnn_h200_sync.json (h200); "
@@ -350,10 +476,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "fit_weights": {"top_within": TOP_WITHIN, "top_weight": TOP_WEIGHT},
         "constants": fit,
         "summary": summary,
+        "timed_summary": timed_summary,
         "baseline_summary": base_summary,
     }
-    args.out.write_text(json.dumps({"meta": meta, "rows": rows, "baseline_rows": base,
-                                    "speedup_rows": speedups}, indent=1) + "\n")
+    args.out.write_text(json.dumps({"meta": meta, "rows": rows, "timed_rows": timed_rows,
+                                    "baseline_rows": base, "speedup_rows": speedups},
+                                   indent=1) + "\n")
     return 0
 
 

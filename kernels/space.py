@@ -631,22 +631,23 @@ def structural_validity(shape: ConvShape, precision: Precision, target: Target,
 
 
 def validity(shape: ConvShape, precision: Precision, target: Target,
-             cols: Mapping[str, np.ndarray]) -> np.ndarray:
+             cols: Mapping[str, np.ndarray], g: Geometry | None = None) -> np.ndarray:
     """Boolean column: which schedules can compile and launch: the structural rules and the
     tile rules (`tile_validity`). Each rule says why it exists (tests/kernels/test_kernels_build.py
-    shows, per rule, a schedule that breaks it and fails)."""
+    shows, per rule, a schedule that breaks it and fails). `g`: the columns' geometry, where
+    the caller has it already."""
     return structural_validity(shape, precision, target, cols) & \
-        tile_validity(shape, precision, target, cols)
+        tile_validity(shape, precision, target, cols, g)
 
 
 def tile_validity(shape: ConvShape, precision: Precision, target: Target,
-                  cols: Mapping[str, np.ndarray]) -> np.ndarray:
+                  cols: Mapping[str, np.ndarray], g: Geometry | None = None) -> np.ndarray:
     """Boolean array: the rules of `validity` that read the tiles' geometry. The columns may
     be arrays of different shapes that broadcast together (the enumeration's tile knobs as a
     column, structural knobs as a row): what depends on one of them alone is worked out once
     per its values."""
     p = Precision(precision)
-    g = geometry(shape, p, target, cols)
+    g = geometry(shape, p, target, cols) if g is None else g
     ok = np.ones(np.broadcast_shapes(*(np.shape(v) for v in cols.values())), dtype=bool)
     # Two inputs: each stage holds channels of one input (x1's fill whole stages).
     if shape.concat:

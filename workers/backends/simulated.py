@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import time
 from collections import OrderedDict
@@ -44,6 +45,7 @@ import numpy as np
 
 from kernels.space import (
     WGMMA_N_PER_TILE,
+    Geometry,
     ScheduleSpace,
     _knob,
     fold_tap_bytes,
@@ -83,13 +85,14 @@ def _smooth_max(p: float, *xs: np.ndarray) -> np.ndarray:
 
 
 def model_inputs(shape: ConvShape, precision: Precision, target: Target,
-                 cols: Mapping[str, np.ndarray]) -> dict[str, Any]:
+                 cols: Mapping[str, np.ndarray], g: Geometry | None = None) -> dict[str, Any]:
     """The parameter-free quantities of the model, per schedule (numpy columns) and per layer
     (scalars): what `latency_from_inputs` combines with the fitted constants. Split so that
-    a fit evaluates the constants many times over the same columns."""
+    a fit evaluates the constants many times over the same columns. `g`: the columns'
+    geometry, where the caller has it already."""
     p = Precision(precision)
     inst = instruction_shape(p, target.sm)
-    g = geometry(shape, p, target, cols)
+    g = geometry(shape, p, target, cols) if g is None else g
     f64 = np.float64
     n = np.shape(g.block_m)
     wrt, wct = cols["WARP_ROW_TILES"].astype(f64), cols["WARP_COL_TILES"].astype(f64)
@@ -124,25 +127,27 @@ def model_inputs(shape: ConvShape, precision: Precision, target: Target,
     if p is Precision.FP32_TC:
         peak = peak / np.vectorize(FP32_TC_PRODUCTS.get)(cols["SPLIT"]).astype(f64)
     # HALO: a stage holds every filter tap of its channels.
-    flops_it = 2.0 * g.block_m * g.block_n * g.block_k * \
-        np.where(_knob(cols, "HALO", n) == 1, shape.r * shape.s, 1)
+    halo_taps = np.where(_knob(cols, "HALO", n) == 1, shape.r * shape.s, 0)
+    flops_it = 2.0 * g.block_m * g.block_n * g.block_k * np.maximum(halo_taps, 1)
     # Width of one instruction's N (wgmma: one instruction spans the warp's WCT tiles) and
     # the independent instruction chains a warp keeps in flight (mma.sync).
     wg_n = WGMMA_N_PER_TILE * wct
     chains = wrt * wct
     # Global bytes one block loads per main-loop iteration (16-byte vectors, or taps).
-    vec_bytes = np.where(_knob(cols, "FOLD_TAPS", n) == 1, fold_tap_bytes(shape, p) or 16, 16)
+    fold = _knob(cols, "FOLD_TAPS", n) == 1
+    vec_bytes = np.where(fold, fold_tap_bytes(shape, p) or 16, 16)
     ld_it = g.stage_vectors * g.threads * vec_bytes
-    # Narrow rows of plain NHWC waste 32-byte sectors; NHWCnc keeps them whole.
+    # Narrow rows of plain NHWC waste 32-byte sectors; NHWCnc keeps them whole, and so do
+    # folded taps (a stage row packs the taps of neighbouring pixels, which share sectors).
     row_bytes = np.minimum(shape.c, g.block_k) * in_bytes
-    ld_it = ld_it / np.where(nhwcnc, 1.0, np.minimum(1.0, row_bytes / 32.0))
+    ld_it = ld_it / np.where(nhwcnc | fold, 1.0, np.minimum(1.0, row_bytes / 32.0))
     # Channels inner (REORDER_INNER=0, one filter tap per stage run): a stage reads a
     # row_bytes piece of each input pixel's 128-byte line and the next stages the rest, so
     # lines shorter than that travel from L2 in parts: A's traffic grows with the parts.
     a_share = g.block_m / (g.block_m + g.block_n)
     parts = np.maximum(128.0 / np.maximum(np.minimum(shape.c * in_bytes, g.block_k * in_bytes),
                                           1.0), 1.0) - 1.0
-    split_lines = np.where((cols["REORDER_INNER"] == 0) & ~dup, a_share * parts, 0.0)
+    split_lines = np.where((cols["REORDER_INNER"] == 0) & ~dup & ~fold, a_share * parts, 0.0)
     # mma.sync reads its fragments from shared memory with ldmatrix (wgmma reads in place).
     smem_it = np.where(wg, 0.0, g.warps * (wrt * inst.m + wct * inst.n) * g.block_k * bits / 8)
     epi_bytes = g.block_m * g.block_n * np.where(pack, p.output_bits, 32) / 8
@@ -157,8 +162,13 @@ def model_inputs(shape: ConvShape, precision: Precision, target: Target,
         "lines": g.stage_vectors * g.threads / np.maximum(g.row_loads, 1) *
         np.ceil(g.block_k * in_bytes / 128.0),
         "conc": conc, "rounds": rounds, "grid": grid, "full_rounds": full,
-        "tail_conc": tail_conc, "flops_it": flops_it,
-        "peak": peak, "wg_n": wg_n, "chains": chains, "ld_it": ld_it, "smem_it": smem_it,
+        "persist_rounds": np.where(persist > 0, rounds - 1, 0.0),
+        "tma_store": cols["PACK_OUT"] == 2,
+        "tail_conc": tail_conc, "flops_it": flops_it, "halo_taps": halo_taps,
+        "peak": peak, "wg_n": wg_n, "chains": chains,
+        # mma.sync: a warp's instructions per iteration, MMAs and their fragments' ldmatrix
+        "warp_instrs": np.where(wg, 0.0, g.block_k / inst.k * (wrt * wct + wrt + wct)),
+        "k_steps": np.where(wg, 0.0, g.block_k / inst.k), "ld_it": ld_it, "smem_it": smem_it,
         "epi_bytes": epi_bytes, "split_lines": split_lines, "dram": dram,
         "clock_hz": target.boost_mhz * 1e6,
         "bw": target.bandwidth_gbs * 1e9, "sms": target.sms,
@@ -189,7 +199,8 @@ def _block_cycles(x: Mapping[str, Any], c: Mapping[str, float], conc: np.ndarray
     floor = np.where(wg, c["iter_cycles_wgmma"], c["iter_cycles_sync"]) + \
         c["iter_cycles_per_warp"] * x["warps"] * conc + \
         c["load_latency_cycles"] / x["stages"] + np.where(x["dup"], c["dup_iter_cycles"], 0.0) + \
-        np.where(x["tma"] == 1, c["tma_issue_cycles"] * conc, 0.0)
+        np.where(x["tma"] == 1, c["tma_issue_cycles"] * conc, 0.0) + \
+        x["halo_taps"] * c.get("halo_tap_cycles", 0.0)
     # cp.async loads: every thread computes the addresses of its vectors each iteration
     # (TMA: one thread issues a few tensor copies); warps on one sub-partition take turns.
     t_issue = np.where(x["tma"] > 0, 0.0, c["issue_cycles_per_vector"] * x["vectors"] *
@@ -199,11 +210,25 @@ def _block_cycles(x: Mapping[str, Any], c: Mapping[str, float], conc: np.ndarray
     # wgmma: each resident block's per-stage bookkeeping (fence, commit and wait of its
     # warpgroups' MMAs, the stage's barriers) takes the SM's issue slots in turn.
     t_blocks = np.where(wg, conc * c["block_iter_cycles"], 0.0)
-    t_it = _smooth_max(c["overlap_p"], floor, t_mma, t_ld, t_issue, t_lines, t_blocks)
-    t_epi = c["epilogue_cycles"] + conc * x["epi_bytes"] / c["store_bytes_per_clk"]
+    # mma.sync: a sub-partition issues its warps' instructions one a cycle at best, and a
+    # warp with few others beside it waits on its own dependencies (ldmatrix -> MMA) instead.
+    t_warps = x["warp_instrs"] * np.maximum(resident / 4.0, c.get("sync_lone_cpi", 0.0))
+    t_it = _smooth_max(c["overlap_p"], floor, t_mma, t_ld, t_issue, t_lines, t_blocks, t_warps)
+    t_epi = c["epilogue_cycles"] + _store_cycles(x, c, conc)
     # TMA: a block first fetches its tensor maps and sets up its stages' mbarriers.
-    t_pro = c["prologue_cycles"] + np.where(x["tma"] > 0, c["tma_prologue_cycles"], 0.0)
+    t_pro = _prologue_cycles(x, c)
     return x["k_iters"] * t_it + t_pro + t_epi
+
+
+def _store_cycles(x: Mapping[str, Any], c: Mapping[str, float], conc: np.ndarray
+                  ) -> np.ndarray:
+    """The output tile's stores, with `conc` blocks resident on the SM."""
+    return conc * x["epi_bytes"] / c["store_bytes_per_clk"]
+
+
+def _prologue_cycles(x: Mapping[str, Any], c: Mapping[str, float]) -> np.ndarray:
+    """A block's set-up before its first load (with TMA: its tensor maps and mbarriers)."""
+    return c["prologue_cycles"] + np.where(x["tma"] > 0, c["tma_prologue_cycles"], 0.0)
 
 
 def latency_from_inputs(x: Mapping[str, Any], c: Mapping[str, float]) -> np.ndarray:
@@ -217,7 +242,15 @@ def latency_from_inputs(x: Mapping[str, Any], c: Mapping[str, float]) -> np.ndar
     # (Both in one evaluation: rows of a (2, n) array broadcast against the inputs.)
     t_full, t_tail = _block_cycles(x, c, np.stack([x["conc"], np.maximum(x["tail_conc"], 1)]))
     t_tail = np.where(x["tail_conc"] > 0, t_tail, 0.0)
-    t_sm = (x["full_rounds"] * t_full + t_tail) / x["clock_hz"]
+    # A persistent block (PERSIST) loops over its tiles: it sets up once, a share of its
+    # fixed costs around a tile's main loop (epilogue_cycles: the first loads' and the last
+    # stores' latency, mostly) overlaps the next tile's (whose first stages it issues before
+    # this tile's epilogue), and so do its TMA stores (PACK_OUT=2), which drain while it
+    # goes on.
+    overlapped = _prologue_cycles(x, c) + c.get("persist_hidden", 0.0) * c["epilogue_cycles"] + \
+        np.where(x["tma_store"], _store_cycles(x, c, x["conc"]), 0.0)
+    t_sm = (x["full_rounds"] * t_full + t_tail - x["persist_rounds"] * overlapped
+            ) / x["clock_hz"]
     t_dram = x["dram"] / (x["bw"] * c["dram_eff"])
     t_split = x["reduce_bytes"] / (x["bw"] * c["dram_eff"]) + \
         np.where(x["split_k"] > 1, c["split_launch_us"] * 1e-6, 0.0)
@@ -226,10 +259,11 @@ def latency_from_inputs(x: Mapping[str, Any], c: Mapping[str, float]) -> np.ndar
 
 def simulate_latency_us(shape: ConvShape, precision: Precision, target: Target,
                         cols: Mapping[str, np.ndarray],
-                        constants: Mapping[str, float] | None = None) -> np.ndarray:
+                        constants: Mapping[str, float] | None = None,
+                        g: Geometry | None = None) -> np.ndarray:
     """Noise-free modelled latency in microseconds for each schedule in `cols` (constants:
-    the fitted ones unless given)."""
-    return latency_from_inputs(model_inputs(shape, precision, target, cols),
+    the fitted ones unless given; `g`: the columns' geometry, where the caller has it)."""
+    return latency_from_inputs(model_inputs(shape, precision, target, cols, g),
                                FIT["kernel"] if constants is None else constants)
 
 
@@ -271,8 +305,12 @@ def cudnn_fp32_us(shape: ConvShape, target: Target) -> float:
 
 
 def _noise(key: str) -> float:
-    seed = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "little")
-    return float(np.exp(np.random.default_rng(seed).normal(0.0, NOISE_SIGMA)))
+    """A log-normal factor of spread NOISE_SIGMA, fixed per key: a standard normal from two
+    uniforms of the key's hash (Box-Muller; a numpy generator per call cost 10x more)."""
+    digest = hashlib.sha256(key.encode()).digest()
+    u1 = (int.from_bytes(digest[:8], "little") + 1) / 2**64  # in (0, 1]: log(u1) is finite
+    u2 = int.from_bytes(digest[8:16], "little") / 2**64
+    return math.exp(NOISE_SIGMA * math.sqrt(-2.0 * math.log(u1)) * math.cos(2 * math.pi * u2))
 
 
 @lru_cache(maxsize=256)
@@ -293,8 +331,9 @@ def _model_rows(task: TaskSpec, rows: list[Row]) -> None:
     elementwise: a row gets the very number it gets alone or in a whole-space call."""
     space = _space_of(task)
     cols = space.columns(np.array([space.index_of(dict(r)) for r in rows]))
-    ok = validity(task.shape, task.precision, task.target, cols)
-    us = simulate_latency_us(task.shape, task.precision, task.target, cols)
+    g = geometry(task.shape, task.precision, task.target, cols)
+    ok = validity(task.shape, task.precision, task.target, cols, g)
+    us = simulate_latency_us(task.shape, task.precision, task.target, cols, g=g)
     for r, valid, u in zip(rows, ok, us, strict=True):
         _ROWS[(task, r)] = float(u) if valid else None
     while len(_ROWS) > MAX_ROWS:
@@ -303,13 +342,13 @@ def _model_rows(task: TaskSpec, rows: list[Row]) -> None:
 
 def _model_us(task: TaskSpec, schedule: Mapping[str, Any]) -> float | None:
     """The modelled latency of a schedule, or None where it is not valid for the layer."""
+    key = (task, tuple(sorted(schedule.items())))
+    if key in _ROWS:  # modelled rows passed schedule_problems
+        _ROWS.move_to_end(key)
+        return _ROWS[key]
     if schedule_problems(task.precision, schedule):
         return None
-    key = (task, tuple(sorted(schedule.items())))
-    if key not in _ROWS:
-        _model_rows(task, [key[1]])
-    else:
-        _ROWS.move_to_end(key)
+    _model_rows(task, [key[1]])
     return _ROWS[key]
 
 
@@ -409,7 +448,7 @@ class SimulatedBackend:
         todo: dict[TaskSpec, list[Row]] = {}
         for task, schedule in items:
             row = tuple(sorted(schedule.items()))
-            if not schedule_problems(task.precision, schedule) and (task, row) not in _ROWS \
+            if (task, row) not in _ROWS and not schedule_problems(task.precision, schedule) \
                     and row not in todo.setdefault(task, []):
                 todo[task].append(row)
         for task, rows in todo.items():
