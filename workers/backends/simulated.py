@@ -5,20 +5,24 @@ conv's speed. Per SM and main-loop iteration, the blocks resident on it (occupan
 threads, registers and shared memory) share the Tensor Cores (wgmma, or mma.sync through the
 four sub-partitions), the load path (bytes per iteration; cp.async address work per thread,
 none with TMA), its 128-byte lines (L2 requests of cp.async, or the SM's TMA unit's copies)
-and, with wgmma, each block's per-stage bookkeeping, and pay a latency floor (barrier,
-warps, pipeline depth, TMA=1's wait per stage, longer with more resident blocks); these
-overlap as a smooth max. The main loop runs once per round of resident blocks (the last
-round with the blocks left, which share the SM less), plus each block's prologue (with TMA,
-its set-up) and epilogue; DRAM bounds the whole; split-K adds its reduction. The result is
-deterministic per (shape, schedule) plus small seeded noise, and every result it makes is
-stored and shown as simulated.
+and, with wgmma, each block's per-stage bookkeeping, with mma.sync each sub-partition's warp
+instructions, and pay a latency floor (barrier, warps, pipeline depth, TMA=1's wait per
+stage, longer with more resident blocks; a halo stage's taps); these overlap as a smooth
+max. The main loop runs once per round of resident blocks (the last round with the blocks
+left, which share the SM less), plus each block's prologue (with TMA, its set-up) and
+epilogue (a persistent block sets up once and hides most of a tile's fixed cost behind the
+next); DRAM bounds the whole; split-K adds its reduction. The result is deterministic per
+(shape, schedule) plus small seeded noise, and every result it makes is stored and shown as
+simulated.
 
 The constants are fitted (bench/simulator_fit.py) to GPU-recorded data and live in
 simulated_fit.json beside this module: "kernel" to the ResNet-50 3x3 replay spaces recorded
-on H100 (wgmma: the shared constants) and H200 (mma.sync: that path's own); "cudnn_fp16"
-and "cudnn_fp32" to cuDNN times recorded on H100 and H200. Held-out figures are in
-bench/RESULTS.md, "Simulator calibration". Other targets use the same constants with their own
-datasheet figures (SMs, clock, peaks, bandwidth): an extrapolation.
+on H100 (wgmma: the shared constants) and H200 (mma.sync: that path's own), then the
+constants of PERSIST and HALO (which those spaces lack) to the zoo's and the halo patch's
+timed rounds; "cudnn_fp16" and "cudnn_fp32" to cuDNN times recorded on H100 and H200.
+Held-out figures are in bench/RESULTS.md, "Simulator calibration". Other targets use the
+same constants with their own datasheet figures (SMs, clock, peaks, bandwidth): an
+extrapolation.
 
 The baseline (`SimulatedBackend.baseline_us`) is a model of cuDNN, not of this kernel: a
 roofline of the layer (arithmetic, DRAM bytes, the reduction walked in order) with its own
@@ -168,7 +172,7 @@ def model_inputs(shape: ConvShape, precision: Precision, target: Target,
         "peak": peak, "wg_n": wg_n, "chains": chains,
         # mma.sync: a warp's instructions per iteration, MMAs and their fragments' ldmatrix
         "warp_instrs": np.where(wg, 0.0, g.block_k / inst.k * (wrt * wct + wrt + wct)),
-        "k_steps": np.where(wg, 0.0, g.block_k / inst.k), "ld_it": ld_it, "smem_it": smem_it,
+        "ld_it": ld_it, "smem_it": smem_it,
         "epi_bytes": epi_bytes, "split_lines": split_lines, "dram": dram,
         "clock_hz": target.boost_mhz * 1e6,
         "bw": target.bandwidth_gbs * 1e9, "sms": target.sms,
@@ -200,7 +204,7 @@ def _block_cycles(x: Mapping[str, Any], c: Mapping[str, float], conc: np.ndarray
         c["iter_cycles_per_warp"] * x["warps"] * conc + \
         c["load_latency_cycles"] / x["stages"] + np.where(x["dup"], c["dup_iter_cycles"], 0.0) + \
         np.where(x["tma"] == 1, c["tma_issue_cycles"] * conc, 0.0) + \
-        x["halo_taps"] * c.get("halo_tap_cycles", 0.0)
+        x["halo_taps"] * c["halo_tap_cycles"]
     # cp.async loads: every thread computes the addresses of its vectors each iteration
     # (TMA: one thread issues a few tensor copies); warps on one sub-partition take turns.
     t_issue = np.where(x["tma"] > 0, 0.0, c["issue_cycles_per_vector"] * x["vectors"] *
@@ -212,7 +216,7 @@ def _block_cycles(x: Mapping[str, Any], c: Mapping[str, float], conc: np.ndarray
     t_blocks = np.where(wg, conc * c["block_iter_cycles"], 0.0)
     # mma.sync: a sub-partition issues its warps' instructions one a cycle at best, and a
     # warp with few others beside it waits on its own dependencies (ldmatrix -> MMA) instead.
-    t_warps = x["warp_instrs"] * np.maximum(resident / 4.0, c.get("sync_lone_cpi", 0.0))
+    t_warps = x["warp_instrs"] * np.maximum(resident / 4.0, c["sync_lone_cpi"])
     t_it = _smooth_max(c["overlap_p"], floor, t_mma, t_ld, t_issue, t_lines, t_blocks, t_warps)
     t_epi = c["epilogue_cycles"] + _store_cycles(x, c, conc)
     # TMA: a block first fetches its tensor maps and sets up its stages' mbarriers.
@@ -247,7 +251,7 @@ def latency_from_inputs(x: Mapping[str, Any], c: Mapping[str, float]) -> np.ndar
     # stores' latency, mostly) overlaps the next tile's (whose first stages it issues before
     # this tile's epilogue), and so do its TMA stores (PACK_OUT=2), which drain while it
     # goes on.
-    overlapped = _prologue_cycles(x, c) + c.get("persist_hidden", 0.0) * c["epilogue_cycles"] + \
+    overlapped = _prologue_cycles(x, c) + c["persist_hidden"] * c["epilogue_cycles"] + \
         np.where(x["tma_store"], _store_cycles(x, c, x["conc"]), 0.0)
     t_sm = (x["full_rounds"] * t_full + t_tail - x["persist_rounds"] * overlapped
             ) / x["clock_hz"]
