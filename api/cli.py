@@ -584,6 +584,7 @@ def plan_cmd(model: str, input_shape: str | None, precision: str | None, target:
     results = [{"name": la.name, "task_key": res["task_key"],
                 "job_id": row["job_id"], "found": res["found"],
                 "latency_us": res.get("latency_us"), "simulated": res.get("simulated"),
+                "simulated_note": res.get("simulated_note"),
                 "baseline": res.get("baseline"), "baseline_us": res.get("baseline_us"),
                 "speedup": res.get("speedup")}
                for la, res, row in zip(layers, final, cov.rows, strict=True)]
@@ -667,10 +668,12 @@ def _results_table(results: list[dict[str, Any]], states: dict[int, dict[str, An
     names = {r["baseline"] for r in results}
     one_baseline = names.pop() if len(names) == 1 else None
     simulated = {bool(r["simulated"]) for r in results if r["found"]}
+    notes = sorted({r["simulated_note"] for r in results if r.get("simulated_note")})
+    caption = "; ".join((["simulated: latencies of the analytical model"]
+                         if simulated == {True} else []) + notes) or None
     table = Table("layers", "job", "state", "best (us)",
                   f"{one_baseline} (us)" if one_baseline else "baseline (us)", "speedup",
-                  caption="simulated: latencies of the analytical model"
-                  if simulated == {True} else None)
+                  caption=caption)
     groups: dict[str, list[dict[str, Any]]] = {}
     for r in results:
         groups.setdefault(r["task_key"], []).append(r)

@@ -162,6 +162,7 @@ def from_service(client_or_url: Client | str, shape: ConvShape, precision: Preci
         return Conv2d(shape, p, None, t, **kwargs)
     op = Conv2d(shape, p, found["schedule"], t, **kwargs)
     sim = ", simulated" if found.get("simulated") else ""
+    note = f"; {found['simulated_note']}" if found.get("simulated_note") else ""
     op.schedule_source = (f"service: job {found.get('job_id')}, {found.get('latency_us')} us "
-                          f"({found.get('backend')}{sim})")
+                          f"({found.get('backend')}{sim}{note})")
     return op

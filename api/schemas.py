@@ -25,6 +25,7 @@ from kernels.spec import (
 from search.registry import STRATEGIES
 from store.layer import PrecisionName, ShapeIn, TargetName, documented
 from store.repository import as_utc
+from workers.backends.simulated import prediction_note
 
 MAX_TRIALS = 20_000
 
@@ -33,6 +34,14 @@ UTC = Annotated[datetime, AfterValidator(as_utc)]
 
 
 BASELINE_BACKEND_DOC = "'cuda' (timed on the GPU) or 'simulated' (modelled)"
+SIMULATED_NOTE_DOC = ("for a simulated result on a GPU model the analytical model was never "
+                      "checked against (t4, a100, a10, l4): that it is a prediction; null "
+                      "otherwise")
+
+
+def simulated_note(simulated: bool | None, target: str) -> str | None:
+    """A simulated result's note (SIMULATED_NOTE_DOC); None for a GPU's."""
+    return prediction_note(target) if simulated else None
 
 
 class TuneRequest(BaseModel):
@@ -103,6 +112,7 @@ class JobOut(BaseModel):
     trials_done: int
     best_us: float | None
     simulated: bool | None = Field(description="results come from the analytical model")
+    simulated_note: str | None = Field(None, description=SIMULATED_NOTE_DOC)
     task: TaskOut
     created_at: UTC
     started_at: UTC | None
@@ -125,6 +135,7 @@ class JobSummary(BaseModel):
     trials_done: int
     best_us: float | None
     simulated: bool | None
+    simulated_note: str | None = Field(None, description=SIMULATED_NOTE_DOC)
     speedup: float | None = None
     task: TaskOut
     created_at: UTC
@@ -169,6 +180,7 @@ class ScheduleOut(BaseModel):
     latency_us: float
     iqr_us: float | None
     simulated: bool
+    simulated_note: str | None = Field(None, description=SIMULATED_NOTE_DOC)
     backend: str
     job_id: int
     measured_at: UTC
@@ -204,6 +216,7 @@ class BestOut(BaseModel):
     schedule: dict[str, Any]
     latency_us: float | None
     simulated: bool
+    simulated_note: str | None = Field(None, description=SIMULATED_NOTE_DOC)
     job_id: int
     measured_at: UTC
     speedup: float | None = Field(None, description="task.baseline_us / latency_us (against "

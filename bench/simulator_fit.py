@@ -123,6 +123,7 @@ class Space:
     held_out: bool
     real: np.ndarray  # recorded median_us of every schedule that ran ok
     inputs: dict[str, Any]  # simulated.model_inputs of the same schedules
+    target: str  # the GPU that recorded it
 
 
 def held_out_space(name: str) -> bool:
@@ -142,7 +143,7 @@ def load_spaces(paths: Sequence[Path]) -> list[Space]:
         idx, real = idx[ok], real[ok]
         inputs = simulated.model_inputs(d.space.shape, d.space.precision, d.space.target,
                                         d.space.columns(idx))
-        out.append(Space(d.name, held_out_space(d.name), real, inputs))
+        out.append(Space(d.name, held_out_space(d.name), real, inputs, d.space.target.name))
     return out
 
 
@@ -201,7 +202,7 @@ def load_timed_spaces(patterns: Sequence[str],
         idx = np.array([space.index_of(json.loads(s)) for s in times[key]])
         out.append(Space(key, held_out is None or held_out(shape),
                          np.array(list(times[key].values())),
-                         simulated.model_inputs(shape, p, t, space.columns(idx))))
+                         simulated.model_inputs(shape, p, t, space.columns(idx)), t.name))
     return out
 
 
@@ -426,7 +427,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             {**fit["cudnn_fp32"], "overlap_p": fit["cudnn_fp16"]["overlap_p"],
              "dram_eff": fit["cudnn_fp16"]["dram_eff"]},
             ("tile", "channels_half", "compute_eff", "k_ns", "launch_us"))
-        simulated.FIT_FILE.write_text(json.dumps(fit, indent=2) + "\n")
+        # The GPUs whose measurements the constants were fitted to and checked against: on
+        # any other target a simulated result is a prediction never checked (its note says so).
+        checked = sorted({s.target for s in spaces} |
+                         {s.target for sets in timed.values() for s in sets} |
+                         {la.target for la in (*zoo, *fp32)})
+        simulated.FIT_FILE.write_text(json.dumps({**fit, "checked_targets": checked},
+                                                 indent=2) + "\n")
 
     rows = []
     print(f"{'space':44s} {'held':>5s} {'spearman':>8s} {'med|err|':>8s} {'pick/best':>9s}")

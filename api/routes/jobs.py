@@ -7,7 +7,7 @@ from fastapi import APIRouter, HTTPException, Query, status
 from api.auth import Reader, Tuner
 from api.deps import DB, MAX_ID, RowId
 from api.errors import READ_ERRORS, problem, unprocessable
-from api.schemas import JobOut, JobSummary, MeasurementOut, TaskOut
+from api.schemas import JobOut, JobSummary, MeasurementOut, TaskOut, simulated_note
 from store import repository as repo
 from store.baselines import baseline_name, speedup
 from store.layer import any_case
@@ -80,6 +80,7 @@ def _summary(session: DB, job: Job, task: Task | None = None) -> JobSummary:
     prog = repo.job_progress(session, job.id)
     return JobSummary(id=job.id, status=job.status, strategy=job.strategy, trials=job.trials,
                       trials_done=prog.measured, best_us=prog.best_us, simulated=prog.simulated,
+                      simulated_note=simulated_note(prog.simulated, task.target),
                       speedup=_speedup(task, prog.best_us), task=task_out(task),
                       created_at=job.created_at)
 
@@ -105,6 +106,7 @@ def get_job(job_id: RowId, session: DB, _: Reader,
         id=job.id, status=job.status, strategy=job.strategy,
         strategy_options=job.strategy_options, seed=job.seed, trials=job.trials,
         trials_done=prog.measured, best_us=prog.best_us, simulated=prog.simulated,
+        simulated_note=simulated_note(prog.simulated, task.target),
         task=task_out(task), created_at=job.created_at, started_at=job.started_at,
         finished_at=job.finished_at, error=job.error, live_workers=live, warning=warning,
         speedup=_speedup(task, prog.best_us), insight=job.insight,

@@ -11,7 +11,14 @@ from pydantic import BaseModel, ConfigDict, Field
 from api.auth import Reader
 from api.deps import DB
 from api.errors import READ_ERRORS, JsonBodyRoute, unprocessable
-from api.schemas import BASELINE_BACKEND_DOC, BASELINE_DOC, BASELINE_US_DOC, SPEEDUP_DOC
+from api.schemas import (
+    BASELINE_BACKEND_DOC,
+    BASELINE_DOC,
+    BASELINE_US_DOC,
+    SIMULATED_NOTE_DOC,
+    SPEEDUP_DOC,
+    simulated_note,
+)
 from kernels.spec import TARGETS, task_key
 from store import repository as repo
 from store.baselines import baseline_name, speedup
@@ -31,6 +38,7 @@ class LookupItem(BaseModel):
     schedule: dict[str, Any] | None = None
     latency_us: float | None = None
     simulated: bool | None = None
+    simulated_note: str | None = Field(None, description=SIMULATED_NOTE_DOC)
     job_id: int | None = None
     baseline: str = Field(description=BASELINE_DOC)
     baseline_us: float | None = Field(None, description=BASELINE_US_DOC)
@@ -66,6 +74,7 @@ def lookup(req: LookupIn, session: DB, _: Reader) -> LookupOut:
             results.append(LookupItem(
                 task_key=key, found=True, schedule=m.schedule, latency_us=m.median_us,
                 simulated=m.backend == "simulated", job_id=m.job_id, baseline=name,
+                simulated_note=simulated_note(m.backend == "simulated", layer.target),
                 baseline_us=task.baseline_us, baseline_backend=task.baseline_backend,
                 speedup=speedup(task.baseline_us, m.median_us)))
     hits = sum(r.found for r in results)

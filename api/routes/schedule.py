@@ -21,7 +21,7 @@ from api.deps import read_access
 from api.direct_route import DirectRoute
 from api.errors import READ_ERRORS, unprocessable
 from api.schedule_cache import schedule_cache
-from api.schemas import ScheduleMissing, ScheduleOut, ScheduleQuery
+from api.schemas import ScheduleMissing, ScheduleOut, ScheduleQuery, simulated_note
 from kernels.spec import TARGETS, ConvShape, Precision, task_key
 from store import repository as repo
 from store.baselines import baseline_name, speedup
@@ -87,6 +87,7 @@ def _body(row: repo.BestRow) -> bytes:
     return ScheduleOut(
         schedule=row.schedule, latency_us=row.median_us or 0.0, iqr_us=row.iqr_us,
         simulated=row.backend == "simulated", backend=row.backend, job_id=row.job_id,
+        simulated_note=simulated_note(row.backend == "simulated", row.task_key.rsplit("|", 1)[1]),
         measured_at=row.measured_at, task_key=row.task_key,
         baseline=baseline_name(row.precision), baseline_us=row.baseline_us,
         baseline_backend=row.baseline_backend, speedup=speedup(row.baseline_us, row.median_us),

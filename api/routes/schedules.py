@@ -12,7 +12,7 @@ from api.deps import DB
 from api.errors import READ_ERRORS
 from api.inputs import PrecisionFilter, TargetFilter
 from api.routes.jobs import task_out
-from api.schemas import BestOut
+from api.schemas import BestOut, simulated_note
 from store import repository as repo
 from store.baselines import speedup
 
@@ -26,6 +26,7 @@ def list_schedules(session: DB, _: Reader, target: TargetFilter, precision: Prec
                    limit: int = Query(1000, ge=1, le=100_000)) -> list[BestOut] | Response:
     rows = [BestOut(task=task_out(t), schedule=m.schedule, latency_us=m.median_us,
                     simulated=m.backend == "simulated", job_id=m.job_id, measured_at=m.created_at,
+                    simulated_note=simulated_note(m.backend == "simulated", t.target),
                     speedup=speedup(t.baseline_us, m.median_us))
             for t, m in repo.best_schedules(session, target, precision, limit)]
     if format == "jsonl":

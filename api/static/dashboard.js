@@ -174,8 +174,13 @@ const TC = (() => {
     return h("span", { class: `badge st-${status}` }, status);
   }
 
-  function simBadge(simulated) {
-    return simulated ? h("span", { class: "badge sim", title: "measured by the analytical model, not a GPU" }, "simulated") : null;
+  // A simulated result's badge; `note` (the API's simulated_note): a prediction for a GPU the
+  // model was never checked against, shown as the badge's text and title.
+  function simBadge(simulated, note) {
+    if (!simulated) return null;
+    return note
+      ? h("span", { class: "badge sim unchecked", title: note }, "simulated, unchecked")
+      : h("span", { class: "badge sim", title: "measured by the analytical model, not a GPU" }, "simulated");
   }
 
   function progress(done, total) {

@@ -311,7 +311,10 @@
     const st = document.getElementById("job-status");
     st.textContent = job.status;
     st.className = `badge st-${job.status}`;
-    document.getElementById("job-sim").hidden = !job.simulated;
+    const sim = document.getElementById("job-sim");
+    sim.hidden = !job.simulated;
+    sim.textContent = job.simulated_note ? "simulated, unchecked" : "simulated";
+    sim.title = job.simulated_note || "measured by the analytical model, not a GPU";
     document.getElementById("job-layer").replaceChildren(
       h("span", { class: "mono" }, TC.shape(t.shape)), ` · ${t.precision} · ${t.target} · `,
       `strategy ${job.strategy}, seed ${job.seed}`);
@@ -319,7 +322,7 @@
     document.getElementById("job-bar").style.width = `${pct.toFixed(1)}%`;
     document.getElementById("job-trials").textContent = `${job.trials_done} / ${job.trials} trials`;
     const warn = document.getElementById("job-warning");
-    const text = job.warning || (job.error ? `error: ${job.error}` : "");
+    const text = job.warning || (job.error ? `error: ${job.error}` : "") || job.simulated_note || "";
     warn.textContent = text;
     warn.hidden = !text;
     document.title = `Job ${job.id} (${job.status}) · tctune`;
@@ -331,7 +334,7 @@
     const elapsed = job.started_at ? (end - Date.parse(job.started_at)) / 1000 : null;
     const rate = elapsed ? (60 * job.trials_done) / elapsed : null;
     document.getElementById("job-cards").replaceChildren(
-      TC.card("Best latency", TC.us(job.best_us), TC.simBadge(job.simulated)),
+      TC.card("Best latency", TC.us(job.best_us), TC.simBadge(job.simulated, job.simulated_note)),
       TC.card(`${t.baseline} baseline`, TC.us(t.baseline_us), t.baseline_backend || "not timed yet"),
       TC.card("Speedup", TC.speedup(job.speedup), `${t.baseline} / best`),
       TC.card("Failed candidates", String(failed),

@@ -19,7 +19,7 @@
       h("td", {}, t.target),
       h("td", {}, TC.statusBadge(job.status)),
       h("td", {}, TC.progress(job.trials_done, job.trials)),
-      h("td", { class: "num best" }, TC.us(job.best_us), " ", TC.simBadge(job.simulated)),
+      h("td", { class: "num best" }, TC.us(job.best_us), " ", TC.simBadge(job.simulated, job.simulated_note)),
       h("td", { class: "num" }, base),
       h("td", { class: "num speedup" + (job.speedup >= 1 ? " good" : "") }, h("span", { title: `against ${t.baseline}` }, TC.speedup(job.speedup))),
       h("td", {}, job.strategy),

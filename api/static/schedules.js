@@ -27,7 +27,7 @@
       h("td", { class: "mono", title: t.key }, TC.shape(t.shape)),
       h("td", {}, t.precision),
       h("td", {}, t.target),
-      h("td", { class: "num best" }, TC.us(r.latency_us), " ", TC.simBadge(r.simulated)),
+      h("td", { class: "num best" }, TC.us(r.latency_us), " ", TC.simBadge(r.simulated, r.simulated_note)),
       h("td", { class: "num baseline", title: timed }, TC.us(t.baseline_us),
         t.baseline_us ? h("span", { class: "muted small" }, ` ${t.baseline}`) : null),
       h("td", { class: "num speedup" + (sp >= 1 ? " good" : ""), title: `against ${t.baseline}` }, TC.speedup(sp)),

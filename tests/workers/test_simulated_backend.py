@@ -46,6 +46,21 @@ def test_the_noise_is_fixed_per_key_and_log_normal_of_the_set_spread() -> None:
     assert 0.64 < np.mean(np.abs(logs) < simulated.NOISE_SIGMA) < 0.72
 
 
+def test_results_for_gpus_the_model_was_never_checked_against_say_so() -> None:
+    # The constants are fitted to (and checked against) H100 and H200 measurements only:
+    # the replay spaces' GPUs and the timed rounds'.
+    from bench.simulator_fit import REPLAY, TIMED
+
+    recorded = {p.name.split(".")[0].split("_")[4] for p in REPLAY.glob("resnet50_*.jsonl.gz")} | {
+        pattern.split("_")[-1].split(".")[0] for t in TIMED.values() for pattern in t.patterns}
+    assert simulated.CHECKED_TARGETS == recorded == {"h100", "h200"}
+    for name in ("h100", "h200"):
+        assert simulated.prediction_note(name) is None
+    for name in ("t4", "a100", "a10", "l4"):
+        note = simulated.prediction_note(name)
+        assert note is not None and name in note and "never checked" in note
+
+
 def test_invalid_schedule_is_a_compile_error() -> None:
     backend = SimulatedBackend(TARGETS["h200"])
     task = TaskSpec(STAGE2, Precision.INT8, TARGETS["h200"])

@@ -78,6 +78,18 @@ def _load_fit(path: Path = FIT_FILE) -> dict[str, dict[str, float]]:
 
 
 FIT = _load_fit()
+# The GPUs whose measurements the constants were fitted to and checked against.
+CHECKED_TARGETS = frozenset(json.loads(FIT_FILE.read_text())["checked_targets"])
+
+
+def prediction_note(target: str) -> str | None:
+    """What a simulated result on `target` is, where the model was never checked against
+    that GPU (None where it was): its datasheet figures in a model fitted to other GPUs."""
+    if target in CHECKED_TARGETS:
+        return None
+    return (f"a prediction of the analytical model for {target}, from its datasheet "
+            f"figures: never checked against measurements on that GPU (the model is "
+            f"fitted to {', '.join(sorted(CHECKED_TARGETS))})")
 
 
 def _smooth_max(p: float, *xs: np.ndarray) -> np.ndarray:
