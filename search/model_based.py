@@ -295,20 +295,16 @@ class ModelBasedStrategy(Strategy):
         return CostModel(loss or self.loss, rounds=self.rounds, max_depth=self.max_depth,
                          seed=self.seed + salt, bags=bags)
 
-    def prior_scores(self, prior: Sequence[PriorTrial], fp: int | None = None
-                     ) -> Base | None:
-        """The base model trained on the prior, its scores over the valid space and the
-        prior's fingerprint."""
-        if not prior:
-            return None
+    def base_model(self, prior: Sequence[PriorTrial], fp: int | None = None
+                   ) -> CostModel | None:
+        """The base model trained on the prior (None where it teaches nothing): one training
+        per prior and model settings in the process, whichever strategy asks first; a thread
+        that asks meanwhile waits for it."""
         fp = prior_fingerprint(prior) if fp is None else fp
-        if self._prior_table is not None and self._prior_table[0] == fp:
-            return self._prior_table[1], self._prior_table[2], fp
         key = (self.space.target.name, self.space.precision.value, self.loss, self.rounds,
                self.max_depth, fp)
         model = _PRIOR_CACHE.get(key)
         if model is None:
-            # One training per prior: a thread that asks meanwhile waits for this one's.
             with _PRIOR_TRAINING:
                 model = _PRIOR_CACHE.get(key)
                 if model is None:
@@ -319,6 +315,26 @@ class ModelBasedStrategy(Strategy):
                     while len(_PRIOR_CACHE) >= _PRIOR_CACHE_SIZE:
                         _PRIOR_CACHE.pop(next(iter(_PRIOR_CACHE)))
                     _PRIOR_CACHE[key] = model
+        return model
+
+    def warm_prior(self, prior: Sequence[PriorTrial]) -> None:
+        """Train the base model of a prior this strategy will be handed (the explorer does
+        it in the background, off the proposals' path)."""
+        if prior:
+            self.base_model(prior)
+
+    def prior_scores(self, prior: Sequence[PriorTrial], fp: int | None = None
+                     ) -> Base | None:
+        """The base model trained on the prior, its scores over the valid space and the
+        prior's fingerprint."""
+        if not prior:
+            return None
+        fp = prior_fingerprint(prior) if fp is None else fp
+        if self._prior_table is not None and self._prior_table[0] == fp:
+            return self._prior_table[1], self._prior_table[2], fp
+        model = self.base_model(prior, fp)
+        if model is None:
+            return None
         table = model.predict(self.features)
         self._prior_table = (fp, table, model)
         return table, model, fp

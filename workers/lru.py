@@ -52,6 +52,11 @@ class Lru(Generic[K, V]):
             self._items.popitem(last=False)
         return value
 
+    def items(self) -> list[tuple[K, V]]:
+        """The (key, entry) pairs now, least recently used first."""
+        with self._lock:
+            return list(self._items.items())
+
     def clear(self) -> None:
         with self._lock:
             self._items.clear()

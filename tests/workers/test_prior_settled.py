@@ -63,3 +63,57 @@ def test_without_a_window_every_read_is_the_newest(db: str) -> None:
     with session_scope(db) as s:
         b = history.prior_of(s, db, "h200", "int8", -1, 0.0, settled=True)
     assert (len(a), len(b)) == (40, 43)
+
+
+def test_a_grown_prior_reaches_the_strategies_once_its_base_model_is_trained(
+        db: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A live model-based strategy of the target: the grown list's base model is trained in
+    # the background while the strategies keep the settled list; then the list moves, and
+    # no strategy trains on it (what the proposal that trained it used to wait for).
+    from search.cost_model import CostModel
+    from search.registry import make_strategy
+
+    space = ScheduleSpace(RESNET50_3X3["stage2"], Precision.INT8, H200)
+    strategy = history._strategies.put((db, 1), make_strategy("diversity", space, seed=0))
+    try:
+        _measure(db, "stage2", 0, 40)
+        first = _prior(db, settled=True)
+        _measure(db, "stage3", 0, 20)
+        assert _prior(db, settled=True) is first  # still the settled list: training now
+        warming = history._priors[(db, "h200", "int8")].warming
+        if warming is not None:  # (unless it is done already)
+            warming.join(timeout=60)
+        moved = _prior(db, settled=True)
+        assert len(moved) == 60 and history._priors[(db, "h200", "int8")].warming is None
+
+        def no_training(*_: object, **__: object) -> None:
+            raise AssertionError("the base model should be trained already")
+
+        monkeypatch.setattr(CostModel, "fit", no_training)
+        assert strategy.base_model(moved) is not None  # type: ignore[attr-defined]
+    finally:
+        history._strategies.clear()
+
+
+def test_a_failed_training_ahead_still_hands_the_list_over(
+        db: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from search.registry import make_strategy
+
+    space = ScheduleSpace(RESNET50_3X3["stage2"], Precision.INT8, H200)
+    strategy = history._strategies.put((db, 1), make_strategy("diversity", space, seed=0))
+
+    def broken(prior: object) -> None:
+        raise RuntimeError("no memory")
+
+    monkeypatch.setattr(strategy, "warm_prior", broken)
+    try:
+        _measure(db, "stage2", 0, 40)
+        first = _prior(db, settled=True)
+        _measure(db, "stage3", 0, 20)
+        assert _prior(db, settled=True) is first
+        warming = history._priors[(db, "h200", "int8")].warming
+        if warming is not None:  # (it may have failed already)
+            warming.join(timeout=60)
+        assert len(_prior(db, settled=True)) == 60  # the strategies train on demand
+    finally:
+        history._strategies.clear()
