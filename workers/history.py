@@ -4,7 +4,8 @@ The explorer is one long-lived process, so it keeps caches that save time: each 
 trials (read incrementally by id, checked by count, so never a different answer), the
 prior of each (target, precision) — up to 50,000 measurements of other layers, read
 incrementally by id, at most every `prior_refresh_s` if asked (a prior up to that old; the
-strategies' copy moves only as it grows by half, `settled`) — and one strategy instance
+strategies' copy moves only as it grows by half, `settled`, and once the live strategies'
+base models on it are trained, in a background thread) — and one strategy instance
 per job (strategies cache features and models; a fresh instance proposes the same from
 the same history)."""
 
@@ -148,8 +149,7 @@ def _settle(cache: _Prior, newest: list[PriorTrial], db_url: str, target: str,
             precision: str) -> list[PriorTrial]:
     """The strategies' prior, moving to `newest`: at once the first time; after that only
     once the live strategies' base models on it are trained, which a thread does while they
-    go on with the settled one (a base model takes 0.4 s of CPU, and the proposal that
-    trained it was a fleet's slowest)."""
+    go on with the settled one (the proposal that trained one was a fleet's slowest)."""
     if cache.settled is None:
         cache.settled = (cache.read, newest)
         return newest
