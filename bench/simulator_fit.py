@@ -434,6 +434,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                          {la.target for la in (*zoo, *fp32)})
         simulated.FIT_FILE.write_text(json.dumps({**fit, "checked_targets": checked},
                                                  indent=2) + "\n")
+        simulated.FIT.update(fit)  # what follows (the speedups, the baselines) models with it
 
     rows = []
     print(f"{'space':44s} {'held':>5s} {'spearman':>8s} {'med|err|':>8s} {'pick/best':>9s}")
