@@ -358,6 +358,28 @@ def test_jobs_fleet_and_schedules_pages(make_service: Callable[..., Service], br
              what="the missing-job message")
 
 
+def test_a_prediction_for_an_unchecked_gpu_is_labelled_so(
+        make_service: Callable[..., Service], browser: Any) -> None:
+    # An A100 job is simulated on a GPU the model was never checked against: the job page's
+    # label, its note and the jobs list say so.
+    from selenium.webdriver.common.by import By
+
+    svc = make_service().start()
+    job_id = submit(svc, STAGE2, "int8", "a100", 8)
+    wait_for(lambda: job_state(svc, job_id)["status"] == "done", timeout=120, what="done")
+    note = job_state(svc, job_id)["simulated_note"]
+    assert note and "a100" in note
+    browser.get(f"{svc.url}/ui/jobs/{job_id}")
+    label = wait_for(lambda: (e := browser.find_element(By.ID, "job-sim")).is_displayed() and e,
+                     what="the simulated label")
+    assert label.text == "simulated, unchecked" and label.get_attribute("title") == note
+    assert browser.find_element(By.ID, "job-warning").text == note
+    browser.get(f"{svc.url}/ui/jobs")
+    badge = wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#jobs-table .badge.sim"),
+                     what="the jobs list's badge")[0]
+    assert badge.text == "simulated, unchecked" and badge.get_attribute("title") == note
+
+
 def test_pages_ask_for_the_token_when_reads_need_one(
         make_service: Callable[..., Service], browser: Any) -> None:
     from selenium.webdriver.common.by import By
