@@ -34,9 +34,7 @@ one, and meta).
 from __future__ import annotations
 
 import argparse
-import ast
 import datetime as dt
-import gzip
 import json
 import re
 import sys
@@ -52,6 +50,8 @@ from scipy.stats import spearmanr
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.cli import read_json  # noqa: E402
+from bench.zoo import load_shapes  # noqa: E402
 from kernels.space import ScheduleSpace  # noqa: E402
 from kernels.spec import RESNET50_3X3, ConvShape, Precision, get_target  # noqa: E402
 from search.datasets import load_dataset  # noqa: E402
@@ -59,7 +59,6 @@ from workers.backends import simulated  # noqa: E402
 
 REPLAY = ROOT / "bench" / "data" / "replay"
 ZOO = ROOT / "bench" / "data" / "zoo_h100.json"
-ZOO_SHAPES = ROOT / "bench" / "data" / "zoo_shapes.json"
 
 
 @dataclass(frozen=True)
@@ -157,17 +156,17 @@ def held_out_layers(models: Sequence[str]) -> Callable[[ConvShape], bool]:
     """Which zoo layers a fit leaves out: those of `models` only, and every layer of a
     held-out replay stage (its timings would leak into its replay spaces)."""
     owners: dict[tuple[Any, ...], set[str]] = {}
-    for model, entry in json.loads(ZOO_SHAPES.read_text())["models"].items():
+    for model, entry in load_shapes()["models"].items():
         for s in entry["shapes"]:
             owners.setdefault(_layer(ConvShape.from_dict({**s["shape"], "n": 1})),
                               set()).add(model)
     held_replay = {_layer(RESNET50_3X3[st]) for st in HELD_OUT_STAGES}
-    models_held = set(models)
+    held_models = set(models)
 
     def held(shape: ConvShape) -> bool:
-        models = owners.get(_layer(shape), set())
-        return _layer(shape) in held_replay or bool(models) and \
-            models <= set(models_held)
+        layer = _layer(shape)
+        of = owners.get(layer, set())
+        return layer in held_replay or bool(of) and of <= held_models
     return held
 
 
@@ -181,14 +180,9 @@ def load_timed_spaces(patterns: Sequence[str],
     shapes: dict[str, ConvShape] = {}
     paths = sorted(p for pattern in patterns for p in (ROOT / "bench" / "data").glob(pattern))
     for path in paths:
-        with gzip.open(path) as f:
-            rows = json.load(f)["rows"]
-        for r in rows:
-            shape = r["shape"]
-            shapes[r["key"]] = ConvShape.from_dict(
-                ast.literal_eval(shape) if isinstance(shape, str) else shape)
-            timed = ast.literal_eval(r["times"]) if isinstance(r["times"], str) else r["times"]
-            for t in timed:
+        for r in read_json(path)["rows"]:
+            shapes[r["key"]] = ConvShape.from_dict(r["shape"])
+            for t in r["times"]:
                 if t["status"] == "ok" and t.get("us"):
                     times.setdefault(r["key"], {})[
                         json.dumps(t["schedule"], sort_keys=True)] = float(t["us"])

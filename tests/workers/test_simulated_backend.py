@@ -290,10 +290,11 @@ def test_the_split_keeps_held_out_spaces_out_of_the_fit() -> None:
                    for r in rows if not r["held_out"])
     # The timed rounds fit their constant on layers of networks outside the set's held-out
     # ones, never on stage 3's layer (held out of the replay fit).
-    from bench.simulator_fit import TIMED, ZOO_SHAPES
+    from bench.simulator_fit import TIMED
+    from bench.zoo import load_shapes
 
     owners: dict[str, set[str]] = {}
-    for model, entry in json.loads(ZOO_SHAPES.read_text())["models"].items():
+    for model, entry in load_shapes()["models"].items():
         for sh in entry["shapes"]:
             key = ConvShape.from_dict({**sh["shape"], "n": 1}).key().split("_", 1)[1]
             owners.setdefault(key, set()).add(model)
