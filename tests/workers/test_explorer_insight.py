@@ -33,7 +33,7 @@ def _four_rounds(space: ScheduleSpace, seed: int) -> tuple[object, History, dict
 def test_predictions_track_measurements_after_a_few_rounds() -> None:
     space = ScheduleSpace(SHAPE, Precision.INT8, TARGETS["h100"])
     correlations = []
-    for seed in range(3):
+    for seed in range(5):
         strat, history, preds, insight = _four_rounds(space, seed)
         assert insight is not None
         imp = insight["knob_importance"]
@@ -51,8 +51,8 @@ def test_predictions_track_measurements_after_a_few_rounds() -> None:
                                     space.columns(np.array(held)))
         p = np.log([held_preds[i] for i in held])
         correlations.append(np.corrcoef(p, np.log(truth))[0, 1])
-    # One seed's 128 trials may have learned little outside its favourites (0.25-0.68 over
-    # seeds): the median of three.
+    # One seed's 128 trials may have learned little outside its favourites (0.20-0.71 over
+    # seeds): the median of five.
     assert np.median(correlations) > 0.4, correlations
 
 

@@ -173,6 +173,7 @@ def model_inputs(shape: ConvShape, precision: Precision, target: Target,
         "wg": wg, "tma": tma, "stages": stages, "split_k": split_k, "dup": dup,
         "pack": pack, "warps": g.warps.astype(f64), "k_iters": g.k_iters.astype(f64),
         "vectors": g.stage_vectors.astype(f64),
+        "epi_values": g.block_m * g.block_n / threads,  # output values per thread
         # 128-byte lines (pieces of a row of pixels or filters) a stage loads: L2 serves an
         # SM's requests a line at a time, and the SM's one TMA unit copies them one by one.
         "lines": g.stage_vectors * g.threads / np.maximum(g.row_loads, 1) *
@@ -230,7 +231,10 @@ def _block_cycles(x: Mapping[str, Any], c: Mapping[str, float], conc: np.ndarray
     # warp with few others beside it waits on its own dependencies (ldmatrix -> MMA) instead.
     t_warps = x["warp_instrs"] * np.maximum(resident / 4.0, c["sync_lone_cpi"])
     t_it = _smooth_max(c["overlap_p"], floor, t_mma, t_ld, t_issue, t_lines, t_blocks, t_warps)
-    t_epi = c["epilogue_cycles"] + _store_cycles(x, c, conc)
+    # Each thread transforms its output values one after another (a block's own latency,
+    # which other resident blocks overlap: not shared by `conc`).
+    t_epi = c["epilogue_cycles"] + _store_cycles(x, c, conc) + \
+        c["epi_value_cycles"] * x["epi_values"]
     # TMA: a block first fetches its tensor maps and sets up its stages' mbarriers.
     t_pro = _prologue_cycles(x, c)
     return x["k_iters"] * t_it + t_pro + t_epi
