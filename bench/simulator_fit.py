@@ -53,7 +53,7 @@ sys.path.insert(0, str(ROOT))
 from bench.cli import read_json  # noqa: E402
 from bench.zoo import load_shapes  # noqa: E402
 from kernels.space import ScheduleSpace  # noqa: E402
-from kernels.spec import RESNET50_3X3, ConvShape, Precision, get_target  # noqa: E402
+from kernels.spec import RESNET50_3X3, ConvShape, Precision, get_target, task_key  # noqa: E402
 from search.datasets import load_dataset  # noqa: E402
 from workers.backends import simulated  # noqa: E402
 
@@ -71,6 +71,7 @@ class TimedSet:
     patterns: tuple[str, ...]
     free: tuple[str, ...]
     held_out_models: tuple[str, ...]
+    gpu: str  # the GPU of rows that do not name theirs (bench.gpu.pipeline_probe's)
 
 
 TIMED = {
@@ -78,11 +79,14 @@ TIMED = {
     # layer's best): how much of a block's fixed cost a persistent block's next tile hides.
     "zoo_h100": TimedSet(("zoo_transfer_r*_h100.json.gz", "zoo_pingpong*_h100.json.gz",
                           "zoo_wg4_h100.json.gz"), ("persist_hidden",),
-                         ("mobilenet_v2", "efficientnet_b0")),
+                         ("mobilenet_v2", "efficientnet_b0"), "h100"),
     # The halo patch's A/B (H200: 26 random HALO=1 schedules per layer beside its record's
     # and their neighbours): what each filter tap of a halo stage costs.
     "halo_h200": TimedSet(("halo_random_ab_h200.json.gz", "halo_local_ab_h200.json.gz"),
-                          ("halo_tap_cycles",), ("resnet50", "resnet18", "densenet121")),
+                          ("halo_tap_cycles",), ("resnet50", "resnet18", "densenet121"), "h200"),
+    # Duplicate-aware loads (H100, mma.sync: 60 random DUP_AWARE=1 schedules of each of
+    # ResNet-50's 3x3 layers beside the best without): what a stage's index work costs.
+    "dup_h100": TimedSet(("pipeline_probe_dup_h100.json",), ("dup_iter_cycles",), (), "h100"),
 }
 MIN_TIMINGS = 4  # a layer's timed set this small says little about ranking
 CUDNN_FILES = (ROOT / "bench" / "data" / "conv_vs_cudnn.json",
@@ -98,14 +102,14 @@ TOP_WEIGHT = 30.0
 KERNEL_FREE = ("eff_wgmma", "wgmma_n0", "eff_sync", "sync_chains0", "load_bytes_per_clk",
                "tma_load_gain", "smem_bytes_per_clk", "iter_cycles_wgmma", "iter_cycles_sync",
                "iter_cycles_per_warp", "issue_cycles_per_vector", "load_latency_cycles",
-               "dup_iter_cycles", "overlap_p", "epilogue_cycles", "store_bytes_per_clk",
+               "overlap_p", "epilogue_cycles", "store_bytes_per_clk",
                "prologue_cycles", "dram_eff", "split_launch_us", "launch_us", "line_cycles",
                "tma_line_cycles", "tma_issue_cycles", "tma_prologue_cycles",
                "block_iter_cycles",
                "line_part_cost", "sync_lone_cpi", "epi_value_cycles")
 # The mma.sync path's own constants: they do not enter a wgmma schedule's latency.
 SYNC_FREE = ("eff_sync", "sync_chains0", "iter_cycles_sync", "smem_bytes_per_clk",
-             "dup_iter_cycles", "sync_lone_cpi")
+             "sync_lone_cpi")
 CUDNN_FREE = ("tile", "channels_half", "compute_eff", "dram_eff", "overlap_p", "k_ns", "launch_us")
 # Bounds of every fitted constant, to keep them physical (efficiencies at most 1).
 BOUNDS = {"eff_wgmma": (0.05, 1.0), "eff_sync": (0.05, 1.0), "dram_eff": (0.05, 1.0),
@@ -170,22 +174,36 @@ def held_out_layers(models: Sequence[str]) -> Callable[[ConvShape], bool]:
     return held
 
 
+def _timings(row: Mapping[str, Any], gpu: str
+             ) -> list[tuple[str, ConvShape, dict[str, Any], float]]:
+    """(task key, shape, schedule, us) of a row's successful timings: bench.zoo_transfer's
+    rows (a layer's key and its `times`), or bench.gpu.pipeline_probe's (one timing, on
+    `gpu`)."""
+    shape = ConvShape.from_dict(row["shape"])
+    if "times" in row:
+        return [(row["key"], shape, t["schedule"], float(t["us"])) for t in row["times"]
+                if t["status"] == "ok" and t.get("us")]
+    if row["status"] != "ok" or not row.get("median_us"):
+        return []
+    key = task_key(shape, Precision(row["precision"]), get_target(gpu))
+    return [(key, shape, row["schedule"], float(row["median_us"]))]
+
+
 def load_timed_spaces(patterns: Sequence[str],
-                      held_out: Callable[[ConvShape], bool] | None = None) -> list[Space]:
-    """One Space per (layer, batch, precision, GPU) of timed rounds (files of
-    bench.zoo_transfer's format): the schedules each timed (the last timing of a schedule
-    timed twice), at least MIN_TIMINGS of them. Unlike a replay space, a sample of the
-    layer's space. Held out: as `held_out` says (None: every one)."""
+                      held_out: Callable[[ConvShape], bool] | None = None,
+                      gpu: str = "h100") -> list[Space]:
+    """One Space per (layer, batch, precision, GPU) of timed rounds (`_timings`): the
+    schedules each timed (the last timing of a schedule timed twice), at least MIN_TIMINGS
+    of them. Unlike a replay space, a sample of the layer's space. Held out: as `held_out`
+    says (None: every one)."""
     times: dict[str, dict[str, float]] = {}
     shapes: dict[str, ConvShape] = {}
     paths = sorted(p for pattern in patterns for p in (ROOT / "bench" / "data").glob(pattern))
     for path in paths:
         for r in read_json(path)["rows"]:
-            shapes[r["key"]] = ConvShape.from_dict(r["shape"])
-            for t in r["times"]:
-                if t["status"] == "ok" and t.get("us"):
-                    times.setdefault(r["key"], {})[
-                        json.dumps(t["schedule"], sort_keys=True)] = float(t["us"])
+            for key, shape, sched, us in _timings(r, gpu):
+                shapes[key] = shape
+                times.setdefault(key, {})[json.dumps(sched, sort_keys=True)] = us
     out = []
     for key in sorted(times):
         if len(times[key]) < MIN_TIMINGS:
@@ -405,7 +423,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     fit = {k: dict(v) for k, v in simulated.FIT.items()}
     spaces = load_spaces(sorted(REPLAY.glob("resnet50_*.jsonl.gz")))
-    timed = {name: load_timed_spaces(t.patterns, held_out_layers(t.held_out_models))
+    timed = {name: load_timed_spaces(t.patterns, held_out_layers(t.held_out_models), t.gpu)
              for name, t in TIMED.items()}
     zoo, fp32 = zoo_layers(), fp32_layers()
     if not args.check:
@@ -467,7 +485,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                       f"space at batch {', '.join(map(str, HELD_OUT_BATCHES))}; fitted: "
                       "the rest",
             **{name: f"{', '.join(t.patterns)} (bench/data): fit {', '.join(t.free)} only; "
-                     f"held out: layers only of {', '.join(t.held_out_models)}, and "
+                     "held out: " + (f"layers only of {', '.join(t.held_out_models)}, and "
+                                     if t.held_out_models else "") +
                      f"{', '.join(HELD_OUT_STAGES)}'s layer at any batch"
                for name, t in TIMED.items()},
             "cudnn_fp16": f"bench/data/zoo_h100.json; held out: layers of "

@@ -345,6 +345,7 @@ class Geometry:
     row_loads: np.ndarray | None = None  # global loads per shared row per stage
     # threads launched: x 2 with PINGPONG, + TMA=2's producer warp
     block_threads: np.ndarray | None = None
+    taps: np.ndarray | None = None  # filter taps of a stage (DUP_AWARE, HALO: several)
 
 
 def geometry(shape: ConvShape, precision: Precision, target: Target,
@@ -478,6 +479,7 @@ def geometry(shape: ConvShape, precision: Precision, target: Target,
         smem_bytes=smem, grid_blocks=tiles * split_k, k_iters=-(-n_it // split_k),
         footprint_pixels=footprint, frag_regs=frag, stage_vectors=stage_vec,
         row_loads=gvec, block_threads=consumers * threads + np.where(tma_knob == 2, 32, 0),
+        taps=taps,
     )
 
 

@@ -18,8 +18,9 @@ simulated.
 The constants are fitted (bench/simulator_fit.py) to GPU-recorded data and live in
 simulated_fit.json beside this module: "kernel" to the ResNet-50 3x3 replay spaces recorded
 on H100 (wgmma: the shared constants) and H200 (mma.sync: that path's own), then the
-constants of PERSIST and HALO (which those spaces lack) to the zoo's and the halo patch's
-timed rounds; "cudnn_fp16" and "cudnn_fp32" to cuDNN times recorded on H100 and H200.
+constants of PERSIST, HALO and DUP_AWARE (which those spaces lack) to the zoo's, the halo
+patch's and the duplicate-aware probe's timed rounds; "cudnn_fp16" and "cudnn_fp32" to
+cuDNN times recorded on H100 and H200.
 Held-out figures are in bench/RESULTS.md, "Simulator calibration". Other targets use the
 same constants with their own datasheet figures (SMs, clock, peaks, bandwidth): an
 extrapolation.
@@ -142,9 +143,11 @@ def model_inputs(shape: ConvShape, precision: Precision, target: Target,
     peak = target.peak(p) * 1e12 / (target.sms * target.boost_mhz * 1e6)  # per SM and clock
     if p is Precision.FP32_TC:
         peak = peak / np.vectorize(FP32_TC_PRODUCTS.get)(cols["SPLIT"]).astype(f64)
-    # HALO: a stage holds every filter tap of its channels.
+    # A stage's MMAs: one filter tap of its channels, or several (DUP_AWARE: a filter row or
+    # all R*S taps; HALO: all R*S, each tap also a cost of its own in the floor).
+    taps = g.taps.astype(f64)
     halo_taps = np.where(_knob(cols, "HALO", n) == 1, shape.r * shape.s, 0)
-    flops_it = 2.0 * g.block_m * g.block_n * g.block_k * np.maximum(halo_taps, 1)
+    flops_it = 2.0 * g.block_m * g.block_n * g.block_k * taps
     # Width of one instruction's N (wgmma: one instruction spans the warp's WCT tiles) and
     # the independent instruction chains a warp keeps in flight (mma.sync).
     wg_n = WGMMA_N_PER_TILE * wct
@@ -165,7 +168,8 @@ def model_inputs(shape: ConvShape, precision: Precision, target: Target,
                                           1.0), 1.0) - 1.0
     split_lines = np.where((cols["REORDER_INNER"] == 0) & ~dup & ~fold, a_share * parts, 0.0)
     # mma.sync reads its fragments from shared memory with ldmatrix (wgmma reads in place).
-    smem_it = np.where(wg, 0.0, g.warps * (wrt * inst.m + wct * inst.n) * g.block_k * bits / 8)
+    smem_it = np.where(wg, 0.0, g.warps * (wrt * inst.m + wct * inst.n) * g.block_k * bits / 8
+                       * taps)
     epi_bytes = g.block_m * g.block_n * np.where(pack, p.output_bits, 32) / 8
     unique = shape.tensor_elements()
     dram = (unique["input"] + unique["weight"]) * in_bytes + unique["output"] * p.output_bits / 8
@@ -184,7 +188,7 @@ def model_inputs(shape: ConvShape, precision: Precision, target: Target,
         "tail_conc": tail_conc, "flops_it": flops_it, "halo_taps": halo_taps,
         "peak": peak, "wg_n": wg_n, "chains": chains,
         # mma.sync: a warp's instructions per iteration, MMAs and their fragments' ldmatrix
-        "warp_instrs": np.where(wg, 0.0, g.block_k / inst.k * (wrt * wct + wrt + wct)),
+        "warp_instrs": np.where(wg, 0.0, g.block_k / inst.k * (wrt * wct + wrt + wct) * taps),
         "ld_it": ld_it, "smem_it": smem_it,
         "epi_bytes": epi_bytes, "split_lines": split_lines, "dram": dram,
         "clock_hz": target.boost_mhz * 1e6,
