@@ -189,9 +189,8 @@ def _timings(row: Mapping[str, Any], gpu: str
     return [(key, shape, row["schedule"], float(row["median_us"]))]
 
 
-def load_timed_spaces(patterns: Sequence[str],
-                      held_out: Callable[[ConvShape], bool] | None = None,
-                      gpu: str = "h100") -> list[Space]:
+def load_timed_spaces(patterns: Sequence[str], gpu: str,
+                      held_out: Callable[[ConvShape], bool] | None = None) -> list[Space]:
     """One Space per (layer, batch, precision, GPU) of timed rounds (`_timings`): the
     schedules each timed (the last timing of a schedule timed twice), at least MIN_TIMINGS
     of them. Unlike a replay space, a sample of the layer's space. Held out: as `held_out`
@@ -423,7 +422,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     fit = {k: dict(v) for k, v in simulated.FIT.items()}
     spaces = load_spaces(sorted(REPLAY.glob("resnet50_*.jsonl.gz")))
-    timed = {name: load_timed_spaces(t.patterns, held_out_layers(t.held_out_models), t.gpu)
+    timed = {name: load_timed_spaces(t.patterns, t.gpu, held_out_layers(t.held_out_models))
              for name, t in TIMED.items()}
     zoo, fp32 = zoo_layers(), fp32_layers()
     if not args.check:

@@ -250,8 +250,8 @@ def test_duplicate_aware_loads_rank_behind_the_plain_best_on_h100() -> None:
     from bench.simulator_fit import TIMED, held_out_layers, load_timed_spaces
 
     t = TIMED["dup_h100"]
-    sets = [s for s in load_timed_spaces(t.patterns, held_out_layers(t.held_out_models),
-                                         t.gpu) if s.held_out]
+    sets = [s for s in load_timed_spaces(t.patterns, t.gpu, held_out_layers(t.held_out_models))
+            if s.held_out]
     assert len(sets) == 2
     for s in sets:
         plain = ~s.inputs["dup"]
