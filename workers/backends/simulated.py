@@ -70,17 +70,17 @@ FP32_TC_PRODUCTS = {"scaled3": 3.0, "binomial4": 4.0, "karatsuba": 3.3}
 FP32_LANES = {75: 64, 80: 64, 86: 128, 89: 128, 90: 128}
 
 
-def _load_fit(path: Path = FIT_FILE) -> dict[str, dict[str, float]]:
+def _load_fit(path: Path = FIT_FILE) -> tuple[dict[str, dict[str, float]], frozenset[str]]:
     """The fitted constants (bench/simulator_fit.py writes them): "kernel" for the tuned
-    kernel's model, "cudnn_fp16" and "cudnn_fp32" for the modelled baselines."""
+    kernel's model, "cudnn_fp16" and "cudnn_fp32" for the modelled baselines; and the GPUs
+    whose measurements they were fitted to and checked against."""
     data = json.loads(path.read_text())
-    return {part: {k: float(v) for k, v in data[part].items()}
-            for part in ("kernel", "cudnn_fp16", "cudnn_fp32")}
+    return ({part: {k: float(v) for k, v in data[part].items()}
+             for part in ("kernel", "cudnn_fp16", "cudnn_fp32")},
+            frozenset(data["checked_targets"]))
 
 
-FIT = _load_fit()
-# The GPUs whose measurements the constants were fitted to and checked against.
-CHECKED_TARGETS = frozenset(json.loads(FIT_FILE.read_text())["checked_targets"])
+FIT, CHECKED_TARGETS = _load_fit()
 
 
 def prediction_note(target: str) -> str | None:
