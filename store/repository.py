@@ -283,6 +283,7 @@ class BestRow:
     job_id: int
     measured_at: datetime
     precision: str
+    target: str
     baseline_us: float | None
     baseline_backend: str | None
 
@@ -293,7 +294,7 @@ _BEST_ROW = (
     select(Task.id, Task.key, BestSchedule.measurement_id, BestSchedule.updated_at,
            Measurement.schedule, Measurement.median_us, Measurement.iqr_us,
            Measurement.backend, Measurement.job_id, Measurement.created_at, Task.precision,
-           Task.baseline_us, Task.baseline_backend)
+           Task.target, Task.baseline_us, Task.baseline_backend)
     .select_from(Task)
     .join(BestSchedule, BestSchedule.task_id == Task.id)
     .join(Measurement, Measurement.id == BestSchedule.measurement_id)

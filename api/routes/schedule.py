@@ -87,7 +87,7 @@ def _body(row: repo.BestRow) -> bytes:
     return ScheduleOut(
         schedule=row.schedule, latency_us=row.median_us or 0.0, iqr_us=row.iqr_us,
         simulated=row.backend == "simulated", backend=row.backend, job_id=row.job_id,
-        simulated_note=simulated_note(row.backend == "simulated", row.task_key.rsplit("|", 1)[1]),
+        simulated_note=simulated_note(row.backend == "simulated", row.target),
         measured_at=row.measured_at, task_key=row.task_key,
         baseline=baseline_name(row.precision), baseline_us=row.baseline_us,
         baseline_backend=row.baseline_backend, speedup=speedup(row.baseline_us, row.median_us),
