@@ -13,6 +13,7 @@ is within twice FP32's (see FP32_TC_* below).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -273,9 +274,19 @@ class Problem:
     abs_acc: np.ndarray | None = None  # fp32_tc: conv of |x| and |w| (per-element bound)
     x1: np.ndarray | None = None  # two inputs (shape.concat): x1 [N][P][Q][concat]
     _residual: tuple[np.ndarray, float] | None = field(default=None, repr=False)
+    # Derived arrays (expected outputs, device bytes), computed once: every candidate of a
+    # task is checked against the same ones.
+    _memo: dict[tuple[Any, ...], Any] = field(default_factory=dict, repr=False)
 
     def expected(self, epilogue_mode: str, relu: bool, residual: bool = False) -> np.ndarray:
         """The output of an epilogue; `residual`: with `residual()` added (int8: scaled)."""
+        key = ("expected", epilogue_mode, relu, residual)
+        if key not in self._memo:
+            out = self._expected(epilogue_mode, relu, residual)
+            self._memo[key] = out if out is self.acc else _frozen(out)
+        return self._memo[key]
+
+    def _expected(self, epilogue_mode: str, relu: bool, residual: bool) -> np.ndarray:
         p = self.precision
         res, rs = self.residual() if residual else (None, 1.0)
         if p.is_integer:
@@ -283,6 +294,16 @@ class Problem:
                 return self.acc
             return requantize(self.acc, self.scale, self.bias, p.input_bits, relu, res, rs)
         return fp_epilogue(self.acc, self.bias if epilogue_mode == "bias" else None, relu, res)
+
+    @property
+    def nbytes(self) -> int:
+        """Host memory the problem holds, its derived arrays included."""
+        arrays = [self.x, self.w, self.scale, self.bias, self.acc, self.abs_acc, self.x1,
+                  *(self._residual or ())[:1]]
+        for v in self._memo.values():
+            arrays += list(v) if isinstance(v, tuple) else [v]
+        held = {id(a): a for a in arrays if isinstance(a, np.ndarray)}
+        return sum(int(a.nbytes) for a in held.values())
 
     def residual(self) -> tuple[np.ndarray, float]:
         """A residual input of the output's shape and type (NHWC values) and its scale:
@@ -303,16 +324,26 @@ class Problem:
         """(x bytes, w bytes) as the kernel reads them; weights are always KRSC. `c_padded`:
         the build's channel padding (launch metadata; FOLD_TAPS builds pad to a tap vector)."""
         cp = c_padded or padded_channels(self.shape, self.precision)
-        cv = channel_vector(self.precision)
-        xb = to_device_bytes(pad_channels(self.x, cp - self.shape.concat), self.precision,
-                             layout, cv)
-        wb = to_device_bytes(pad_channels(self.w, cp), self.precision, "nhwc", cv)
-        return xb, wb
+        key = ("device_inputs", layout, cp)
+        if key not in self._memo:
+            cv = channel_vector(self.precision)
+            xb = to_device_bytes(pad_channels(self.x, cp - self.shape.concat), self.precision,
+                                 layout, cv)
+            wb = to_device_bytes(pad_channels(self.w, cp), self.precision, "nhwc", cv)
+            self._memo[key] = (_frozen(xb), _frozen(wb))
+        return self._memo[key]
 
     def device_x1(self) -> np.ndarray:
         """x1's bytes (two inputs: its channels fill whole 16-byte vectors)."""
         assert self.x1 is not None
         return to_device_bytes(self.x1, self.precision, "nhwc", channel_vector(self.precision))
+
+
+def _frozen(a: np.ndarray) -> np.ndarray:
+    """A memoized array, read-only: a caller that wrote into it would change every later
+    check of the task."""
+    a.flags.writeable = False
+    return a
 
 
 def concat_equivalent(shape: ConvShape) -> ConvShape:

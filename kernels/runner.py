@@ -25,6 +25,7 @@ import subprocess
 import sys
 import time
 import traceback
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable
 from multiprocessing.connection import Connection
@@ -48,12 +49,20 @@ from kernels.timing import sets_for_l2, time_launches
 POISON = 0xA5
 DEFAULT_TIMEOUT_S = 60.0
 START_TIMEOUT_S = 120.0
+# What the measuring process keeps of the tasks it measured last: their inputs and exact
+# reference outputs on the host, their rotating input sets on the GPU. A whole model's jobs
+# reach it interleaved, and rebuilding a task's reference (a float64 convolution on the CPU)
+# at every switch took longer than the measurement itself.
+HOST_PROBLEM_BYTES = 4 << 30
+DEVICE_INPUT_BYTES = 4 << 30
 
 
 class DeviceSession:
     """GPU side: modules, inputs and references cached across measurements of one process."""
 
-    def __init__(self, device: int = 0, max_modules: int = 64) -> None:
+    def __init__(self, device: int = 0, max_modules: int = 64,
+                 host_problem_bytes: int = HOST_PROBLEM_BYTES,
+                 device_input_bytes: int = DEVICE_INPUT_BYTES) -> None:
         import cupy
 
         self.cp = cupy
@@ -67,7 +76,8 @@ class DeviceSession:
         self._modules: OrderedDict[str, Any] = OrderedDict()
         self._max_modules = max_modules
         self._problems: OrderedDict[tuple[str, str, int], Problem] = OrderedDict()
-        self._dev: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
+        self._dev: OrderedDict[tuple[Any, ...], dict[str, Any]] = OrderedDict()
+        self._host_budget, self._device_budget = host_problem_bytes, device_input_bytes
 
     # ---- caches -------------------------------------------------------------------------
     def function(self, cache_dir: str, key: str, meta: dict[str, Any]) -> Any:
@@ -82,10 +92,12 @@ class DeviceSession:
 
     def problem(self, shape: ConvShape, precision: Precision, seed: int | None) -> Problem:
         k = (shape.key(), Precision(precision).value, -1 if seed is None else seed)
-        if k not in self._problems:
+        if k in self._problems:
+            self._problems.move_to_end(k)
+        else:
             self._problems[k] = make_problem(shape, precision, seed)
-            while len(self._problems) > 4:
-                self._problems.popitem(last=False)
+        # The newest always stays; derived arrays count from when they are made.
+        trim_lru(self._problems, lambda p: p.nbytes, self._host_budget, keep=1)
         return self._problems[k]
 
     def inputs(self, prob: Problem, layout: str, n_sets: int, c_padded: int,
@@ -94,19 +106,22 @@ class DeviceSession:
         inputs), scale and bias, and the residual (output-shaped) input of residual builds."""
         k = (prob.shape.key(), prob.precision.value, id(prob), layout, n_sets, c_padded,
              residual)
-        if k in self._dev:
+        if k in self._dev and self._dev[k]["problem"]() is prob:  # (not a reused id)
             self._dev.move_to_end(k)
             return self._dev[k]
-        while self._dev:  # one problem's buffers at a time: memory stays bounded
-            self._dev.popitem(last=False)
         xb, wb = prob.device_inputs(layout, c_padded)
+        out_bytes = output_bytes(prob.shape, prob.precision.output_bits) if residual else 0
+        need = n_sets * (xb.nbytes + wb.nbytes + (prob.x1.nbytes if prob.x1 is not None else 0)) \
+            + out_bytes
+        trim_lru(self._dev, lambda d: d["dev_bytes"], self._device_budget - need)
         cp = self.cp
         x0, w0 = cp.asarray(xb), cp.asarray(wb)
         d = {"x": [x0] + [x0.copy() for _ in range(n_sets - 1)],
              "w": [w0] + [w0.copy() for _ in range(n_sets - 1)],
              "scale": cp.asarray(prob.scale), "bias": cp.asarray(prob.bias),
              "in_bytes": int(xb.nbytes + wb.nbytes), "res": None, "res_scale": 1.0,
-             "x1": [None] * n_sets}
+             "x1": [None] * n_sets, "dev_bytes": int(need),
+             "problem": weakref.ref(prob)}  # the host cache decides how long it lives
         if prob.x1 is not None:
             x1 = cp.asarray(prob.device_x1())
             d["x1"] = [x1] + [x1.copy() for _ in range(n_sets - 1)]
@@ -178,6 +193,15 @@ class DeviceSession:
         xb, wb = prob.device_inputs(layout, c_padded)
         x1b = 0 if prob.x1 is None else int(prob.x1.nbytes)
         return int(xb.nbytes + wb.nbytes + y_bytes + x1b)
+
+
+def trim_lru(cache: OrderedDict[Any, Any], size: Callable[[Any], int], budget: int,
+             keep: int = 0) -> None:
+    """Drop `cache`'s least recently used entries (its first) until the sizes of the rest sum
+    to at most `budget`; the newest `keep` entries stay whatever their size."""
+    total = sum(size(v) for v in cache.values())
+    while len(cache) > keep and total > budget:
+        total -= size(cache.popitem(last=False)[1])
 
 
 def verify_output(got: Any, want: Any, precision: Precision, out_bits: int, gemm_k: int,

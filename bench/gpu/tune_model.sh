@@ -6,7 +6,9 @@
 #   carry: [".whl"] (and a kernel cache for model_e2e, e.g. ".run")
 #   command: bash bench/gpu/tune_model.sh [MODEL] [TRIALS] [N,C,H,W] [E2E_CACHE]
 #   e.g.     bash bench/gpu/tune_model.sh torchvision:resnet50 32 8,3,224,224 .run/e2e_cache
-#   (VARIANTS=compiled runs the model only compiled with PDL, as bench/model_e2e.py's --variants)
+#   (VARIANTS=compiled runs the model only compiled with PDL, as bench/model_e2e.py's --variants;
+#   TARGET=h200 on an H200; E2E=0 skips the model's run; TCTUNE_BUILD_PROCESSES sets the
+#   service's build processes)
 # Then, on any machine: python -m bench.service_tuning summarize $OUT --out F.
 set -uo pipefail
 out=${OUT:-/tmp/tune_model}; mkdir -p "$out"
@@ -25,17 +27,20 @@ trap 'kill $server 2>/dev/null' EXIT
 for _ in $(seq 90); do curl -sf 127.0.0.1:8000/healthz > /dev/null && break; sleep 1; done
 t0=$(date +%s.%N); pids=""
 for p in int8 fp16; do
-    python3 -m api.cli plan "$model" --input-shape "$shape" --precision $p --target h100 \
+    python3 -m api.cli plan "$model" --input-shape "$shape" --precision $p --target "${TARGET:-h100}" \
         --trials "$trials" --wait --timeout "$wait_s" --server http://127.0.0.1:8000 \
         > "$out/plan_$p.json" 2> "$out/plan_$p.log" &
     pids="$pids $!"
 done
 wait $pids
-python3 -c "import json, sys; json.dump({'model': sys.argv[1], 'trials': int(sys.argv[2]),
+python3 -c "import json, sys; from store.settings import Settings
+json.dump({'model': sys.argv[1], 'trials': int(sys.argv[2]),
     'input_shape': sys.argv[3], 'tuning_wall_s': round(float(sys.argv[5]) - float(sys.argv[4]), 1),
+    'build_processes': Settings().build_processes,
     'gpu': __import__('torch').cuda.get_device_name(0)}, open(sys.argv[6], 'w'))" \
     "$model" "$trials" "$shape" "$t0" "$(date +%s.%N)" "$out/tuning.json"
 cat "$out/tuning.json"; echo
+[ "${E2E:-1}" = 0 ] && exit 0
 name=${model#torchvision:}
 python3 -m bench.model_e2e run --cache "$cache" --schedules http://127.0.0.1:8000 \
     --models "$name" --batches "${shape%%,*}" --variants "${VARIANTS:-plain,pdl,compiled}" \

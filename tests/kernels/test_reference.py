@@ -113,3 +113,22 @@ def test_make_problem_is_seeded_and_not_zero() -> None:
     assert np.count_nonzero(a.x) > 0.9 * a.x.size
     q = a.expected("requant", False)
     assert q.min() >= -128 and q.max() <= 127 and len(np.unique(q)) > 50
+
+
+@pytest.mark.parametrize(("precision", "mode"), [("int8", "requant"), ("fp16", "bias")])
+def test_a_problems_derived_arrays_are_made_once_and_read_only(precision: str, mode: str) -> None:
+    """Every candidate of a task is checked against the same expected output and inputs: the
+    problem keeps them (read-only, so that no caller can change a later check)."""
+    shape = ConvShape(2, 6, 6, 16, 8, 3, 3, pad=1)
+    prob, fresh = make_problem(shape, precision), make_problem(shape, precision)
+    held = prob.nbytes
+    want = prob.expected(mode, True)
+    assert prob.expected(mode, True) is want and not want.flags.writeable
+    assert np.array_equal(want, fresh._expected(mode, True, False))
+    assert not np.array_equal(prob.expected(mode, False), want)  # keyed by the epilogue
+    xb, wb = prob.device_inputs("nhwc")
+    assert prob.device_inputs("nhwc")[0] is xb and not xb.flags.writeable
+    assert np.array_equal(xb, fresh.device_inputs("nhwc")[0])
+    with pytest.raises(ValueError, match="read-only"):
+        want[0] = 0
+    assert prob.nbytes == held + 2 * want.nbytes + xb.nbytes + wb.nbytes

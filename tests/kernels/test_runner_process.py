@@ -96,3 +96,50 @@ def test_runner_checks_and_times_a_layer_over_two_inputs(tmp_path: object) -> No
              cudnn_baseline(ConvShape(8, 28, 28, 256, 256, 1, 1, stride=2), "fp16", l2)]
     both = cudnn_baseline(shape, "fp16", l2)
     assert 0.8 < both.median_us / sum(t.median_us for t in parts) < 1.25  # run to run
+
+
+def test_trim_lru_drops_the_least_recently_used_down_to_the_budget() -> None:
+    from collections import OrderedDict
+
+    from kernels.runner import trim_lru
+
+    cache = OrderedDict((k, size) for k, size in (("a", 5), ("b", 3), ("c", 4)))
+    trim_lru(cache, lambda v: v, 12)
+    assert list(cache) == ["a", "b", "c"]  # 12 fits
+    cache.move_to_end("a")
+    trim_lru(cache, lambda v: v, 9)
+    assert list(cache) == ["c", "a"]  # b, the least recently used, went first
+    trim_lru(cache, lambda v: v, 0, keep=1)
+    assert list(cache) == ["a"]  # the newest stays whatever its size
+    trim_lru(cache, lambda v: v, 0)
+    assert not cache
+
+
+@pytest.mark.gpu
+def test_interleaved_tasks_keep_their_references(tmp_path: object,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A whole model's jobs reach the measuring process interleaved: each task's reference
+    is computed once, not at every switch, and every measurement still checks out."""
+    from kernels import runner
+    from kernels.build import BuildJob, build
+    from kernels.spec import ConvShape, Precision
+
+    made: list[str] = []
+    real = runner.make_problem
+    monkeypatch.setattr(runner, "make_problem",
+                        lambda shape, p, seed: made.append(shape.key()) or real(shape, p, seed))
+    sess = runner.DeviceSession()
+    sched = dict(BLK_ROW_WARPS=1, BLK_COL_WARPS=1, WARP_ROW_TILES=1, WARP_COL_TILES=2,
+                 CHUNK=2, REORDER_INNER=0, DUP_AWARE=0, PACK_OUT=1, LAYOUT="nhwc", STAGES=2,
+                 SPLIT_K=1, MMA="sync")
+    shapes = [ConvShape(8, 14 * i, 14 * i, 64, 64, 3, 3, pad=1) for i in (1, 2, 3, 4, 5)]
+    keys = []
+    for shape in shapes:
+        res = build(BuildJob(shape, Precision.INT8, sess.sm, sched), str(tmp_path))
+        assert res.status == "ok", res.log
+        keys.append(res.key)
+    for _ in range(3):
+        for key in keys:
+            out = sess.measure(str(tmp_path), key)
+            assert out["status"] == "ok", out
+    assert sorted(made) == sorted(s.key() for s in shapes)
