@@ -210,11 +210,60 @@ def test_on_gpu_a_kernel_that_disagrees_with_the_reference_is_not_timed(
                         lambda *a, **k: timed.append(1) or real_time(*a, **k))
     good = sess.measure(str(tmp_path), res.key, samples=5)
     assert good["status"] == "ok" and good["median_us"] > 0 and timed == [1]
-    expected = Problem.expected
+    expected, image = Problem.expected, Problem.expected_image
 
     def off_by_one(self: Problem, *a: Any, **k: Any) -> np.ndarray:
         return expected(self, *a, **k) + 1
 
+    def image_off_by_one(self: Problem, *a: Any, **k: Any) -> np.ndarray | None:
+        out = image(self, *a, **k)  # the buffer-order reference the session compares with
+        return None if out is None else out + 1
+
     monkeypatch.setattr(Problem, "expected", off_by_one)
+    monkeypatch.setattr(Problem, "expected_image", image_off_by_one)
     bad = sess.measure(str(tmp_path), res.key, samples=5)
     assert bad["status"] == "wrong" and bad["median_us"] is None and timed == [1]
+
+
+@pytest.mark.parametrize("layout", ["nhwc", "nhwcnc"])
+@pytest.mark.parametrize(("precision", "mode", "bits"), [
+    ("int8", "requant", 8), ("fp16", "bias", 16), ("int8", "acc", 32), ("int4", "acc", 32)])
+def test_the_check_in_the_buffers_order_agrees_with_the_nhwc_check(
+        precision: str, mode: str, bits: int, layout: str) -> None:
+    """The measuring process compares the output buffer's elements with the expected output
+    in the buffer's own order (`Problem.expected_image`): for every output, right or wrong,
+    the same verdict and the same figures as the check of its NHWC values."""
+    from kernels.reference import device_values, nhwc_to_nhwcnc
+
+    shape = ConvShape(8, 5, 6, 16, 32, 3, 3, pad=1)  # NHWCnc: N and K in whole blocks
+    prec = Precision(precision)
+    prob = make_problem(shape, prec, seed=3)
+    want = prob.expected(mode, True)
+    vals = want.astype(np.int32 if bits == 32 else np.float16 if bits == 16 else np.int8)
+    if bits == 32:  # raw accumulators: four int32 to a 16-byte vector
+        laid = nhwc_to_nhwcnc(vals, 4) if layout == "nhwcnc" else vals
+        good = np.ascontiguousarray(laid).view(np.uint8).reshape(-1)
+    else:
+        good = to_device_bytes(vals, Precision.FP16 if bits == 16 else Precision.INT8, layout,
+                               128 // bits)
+    image = prob.expected_image(mode, True, False, layout, bits)
+    assert image is not None and not image.flags.writeable
+    bufs = {"right": good, "never written (poison)": np.full_like(good, POISON),
+            "zeros": np.zeros_like(good)}
+    off = good.copy()
+    v = device_values(off, bits, prec)
+    i = int(np.argmax(np.abs(v.astype(np.float64))))
+    v[i] = v[i] * 1.1 + 0.1 if bits == 16 else v[i] - 1
+    bufs["one element off"] = off
+    if bits == 16:
+        nan = good.copy()
+        device_values(nan, bits, prec)[i] = np.nan
+        bufs["a NaN"] = nan
+    for what, buf in bufs.items():
+        fast = verify_output(device_values(buf, bits, prec), image, prec, bits, shape.gemm_k)
+        slow = verify_output(from_device_output(buf, shape, bits, prec, layout), want, prec,
+                             bits, shape.gemm_k)
+        assert fast[0] == slow[0] == (what == "right"), (what, fast, slow)
+        assert fast[1].keys() == slow[1].keys()
+        for key, value in slow[1].items():  # the sums' order differs in NHWCnc
+            assert fast[1][key] == pytest.approx(value, rel=1e-12, nan_ok=True), (what, key)
