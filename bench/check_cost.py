@@ -1,0 +1,106 @@
+"""The CPU cost of checking one candidate's output, as the measuring process does it: the
+output buffer against the expected output in the buffer's own order (`Problem.expected_image`,
+made once per task) and, as before it, converted to NHWC values first (`from_device_output`,
+still the path of int4, fp32 outputs and fp32_tc). ResNet-50's distinct convs at batch 8,
+int8 (requantized) and fp16 (bias), the right output of each as the kernel would write it
+(NHWC layout); median of 5 checks each, on this machine's CPU.
+
+    python -m bench.check_cost [--out F.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from collections.abc import Callable, Sequence
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kernels.reference import (
+    Problem,
+    device_values,
+    from_device_output,
+    make_problem,
+    to_device_bytes,
+)
+from kernels.runner import verify_output
+from kernels.spec import ConvShape, Precision
+
+SHAPES = Path("bench/data/zoo_shapes.json")
+CASES = ((Precision.INT8, "requant", 8), (Precision.FP16, "bias", 16))
+
+
+def _median_ms(fn: Callable[[], tuple[bool, Any]], repeat: int = 5) -> float:
+    fn()  # the task's expected image is made once, before its candidates
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        ok, stats = fn()
+        times.append(time.perf_counter() - t0)
+        assert ok, stats
+    return round(1e3 * float(np.median(times)), 3)
+
+
+def in_buffer_order(prob: Problem, buf: np.ndarray, mode: str, bits: int
+                    ) -> tuple[bool, Any]:
+    """As the measuring process checks (kernels/runner.py: DeviceSession.measure)."""
+    got = device_values(buf, bits, prob.precision)
+    got = got.astype(np.float64) if bits == 16 else got
+    image = prob.expected_image(mode, True, False, "nhwc", bits)
+    assert image is not None
+    return verify_output(got, image, prob.precision, bits, prob.shape.gemm_k)
+
+
+def nhwc_values(prob: Problem, buf: np.ndarray, mode: str, bits: int) -> tuple[bool, Any]:
+    got = from_device_output(buf, prob.shape, bits, prob.precision, "nhwc")
+    return verify_output(got, prob.expected(mode, True), prob.precision, bits,
+                         prob.shape.gemm_k)
+
+
+def rows() -> list[dict[str, Any]]:
+    out = []
+    for entry in json.loads(SHAPES.read_text())["models"]["resnet50"]["shapes"]:
+        shape = ConvShape.from_dict({**entry["shape"], "n": 8})
+        for prec, mode, bits in CASES:
+            prob = make_problem(shape, prec)
+            want = prob.expected(mode, True)
+            buf = to_device_bytes(want.astype(np.int8 if bits == 8 else np.float16), prec,
+                                  "nhwc", 128 // bits)
+            out.append({"shape": shape.key(), "precision": prec.value,
+                        "elements": int(want.size),
+                        "buffer_order_ms": _median_ms(partial(in_buffer_order, prob, buf, mode,
+                                                              bits)),
+                        "nhwc_values_ms": _median_ms(partial(nhwc_values, prob, buf, mode,
+                                                             bits))})
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args(argv)
+    data = rows()
+    summary = {}
+    for prec in ("int8", "fp16", "both"):
+        part = [r for r in data if prec in ("both", r["precision"])]
+        summary[prec] = {k: round(float(np.mean([r[k] for r in part])), 2)
+                         for k in ("buffer_order_ms", "nhwc_values_ms")}
+        largest = max(part, key=lambda r: r["elements"])
+        summary[prec]["largest"] = {k: largest[k] for k in
+                                    ("shape", "elements", "buffer_order_ms", "nhwc_values_ms")}
+        print(prec, json.dumps(summary[prec]))
+    if args.out:
+        doc = {"date": time.strftime("%Y-%m-%d"), "machine": platform.processor() or
+               platform.machine(), "command": "python -m bench.check_cost --out " + str(args.out),
+               "summary": summary, "rows": data}
+        args.out.write_text(json.dumps(doc, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
