@@ -21,17 +21,16 @@ from typing import Any
 
 import numpy as np
 
+from bench.zoo import load_shapes
 from kernels.reference import (
     Problem,
-    device_values,
     from_device_output,
     make_problem,
     to_device_bytes,
 )
-from kernels.runner import verify_output
+from kernels.runner import check_buffer, verify_output
 from kernels.spec import ConvShape, Precision
 
-SHAPES = Path("bench/data/zoo_shapes.json")
 CASES = ((Precision.INT8, "requant", 8), (Precision.FP16, "bias", 16))
 
 
@@ -49,11 +48,7 @@ def _median_ms(fn: Callable[[], tuple[bool, Any]], repeat: int = 5) -> float:
 def in_buffer_order(prob: Problem, buf: np.ndarray, mode: str, bits: int
                     ) -> tuple[bool, Any]:
     """As the measuring process checks (kernels/runner.py: DeviceSession.measure)."""
-    got = device_values(buf, bits, prob.precision)
-    got = got.astype(np.float64) if bits == 16 else got
-    image = prob.expected_image(mode, True, False, "nhwc", bits)
-    assert image is not None
-    return verify_output(got, image, prob.precision, bits, prob.shape.gemm_k)
+    return check_buffer(prob, buf, mode, True, False, "nhwc", bits)
 
 
 def nhwc_values(prob: Problem, buf: np.ndarray, mode: str, bits: int) -> tuple[bool, Any]:
@@ -64,7 +59,7 @@ def nhwc_values(prob: Problem, buf: np.ndarray, mode: str, bits: int) -> tuple[b
 
 def rows() -> list[dict[str, Any]]:
     out = []
-    for entry in json.loads(SHAPES.read_text())["models"]["resnet50"]["shapes"]:
+    for entry in load_shapes()["models"]["resnet50"]["shapes"]:
         shape = ConvShape.from_dict({**entry["shape"], "n": 8})
         for prec, mode, bits in CASES:
             prob = make_problem(shape, prec)

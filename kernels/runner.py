@@ -166,20 +166,8 @@ class DeviceSession:
             ys[0].fill(POISON)
             launch(0)
             cp.cuda.runtime.deviceSynchronize()
-            buf = cp.asnumpy(ys[0])
-            # The buffer's elements against the expected output in the buffer's own order
-            # (the same comparison; its conversion to NHWC values cost as much as the check).
-            want = prob.expected_image(epi["mode"], bool(epi["relu"]), residual, layout,
-                                       out_bits)
-            if want is not None:
-                got = device_values(buf, out_bits, prec)
-                if out_bits == 16:  # float64 once: numpy's mixed fp16-fp64 loops are slow
-                    got = got.astype(np.float64)
-                return verify_output(got, want, prec, out_bits, shape.gemm_k)
-            got = from_device_output(buf, shape, out_bits, prec, layout)
-            want = prob.expected(epi["mode"], bool(epi["relu"]), residual)
-            abs_ref = fp32_tc_abs_ref(prob, epi["mode"]) if prec is Precision.FP32_TC else None
-            return verify_output(got, want, prec, out_bits, shape.gemm_k, abs_ref)
+            return check_buffer(prob, cp.asnumpy(ys[0]), epi["mode"], bool(epi["relu"]),
+                                residual, layout, out_bits)
 
         kw = {"samples": samples} if samples else {}
         timer = (lambda: time_launches(launch, n_sets, api="cupy", **kw)) if time_it else None
@@ -215,6 +203,25 @@ def trim_lru(cache: OrderedDict[Any, Any], size: Callable[[Any], int], budget: i
     total = sum(size(v) for v in cache.values())
     while len(cache) > keep and total > budget:
         total -= size(cache.popitem(last=False)[1])
+
+
+def check_buffer(prob: Problem, buf: Any, epilogue_mode: str, relu: bool, residual: bool,
+                 layout: str, out_bits: int) -> tuple[bool, dict[str, Any]]:
+    """The check of a kernel's output bytes against `prob`'s reference: the buffer's
+    elements against the expected output in the buffer's own order where the problem has
+    that image (the same comparison; converting an int8 output to NHWC values took most of
+    its check's time), else its NHWC values against the expected ones."""
+    prec, gemm_k = prob.precision, prob.shape.gemm_k
+    want = prob.expected_image(epilogue_mode, relu, residual, layout, out_bits)
+    if want is not None:
+        got = device_values(buf, out_bits, prec)
+        if out_bits == 16:  # float64 once: numpy's mixed fp16-fp64 loops are slow
+            got = got.astype(np.float64)
+        return verify_output(got, want, prec, out_bits, gemm_k)
+    got = from_device_output(buf, prob.shape, out_bits, prec, layout)
+    want = prob.expected(epilogue_mode, relu, residual)
+    abs_ref = fp32_tc_abs_ref(prob, epilogue_mode) if prec is Precision.FP32_TC else None
+    return verify_output(got, want, prec, out_bits, gemm_k, abs_ref)
 
 
 def verify_output(got: Any, want: Any, precision: Precision, out_bits: int, gemm_k: int,

@@ -24,17 +24,16 @@ from typing import Any
 
 import numpy as np
 
+from bench.zoo import load_shapes
 from kernels.build import BuildJob, build_many, load_meta
 from kernels.space import ScheduleSpace
 from kernels.spec import TARGETS, ConvShape, Precision
-
-SHAPES = "bench/data/zoo_shapes.json"
 
 
 def build_jobs(seed: int = 0) -> list[BuildJob]:
     from kernels.runtime import default_schedule
 
-    shapes = json.loads(Path(SHAPES).read_text())["models"]["resnet50"]["shapes"]
+    shapes = load_shapes()["models"]["resnet50"]["shapes"]
     rng = np.random.default_rng(seed)
     jobs = []
     for entry in shapes:
