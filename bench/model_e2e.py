@@ -6,6 +6,9 @@ compiled with inference freezing (BatchNorm folded, elementwise ops fused), in o
   python -m bench.model_e2e run --cache C [--schedules R.json] --out OUT.json      # GPU
   python -m bench.model_e2e table OUT.json
   python -m bench.model_e2e profile --cache C [--schedules R.json] --models M --batches N  # GPU
+      [--compiled]
+  (prebuild, run, profile: `--schedules-target T` looks the records up as GPU model T's, e.g.
+  an H100's records on an H200, the same sm)
 
 Per (model, batch, precision): one CUDA graph per variant of back-to-back forwards, inputs
 rotating past L2 (deploy.measure, as every baseline is timed);
@@ -108,7 +111,8 @@ def cmd_prebuild(a: argparse.Namespace) -> int:
             x = torch.randn(n, 3, 224, 224, generator=torch.Generator().manual_seed(1))
             for p in a.precisions.split(","):
                 t0 = time.perf_counter()
-                opt = _optimize(net, x, p, TARGET, _schedules(a.schedules), a.cache, "cuda")
+                opt = _optimize(net, x, p, a.schedules_target or TARGET, _schedules(a.schedules),
+                                a.cache, "cuda")
                 log(f"{name} n={n} {p}: {sum(lp.replaced for lp in opt.plan)} of "
                     f"{len(opt.plan)} convs built ({time.perf_counter() - t0:.0f} s)")
     return 0
@@ -123,11 +127,12 @@ def cmd_run(a: argparse.Namespace) -> int:
     from kernels.timing import sets_for_l2
 
     gpu = torch.cuda.get_device_name(0)
-    target = target_for_gpu_model(gpu)
+    target = a.schedules_target or target_for_gpu_model(gpu)
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     doc: dict[str, Any] = {"gpu": gpu, "date": dt.date.today().isoformat(),
                            "torch": torch.__version__, "cudnn": torch.backends.cudnn.version(),
-                           "schedules": a.schedules, "rows": []}
+                           "schedules": a.schedules,
+                           "schedules_target": getattr(target, "name", target), "rows": []}
     out = Path(a.out)
     for name in a.models.split(","):
         for n in (int(b) for b in a.batches.split(",")):
@@ -183,14 +188,16 @@ def cmd_run(a: argparse.Namespace) -> int:
 
 def cmd_profile(a: argparse.Namespace) -> int:
     """Where an optimized model's time goes: GPU time per forward of each kernel (tctune's
-    convs as one line per build kind), from the profiler over eager forwards."""
+    convs as one line per build kind), from the profiler over eager forwards (`--compiled`:
+    of the compiled variant)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
     from bench.nets import model
+    from deploy.measure import compile_for_inference
     from kernels.spec import target_for_gpu_model
 
-    target = target_for_gpu_model(torch.cuda.get_device_name(0))
+    target = a.schedules_target or target_for_gpu_model(torch.cuda.get_device_name(0))
     reps = 10
     for name in a.models.split(","):
         for n in (int(b) for b in a.batches.split(",")):
@@ -199,7 +206,9 @@ def cmd_profile(a: argparse.Namespace) -> int:
             xc = x.cuda().contiguous(memory_format=torch.channels_last)
             for p in a.precisions.split(","):
                 opt = _optimize(net.cuda(), xc, p, target, _schedules(a.schedules), a.cache,
-                                "cuda")
+                                "cuda", pdl=a.compiled or None)
+                if a.compiled:  # as `run`'s compiled variant: PDL, the ops around compiled
+                    opt = compile_for_inference(opt, xc)
                 with torch.no_grad():
                     for _ in range(3):
                         opt(xc)
@@ -215,6 +224,8 @@ def cmd_profile(a: argparse.Namespace) -> int:
                 print(f"{name} n={n} {p}: {total:.1f} us of kernels per forward")
                 for key, us, count in rows[:a.top]:
                     print(f"  {us:8.1f} us  {count:4d}x  {key[:100]}")
+                if a.compiled:
+                    torch._dynamo.reset()
     return 0
 
 
@@ -258,6 +269,9 @@ def main(argv: list[str] | None = None) -> int:
         s.add_argument("--models", default="resnet50")
         s.add_argument("--batches", default="8")
         s.add_argument("--precisions", default="fp16,int8")
+        s.add_argument("--schedules-target", default=None,
+                       help="the GPU model whose schedules to look up (same sm; default: "
+                            f"{TARGET} for prebuild, the GPU at hand for run and profile)")
         if name == "run":
             s.add_argument("--out", default="bench/data/model_e2e_h100.json")
             s.add_argument("--no-compile", action="store_true")
@@ -266,6 +280,8 @@ def main(argv: list[str] | None = None) -> int:
                                 "dependent launch (pdl), or pdl under torch.compile (compiled)")
         if name == "profile":
             s.add_argument("--top", type=int, default=20)
+            s.add_argument("--compiled", action="store_true",
+                           help="as run's compiled variant (PDL, torch.compile around)")
     t = sub.add_parser("table")
     t.add_argument("file")
     a = ap.parse_args(argv)
