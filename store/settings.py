@@ -7,7 +7,16 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
+from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def default_build_processes() -> int:
+    """Half the cores, 2 to 8: where one NVRTC build takes 0.1 s the GPU's one measuring
+    process is the bound whatever their number, where it takes 0.25 s two of them are
+    (docs/decisions.md, "Build processes in the embedded service"); the other half is the
+    measuring process's, the explorer's and the API's."""
+    return max(2, min(8, (os.cpu_count() or 2) // 2))
 
 
 class Settings(BaseSettings):
@@ -46,7 +55,7 @@ class Settings(BaseSettings):
     # transaction, so writing less often costs the database less per measurement.
     flush_s: float = 2.0
     # Local processes of the embedded dispatcher.
-    build_processes: int = 2
+    build_processes: int = Field(default_factory=default_build_processes)
     measure_processes: int = 1
     # Shared kernel cache (cubins); empty -> data_dir/cache.
     cache_dir: str = ""

@@ -8,8 +8,10 @@ through a `Runner` child (the service's path: its own session, requests over a p
     python -m bench.gpu.measure_path run --cache C --out F.json   # GPU
 
 Per pass: milliseconds per measurement, in total and in the session's steps (the timing
-harness, the output's check and its conversion from the device layout, the reference, the
-device inputs, module loads); "rest" is the launch set-up, allocation and bookkeeping.
+harness; the output's check: the comparison, the buffer's values, the expected output in the
+buffer's order, or the conversion to NHWC values where a problem has no such order; the
+reference, the device inputs, module loads); "rest" is the launch set-up, allocation and
+bookkeeping.
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ def interleaved(cache: str, keys: Sequence[str]) -> list[str]:
 
 
 def run(cache: str) -> dict[str, Any]:
-    from kernels import runner
+    from kernels import reference, runner
 
     spent: dict[str, float] = collections.defaultdict(float)
 
@@ -70,9 +72,12 @@ def run(cache: str) -> dict[str, Any]:
                 spent[name] += time.perf_counter() - t0
         return wrapper
 
-    for name in ("time_launches", "verify_output", "from_device_output", "make_problem",
-                 "load_function"):
+    for name in ("time_launches", "verify_output", "device_values", "from_device_output",
+                 "make_problem", "load_function"):
         setattr(runner, name, timed(name, getattr(runner, name)))
+    # the expected output in the buffer's order, made once per task (check_buffer)
+    reference.Problem.expected_image = timed(  # type: ignore[method-assign]
+        "expected_image", reference.Problem.expected_image)
     sess = runner.DeviceSession()
     sess.inputs = timed("inputs", sess.inputs)  # type: ignore[method-assign]
     order = interleaved(cache, json.loads(Path(cache, "keys.json").read_text()))

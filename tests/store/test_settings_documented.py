@@ -59,3 +59,14 @@ def test_set_for_processes_reaches_this_process_and_its_children(
         monkeypatch.delenv("TCTUNE_WORKER_NAME", raising=False)
         monkeypatch.delenv("TCTUNE_WORKER_SLOTS", raising=False)
         get_settings.cache_clear()
+
+
+@pytest.mark.parametrize(("cores", "want"), [(None, 2), (1, 2), (2, 2), (6, 3), (16, 8),
+                                             (64, 8)])
+def test_build_processes_default_to_half_the_cores_from_2_to_8(
+        monkeypatch: pytest.MonkeyPatch, cores: int | None, want: int) -> None:
+    monkeypatch.delenv("TCTUNE_BUILD_PROCESSES", raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: cores)
+    assert Settings().build_processes == want
+    monkeypatch.setenv("TCTUNE_BUILD_PROCESSES", "5")
+    assert Settings().build_processes == 5  # the variable still decides
