@@ -106,7 +106,7 @@ KERNEL_FREE = ("eff_wgmma", "wgmma_n0", "eff_sync", "sync_chains0", "load_bytes_
                "prologue_cycles", "dram_eff", "split_launch_us", "launch_us", "line_cycles",
                "tma_line_cycles", "tma_issue_cycles", "tma_prologue_cycles",
                "block_iter_cycles",
-               "line_part_cost", "sync_lone_cpi", "epi_value_cycles")
+               "line_part_cost", "sync_lone_cpi", "epi_value_cycles", "order0_iter_cycles")
 # The mma.sync path's own constants: they do not enter a wgmma schedule's latency.
 SYNC_FREE = ("eff_sync", "sync_chains0", "iter_cycles_sync", "smem_bytes_per_clk",
              "sync_lone_cpi")

@@ -167,6 +167,10 @@ def model_inputs(shape: ConvShape, precision: Precision, target: Target,
     parts = np.maximum(128.0 / np.maximum(np.minimum(shape.c * in_bytes, g.block_k * in_bytes),
                                           1.0), 1.0) - 1.0
     split_lines = np.where((cols["REORDER_INNER"] == 0) & ~dup & ~fold, a_share * parts, 0.0)
+    # ...and the wgmma path's cp.async loads run that order slower per stage even where a
+    # stage takes whole lines (every channel in one stage: the same stages in either
+    # order; recorded spaces: 2% at the median), an effect of the generated code.
+    order0 = wg & (tma == 0) & (cols["REORDER_INNER"] == 0) & ~dup & ~fold
     # mma.sync reads its fragments from shared memory with ldmatrix (wgmma reads in place).
     smem_it = np.where(wg, 0.0, g.warps * (wrt * inst.m + wct * inst.n) * g.block_k * bits / 8
                        * taps)
@@ -190,7 +194,7 @@ def model_inputs(shape: ConvShape, precision: Precision, target: Target,
         # mma.sync: a warp's instructions per iteration, MMAs and their fragments' ldmatrix
         "warp_instrs": np.where(wg, 0.0, g.block_k / inst.k * (wrt * wct + wrt + wct) * taps),
         "ld_it": ld_it, "smem_it": smem_it,
-        "epi_bytes": epi_bytes, "split_lines": split_lines, "dram": dram,
+        "epi_bytes": epi_bytes, "split_lines": split_lines, "order0": order0, "dram": dram,
         "clock_hz": target.boost_mhz * 1e6,
         "bw": target.bandwidth_gbs * 1e9, "sms": target.sms,
         "reduce_bytes": np.where(split_k > 1,
@@ -220,6 +224,7 @@ def _block_cycles(x: Mapping[str, Any], c: Mapping[str, float], conc: np.ndarray
     floor = np.where(wg, c["iter_cycles_wgmma"], c["iter_cycles_sync"]) + \
         c["iter_cycles_per_warp"] * x["warps"] * conc + \
         c["load_latency_cycles"] / x["stages"] + np.where(x["dup"], c["dup_iter_cycles"], 0.0) + \
+        np.where(x["order0"], c["order0_iter_cycles"], 0.0) + \
         np.where(x["tma"] == 1, c["tma_issue_cycles"] * conc, 0.0) + \
         x["halo_taps"] * c["halo_tap_cycles"]
     # cp.async loads: every thread computes the addresses of its vectors each iteration
