@@ -348,6 +348,41 @@ class Geometry:
     taps: np.ndarray | None = None  # filter taps of a stage (DUP_AWARE, HALO: several)
 
 
+def dup_field_rows(shape: ConvShape, bm: np.ndarray, blocked: np.ndarray,
+                   reorder: np.ndarray) -> np.ndarray:
+    """Shared rows of the duplicate-aware receptive field of a block of `bm` output rows
+    (block_tile.cuh): slot rows x input columns x images (NHWCnc: 8 images a row). With
+    REORDER_INNER=1 the slots hold every filter row of the block's output rows, else one."""
+    nb = np.where(blocked, NHWCNC_BATCH_BLOCK, 1)
+    nbt = np.maximum(shape.n // nb, 1)
+    bmp = bm // nb
+    pp, q = shape.p, shape.q
+    (sh, sw), (dh, dw) = shape.stride, shape.dilation
+    r, s = shape.r, shape.s
+    fullrow = bmp >= q
+    rows_out = np.minimum(np.where(fullrow, -(-bmp // q) + 1, 2), nbt * pp)
+    nimg = np.minimum(nbt, (rows_out + pp - 2) // pp + 1)
+    gap = max(0, (r - 1) * dh - sh + 1)
+    in_cols = (np.where(fullrow, q, bmp) - 1) * sw + (s - 1) * dw + 1
+    slots = np.where(reorder,
+                     np.where(fullrow, (rows_out - 1) * sh + (r - 1) * dh + 1 + (nimg - 1) * gap,
+                              rows_out * r),
+                     rows_out)
+    return slots * in_cols * nb
+
+
+def field_pixels(shape: ConvShape, cols: Mapping[str, np.ndarray], g: Geometry) -> np.ndarray:
+    """Input pixel rows per channel block that the duplicate-aware load with every filter row
+    in a stage (REORDER_INNER=1) would read for each schedule's block, whatever its own
+    DUP_AWARE says (HALO: its patch); `g` is the schedules' geometry. What DUP_AWARE could
+    save is the block's im2col rows over this."""
+    blocked = np.asarray(cols["LAYOUT"], dtype=object) == "nhwcnc"
+    halo = _knob(cols, "HALO", np.shape(g.block_m)) == 1
+    every_row = np.ones(np.shape(g.block_m), dtype=bool)
+    return np.where(halo, g.footprint_pixels,
+                    dup_field_rows(shape, g.block_m, blocked, every_row))
+
+
 def geometry(shape: ConvShape, precision: Precision, target: Target,
              cols: Mapping[str, np.ndarray], out_bits: int | None = None,
              int4_s8: bool | None = None, residual: bool = False) -> Geometry:
@@ -414,24 +449,9 @@ def geometry(shape: ConvShape, precision: Precision, target: Target,
     fold = _knob(cols, "FOLD_TAPS", np.shape(brw)) == 1
     tv = fold_tap_bytes(shape, p) or 16
     tps = np.maximum(sb // tv, 1)
-    nb = np.where(blocked, NHWCNC_BATCH_BLOCK, 1)
-    nbt = np.maximum(shape.n // nb, 1)
-    bmp = bm // nb
-    pp, q = shape.p, shape.q
-    (sh, sw), (dh, dw) = shape.stride, shape.dilation
     r, s = shape.r, shape.s
-    # Duplicate-aware receptive field (block_tile.cuh): slot rows x columns x images.
-    fullrow = bmp >= q
-    rows_out = np.minimum(np.where(fullrow, -(-bmp // q) + 1, 2), nbt * pp)
-    nimg = np.minimum(nbt, (rows_out + pp - 2) // pp + 1)
-    gap = max(0, (r - 1) * dh - sh + 1)
-    in_cols = (np.where(fullrow, q, bmp) - 1) * sw + (s - 1) * dw + 1
-    slots = np.where(reorder,
-                     np.where(fullrow, (rows_out - 1) * sh + (r - 1) * dh + 1 + (nimg - 1) * gap,
-                              rows_out * r),
-                     rows_out)
     taps = np.where(dup, np.where(reorder, r * s, s), 1)
-    a_rows = np.where(dup, slots * in_cols * nb, bm)
+    a_rows = np.where(dup, dup_field_rows(shape, bm, blocked, reorder), bm)
     # HALO=1: a stage holds all R*S taps of a channel block and A is the tile's input patch.
     halo = _knob(cols, "HALO", np.shape(brw)) == 1
     hal = _halo_columns(shape, bm, halo)

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from kernels.space import ScheduleSpace, geometry, knobs_for
+from kernels.space import ScheduleSpace, field_pixels, geometry, knobs_for
 from kernels.spec import ConvShape, Precision, Target
 
 SHAPE_FEATURES = ("n", "h", "w", "c", "k", "r", "s", "stride", "p", "q",
@@ -84,9 +84,7 @@ def schedule_features(shape: ConvShape, precision: Precision, target: Target,
     wave_eff = waves / np.ceil(waves)
     # Duplicate ratio: im2col rows of the block tile over the distinct input pixels they
     # read (its receptive field), whatever DUP_AWARE says: it is what that knob could save.
-    field = geometry(shape, p, target, {**cols, "DUP_AWARE": np.ones(n, np.int64),
-                                        "REORDER_INNER": np.ones(n, np.int64)})
-    dup_ratio = bm * shape.r * shape.s / np.maximum(field.footprint_pixels, 1)
+    dup_ratio = bm * shape.r * shape.s / np.maximum(field_pixels(shape, cols, g), 1)
     # Global bytes a block loads over the whole reduction (footprint: rows per channel block).
     in_bytes = p.input_bits / 8
     a_bytes = g.footprint_pixels * shape.c * in_bytes

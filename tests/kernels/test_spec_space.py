@@ -8,6 +8,8 @@ import pytest
 from kernels.space import (
     PAPER_KNOBS,
     ScheduleSpace,
+    field_pixels,
+    geometry,
     is_valid,
     knobs_for,
     schedule_hash,
@@ -181,3 +183,25 @@ def test_a_later_knob_at_its_default_keeps_old_schedules_and_hashes() -> None:
     assert space.index_of(old) == space.index_of(new) and space.is_valid(old)
     d_old, d_new = (defines(BuildJob(STAGE2, Precision.INT8, 90, s)) for s in (old, new))
     assert d_old == d_new and cache_key(d_old, 90) == cache_key(d_new, 90)
+
+
+@pytest.mark.parametrize("precision", [Precision.INT8, Precision.FP16])
+@pytest.mark.parametrize("shape", [
+    ConvShape(n=8, h=28, w=28, c=128, k=128, r=3, s=3, stride=(1, 1), pad=(1, 1)),
+    ConvShape(n=8, h=56, w=56, c=64, k=64, r=3, s=3, stride=(2, 2), pad=(1, 1)),
+    ConvShape(n=2, h=17, w=19, c=24, k=40, r=3, s=3, stride=(1, 1), pad=(2, 2),
+              dilation=(2, 2)),
+])
+def test_field_pixels_is_the_duplicate_aware_channels_outer_footprint(
+        shape: ConvShape, precision: Precision) -> None:
+    # field_pixels spares the features a second geometry with DUP_AWARE and REORDER_INNER on
+    # (NHWCnc, HALO and every tile size among the schedules)
+    space = ScheduleSpace(shape, precision, TARGETS["h100"])
+    idx = np.random.default_rng(0).choice(space.size, 20000, replace=False)
+    cols = space.columns(idx)
+    g = geometry(shape, precision, TARGETS["h100"], cols)
+    on = np.ones(len(idx), np.int64)
+    want = geometry(shape, precision, TARGETS["h100"],
+                    {**cols, "DUP_AWARE": on, "REORDER_INNER": on}).footprint_pixels
+    assert np.array_equal(field_pixels(shape, cols, g), want)
+    assert (np.asarray(cols["LAYOUT"]) == "nhwcnc").any() and (np.asarray(cols["HALO"]) == 1).any()
