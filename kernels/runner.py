@@ -218,10 +218,17 @@ def check_buffer(prob: Problem, buf: Any, epilogue_mode: str, relu: bool, residu
         if out_bits == 16:  # float64 once: numpy's mixed fp16-fp64 loops are slow
             got = got.astype(np.float64)
         return verify_output(got, want, prec, out_bits, gemm_k)
+    return check_values(prob, buf, epilogue_mode, relu, residual, layout, out_bits)
+
+
+def check_values(prob: Problem, buf: Any, epilogue_mode: str, relu: bool, residual: bool,
+                 layout: str, out_bits: int) -> tuple[bool, dict[str, Any]]:
+    """The same check through the buffer's NHWC values (int4, fp32 outputs, fp32_tc)."""
+    prec = prob.precision
     got = from_device_output(buf, prob.shape, out_bits, prec, layout)
     want = prob.expected(epilogue_mode, relu, residual)
     abs_ref = fp32_tc_abs_ref(prob, epilogue_mode) if prec is Precision.FP32_TC else None
-    return verify_output(got, want, prec, out_bits, gemm_k, abs_ref)
+    return verify_output(got, want, prec, out_bits, prob.shape.gemm_k, abs_ref)
 
 
 def verify_output(got: Any, want: Any, precision: Precision, out_bits: int, gemm_k: int,
