@@ -496,7 +496,12 @@ def import_cmd(path: str, server: str | None, token: str | None) -> None:
 @click.option("--target", default=None,
               help="t4, a100, a10, l4, h100, h200: as --precision")
 @click.option("--trials", default=500, show_default=True, type=click.IntRange(1),
-              help="trial budget of each submitted layer")
+              help="trials per submitted layer (on average, with --allocate time)")
+@click.option("--allocate", default="time", show_default=True,
+              type=click.Choice(["time", "even"]),
+              help="time: more trials to the layers that take more of the model's time "
+                   "(uses x estimated latency; 0.5-4x the average, by the square root of "
+                   "the share); even: --trials each")
 @click.option("--strategy", default=None, help=STRATEGY_HELP)
 @click.option("--submit/--dry-run", default=True, show_default=True,
               help="submit the untuned layers, or only report coverage")
@@ -508,7 +513,7 @@ def import_cmd(path: str, server: str | None, token: str | None) -> None:
 @server_option
 @token_option
 def plan_cmd(model: str, input_shape: str | None, precision: str | None, target: str | None,
-             trials: int, strategy: str | None, submit: bool, wait: bool,
+             trials: int, allocate: str, strategy: str | None, submit: bool, wait: bool,
              timeout: float | None, server: str | None, token: str | None) -> None:
     """Tune a whole model: look its conv layers up, submit each distinct untuned one once
     (layers of the same shape share a task and its job), report coverage.
@@ -518,7 +523,9 @@ def plan_cmd(model: str, input_shape: str | None, precision: str | None, target:
     random input of --input-shape: `torchvision:NAME` (e.g. torchvision:resnet50) or
     `module.path:factory` (a function returning a torch.nn.Module, imported from the
     working directory or the environment); a module model needs --precision and --target.
-    Grouped convolutions are left out (the kernel does groups=1).
+    Grouped convolutions are left out (the kernel does groups=1). The submitted layers
+    share --trials per layer: by default the layers that take more of the model's time get
+    more (--allocate).
 
     \b
     Examples:
@@ -560,7 +567,7 @@ def plan_cmd(model: str, input_shape: str | None, precision: str | None, target:
     client = _client(server, token)
     try:
         cov = plan(client, layers, trials, submit=submit, strategy=strategy_name,
-                   strategy_options=strategy_options)
+                   strategy_options=strategy_options, allocate=allocate)
     except TctuneError as err:
         raise click.ClickException(explain(err.body)) from None
     console = Console(stderr=True)
@@ -582,7 +589,7 @@ def plan_cmd(model: str, input_shape: str | None, precision: str | None, target:
         raise click.ClickException(f"{err}; `tctune plan {model} --dry-run` shows "
                                    "coverage later") from None
     results = [{"name": la.name, "task_key": res["task_key"],
-                "job_id": row["job_id"], "found": res["found"],
+                "job_id": row["job_id"], "trials": row["trials"], "found": res["found"],
                 "latency_us": res.get("latency_us"), "simulated": res.get("simulated"),
                 "simulated_note": res.get("simulated_note"),
                 "baseline": res.get("baseline"), "baseline_us": res.get("baseline_us"),
@@ -607,10 +614,11 @@ def plan_cmd(model: str, input_shape: str | None, precision: str | None, target:
 def _coverage_table(rows: list[dict[str, Any]]) -> Any:
     from rich.table import Table
 
-    table = Table("layer", "task", "state", "latency (us)")
+    table = Table("layer", "task", "state", "trials", "latency (us)")
     for row in rows:
         lat = "" if row["latency_us"] is None else f"{row['latency_us']:.2f}"
-        table.add_row(row["name"], row["task_key"], row["state"], lat)
+        trials = "" if row["trials"] is None else str(row["trials"])
+        table.add_row(row["name"], row["task_key"], row["state"], trials, lat)
     return table
 
 

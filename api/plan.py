@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import importlib
 import json
+import math
 import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kernels.spec import ConvShape, two_input_shape
+from kernels.spec import ConvShape, Precision, get_target, two_input_shape
 
 
 @dataclass(frozen=True)
@@ -210,6 +211,51 @@ def two_input_layers(module: Any, found: list[dict[str, Any]]) -> list[dict[str,
     return out
 
 
+# Spreading a plan's trials ------------------------------------------------------------------
+
+ALLOCATIONS = ("time", "even")
+# One run of a layer, estimated: a floor that small convs do not go below (their kernels are
+# latency-bound: ResNet-50's convs at batch 8 take 4-15 us on an H100, bench/RESULTS.md) plus
+# the multiply-adds at a share of the target's Tensor Core peak.
+FLOOR_US = 3.0
+PEAK_SHARE = 0.3
+# A layer's trials against an even split: the square root of its share of the model's time
+# (a search's gap to its best closes about as 1/trials, so the model's summed gap is least
+# with trials in proportion to the root of each layer's time), held within these factors.
+SPREAD = (0.5, 4.0)
+
+LayerKey = tuple[ConvShape, str, str]
+
+
+def layer_key(layer: Layer) -> LayerKey:
+    return layer.shape, layer.precision, layer.target
+
+
+def layer_time_us(shape: ConvShape, precision: str, target: str) -> float:
+    """A rough estimate of one run of the layer, for weighing it against a model's others."""
+    peak = get_target(target).peak(Precision(precision)) * 1e12
+    return FLOOR_US + shape.flops / (peak * PEAK_SHARE) * 1e6
+
+
+def trial_budgets(layers: list[Layer], trials: int, allocate: str = "time"
+                  ) -> dict[LayerKey, int]:
+    """The trials of each distinct layer (shape, precision, target) of a model: `trials` each
+    ("even"), or `trials` on average, more to the layers that take more of the model's time
+    (its uses x `layer_time_us`, "time"; at least 1 each)."""
+    if allocate not in ALLOCATIONS:
+        raise ValueError(f"allocate is one of {', '.join(ALLOCATIONS)}, not {allocate!r}")
+    uses: dict[LayerKey, int] = {}
+    for layer in layers:
+        uses[layer_key(layer)] = uses.get(layer_key(layer), 0) + 1
+    if allocate == "even" or len(uses) < 2:
+        return dict.fromkeys(uses, trials)
+    weight = {k: n * layer_time_us(*k) for k, n in uses.items()}
+    mean = sum(weight.values()) / len(weight)
+    share = {k: min(max(math.sqrt(w / mean), SPREAD[0]), SPREAD[1]) for k, w in weight.items()}
+    scale = trials * len(share) / sum(share.values())
+    return {k: max(1, round(v * scale)) for k, v in share.items()}
+
+
 @dataclass
 class Coverage:
     layers: int
@@ -223,17 +269,21 @@ class Coverage:
 
 
 def plan(client: Any, layers: list[Layer], trials: int, submit: bool = True,
-         strategy: str | None = None, strategy_options: dict[str, Any] | None = None
-         ) -> Coverage:
-    """Look every layer up; submit the distinct untuned ones (unless `submit` is off)."""
+         strategy: str | None = None, strategy_options: dict[str, Any] | None = None,
+         allocate: str = "time") -> Coverage:
+    """Look every layer up; submit the distinct untuned ones (unless `submit` is off), each
+    with its share of the trials (`trial_budgets` over the untuned layers)."""
     results = client.lookup([(la.shape, la.precision, la.target) for la in layers])
+    budgets = trial_budgets([la for la, res in zip(layers, results, strict=True)
+                             if not res["found"]], trials, allocate)
     rows, submitted_keys, running, submitted = [], {}, 0, 0
     for layer, res in zip(layers, results, strict=True):
         state = "tuned" if res["found"] else "untuned"
         if not res["found"] and submit:
             key = res["task_key"]
             if key not in submitted_keys:
-                job = client.tune(layer.shape, layer.precision, layer.target, trials, strategy,
+                job = client.tune(layer.shape, layer.precision, layer.target,
+                                  budgets[layer_key(layer)], strategy,
                                   strategy_options=strategy_options)
                 submitted_keys[key] = job
                 if job["created"]:
@@ -241,10 +291,14 @@ def plan(client: Any, layers: list[Layer], trials: int, submit: bool = True,
                 else:
                     running += 1
             state = f"job {submitted_keys[key]['job_id']}"
-        job_id = submitted_keys[res["task_key"]]["job_id"] \
-            if res["task_key"] in submitted_keys else None
+        job = submitted_keys.get(res["task_key"])
+        # The trials this plan gives the layer's job (none where it is tuned, or where a job
+        # of its task was running already, with its own budget).
+        budget = None if res["found"] or (job and not job["created"]) else \
+            budgets[layer_key(layer)]
         rows.append({"name": layer.name, "task_key": res["task_key"], "state": state,
-                     "latency_us": res.get("latency_us"), "job_id": job_id})
+                     "latency_us": res.get("latency_us"),
+                     "job_id": job["job_id"] if job else None, "trials": budget})
     distinct = len({r["task_key"] for r in rows})
     tuned = len({r["task_key"] for r, res in zip(rows, results, strict=True) if res["found"]})
     jobs: dict[int, list[str]] = {}

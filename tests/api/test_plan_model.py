@@ -17,7 +17,7 @@ import httpx
 import pytest
 import torch
 
-from api.plan import conv_layers
+from api.plan import SPREAD, Layer, conv_layers, layer_time_us, load_module_model, trial_budgets
 from kernels.spec import TARGETS, ConvShape, Precision, task_key
 from tests.api.test_cli_first_hour import assert_one_line, cli
 from tests.conftest import REPO, Service
@@ -48,7 +48,8 @@ def test_a_torch_module_is_tuned_layer_by_distinct_layer_in_one_command(
     assert (len(layers), len(keys)) == (10, 5)
 
     res = _cli(svc, "plan", *MODULE, "--precision", "int8", "--target", "h200",
-               "--trials", "8", "--strategy", "random", "--submit", "--wait")
+               "--trials", "8", "--allocate", "even", "--strategy", "random", "--submit",
+               "--wait")
     assert res.returncode == 0, res.stderr
     out = json.loads(res.stdout)
     assert {k: out[k] for k in ("layers", "distinct", "tuned", "submitted", "running")} == {
@@ -206,3 +207,53 @@ def test_a_module_plan_holds_the_layers_over_two_inputs_deploy_merges() -> None:
     # BasicBlocks (a 3x3 last conv) and identity shortcuts have none
     assert not any(la.shape.concat for la in load_module_model(
         "tests.models:small_resnet", (2, 3, 32, 32), "int8", "h100"))
+
+
+def test_a_plans_trials_go_to_the_layers_that_take_the_models_time() -> None:
+    a = Layer("a", STAGE2, "int8", "h200")
+    b = Layer("b", STAGE3, "int8", "h200")
+    # STAGE3 does the same multiply-adds as STAGE2 (half the pixels, twice the channels both
+    # ways): the same estimate, so four uses of one against one of the other weigh 4:1, and
+    # the trials go as the square root, 2:1, with the same total as an even split.
+    assert layer_time_us(STAGE2, "int8", "h200") == layer_time_us(STAGE3, "int8", "h200")
+    assert trial_budgets([a, a, a, a, b], 30) == {
+        (STAGE2, "int8", "h200"): 40, (STAGE3, "int8", "h200"): 20}
+    assert trial_budgets([a, a, a, a, b], 30, "even") == {
+        (STAGE2, "int8", "h200"): 30, (STAGE3, "int8", "h200"): 30}
+    # Another precision or target is another layer; its estimate follows that peak.
+    assert layer_time_us(STAGE2, "fp16", "h200") > layer_time_us(STAGE2, "int8", "h200")
+    assert layer_time_us(STAGE2, "int8", "t4") > layer_time_us(STAGE2, "int8", "h200")
+    assert len(trial_budgets([a, Layer("a", STAGE2, "fp16", "h200")], 10)) == 2
+    with pytest.raises(ValueError, match="allocate is one of time, even"):
+        trial_budgets([a, b], 10, "flops")
+
+    # A real model: the bigger the layer's share, the more trials, within SPREAD of the
+    # average before rounding, and about trials x layers in all.
+    layers = load_module_model("tests.models:small_resnet", (8, 3, 224, 224), "fp16", "h100")
+    budgets = trial_budgets(layers, 48)
+    assert len(budgets) == 5
+    uses = {k: sum(1 for la in layers if (la.shape, la.precision, la.target) == k)
+            for k in budgets}
+    weight = {k: uses[k] * layer_time_us(*k) for k in budgets}
+    order = sorted(budgets, key=weight.__getitem__)
+    assert [budgets[k] for k in order] == sorted(budgets.values())
+    assert budgets[order[-1]] > 48 > budgets[order[0]]
+    assert abs(sum(budgets.values()) - 48 * 5) <= 5
+    assert max(budgets.values()) / min(budgets.values()) <= SPREAD[1] / SPREAD[0] + 0.1
+
+
+def test_the_plan_submits_each_layer_with_its_share_of_the_trials(
+        make_service: Callable[..., Service]) -> None:
+    svc = make_service(TCTUNE_SIM_DELAY_S="0.05").start()
+    dry = _cli(svc, "plan", *MODULE, "--precision", "int8", "--target", "h200", "--trials",
+               "20", "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    layers = load_module_model("tests.models:small_resnet", (2, 3, 32, 32), "int8", "h200")
+    want = {task_key(k[0], Precision.INT8, TARGETS["h200"]): n
+            for k, n in trial_budgets(layers, 20).items()}
+    assert len(set(want.values())) > 1  # the layers' shares differ
+    assert "trials" in dry.stderr and _jobs(svc) == []
+    res = _cli(svc, "plan", *MODULE, "--precision", "int8", "--target", "h200", "--trials",
+               "20", "--strategy", "random")
+    assert res.returncode == 0, res.stderr
+    assert {j["task"]["key"]: j["trials"] for j in _jobs(svc)} == want
