@@ -76,9 +76,10 @@ class TimedSet:
 
 TIMED = {
     # The zoo's transfer, ping-pong and 4-warpgroup rounds (H100: 4-21 schedules near each
-    # layer's best): how much of a block's fixed cost a persistent block's next tile hides.
+    # layer's best): how much of a block's fixed cost a persistent block's next tile hides,
+    # and what a ping-pong consumer's turn costs per stage.
     "zoo_h100": TimedSet(("zoo_transfer_r*_h100.json.gz", "zoo_pingpong*_h100.json.gz",
-                          "zoo_wg4_h100.json.gz"), ("persist_hidden",),
+                          "zoo_wg4_h100.json.gz"), ("persist_hidden", "pingpong_iter_cycles"),
                          ("mobilenet_v2", "efficientnet_b0"), "h100"),
     # The halo patch's A/B (H200: 26 random HALO=1 schedules per layer beside its record's
     # and their neighbours): what each filter tap of a halo stage costs.

@@ -171,6 +171,9 @@ def model_inputs(shape: ConvShape, precision: Precision, target: Target,
     # stage takes whole lines (every channel in one stage: the same stages in either
     # order; recorded spaces: 2% at the median), an effect of the generated code.
     order0 = wg & (tma == 0) & (cols["REORDER_INNER"] == 0) & ~dup & ~fold
+    # PINGPONG: each consumer's main loop waits its turn (an mbarrier the other hands over)
+    # on every stage of its tile.
+    pingpong = _knob(cols, "PINGPONG", n) == 1
     # mma.sync reads its fragments from shared memory with ldmatrix (wgmma reads in place).
     smem_it = np.where(wg, 0.0, g.warps * (wrt * inst.m + wct * inst.n) * g.block_k * bits / 8
                        * taps)
@@ -194,7 +197,8 @@ def model_inputs(shape: ConvShape, precision: Precision, target: Target,
         # mma.sync: a warp's instructions per iteration, MMAs and their fragments' ldmatrix
         "warp_instrs": np.where(wg, 0.0, g.block_k / inst.k * (wrt * wct + wrt + wct) * taps),
         "ld_it": ld_it, "smem_it": smem_it,
-        "epi_bytes": epi_bytes, "split_lines": split_lines, "order0": order0, "dram": dram,
+        "epi_bytes": epi_bytes, "split_lines": split_lines, "order0": order0,
+        "pingpong": pingpong, "dram": dram,
         "clock_hz": target.boost_mhz * 1e6,
         "bw": target.bandwidth_gbs * 1e9, "sms": target.sms,
         "reduce_bytes": np.where(split_k > 1,
@@ -225,6 +229,7 @@ def _block_cycles(x: Mapping[str, Any], c: Mapping[str, float], conc: np.ndarray
         c["iter_cycles_per_warp"] * x["warps"] * conc + \
         c["load_latency_cycles"] / x["stages"] + np.where(x["dup"], c["dup_iter_cycles"], 0.0) + \
         np.where(x["order0"], c["order0_iter_cycles"], 0.0) + \
+        np.where(x["pingpong"], c["pingpong_iter_cycles"], 0.0) + \
         np.where(x["tma"] == 1, c["tma_issue_cycles"] * conc, 0.0) + \
         x["halo_taps"] * c["halo_tap_cycles"]
     # cp.async loads: every thread computes the addresses of its vectors each iteration
