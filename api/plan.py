@@ -19,6 +19,7 @@ import json
 import math
 import os
 import sys
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -244,9 +245,7 @@ def trial_budgets(layers: list[Layer], trials: int, allocate: str = "time"
     (its uses x `layer_time_us`, "time"; at least 1 each)."""
     if allocate not in ALLOCATIONS:
         raise ValueError(f"allocate is one of {', '.join(ALLOCATIONS)}, not {allocate!r}")
-    uses: dict[LayerKey, int] = {}
-    for layer in layers:
-        uses[layer_key(layer)] = uses.get(layer_key(layer), 0) + 1
+    uses = Counter(layer_key(layer) for layer in layers)
     if allocate == "even" or len(uses) < 2:
         return dict.fromkeys(uses, trials)
     weight = {k: n * layer_time_us(*k) for k, n in uses.items()}
