@@ -5,6 +5,8 @@ each layer's result against the zoo's best of the same layer (bench/zoo.py, the 
     python -m bench.service_tuning attach bench/data/service_tuning_r50_h100.json \
         --layer-search bench/data/layer_search_r50_h100.json
     python -m bench.service_tuning table bench/data/service_tuning_r50_h100.json
+    python -m bench.service_tuning records bench/data/service_tuning_r50_h100.json --out R
+    python -m bench.service_tuning versus --service S1,S2 --reference A1,A2,B1,B2
 
 DIR holds tune_model.sh's outputs: tuning.json, plan_int8.json, plan_fp16.json. `attach`
 adds each layer's result against a long search of that layer alone (bench/layer_search.py)
@@ -12,6 +14,10 @@ on the same GPU model: `vs_500_trials` is the service's latency over the search'
 latencies are compared as they are: one schedule times within a few percent from run to run
 and machine to machine, whereas cuDNN's time of a layer moved by up to 1.7x between runs
 (kernels/cudnn.py says why), so no ratio to each run's cuDNN is taken.
+`records` turns a summary's schedules into a records file (`bench.retime run --records`);
+`versus` compares `bench.retime` runs of the service's schedules with runs of reference
+schedules (a long search's bests, the best known records) timed in the same session: each
+layer's service time (mean over its runs) over the fastest reference's (mean over its runs).
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from typing import Any
 
 from bench.cli import geomean
 from bench.zoo import ZOO_FILE, zoo_bests
+from kernels.spec import ConvShape
 
 
 def summarize(folder: Path, zoo: Path = ZOO_FILE) -> dict[str, Any]:
@@ -40,6 +47,7 @@ def summarize(folder: Path, zoo: Path = ZOO_FILE) -> dict[str, Any]:
             shape_key = r["task_key"].split("|")[0]
             zb = bests.get(f"{shape_key}|{p}")  # bench.zoo.measure_key
             rows.append({"layer": r["name"], "task_key": r["task_key"], "precision": p,
+                         "schedule": r.get("schedule"),
                          "latency_us": r.get("latency_us"), "baseline_us": r.get("baseline_us"),
                          "speedup": r.get("speedup"), "zoo_us": zb,
                          "vs_zoo": (r["latency_us"] / zb if zb and r.get("latency_us")
@@ -63,6 +71,58 @@ def attach(doc: dict[str, Any], search: dict[str, Any]) -> dict[str, Any]:
     doc["layer_search"] = {"gpu": search["gpu"], "date": search["date"],
                            "strategy": search["strategy"]}
     return doc
+
+
+def records(doc: dict[str, Any]) -> dict[str, Any]:
+    """A summary's schedules as a records file (task key -> record), for `bench.retime`."""
+    return {r["task_key"]: {"schedule": r["schedule"], "latency_us": r["latency_us"],
+                            "source": f"service, {doc['trials']} trials: {r['layer']}"}
+            for r in doc["rows"] if r.get("schedule") and r.get("latency_us")}
+
+
+def _mean_times(runs: list[dict[str, Any]]) -> dict[tuple[str, str], float]:
+    """(shape key, precision) -> the mean of its ok times over `bench.retime` runs."""
+    times: dict[tuple[str, str], list[float]] = {}
+    for run in runs:
+        for r in run["rows"]:
+            if r.get("status") == "ok" and r.get("ours_us"):
+                key = (ConvShape.from_dict(r["shape"]).key(), r["precision"])
+                times.setdefault(key, []).append(r["ours_us"])
+    return {k: sum(v) / len(v) for k, v in times.items()}
+
+
+def versus(service: list[dict[str, Any]], references: list[list[dict[str, Any]]]
+           ) -> dict[str, Any]:
+    """Each layer's service time over its fastest reference's, all timed in one session."""
+    ours = _mean_times(service)
+    refs = [_mean_times(runs) for runs in references]
+    layer = {(ConvShape.from_dict(r["shape"]).key(), r["precision"]): r["layer"]
+             for r in service[0]["rows"]}
+    rows = []
+    for key, us in sorted(ours.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        best = min((ref[key], i) for i, ref in enumerate(refs) if key in ref)
+        rows.append({"layer": layer[key], "shape": key[0], "precision": key[1],
+                     "service_us": round(us, 4), "best_us": round(best[0], 4),
+                     "best_from": references[best[1]][0]["records"],
+                     "vs_best": round(us / best[0], 4)})
+    return {"gpu": service[0]["gpu"], "date": service[0]["date"],
+            "service": [r["records"] for r in service],
+            "references": [[r["records"] for r in runs] for runs in references], "rows": rows}
+
+
+def render_versus(doc: dict[str, Any]) -> str:
+    lines = [f"{doc['gpu']}, {doc['date']}: the service's schedules over the fastest reference, "
+             "each the mean of its runs", "",
+             "| precision | layers | geomean | worst | within 5% |", "|---|---|---|---|---|"]
+    for p in ("int8", "fp16"):
+        v = [r["vs_best"] for r in doc["rows"] if r["precision"] == p]
+        if v:
+            lines.append(f"| {p} | {len(v)} | {geomean(v):.3f}x | {max(v):.3f}x | "
+                         f"{sum(x <= 1.05 for x in v)} |")
+    miss = [r for r in doc["rows"] if r["vs_best"] > 1.05]
+    lines += ["", "Past 5%: " + (", ".join(
+        f"{r['layer']} {r['precision']} {r['vs_best']:.3f}x" for r in miss) or "none")]
+    return "\n".join(lines)
 
 
 def render(path: str) -> str:
@@ -105,8 +165,27 @@ def main(argv: list[str] | None = None) -> int:
     at.add_argument("--layer-search", required=True, type=Path)
     t = sub.add_parser("table")
     t.add_argument("file")
+    rc = sub.add_parser("records")
+    rc.add_argument("file", type=Path)
+    rc.add_argument("--out", required=True, type=Path)
+    vs = sub.add_parser("versus")
+    vs.add_argument("--service", required=True, help="bench.retime runs of the service's "
+                    "records, comma-separated")
+    vs.add_argument("--reference", action="append", required=True,
+                    help="bench.retime runs of one reference's records, comma-separated; "
+                    "once per reference")
+    vs.add_argument("--out", type=Path)
     a = ap.parse_args(argv)
-    if a.cmd == "attach":
+    if a.cmd == "records":
+        a.out.write_text(json.dumps(records(json.loads(a.file.read_text())), indent=1))
+    elif a.cmd == "versus":
+        def runs(csv: str) -> list[dict[str, Any]]:
+            return [json.loads(Path(f).read_text()) for f in csv.split(",")]
+        doc = versus(runs(a.service), [runs(r) for r in a.reference])
+        if a.out:
+            a.out.write_text(json.dumps(doc, indent=1))
+        print(render_versus(doc))
+    elif a.cmd == "attach":
         doc = attach(json.loads(a.file.read_text()), json.loads(a.layer_search.read_text()))
         a.file.write_text(json.dumps(doc, indent=1))
         print(render(str(a.file)))

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from api.plan import SPREAD, Layer, conv_layers, layer_time_us, load_module_model, trial_budgets
+from kernels.space import ScheduleSpace
 from kernels.spec import TARGETS, ConvShape, Precision, task_key
 from tests.api.test_cli_first_hour import assert_one_line, cli
 from tests.conftest import REPO, Service
@@ -72,6 +73,12 @@ def test_a_torch_module_is_tuned_layer_by_distinct_layer_in_one_command(
         assert r["latency_us"] > 0 and r["simulated"] is True
         assert r["baseline"] == "cuDNN fp16" and r["baseline_us"] > 0
         assert r["speedup"] == round(r["baseline_us"] / r["latency_us"], 3)
+    # ... and its schedule, one of its task's space (what `bench.service_tuning` retimes).
+    shape_of = {r["task_key"]: ConvShape.from_dict(la["shape"])
+                for r, la in zip(results, layers, strict=True)}
+    for r in results:
+        space = ScheduleSpace(shape_of[r["task_key"]], Precision.INT8, TARGETS["h200"])
+        assert space.is_valid(r["schedule"]), r
     by_name = {r["name"]: r for r in results}
     assert len({by_name[f"layer1.{b}.conv{c}"]["job_id"] for b in (0, 1) for c in (1, 2)}) == 1
 
@@ -187,7 +194,8 @@ def test_plan_help_explains_models_and_waiting() -> None:
     text = " ".join(res.stdout.split())
     for words in ("torchvision:NAME", "module.path:factory", "--input-shape N,C,H,W",
                   "random weights", "--submit / --dry-run", "--wait",
-                  "share a task and its job", "best latency and speedup"):
+                  "share a task and its job", "best latency and speedup",
+                  "within 5% of the best known schedule", "[default: 128;"):
         assert words in text, words
 
 
