@@ -100,7 +100,10 @@ def versus(service: list[dict[str, Any]], references: list[list[dict[str, Any]]]
              for r in service[0]["rows"]}
     rows = []
     for key, us in sorted(ours.items(), key=lambda kv: (kv[0][1], kv[0][0])):
-        best = min((ref[key], i) for i, ref in enumerate(refs) if key in ref)
+        timed = [(ref[key], i) for i, ref in enumerate(refs) if key in ref]
+        if not timed:  # no reference ran this layer: nothing to compare it with
+            continue
+        best = min(timed)
         rows.append({"layer": layer[key], "shape": key[0], "precision": key[1],
                      "service_us": round(us, 4), "best_us": round(best[0], 4),
                      "best_from": references[best[1]][0]["records"],

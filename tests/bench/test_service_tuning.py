@@ -52,13 +52,15 @@ def _retime(records: str, times: dict[tuple[str, str], float | None]) -> dict:
 def test_versus_takes_each_layer_over_its_fastest_reference() -> None:
     from bench.service_tuning import render_versus, versus
 
-    service = [_retime("S", {("a", "int8"): 7.0, ("b", "int8"): 5.0, ("b", "fp16"): 8.0}),
+    service = [_retime("S", {("a", "int8"): 7.0, ("b", "int8"): 5.0, ("b", "fp16"): 8.0,
+                             ("a", "fp16"): 3.0}),
                _retime("S", {("a", "int8"): 7.2, ("b", "int8"): 5.2, ("b", "fp16"): 8.2})]
     search = [_retime("L", {("a", "int8"): 6.0, ("b", "int8"): None, ("b", "fp16"): 9.0})]
     known = [_retime("K", {("a", "int8"): 6.9, ("b", "int8"): 5.0, ("b", "fp16"): 8.0}),
              _retime("K", {("a", "int8"): 7.1, ("b", "int8"): 5.0, ("b", "fp16"): 8.0})]
     doc = versus(service, [search, known])
     by = {(r["layer"], r["precision"]): r for r in doc["rows"]}
+    assert ("a", "fp16") not in by  # no reference timed it
     # a: the search's 6.0 beats the records' mean 7.0; the service's mean is 7.1
     assert by["a", "int8"]["vs_best"] == pytest.approx(7.1 / 6.0, abs=1e-4)
     assert by["a", "int8"]["best_from"] == "L"
