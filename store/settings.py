@@ -47,6 +47,10 @@ class Settings(BaseSettings):
     # model is reused across rounds instead of retrained whenever the fleet writes.
     rounds_in_flight: int = 2
     prior_refresh_s: float = 30.0
+    # Embedded service: a job proposes its budget in at least this many rounds (of 8 or
+    # more), so that a short job of a whole model's tuning starts most of them from the
+    # other layers' bests found meanwhile (0: rounds of batch_size).
+    job_rounds: int = 4
     # XGBoost threads of each explorer process: a job's model trains on hundreds of rows,
     # where more threads cost more CPU than they save; more cores go to `--procs`.
     xgb_threads: int = 1

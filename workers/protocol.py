@@ -95,6 +95,7 @@ class Rounds:
     alive_s: float = 20.0
     pipeline_after: int = 0
     chunk: int = 1  # candidates per measure message: what an idle GPU takes at once
+    job_rounds: int = 0  # a job's budget in at least this many rounds (0: no pacing)
 
     @classmethod
     def fleet(cls, settings: Settings) -> Rounds:
@@ -107,13 +108,15 @@ class Rounds:
     def embedded(cls, settings: Settings) -> Rounds:
         # A job's first round is measured before the next is proposed: short jobs (a whole
         # model at a few dozen trials a layer) would otherwise spend their budget blind.
+        # A short job's budget goes out over several rounds (`job_rounds`), each seeded by
+        # the bests the model's other layers have found by then.
         return cls(settings.batch_size, settings.rounds_in_flight,
-                   pipeline_after=settings.batch_size)
+                   pipeline_after=settings.batch_size, job_rounds=settings.job_rounds)
 
     def propose(self, db_url: str, job_id: int) -> tasks.Proposal:
         return tasks.explore_round(db_url, job_id, self.batch_size, self.rounds_in_flight,
                                    self.prior_refresh_s, self.max_round, self.alive_s,
-                                   self.pipeline_after, self.chunk)
+                                   self.pipeline_after, self.chunk, self.job_rounds)
 
 
 @dataclass(frozen=True)

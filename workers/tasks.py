@@ -150,9 +150,25 @@ def round_size(session: Any, db_url: str, target: str, batch_size: int, max_roun
     return size
 
 
+# A paced job's rounds hold at least this many candidates (a measure message's worth).
+MIN_PACED_ROUND = 8
+
+
+def paced_round(trials: int, job_rounds: int) -> int:
+    """The largest round of a job of `trials` spread over at least `job_rounds` rounds (0:
+    no limit). Why: the layers of a model are tuned at once, and a job's rounds take its
+    neighbours' bests as they are found (workers/seeds.py); a short job (a whole model at a
+    few dozen trials a layer) whose budget went out in one round would spend it before any
+    neighbour had measured anything."""
+    if job_rounds <= 0:
+        return trials
+    return max(MIN_PACED_ROUND, -(-trials // job_rounds))
+
+
 def explore_round(db_url: str, job_id: int, batch_size: int = 32, rounds_in_flight: int = 1,
                   prior_refresh_s: float = 0.0, max_round: int = 0,
-                  alive_s: float = 20.0, pipeline_after: int = 0, chunk: int = 1) -> Proposal:
+                  alive_s: float = 20.0, pipeline_after: int = 0, chunk: int = 1,
+                  job_rounds: int = 0) -> Proposal:
     """Propose the job's next round unless `rounds_in_flight` rounds are open already.
 
     Open candidates never sent (or forgotten) are returned to be dispatched again. With
@@ -164,6 +180,7 @@ def explore_round(db_url: str, job_id: int, batch_size: int = 32, rounds_in_flig
     takes `chunk` candidates). With
     `pipeline_after`, a round is proposed while another is open only once the job has that
     many trials measured (a strategy proposing from no measurement at all proposes blind).
+    With `job_rounds`, a job proposes its budget in at least that many rounds (`paced_round`).
     """
     with session_scope(db_url) as s:
         job = repo.get_job(s, job_id, lock=True)  # one explorer per job at a time
@@ -191,7 +208,7 @@ def explore_round(db_url: str, job_id: int, batch_size: int = 32, rounds_in_flig
         history.pending = pending_of(s, db_url, job.task_id, space, open_rows)
         strategy = strategy_for(db_url, job, space)
         size = min(round_size(s, db_url, target, batch_size, max_round, alive_s, chunk),
-                   remaining)
+                   remaining, paced_round(job.trials, job_rounds))
         # The seeds from the newest prior; the strategy's moves only as it grows by half.
         fresh = seed_prior(s, db_url, job.task_id, target, spec.precision.value,
                            prior_refresh_s)

@@ -109,3 +109,37 @@ def test_the_count_is_spent_by_chunks_between_refreshes(db: str) -> None:
     # Within the refresh interval the explorer counts down what it proposed itself.
     tasks.explore_round(db, second, 32, max_round=256, chunk=8)
     assert _proposed(db, second) == 128  # the other 14 GPUs: 112, in steps of 32
+
+
+def test_a_paced_job_spreads_a_short_budget_over_rounds(db: str) -> None:
+    """With `job_rounds` (the embedded service's default: 4) a job of fewer than that many
+    batches proposes its budget in that many rounds of at least 8, so that most of it goes out
+    after the model's other layers have measured (workers/seeds.py); longer jobs, and jobs
+    without pacing, keep the batch size."""
+    assert [tasks.paced_round(t, 4) for t in (1, 12, 40, 90, 128, 1000)] == \
+        [8, 8, 10, 23, 32, 250]
+    assert tasks.paced_round(40, 0) == 40
+    _gpus(db, idle=0, busy=40)
+    job = _job(db, 40)
+    sizes = []
+    for _ in range(6):
+        before = _proposed(db, job)
+        tasks.explore_round(db, job, 32, rounds_in_flight=8, job_rounds=4)
+        sizes.append(_proposed(db, job) - before)
+    assert sizes == [10, 10, 10, 10, 0, 0]
+    unpaced = _job(db, 40, "stage2")
+    tasks.explore_round(db, unpaced, 32, rounds_in_flight=8)
+    assert _proposed(db, unpaced) == 32
+    long = _job(db, 1000, "stage4")
+    tasks.explore_round(db, long, 32, job_rounds=4)
+    assert _proposed(db, long) == 32
+
+
+def test_the_embedded_service_paces_and_the_fleet_does_not() -> None:
+    from store.settings import Settings
+    from workers.protocol import Rounds
+
+    settings = Settings()
+    assert settings.job_rounds == 4
+    assert Rounds.embedded(settings).job_rounds == 4
+    assert Rounds.fleet(settings).job_rounds == 0
