@@ -27,16 +27,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
 
+from bench._procs import REPO, free_port, start, stop, wait_http
 from bench.cli import add_table, commands, geomean, log, print_table
 from bench.zoo import load_shapes
 from kernels.space import ScheduleSpace
 from kernels.spec import ConvShape, Precision, get_target
 from workers.backends.simulated import simulate_latency_us
 
-REPO = Path(__file__).resolve().parent.parent
 PRECISIONS = ("int8", "fp16")
 
 
@@ -49,30 +48,23 @@ def model_file(model: str, batch: int, target: str) -> dict[str, Any]:
     return {"target": target, "layers": layers}
 
 
-def _serve(data: str, port: int, delay_s: float) -> subprocess.Popen[bytes]:
+def _serve(data: Path, port: int, delay_s: float) -> subprocess.Popen[bytes]:
     env = {**os.environ, "TCTUNE_AUTH": "off", "TCTUNE_BACKEND": "simulated",
            "TCTUNE_SIM_DELAY_S": str(delay_s), "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen([sys.executable, "-m", "api.cli", "serve", "--data", data,
-                             "--port", str(port)], cwd=REPO, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    for _ in range(120):
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    proc.kill()
-    raise SystemExit("the service did not come up")
+    log_path = data.parent / "serve.log"
+    proc = start([sys.executable, "-m", "api.cli", "serve", "--data", str(data), "--port",
+                  str(port)], env, log_path)
+    wait_http(f"http://127.0.0.1:{port}/healthz", proc, 60, log_path, 0.5, "the service")
+    return proc
 
 
-def tune(model: dict[str, Any], trials: int, port: int, delay_s: float
-         ) -> tuple[float, dict[str, Any]]:
+def tune(model: dict[str, Any], trials: int, delay_s: float) -> tuple[float, dict[str, Any]]:
     """Wall seconds and each precision's `tctune plan --wait` JSON."""
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "model.json"
         path.write_text(json.dumps(model))
-        server = _serve(str(Path(tmp) / "data"), port, delay_s)
+        port = free_port()
+        server = _serve(Path(tmp) / "data", port, delay_s)
         try:
             t0 = time.perf_counter()
             plans = {p: subprocess.Popen(
@@ -83,8 +75,7 @@ def tune(model: dict[str, Any], trials: int, port: int, delay_s: float
             out = {p: json.loads(proc.communicate()[0]) for p, proc in plans.items()}
             return time.perf_counter() - t0, out
         finally:
-            server.terminate()
-            server.wait(timeout=30)
+            stop(server)
 
 
 def priced(task_key: str, schedule: dict[str, Any]) -> tuple[float, float]:
@@ -99,7 +90,7 @@ def priced(task_key: str, schedule: dict[str, Any]) -> tuple[float, float]:
 
 def run(a: argparse.Namespace) -> int:
     model = model_file(a.model, a.batch, a.target)
-    wall, plans = tune(model, a.trials, a.port, a.delay_s)
+    wall, plans = tune(model, a.trials, a.delay_s)
     rows = []
     for p in PRECISIONS:
         seen = set()
@@ -139,7 +130,6 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--batch", type=int, default=8)
     r.add_argument("--target", default="h200")
     r.add_argument("--delay-s", type=float, default=0.04)
-    r.add_argument("--port", type=int, default=8131)
     r.add_argument("--out", required=True)
     add_table(sub)
     a = ap.parse_args(argv)
