@@ -14,11 +14,7 @@ set -uo pipefail
 out=${OUT:-/tmp/tune_model}; mkdir -p "$out"
 model=${1:-torchvision:resnet50}; trials=${2:-32}; shape=${3:-8,3,224,224}
 cache=${4:-/tmp/tctune-e2e-cache}; wait_s=${WAIT_S:-1800}
-if [ -d .whl ]; then
-    pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl > /tmp/pip.log 2>&1 ||
-        tail -n 5 /tmp/pip.log
-    export PYTHONPATH=/tmp/site:$PWD
-fi
+. bench/gpu/wheels.sh
 export TCTUNE_AUTH=off
 data=$(mktemp -d)
 python3 -m api.cli serve --data "$data" --port 8000 > "$out/serve.log" 2>&1 &

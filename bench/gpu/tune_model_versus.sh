@@ -12,11 +12,7 @@
 set -uo pipefail
 trials=$1; cache=$2; target=$3; shift 3
 out=${OUT:-/tmp/tune_model_versus}; mkdir -p "$out"
-if [ -d .whl ]; then
-    pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl > /tmp/pip.log 2>&1 ||
-        tail -n 5 /tmp/pip.log
-    export PYTHONPATH=/tmp/site:$PWD
-fi
+. bench/gpu/wheels.sh
 run="$out/s$trials"; mkdir -p "$run"
 TARGET=$target E2E=0 OUT=$run bash bench/gpu/tune_model.sh torchvision:resnet50 "$trials" \
     8,3,224,224 | tail -n 1
