@@ -305,15 +305,16 @@ def _cudnn_us(shape: ConvShape, peak_flops: float, operand_bytes: float, target:
               c: Mapping[str, float]) -> float:
     """A library conv, modelled from its layer alone: arithmetic at a share of `peak_flops`
     (less where the output has too few `tile` x `tile` tiles to fill the SMs, and for few
-    input channels), the tensors'
-    bytes at a share of DRAM bandwidth, and the reduction walked in order (`k_ns` per element
-    of GEMM K), overlapping as a smooth max, plus a launch (constants `c`, fitted to cuDNN)."""
+    input channels), the tensors' bytes at a share of DRAM bandwidth (of the output's, the
+    share `out_dram_share` that reaches DRAM before the kernel ends: the rest waits in L2 as
+    lines written back later), and the reduction walked in order (`k_ns` per element of GEMM
+    K), overlapping as a smooth max, plus a launch (constants `c`, fitted to cuDNN)."""
     tiles = shape.gemm_m * shape.gemm_n / c["tile"] ** 2  # smooth: the library picks its tile
     # Few input channels per filter tap leave the inner product short: less efficient.
     eff = c["compute_eff"] * shape.c / (shape.c + c["channels_half"])
     t_compute = shape.flops / (peak_flops * eff * min(1.0, tiles / target.sms))
     el = shape.tensor_elements()
-    t_memory = (el["input"] + el["weight"] + el["output"]) * operand_bytes / \
+    t_memory = (el["input"] + el["weight"] + c["out_dram_share"] * el["output"]) * operand_bytes / \
         (target.bandwidth_gbs * 1e9 * c["dram_eff"])
     t_serial = shape.gemm_k * c["k_ns"] * 1e-9
     t = float(_smooth_max(c["overlap_p"], np.array(t_compute), np.array(t_memory),
