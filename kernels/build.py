@@ -24,6 +24,7 @@ import numpy as np
 from kernels.space import (
     NHWCNC_BATCH_BLOCK,
     TMA_STORE_BOX_ROWS,
+    WGMMA_N_PER_TILE,
     Geometry,
     HaloTiling,
     channel_vector,
@@ -286,12 +287,10 @@ def launch_meta(job: BuildJob, d: Mapping[str, int]) -> dict[str, Any]:
     s, g = _job_geometry(job, bool(d["TC_INT4_S8"]))
     threads = int(g.threads[0])  # split-K partials: one set per math thread
     tiles = int(g.grid_blocks[0]) // int(s["SPLIT_K"])
-    # Split-K partials: one accumulator set per thread (fp32_tc's sets are combined first);
-    # a warpgroup's wgmma tile holds half its columns per thread (N_FIT's widths too).
+    # Split-K partials: one accumulator set per thread (fp32_tc's sets are combined first).
     inst_m = 16 if (p in (Precision.FP16, Precision.FP32_TC) or job.sm >= 80) else 8
-    acc_n = s["WARP_ROW_TILES"] * (int(g.block_n[0]) // s["BLK_COL_WARPS"] // 2
-                                   if s["MMA"] == "wgmma"
-                                   else s["WARP_COL_TILES"] * inst_m * 8 // 32)
+    per_tile = WGMMA_N_PER_TILE // 2 if s["MMA"] == "wgmma" else inst_m * 8 // 32
+    acc_n = s["WARP_ROW_TILES"] * s["WARP_COL_TILES"] * per_tile
     return {
         "kernel": KERNEL_NAME, "grid": [tiles, 1, int(s["SPLIT_K"])],
         "block": [int(g.block_threads[0]), 1, 1],

@@ -79,9 +79,6 @@
 #ifndef TC_CAT
 #define TC_CAT 0  // n > 0: the first n reduction channels come from a second input x1
 #endif
-#ifndef TC_N_FIT
-#define TC_N_FIT 0  // n > 0: wgmma column tiles fitted to K (FIT_N below)
-#endif
 
 #include "instruction_tile.cuh"
 
@@ -134,13 +131,7 @@ constexpr int CHUNK = TC_CHUNK, REORDER = TC_REORDER_INNER, DUP = TC_DUP_AWARE;
 constexpr int PACK = TC_PACK_OUT, LAYOUT = TC_LAYOUT, STAGES = TC_STAGES, SPLITK = TC_SPLIT_K;
 
 // ---- block tile
-// N_FIT=n: K cut into n times the fewest tiles of at most 256 columns, each its share rounded
-// up to 16 (kernels/space.py: fitted_block_n), e.g. K = 144 as one tile of 144.
-constexpr int N_FIT = TC_N_FIT;
-constexpr int FIT_TILES = (K + 255) / 256 * (N_FIT > 0 ? N_FIT : 1);
-constexpr int FIT_N = ((K + FIT_TILES - 1) / FIT_TILES + 15) / 16 * 16;
-// Columns of one wgmma tile (kernels/space.py: WGMMA_*).
-constexpr int WN = WG ? (N_FIT ? FIT_N : 32 * WCT) : 0;
+constexpr int WN = WG ? 32 * WCT : 0;  // columns of one wgmma tile (kernels/space.py: WGMMA_*)
 constexpr int BM = BRW * WRT * (WG ? WGM : IM), BN = BCW * (WG ? WN : WCT * 8);
 constexpr int WARPS = BRW * BCW * (WG ? 4 : 1), THREADS = WARPS * 32;  // one tile's math warps
 // PINGPONG: two consumers, each THREADS math threads with a tile of its own, take the
@@ -285,8 +276,6 @@ static_assert(!WG || (!DUP && (PREC == 0 || PREC == 1)),
 static_assert(!WG || THREADS <= 1024, "a block holds at most 8 warpgroups");
 static_assert(!TMA || (WG && !LAYOUT && !DUP), "TMA loads whole NHWC im2col and weight tiles for wgmma");
 static_assert(!TMA || BN <= 256, "a TMA weight box spans at most 256 rows");
-static_assert(!N_FIT || (WG && BCW == 1 && WCT == 1 && WN <= 256),
-              "N_FIT sizes one warpgroup column of a wgmma tile (WARP_COL_TILES stays 1)");
 static_assert(TC_TMA >= 0 && TC_TMA <= 2, "TMA is 0, 1 or 2 (a producer warp)");
 static_assert(!TMA_ST || (TMA && !LAYOUT && SPLITK == 1 && (OUT_BITS == 8 || OUT_BITS == 16) &&
                           (K * OUT_BITS / 8) % 16 == 0 && TB % 32 == 0 && BM % BOX_ROWS == 0),

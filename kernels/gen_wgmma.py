@@ -10,9 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 OUT = Path(__file__).resolve().parent / "wgmma.cuh"
-# wgmma n: WGMMA_N_PER_TILE (32) x WARP_COL_TILES (1, 2, 4, 8), or N_FIT's multiples of 16
-# (kernels/space.py: fitted_block_n), every one an n of both the f16 and the s8 instruction.
-WIDTHS = tuple(range(16, 257, 16))
+WIDTHS = (32, 64, 128, 256)  # wgmma n: WGMMA_N_PER_TILE (32) x WARP_COL_TILES (1, 2, 4, 8)
 # (precision guard, PTX type suffix and k, register constraint)
 KINDS = (
     ("TC_PREC == 0", "f32.f16.f16", 16, "f", ", 1, 1, 0, 0"),  # scale-a, scale-b, K-major A, B

@@ -80,17 +80,12 @@ EXTRA_KNOBS: dict[str, tuple[Any, ...]] = {
     # (a tiled TMA box of padded rows) that each tap reads at its own offset, instead of R*S
     # im2col boxes: stride-1 layers (halo_tiling).
     "HALO": (0, 1),
-    # wgmma: n >= 1 cuts the output channels into n times the fewest column tiles of at most
-    # 256 channels, each as wide as its share rounded up to 16 (fitted_block_n), instead of a
-    # power of two (32 x WARP_COL_TILES x BLK_COL_WARPS): K = 144 is one tile of 144 or three
-    # of 48, not two of 128 or five of 32.
-    "N_FIT": (0, 1, 2, 3),
 }
 # Knobs added after schedules were first stored, with the value that builds the kernel as it
 # was: a schedule that does not name such a knob means that value, and hashes as if the knob
 # were absent, so stored schedules, measurements and their hashes keep their meaning.
 KNOB_DEFAULTS: dict[str, Any] = {"MMA": "sync", "TMA": 0, "FOLD_TAPS": 0, "PERSIST": 0,
-                                 "PLAIN_A": 0, "PINGPONG": 0, "HALO": 0, "N_FIT": 0}
+                                 "PLAIN_A": 0, "PINGPONG": 0, "HALO": 0}
 # Each default is its knob's first value (tested): recorded datasets and stored prior
 # schedules that predate a knob read it as its first value (search/datasets.py, features.py).
 FP32_TC_KNOBS: dict[str, tuple[Any, ...]] = {
@@ -206,15 +201,6 @@ def fold_tap_bytes(shape: ConvShape, precision: Precision) -> int:
         if nbytes <= tv:
             return tv
     return 0
-
-
-def fitted_block_n(k: int, n_fit: np.ndarray) -> np.ndarray:
-    """N_FIT=n: the column tile of K output channels cut into n times the fewest tiles of at
-    most 256 (a wgmma's widest N), its share rounded up to 16 (an int8 wgmma's N step); 0
-    where n is 0. kernels/conv.cu derives the same (FIT_N)."""
-    n_fit = np.asarray(n_fit, dtype=np.int64)
-    share = -(-k // (-(-k // 256) * np.maximum(n_fit, 1)))  # channels per tile, rounded up
-    return np.where(n_fit > 0, -(-share // 16) * 16, 0)
 
 
 def padded_channels(shape: ConvShape, precision: Precision, fold: bool = False) -> int:
@@ -433,15 +419,12 @@ def geometry(shape: ConvShape, precision: Precision, target: Target,
     wg = mma_is_wgmma(cols, np.shape(brw))
     # mma.sync: a warp holds WRT x WCT instruction tiles (inst.m x inst.n).
     # wgmma: a warpgroup (4 warps) holds WRT tiles of 64 rows x WGMMA_N_PER_TILE * WCT
-    # columns (N_FIT: fitted_block_n columns); BLK_ROW_WARPS / BLK_COL_WARPS count
-    # warpgroups (conv.cu: WG).
-    fit_n = fitted_block_n(shape.k, _knob(cols, "N_FIT", np.shape(brw)))
-    wg_n = np.where(fit_n > 0, fit_n, wct * WGMMA_N_PER_TILE)
+    # columns; BLK_ROW_WARPS / BLK_COL_WARPS count warpgroups (conv.cu: WG).
     bm = np.where(wg, brw * wrt * WGMMA_M, brw * wrt * inst.m)
-    bn = np.where(wg, bcw * wg_n, bcw * wct * inst.n)
+    bn = np.where(wg, bcw * wct * WGMMA_N_PER_TILE, bcw * wct * inst.n)
     bk = chunk * inst.k
     warps = np.where(wg, brw * bcw * 4, brw * bcw)
-    acc = np.where(wg, wrt * wg_n // 2, wrt * wct * (inst.m * inst.n // 32))
+    acc = np.where(wg, wrt * wct * WGMMA_N_PER_TILE // 2, wrt * wct * (inst.m * inst.n // 32))
     # ldmatrix fragments of one k-step: A (m x kb bytes) and B (8 x kb bytes) per tile;
     # wgmma reads both operands from shared memory (no fragments in registers).
     frag_a = wrt * (inst.m // 8) * (kb // 16)
@@ -578,8 +561,7 @@ def register_slack(shape: ConvShape, precision: Precision, target: Target,
 # k-steps). Every other knob is structural: which pipeline, loader, layout and epilogue
 # the kernel is built with. structural_validity reads no tile knob, so a space is enumerated
 # by pruning the structural product first (ScheduleSpace.valid_indices).
-TILE_KNOBS = ("BLK_ROW_WARPS", "BLK_COL_WARPS", "WARP_ROW_TILES", "WARP_COL_TILES", "CHUNK",
-              "N_FIT")
+TILE_KNOBS = ("BLK_ROW_WARPS", "BLK_COL_WARPS", "WARP_ROW_TILES", "WARP_COL_TILES", "CHUNK")
 
 
 def is_plain_matrix(shape: ConvShape) -> bool:
@@ -701,20 +683,12 @@ def tile_validity(shape: ConvShape, precision: Precision, target: Target,
     wg = mma_is_wgmma(cols, np.shape(g.block_m))
     ok &= ~wg | (g.block_threads <= 1024)
     ok &= ~wg | (np.asarray(cols["WARP_ROW_TILES"]) == 1) | (g.acc_regs <= WGMMA_MAX_MULTI_TILE_ACC)
-    # N_FIT: one warpgroup column (its width replaces WARP_COL_TILES', which stays 1), of a
-    # width no power-of-two tile has (those are the schedules without it).
-    n_fit = _knob(cols, "N_FIT", np.shape(g.block_m))
-    fit_n = fitted_block_n(shape.k, n_fit)
-    ok &= (n_fit == 0) | (wg & (np.asarray(cols["BLK_COL_WARPS"]) == 1) &
-                          (np.asarray(cols["WARP_COL_TILES"]) == 1) & ((fit_n & (fit_n - 1)) != 0))
     tma_knob = _knob(cols, "TMA", np.shape(g.block_m))
     # A TMA weight box (and PLAIN_A's box of x rows) has at most 256 rows; a TMA store box 64
     # (the kernel static_asserts).
     ok &= (tma_knob == 0) | (g.block_n <= TMA_MAX_BOX_ROWS)
     ok &= (_knob(cols, "PLAIN_A", np.shape(g.block_m)) == 0) | (g.block_m <= TMA_MAX_BOX_ROWS)
     ok &= (np.asarray(cols["PACK_OUT"]) != 2) | (g.block_m % TMA_STORE_BOX_ROWS == 0)
-    # ...and its column boxes are 32, 64 or 128 bytes wide (a swizzle span; N_FIT's widths).
-    ok &= (np.asarray(cols["PACK_OUT"]) != 2) | (g.block_n * p.output_bits // 8 % 32 == 0)
     # HALO: the tile's patch is one TMA box of at most 256 rows (halo_tiling); a one-stage
     # loop issues at most HALO_ONE_STAGE_MAX_MMAS MMAs a stage (more spilled: REG_HALO).
     halo = _knob(cols, "HALO", np.shape(g.block_m)) == 1

@@ -89,7 +89,7 @@ def _only_rule_broken(shape: ConvShape, precision: Precision, target_name: str, 
     target = get_target(target_name)
     space = ScheduleSpace(shape, precision, target, restrict={
         "MMA": ["sync"], "TMA": [0], "FOLD_TAPS": [0], "PERSIST": [0], "PLAIN_A": [0],
-        "PINGPONG": [0], "HALO": [0], "N_FIT": [0]})
+        "PINGPONG": [0], "HALO": [0]})
     idx = np.arange(space.size)
     cols = space.columns(idx)
     g = geometry(shape, precision, target, cols)

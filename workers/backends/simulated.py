@@ -49,6 +49,7 @@ from typing import Any
 import numpy as np
 
 from kernels.space import (
+    WGMMA_N_PER_TILE,
     Geometry,
     ScheduleSpace,
     _knob,
@@ -149,7 +150,7 @@ def model_inputs(shape: ConvShape, precision: Precision, target: Target,
     flops_it = 2.0 * g.block_m * g.block_n * g.block_k * taps
     # Width of one instruction's N (wgmma: one instruction spans the warp's WCT tiles) and
     # the independent instruction chains a warp keeps in flight (mma.sync).
-    wg_n = g.block_n.astype(f64) / cols["BLK_COL_WARPS"]
+    wg_n = WGMMA_N_PER_TILE * wct
     chains = wrt * wct
     # Global bytes one block loads per main-loop iteration (16-byte vectors, or taps).
     fold = _knob(cols, "FOLD_TAPS", n) == 1
