@@ -7,8 +7,10 @@
 Per (layer shape, precision), the explorer's loop as a job runs it (workers/tasks.py
 explore_round): the first round begins with the runtime's default schedule
 (workers/seeds.py), then the default strategy proposes rounds of `--round` from the layer's
-own measurements only; with `--prior R` (a records file) every round also seeds the
-recorded bests of the layer's nearest other layers, as the service's transfer seeds do.
+own measurements only; with `--prior R` (a records file; R@GPU where R was measured on
+another GPU model) every round also seeds the recorded bests of the layer's nearest other
+layers, as the service's transfer seeds do. `--misses F` (a bench/retime.py run) searches only
+the layers F timed over their precision's per-layer goal, furthest over first.
 Measured through the GPU worker's
 backend (workers/backends/cuda.py: NVRTC builds, each candidate checked on random inputs,
 then timed), with cuDNN fp16 timed by the same backend once per shape. The tasks run a few
@@ -33,9 +35,18 @@ from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from bench.cli import add_table, commands, geomean, log, print_table
-from bench.zoo import PRECISIONS, Group, add_layer_args, atomic_write, planned, zoo_bests
-from kernels.spec import Precision
+from bench.cli import add_table, commands, geomean, log, print_table, read_json, records_on
+from bench.zoo import (
+    GOALS,
+    PRECISIONS,
+    Group,
+    add_layer_args,
+    atomic_write,
+    measure_key,
+    planned,
+    zoo_bests,
+)
+from kernels.spec import ConvShape, Precision
 
 CURVE_AT = (16, 32, 64, 128, 256, 500)
 
@@ -56,6 +67,19 @@ def curve(trials: Sequence[dict[str, Any]], at: Sequence[int] = CURVE_AT) -> dic
 def best_trial(trials: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
     ok = [t for t in trials if t["status"] == "ok" and t["median_us"] is not None]
     return min(ok, key=lambda t: t["median_us"]) if ok else None
+
+
+def by_miss(groups: Sequence[Group], retimed: dict[str, Any]) -> list[Group]:
+    """The groups whose layer a retime run (bench/retime.py) timed over its precision's
+    per-layer goal against cuDNN fp16 (bench/zoo.py GOALS), furthest over first."""
+    over: dict[str, float] = {}
+    for r in retimed["rows"]:
+        goal = GOALS.get(r["precision"])
+        if goal and r.get("ours_us") and r.get("cudnn_fp16_us"):
+            miss = r["ours_us"] / r["cudnn_fp16_us"] / goal.layer
+            if miss > 1.0:
+                over[measure_key(ConvShape.from_dict(r["shape"]), r["precision"])] = miss
+    return sorted((g for g in groups if g.key in over), key=lambda g: -over[g.key])
 
 
 def by_total_time(groups: Sequence[Group], zoo: dict[str, float]) -> list[Group]:
@@ -227,14 +251,18 @@ def main(argv: list[str] | None = None) -> int:
     add_layer_args(r, models="resnet50", batches="8")
     r.add_argument("--top", type=int, default=0,
                    help="only the TOP tasks with the largest share of the model's time "
-                        "(the zoo's latencies); 0: all")
+                        "(the zoo's latencies), or with --misses the TOP furthest over; 0: all")
+    r.add_argument("--misses", default="",
+                   help="a retime run's file (bench.retime run): only the layers it timed over "
+                        "their precision's per-layer goal, furthest over first")
     r.add_argument("--trials", type=int, default=500)
     r.add_argument("--round", type=int, default=32)
     r.add_argument("--parallel", type=int, default=3, help="tasks searched at once")
     r.add_argument("--strategy", default="diversity")
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--prior", default="",
-                   help="a records file (bench.model_e2e records): its other layers' bests seed "
+                   help="a records file (bench.model_e2e records), FILE@GPU where its records "
+                        "were measured on another GPU model: its other layers' bests seed "
                         "each round as the service's transfer seeds do (default: none)")
     r.add_argument("--stop-after", type=float, default=0.0,
                    help="seconds; then stop after the rounds in flight (run again to go on)")
@@ -243,8 +271,12 @@ def main(argv: list[str] | None = None) -> int:
     if print_table(a, render):
         return 0
     groups = [g for g in planned(a) if not g.shape.problems(Precision(g.precision))]
+    if a.misses:
+        groups = by_miss(groups, read_json(a.misses))
+    elif a.top:
+        groups = by_total_time(groups, zoo_bests())
     if a.top:
-        groups = by_total_time(groups, zoo_bests())[:a.top]
+        groups = groups[:a.top]
     out = Path(a.out)
     doc: dict[str, Any] = json.loads(out.read_text()) if out.exists() else {}
     from workers.backends.cuda import CudaBackend
@@ -254,7 +286,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.prior and backend.target is not None:
         from bench.zoo_transfer import records_prior
 
-        records = json.loads(Path(a.prior).read_text())
+        path, _, measured_on = a.prior.partition("@")
+        records = records_on(path, backend.target.name, measured_on or None)
         priors = {p: records_prior(records, p, backend.target.name) for p in PRECISIONS}
         doc["prior"] = a.prior
     try:

@@ -33,7 +33,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from bench.cli import log
+from bench.cli import log, read_json
 from kernels.spec import ConvShape, Precision, get_target, task_key
 
 MODELS = ("resnet50", "resnet18", "densenet121")
@@ -51,7 +51,7 @@ def cmd_records(a: argparse.Namespace) -> int:
     cuDNN's by up to 1.7x: kernels/cudnn.py). `--base`: a records file the files improve on."""
     out: dict[str, Any] = json.loads(Path(a.base).read_text()) if a.base else {}
     for path in a.files:
-        doc = json.loads(Path(path).read_text())
+        doc = read_json(path)
         target = get_target(doc.get("target", TARGET))
         for g in doc.get("groups", []):
             if g.get("best_schedule"):

@@ -75,8 +75,8 @@ def run(a: argparse.Namespace) -> int:
     records = records_on(a.records, target.name, a.records_target)
     rows: list[dict[str, Any]] = []
     cudnn: dict[str, float | None] = {}
-    doc: dict[str, Any] = {"gpu": backend.gpu_model, "date": dt.date.today().isoformat(),
-                           "records": a.records, "rows": rows}
+    doc: dict[str, Any] = {"gpu": backend.gpu_model, "target": target.name,
+                           "date": dt.date.today().isoformat(), "records": a.records, "rows": rows}
     try:
         for g in groups:
             prec = Precision(g.precision)

@@ -121,3 +121,16 @@ def test_records_take_a_retime_of_changed_kernels(tmp_path: Path) -> None:
     assert set(recs) == {task_key(SHAPE, Precision.INT8, h100)}
     r = recs[task_key(SHAPE, Precision.INT8, h100)]
     assert r["latency_us"] == 7.5 and r["source"] == "retime.json: resnet50 l1"
+
+
+def test_records_of_a_retime_on_another_gpu_are_that_gpus(tmp_path: Path) -> None:
+    """A retime run names its target (bench/retime.py): an H200's times make H200 records, and
+    do not compete with the H100's."""
+    row = {"layer": "l1", "shape": SHAPE.to_dict(), "precision": "int8",
+           "uses": [["resnet50", 4]], "schedule": SCHED, "status": "ok", "ours_us": 7.5,
+           "cudnn_fp16_us": 8.0}
+    h100 = {"target": "h100", "rows": [{**row, "ours_us": 9.0}]}
+    h200 = {"gpu": "NVIDIA H200", "target": "h200", "rows": [row]}
+    recs = _records(tmp_path, {"a.json": h100, "b.json": h200})
+    assert recs[task_key(SHAPE, Precision.INT8, get_target("h200"))]["latency_us"] == 7.5
+    assert recs[task_key(SHAPE, Precision.INT8, get_target("h100"))]["latency_us"] == 9.0

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bench.layer_search import by_total_time, curve, run
+from bench.layer_search import by_miss, by_total_time, curve, run
 from bench.zoo import load_shapes, plan
 from bench.zoo_transfer import records_prior
 from kernels.runtime import default_schedule
@@ -70,6 +70,20 @@ def test_tasks_are_ordered_by_their_share_of_the_model() -> None:
     heavy = gs[5]
     zoo[heavy.key] = 100.0
     assert by_total_time(gs, zoo)[0] is heavy
+
+
+def test_misses_are_the_layers_over_their_goal_furthest_first() -> None:
+    """--misses: int8 over 0.7x and fp16 over 1.0x of cuDNN fp16, by how far over."""
+    gs = plan(load_shapes(), ["resnet18"], [8], ["int8", "fp16"])
+
+    def row(g, ratio: float) -> dict:
+        return {"shape": g.shape.to_dict(), "precision": g.precision, "ours_us": ratio * 10,
+                "cudnn_fp16_us": 10.0}
+    i8 = [g for g in gs if g.precision == "int8"]
+    f16 = [g for g in gs if g.precision == "fp16"]
+    retimed = {"rows": [row(i8[0], 0.69), row(i8[1], 0.77), row(f16[0], 1.05),
+                        row(f16[1], 0.99), {**row(f16[2], 2.0), "ours_us": None}]}
+    assert by_miss(gs, retimed) == [i8[1], f16[0]]  # 1.1x its goal, then 1.05x
 
 
 def test_render_summarizes_each_mark_against_the_final_best() -> None:
