@@ -51,6 +51,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.cli import read_json  # noqa: E402
+from bench.zoo import MODELS as ZOO_MODELS  # noqa: E402
 from bench.zoo import load_shapes  # noqa: E402
 from kernels.space import ScheduleSpace  # noqa: E402
 from kernels.spec import RESNET50_3X3, ConvShape, Precision, get_target, task_key  # noqa: E402
@@ -88,6 +89,11 @@ TIMED = {
     # Duplicate-aware loads (H100, mma.sync: 60 random DUP_AWARE=1 schedules of each of
     # ResNet-50's 3x3 layers beside the best without): what a stage's index work costs.
     "dup_h100": TimedSet(("pipeline_probe_dup_h100.json",), ("dup_iter_cycles",), (), "h100"),
+    # The service's 128-trial searches of the zoo's layers furthest over their goal (H200,
+    # 59 layers, most of them 1x1): every one held out, a check of the model on its own
+    # search's picks, not a fit.
+    "zoo_search_h200": TimedSet(("layer_search_zoo_misses*_h200.json.gz",), (),
+                                tuple(ZOO_MODELS), "h200"),
 }
 MIN_TIMINGS = 4  # a layer's timed set this small says little about ranking
 CUDNN_FILES = (ROOT / "bench" / "data" / "conv_vs_cudnn.json",
@@ -180,9 +186,13 @@ def held_out_layers(models: Sequence[str]) -> Callable[[ConvShape], bool]:
 def _timings(row: Mapping[str, Any], gpu: str
              ) -> list[tuple[str, ConvShape, dict[str, Any], float]]:
     """(task key, shape, schedule, us) of a row's successful timings: bench.zoo_transfer's
-    rows (a layer's key and its `times`), or bench.gpu.pipeline_probe's (one timing, on
-    `gpu`)."""
+    rows (a layer's key and its `times`), bench.layer_search's (its `trials`, on `gpu`), or
+    bench.gpu.pipeline_probe's (one timing, on `gpu`)."""
     shape = ConvShape.from_dict(row["shape"])
+    if "trials" in row:
+        key = task_key(shape, Precision(row["precision"]), get_target(gpu))
+        return [(key, shape, t["schedule"], float(t["median_us"])) for t in row["trials"]
+                if t["status"] == "ok" and t.get("median_us")]
     if "times" in row:
         return [(row["key"], shape, t["schedule"], float(t["us"])) for t in row["times"]
                 if t["status"] == "ok" and t.get("us")]
@@ -431,8 +441,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.check:
         fit["kernel"] = fit_kernel([s for s in spaces if not s.held_out], fit["kernel"])
         for name, t in TIMED.items():
-            fit["kernel"] = _fit_constants([s for s in timed[name] if not s.held_out],
-                                           fit["kernel"], t.free)
+            if t.free:
+                fit["kernel"] = _fit_constants([s for s in timed[name] if not s.held_out],
+                                               fit["kernel"], t.free)
         fit["cudnn_fp16"] = fit_baseline("cudnn_fp16", [la for la in zoo if not la.held_out],
                                          fit["cudnn_fp16"], CUDNN_FREE)
         # Few layers: the overlap exponent and DRAM shares stay where fp16 puts them.

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from kernels.space import ScheduleSpace
-from kernels.spec import RESNET50_3X3, TARGETS, ConvShape, Precision
+from kernels.spec import RESNET50_3X3, TARGETS, ConvShape, Precision, task_key
 from workers.backends import simulated
 from workers.backends.base import BuildOutcome, TaskSpec
 from workers.backends.simulated import SimulatedBackend, simulate_latency_us
@@ -418,3 +418,15 @@ def test_a_prepared_chunk_is_one_model_evaluation_with_the_same_numbers(
     together = [backend.measure(task, s, backend.build(task, s)).median_us for s in scheds]
     assert len(calls) == 1 and together == alone
     assert backend.build(task, bad).status == "compile_error"
+
+
+def test_a_layer_searchs_trials_are_a_timed_set_on_its_gpu() -> None:
+    """bench.simulator_fit reads bench/layer_search.py's rows: each ok trial on the set's GPU."""
+    from bench.simulator_fit import _timings
+
+    sched = {"BLK_ROW_WARPS": 2}
+    row = {"key": "ignored", "shape": STAGE2.to_dict(), "precision": "int8", "trials": [
+        {"schedule": sched, "status": "ok", "median_us": 5.5},
+        {"schedule": {**sched, "CHUNK": 2}, "status": "wrong", "median_us": None}]}
+    got = _timings(row, "h200")
+    assert got == [(task_key(STAGE2, Precision.INT8, TARGETS["h200"]), STAGE2, sched, 5.5)]
