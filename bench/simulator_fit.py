@@ -18,9 +18,10 @@ latency, the median absolute relative error, and the recorded latency of the sch
 model ranks first over the recorded best. The same figures for every layer of other timed
 rounds (TIMED): the zoo's (six networks' layers on an H100, each with the 4-21 schedules near
 its best that a round timed: how the model carries over from ResNet-50's 3x3 layers to the
-stem, 1x1 and strided layers) and the halo patch's (H200). Each fits one constant of a knob
-the replay spaces lack (a persistent block's overlap; a halo stage's cost per filter tap)
-on the layers of some networks, the others held out.
+stem, 1x1 and strided layers), the halo patch's (H200) and the service's searches of the
+zoo's worst layers (H200, held out whole). The others each fit constants of knobs the
+replay spaces lack (a persistent block's overlap; a halo stage's cost per filter tap) on the
+layers of some networks, the rest held out.
 
     python -m bench.simulator_fit          # fit, write the constants and the report
     python -m bench.simulator_fit --check  # the committed constants, report only
@@ -90,8 +91,8 @@ TIMED = {
     # ResNet-50's 3x3 layers beside the best without): what a stage's index work costs.
     "dup_h100": TimedSet(("pipeline_probe_dup_h100.json",), ("dup_iter_cycles",), (), "h100"),
     # The service's 128-trial searches of the zoo's layers furthest over their goal (H200,
-    # 59 layers, most of them 1x1): every one held out, a check of the model on its own
-    # search's picks, not a fit.
+    # 58 (layer, precision) pairs, most of them 1x1): every one held out, a check of the
+    # model on its own search's picks, not a fit.
     "zoo_search_h200": TimedSet(("layer_search_zoo_misses*_h200.json.gz",), (),
                                 tuple(ZOO_MODELS), "h200"),
 }

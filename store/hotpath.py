@@ -380,7 +380,10 @@ def refresh_best_many(session: Session, task_ids: Iterable[int]) -> None:
 # statement. Before it, the writer takes a per-task transaction lock (in task order: no
 # deadlock), so that its statement's snapshot sees the rows of every writer of the task
 # before it (committed when their lock was released): of two writers of one task, the later
-# compares against the earlier one's best, whichever is faster.
+# compares against the earlier one's best, whichever is faster. A writer touches a task's
+# best_schedule row (a move, a baseline's stamp) only under that lock, and takes all its locks
+# in one sorted sweep: a row lock taken before the sweep could be waited on by a writer that
+# holds the sweep's lock (a deadlock).
 _BEST_LOCK_PG = text(
     "SELECT pg_advisory_xact_lock(1952805748, t)"
     " FROM (SELECT t FROM unnest(:tasks ::integer[]) AS t ORDER BY t) AS sorted")
@@ -406,31 +409,36 @@ _BEST_NOW_PG = text(
 
 def refresh_best_after_write(session: Session,
                              written: Iterable[tuple[int, str, float]],
-                             now_best: dict[int, float] | None = None) -> None:
+                             now_best: dict[int, float] | None = None,
+                             lock_also: Iterable[int] = ()) -> None:
     """Move each task's best to the fastest of the rows just written (task, schedule hash,
     median of the verified ones) where it beats the current best. PostgreSQL: a task whose
     new rows are all slower than its best as this transaction sees it is left alone (a
     best only gets faster, so it stays so) without taking its lock, which most writes do
     once a search has found its good schedules; the others take the lock and move in one
     statement. Elsewhere each touched task's best is recomputed. `now_best`: the tasks'
-    current bests as read in this transaction already (`write_results`), else read here."""
+    current bests as read in this transaction already (`write_results`), else read here.
+    `lock_also`: tasks whose best_schedule row the caller touches next in this transaction
+    (a baseline's stamp), locked in the same sorted sweep (PostgreSQL)."""
     rows = sorted(set(written))
-    if not rows:
-        return
     if session.get_bind().dialect.name != "postgresql":
-        refresh_best_many(session, {t for t, _, _ in rows})
+        if rows:
+            refresh_best_many(session, {t for t, _, _ in rows})
         return
     fastest: dict[int, float] = {}
     for t, _, us in rows:
         fastest[t] = min(us, fastest.get(t, us))
-    if now_best is None:
+    if now_best is None and fastest:
         now_best = {t: us for t, us in session.execute(_BEST_NOW_PG,
                                                         {"tasks": sorted(fastest)})}
+    now_best = now_best or {}
     maybe = {t for t, us in fastest.items() if t not in now_best or us <= now_best[t]}
+    lock = maybe | set(lock_also)
+    if lock:
+        session.execute(_BEST_LOCK_PG, {"tasks": sorted(lock)})
     if not maybe:
         return
     pairs = [(t, h) for t, h, _ in rows if t in maybe]
-    session.execute(_BEST_LOCK_PG, {"tasks": sorted(maybe)})
     session.execute(_BEST_NEW_PG, {"task_id": [t for t, _ in pairs],
                                    "schedule_hash": [h for _, h in pairs], "now": utcnow()})
 

@@ -442,22 +442,28 @@ def _write(s: Any, groups: Sequence[WriteGroup]) -> set[tuple[int, str]]:
     unique index's locks in the same order (no deadlock between batches)."""
     results = sorted(((i, o, g) for g in groups for i, o in g.results),
                      key=lambda r: (r[0].task_id, r[0].schedule_hash, r[0].cand_id))
+    wrote: set[tuple[int, str]] = set()
+    now_best: dict[int, float] | None = None
+    if results:
+        wrote, now_best = hp.write_results(s, [{
+            "task_id": item.task_id, "job_id": item.job_id, "schedule": item.schedule,
+            "schedule_hash": item.schedule_hash, "status": out.status,
+            "median_us": out.median_us, "iqr_us": out.iqr_us, "backend": g.backend,
+            "worker": g.worker, "error": (out.error or None) and out.error[-20000:],
+            "predicted_us": item.predicted_us} for item, out, g in results],
+            sorted(item.cand_id for item, _, _ in results))
+    # A baseline stamps its task's best_schedule row: under the task's lock, taken with the
+    # bests' in one sorted sweep (store/hotpath.py, _BEST_LOCK_PG).
+    hp.refresh_best_after_write(s, [
+        (i.task_id, i.schedule_hash, o.median_us) for i, o, _ in results
+        if o.status == "ok" and o.median_us is not None
+        and (i.task_id, i.schedule_hash) in wrote], now_best,
+        lock_also=[t for g in groups for t in g.baselines])
     for g in groups:
         for task_id, us in g.baselines.items():
             repo.set_baseline(s, task_id, us, g.backend)
     if not results:
         return set()
-    wrote, now_best = hp.write_results(s, [{
-        "task_id": item.task_id, "job_id": item.job_id, "schedule": item.schedule,
-        "schedule_hash": item.schedule_hash, "status": out.status,
-        "median_us": out.median_us, "iqr_us": out.iqr_us, "backend": g.backend,
-        "worker": g.worker, "error": (out.error or None) and out.error[-20000:],
-        "predicted_us": item.predicted_us} for item, out, g in results],
-        sorted(item.cand_id for item, _, _ in results))
-    hp.refresh_best_after_write(s, [
-        (i.task_id, i.schedule_hash, o.median_us) for i, o, _ in results
-        if o.status == "ok" and o.median_us is not None
-        and (i.task_id, i.schedule_hash) in wrote], now_best)
     for job_id in hp.jobs_reaching_budget(s, {item.job_id for item, _, _ in results}):
         job = repo.get_job(s, job_id)
         if job is not None:

@@ -18,7 +18,7 @@ from sqlalchemy import select
 from kernels.spec import RESNET50_3X3, TARGETS, Precision
 from store import repository as repo
 from store.db import session_scope
-from store.models import BestSchedule, Candidate, Job, Measurement
+from store.models import BestSchedule, Candidate, Job, Measurement, Task
 from workers import tasks
 from workers.backends.simulated import SimulatedBackend
 from workers.batcher import WriteBatcher
@@ -126,7 +126,8 @@ def test_a_failed_batch_fails_every_slot_in_it_and_writes_nothing(db: str) -> No
 
 def test_concurrent_writers_of_one_task_keep_its_fastest_as_best(db: str) -> None:
     """Writers in transactions of their own (processes of their own, in the fleet) that
-    write results of one task at once: the best is the fastest of all, whatever order
+    write results and baselines of one task at once: none fails (no deadlock between their
+    locks), every candidate is measured, and the best is the fastest of all, whatever order
     their transactions commit in."""
     backend = SimulatedBackend(H200)
     jobs = _jobs(db, 4, 64)  # two jobs per task
@@ -134,17 +135,24 @@ def test_concurrent_writers_of_one_task_keep_its_fastest_as_best(db: str) -> Non
     for job_id in jobs:
         ids = tasks.explore_round(db, job_id, 64).ids
         chunks += [ids[i:i + 2] for i in range(0, len(ids), 2)]
+    errors: list[BaseException] = []
 
     def slot(n: int) -> None:
-        for ids in chunks[n::8]:
-            tasks.measure_chunk(db, ids, backend, f"w#{n}", 60, 10.0)
+        try:
+            for ids in chunks[n::8]:  # each worker times the baselines it finds missing
+                tasks.measure_chunk(db, ids, backend, f"w#{n}", 60, 10.0)
+        except BaseException as e:  # noqa: BLE001 - reported below, not lost in the thread
+            errors.append(e)
 
     threads = [threading.Thread(target=slot, args=(n,)) for n in range(8)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
+    assert errors == []
     with session_scope(db) as s:
+        assert {c.state for c in s.scalars(select(Candidate))} == {"done"}
+        assert all(t.baseline_us for t in s.scalars(select(Task)))
         rows = list(s.scalars(select(Measurement)))
         for task_id in {m.task_id for m in rows}:
             fastest = min((m for m in rows if m.task_id == task_id and m.status == "ok"),
