@@ -296,6 +296,40 @@ def rotating(t: Any, n: int) -> list[Any]:
     return [t] + [t.clone() for _ in range(n - 1)]
 
 
+def check_and_time(op: Conv2d, p: str, v: Operands, l2: int) -> tuple[dict[str, Any], Any]:
+    """One op on v's operands (int8 requantized with v's scale and bias, fp16 with v's bias):
+    its check (int8 exactly equal to the requantized reference, fp16 within 1e-3 of float64)
+    and its harness timing (kernels.timing.time_launches over inputs rotating past L2)."""
+    import torch
+
+    from kernels.timing import sets_for_l2, time_launches
+
+    x, w = (v.x8, v.w8) if p == "int8" else (v.x16, v.w16)
+    xp, wp = op_input(op, x), op.prepare_weight(w)
+    y = torch.empty(op.output_shape, dtype=torch.int8 if p == "int8" else torch.float16,
+                    device="cuda")
+
+    def call(x: Any, w: Any, y: Any) -> None:
+        if p == "int8":
+            op(x, w, v.scale, v.bias, out=y)
+        else:
+            op(x, w, bias=v.b16, out=y)
+
+    y.fill_(-91 if p == "int8" else float("nan"))  # an output the kernel never wrote shows
+    call(xp, wp, y)
+    torch.cuda.synchronize()
+    out = op.from_output_layout(y)
+    if p == "int8":
+        check: dict[str, Any] = {"mismatches": int((out.to(torch.int64) != v.q_ref).sum())}
+        check["ok"] = check["mismatches"] == 0
+    else:
+        err = _rel(out.double(), v.f64_ref)
+        check = {"rel_err_vs_fp64": err, "ok": bool(torch.isfinite(out).all()) and err < 1e-3}
+    n = sets_for_l2(sum(int(t.numel() * t.element_size()) for t in (xp, wp, y)), l2)
+    xs, ws, ys = rotating(xp, n), rotating(wp, n), [torch.empty_like(y) for _ in range(n)]
+    return check, time_launches(lambda i: call(xs[i], ws[i], ys[i]), n, api="torch")
+
+
 class Layer:
     """One distinct shape: tensors, ops and checks for int8, fp16 and cuDNN fp16."""
 

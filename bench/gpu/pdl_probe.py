@@ -21,41 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from bench.cli import records_on
-from bench.resnet50_e2e import _rel, log, op_input, random_operands, rotating
+from bench.resnet50_e2e import check_and_time, log, random_operands
 from bench.zoo import add_layer_args, planned
 from kernels.spec import Precision, task_key
-
-
-def time_op(op: Any, p: str, v: Any, l2: int) -> tuple[dict[str, Any], float]:
-    """The op's check on v's operands and its harness time (µs)."""
-    import torch
-
-    from kernels.timing import sets_for_l2, time_launches
-
-    x, w = (v.x8, v.w8) if p == "int8" else (v.x16, v.w16)
-    xp, wp = op_input(op, x), op.prepare_weight(w)
-    y = torch.empty(op.output_shape, dtype=torch.int8 if p == "int8" else torch.float16,
-                    device="cuda")
-
-    def call(x: Any, w: Any, y: Any) -> None:
-        if p == "int8":
-            op(x, w, v.scale, v.bias, out=y)
-        else:
-            op(x, w, bias=v.b16, out=y)
-
-    call(xp, wp, y)
-    torch.cuda.synchronize()
-    out = op.from_output_layout(y)
-    if p == "int8":
-        bad = int((out.to(torch.int64) != v.q_ref).sum())
-        check = {"mismatches": bad, "ok": bad == 0}
-    else:
-        err = _rel(out.double(), v.f64_ref)
-        check = {"rel_err_vs_fp64": err, "ok": bool(torch.isfinite(out).all()) and err < 1e-3}
-    n = sets_for_l2(sum(int(t.numel() * t.element_size()) for t in (xp, wp, y)), l2)
-    xs, ws, ys = rotating(xp, n), rotating(wp, n), [torch.empty_like(y) for _ in range(n)]
-    tm = time_launches(lambda i: call(xs[i], ws[i], ys[i]), n, api="torch")
-    return check, round(tm.median_us, 4)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -92,8 +60,8 @@ def main(argv: list[str] | None = None) -> int:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", DefaultScheduleWarning)
                 op = Conv2d(sh, p, rec["schedule"], target.name, cache_dir=a.cache, pdl=pdl)
-            check, us = time_op(op, p, v, l2)
-            row["pdl_us" if pdl else "plain_us"] = us
+            check, tm = check_and_time(op, p, v, l2)
+            row["pdl_us" if pdl else "plain_us"] = round(tm.median_us, 4)
             row["pdl_check" if pdl else "plain_check"] = check
         if sh.key() not in cudnn:
             cudnn[sh.key()] = round(time_cudnn_conv(sh, v.x16.permute(0, 3, 1, 2),

@@ -27,12 +27,10 @@ from typing import Any
 
 from bench.resnet50_e2e import (
     BATCH,
-    _rel,
+    check_and_time,
     log,
-    op_input,
     random_operands,
     resnet50_convs,
-    rotating,
     unique_layers,
 )
 from kernels.build import BuildJob, Epilogue, build_many
@@ -83,10 +81,7 @@ def cmd_prebuild(a: argparse.Namespace) -> int:
 def run_shape(shape: ConvShape, cands: list[dict[str, Any]], target: str, cache: str,
               l2: int) -> tuple[list[dict[str, Any]], float]:
     """Check and time each candidate op of one shape; cuDNN fp16 on the same inputs."""
-    import torch
-
     from kernels.runtime import Conv2d, DefaultScheduleWarning
-    from kernels.timing import sets_for_l2, time_launches
 
     sh = shape
     v = random_operands(sh, 0)
@@ -96,34 +91,10 @@ def run_shape(shape: ConvShape, cands: list[dict[str, Any]], target: str, cache:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DefaultScheduleWarning)
             op = Conv2d(sh, p, c["schedule"], target, cache_dir=cache)
-        x, w = (v.x8, v.w8) if p == "int8" else (v.x16, v.w16)
-        xp, wp = op_input(op, x), op.prepare_weight(w)
-        y = torch.empty(op.output_shape, dtype=torch.int8 if p == "int8" else torch.float16,
-                        device="cuda")
-        if p == "int8":
-            def call(x: Any, w: Any, y: Any, op: Any = op) -> None:
-                op(x, w, v.scale, v.bias, out=y)
-        else:
-            def call(x: Any, w: Any, y: Any, op: Any = op) -> None:
-                op(x, w, bias=v.b16, out=y)
-        y.fill_(-91 if p == "int8" else float("nan"))
-        call(xp, wp, y)
-        torch.cuda.synchronize()
-        out = op.from_output_layout(y)
-        if p == "int8":
-            check = {"mismatches": int((out.to(torch.int64) != v.q_ref).sum())}
-            check["ok"] = check["mismatches"] == 0
-        else:
-            err = _rel(out.double(), v.f64_ref)
-            check = {"rel_err_vs_fp64": err, "ok": bool(torch.isfinite(out).all()) and err < 1e-3}
-        n = sets_for_l2(sum(int(t.numel() * t.element_size()) for t in (xp, wp, y)), l2)
-        xs, ws, ys = rotating(xp, n), rotating(wp, n), [torch.empty_like(y) for _ in range(n)]
-        tm = time_launches(lambda i, xs=xs, ws=ws, ys=ys, call=call: call(xs[i], ws[i], ys[i]),
-                           n, api="torch")
+        check, tm = check_and_time(op, p, v, l2)
         rows.append({**c, "check": check, "us": round(tm.median_us, 3),
                      "iqr_us": round(tm.iqr_us, 3)})
         log(c["key"], p, c["variant"], rows[-1]["us"], "ok" if check["ok"] else check)
-        del xs, ws, ys
     tm = time_cudnn_conv(sh, v.x16.permute(0, 3, 1, 2), v.w16.permute(0, 3, 1, 2), l2)[0]
     return rows, round(tm.median_us, 3)
 
