@@ -20,6 +20,7 @@
 //                         multistage, register-staged), one entry point each
 //   warp_tile.cuh         shared -> register fragments and the warp's mma loop
 //   warpgroup_tile.cuh    the same for wgmma (MMA=wgmma): warpgroup tiles read from shared
+//                         (SWAP_AB: the weights as the instruction's A, the pixels as its B)
 //   epilogue.cuh          split-K fix-up, requantize / bias / residual / ReLU, packing, stores
 //                         (16-byte vectors, or bulk tensor stores with PACK_OUT=2)
 //
@@ -75,6 +76,9 @@
 #endif
 #ifndef TC_HALO_COLS
 #define TC_HALO_COLS 1  // HALO: output columns of a band (kernels/space.py: halo_tiling)
+#endif
+#ifndef TC_SWAP_AB
+#define TC_SWAP_AB 0  // 1: wgmma's M: 64 output channels, its N: pixels (warpgroup_tile.cuh)
 #endif
 #ifndef TC_CAT
 #define TC_CAT 0  // n > 0: the first n reduction channels come from a second input x1
@@ -145,6 +149,12 @@ constexpr int BLOCK_THREADS = MATH_THREADS + (WS ? 32 : 0);  // + the producer w
 // EWCT m16n8-shaped column tiles wide (wgmma's fragment is that of n8 tiles side by side).
 constexpr int EWCT = WG ? WN / 8 : WCT;
 constexpr int ROWSTEP = WG ? WGM : IM;
+// SWAP_AB: the same warpgroup tile (WRT x 64 pixels by WN channels) as WN / 64 instructions
+// of 64 channels (the weights as wgmma's A) by all its pixels (x as B): where WN is small,
+// fewer, wider instructions that read less of shared memory per multiply-add; the epilogue
+// transposes through the staging tile.
+constexpr bool SWAP = TC_SWAP_AB != 0;
+constexpr int SWAP_N = SWAP ? WRT * WGM : 0;  // pixels (the N) of a swapped instruction
 constexpr int SB = CHUNK * KB;       // shared bytes of one row (pixel or channel) per tap
 // Swizzle atom: wgmma swizzles rows of at most 128 bytes, so a wider stage row (CHUNK 8) is
 // stored as 128-byte atoms side by side per 8-row group (block_tile.cuh: soff).
@@ -290,6 +300,10 @@ static_assert(!HALO || (TMA && !TMA_ST && SPLITK == 1 && !REORDER && SH == 1 && 
                         HBOX_ROWS <= 256 && HCOLS <= Q),
               "the halo patch: a stride-1 TMA build whose tile's patch is one box of at most "
               "256 x 256 pixels, reduced by one block, stored by the threads");
+static_assert(!SWAP || (WG && !HALO && WN % 64 == 0 && (SWAP_N == 64 || SWAP_N == 128 ||
+                                                          SWAP_N == 256)),
+              "swapped operands: wgmma tiles of whole 64-channel blocks by 64, 128 or 256 "
+              "pixels, read as im2col or plain rows (not the halo patch's views)");
 static_assert(!PERSIST || (!F32TC && !REGPATH && SPLITK == 1),
               "a persistent grid runs the TMA or cp.async multistage pipeline without split-K");
 static_assert(!PP || (WS && PERSIST), "the consumers take turns behind a producer warp, "

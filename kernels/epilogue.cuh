@@ -114,6 +114,28 @@ __device__ __forceinline__ void half_pos(int h, int& j, int& rh) {
   rh = h % cfg::ROWS_H;
 }
 
+// SWAP_AB: value c of the n8 column group jj of swapped instruction q is output channel
+// (tile column) wn0 + 64q + 16wq + 8(c/2) + g of pixel (tile row) r0 + 8jj + 2t + c%2,
+// where r0 is the warpgroup's first row: the fragment of an m64 instruction whose rows are
+// channels, each warp's 16 of them (wgmma.cuh), transposed.
+template <class WT, class F>
+__device__ __forceinline__ void for_each_swapped(WT& wt, int lane, F&& f) {
+  using namespace cfg;
+  const int g = lane >> 2, t = lane & 3, r0 = wt.wm0 - wt.wq * IM;
+  acc_t* flat = &wt.acc[0][0][0];
+#pragma unroll
+  for (int q = 0; q < WN / 64; ++q) {
+    const int col0 = wt.wn0 + q * 64 + wt.wq * 16 + g;
+#pragma unroll
+    for (int half = 0; half < 2; ++half)
+#pragma unroll
+      for (int jj = 0; jj < SWAP_N / 8; ++jj)
+#pragma unroll
+        for (int c = 2 * half; c < 2 * half + 2; ++c)
+          f(r0 + 8 * jj + 2 * t + (c & 1), col0 + 8 * half, flat[q * (SWAP_N / 2) + 4 * jj + c]);
+  }
+}
+
 template <class WT>
 __device__ __forceinline__ void epilogue(WT& wt, u8* smem, int m0, int n0, int tid, int tile,
                                          int split, const float* scale, const float* bias,
@@ -180,6 +202,19 @@ __device__ __forceinline__ void epilogue(WT& wt, u8* smem, int m0, int n0, int t
     block_sync();
   }
 
+  // ---- raw int32 with PACK_OUT and swapped operands: straight from registers, one value
+  // at a time (a thread's values of a pixel are 8 channels apart).
+  if constexpr (DIRECT_OUT && SWAP) {
+    // NHWC: 32-bit offsets from the tile's first output (a tile is far below 2^31 bytes),
+    // one 64-bit base rather than an address per value.
+    acc_t* const yt = reinterpret_cast<acc_t*>(y) + (long long)m0 * K + n0;
+    for_each_swapped(wt, lane, [&](int row, int col, acc_t& a) {
+      if (m0 + row >= M || n0 + col >= K) return;
+      if constexpr (LAYOUT) *reinterpret_cast<acc_t*>(y + out_off(m0 + row, n0 + col)) = a;
+      else yt[row * K + col] = a;
+    });
+    return;
+  }
   // ---- raw int32 (fp32_tc: fp32) with PACK_OUT: straight from registers.
   if constexpr (DIRECT_OUT) {
 #pragma unroll
@@ -219,7 +254,25 @@ __device__ __forceinline__ void epilogue(WT& wt, u8* smem, int m0, int n0, int t
     if (tid == 0) bulk_wait_read();
     block_sync();
   }
-  if constexpr (!PACK) {
+  if constexpr (SWAP) {
+    // Swapped operands: each value to its (pixel row, channel column) of the staging tile,
+    // requantized / biased on the way where PACK_OUT (a thread's values share two channels
+    // per instruction: their scales and biases are loaded once, SASS shows).
+    for_each_swapped(wt, lane, [&](int row, int col, acc_t& a) {
+      const int n = n0 + col;
+      if (n >= K) return;
+      if constexpr (!PACK) {
+        *reinterpret_cast<acc_t*>(smem + row * E_ROW + col * 4) = a;
+      } else if constexpr (PREC == 0) {
+        const float rv = RES ? res_tile(rs, res, row, col) : 0.f;
+        *reinterpret_cast<unsigned short*>(stg + stg_off(row, col * 2)) =
+            (unsigned short)(pack_f16x2(fp_epi(a, EPI ? bias[n] : 0.f, rv), 0.f) & 0xFFFFu);
+      } else {
+        const float rv = RES ? res_tile(rs, res, row, col) : 0.f;
+        stg[stg_off(row, col)] = (u8)(requant_bits(a, scale[n], bias[n], rv) & 0xFFu);
+      }
+    });
+  } else if constexpr (!PACK) {
 #pragma unroll
     for (int i = 0; i < WRT; ++i)
 #pragma unroll

@@ -80,12 +80,18 @@ EXTRA_KNOBS: dict[str, tuple[Any, ...]] = {
     # (a tiled TMA box of padded rows) that each tap reads at its own offset, instead of R*S
     # im2col boxes: stride-1 layers (halo_tiling).
     "HALO": (0, 1),
+    # wgmma: 1 issues a warpgroup's tile (WARP_ROW_TILES x 64 pixels by 32 x WARP_COL_TILES
+    # channels) as instructions of 64 channels (the weights as wgmma's A) by all its pixels
+    # (B) instead of 64 pixels by all its channels: for narrow channel tiles, fewer and wider
+    # instructions that read less of shared memory per multiply-add (cuBLAS's layout for
+    # such GEMMs); the epilogue transposes through the staging tile.
+    "SWAP_AB": (0, 1),
 }
 # Knobs added after schedules were first stored, with the value that builds the kernel as it
 # was: a schedule that does not name such a knob means that value, and hashes as if the knob
 # were absent, so stored schedules, measurements and their hashes keep their meaning.
 KNOB_DEFAULTS: dict[str, Any] = {"MMA": "sync", "TMA": 0, "FOLD_TAPS": 0, "PERSIST": 0,
-                                 "PLAIN_A": 0, "PINGPONG": 0, "HALO": 0}
+                                 "PLAIN_A": 0, "PINGPONG": 0, "HALO": 0, "SWAP_AB": 0}
 # Each default is its knob's first value (tested): recorded datasets and stored prior
 # schedules that predate a knob read it as its first value (search/datasets.py, features.py).
 FP32_TC_KNOBS: dict[str, tuple[Any, ...]] = {
@@ -588,6 +594,8 @@ def structural_validity(shape: ConvShape, precision: Precision, target: Target,
     if not (target.sm == 90 and p in (Precision.FP16, Precision.INT8)):
         ok &= ~wg
     ok &= ~wg | dup0
+    # Swapped operands are a wgmma tile's (not the halo patch's views of A).
+    ok &= (_knob(cols, "SWAP_AB", n) == 0) | (wg & (_knob(cols, "HALO", n) == 0))
     # TMA feeds the wgmma path with whole NHWC tiles (no duplicate-aware rows, no NHWCnc;
     # the kernel static_asserts it).
     if "TMA" in cols:
@@ -682,7 +690,19 @@ def tile_validity(shape: ConvShape, precision: Precision, target: Target,
     # holds at most 1024 threads (8 warpgroups).
     wg = mma_is_wgmma(cols, np.shape(g.block_m))
     ok &= ~wg | (g.block_threads <= 1024)
-    ok &= ~wg | (np.asarray(cols["WARP_ROW_TILES"]) == 1) | (g.acc_regs <= WGMMA_MAX_MULTI_TILE_ACC)
+    # (A warpgroup's accumulators belong to several instructions: WARP_ROW_TILES row tiles,
+    # or with SWAP_AB WARP_COL_TILES / 2 channel blocks.)
+    swap = _knob(cols, "SWAP_AB", np.shape(g.block_m)) == 1
+    multi = np.where(swap, np.asarray(cols["WARP_COL_TILES"]) > 2,
+                     np.asarray(cols["WARP_ROW_TILES"]) > 1)
+    ok &= ~wg | ~multi | (g.acc_regs <= WGMMA_MAX_MULTI_TILE_ACC)
+    # SWAP_AB: whole 64-channel instructions (WARP_COL_TILES 2, 4, 8) whose N, the
+    # warpgroup's 64 x WARP_ROW_TILES pixels, is a wgmma width (64, 128 or 256).
+    # With split-K, 128 swapped accumulators spilled a few bytes in the raw int32 epilogue
+    # (2 of 200 builds of the GPU check): left out.
+    ok &= ~swap | (wg & (np.asarray(cols["WARP_COL_TILES"]) >= 2) &
+                   (np.asarray(cols["WARP_ROW_TILES"]) <= 4) &
+                   ((np.asarray(cols["SPLIT_K"]) == 1) | (g.acc_regs <= WGMMA_MAX_MULTI_TILE_ACC)))
     tma_knob = _knob(cols, "TMA", np.shape(g.block_m))
     # A TMA weight box (and PLAIN_A's box of x rows) has at most 256 rows; a TMA store box 64
     # (the kernel static_asserts).

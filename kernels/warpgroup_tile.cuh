@@ -35,8 +35,11 @@ __device__ __forceinline__ u64 wg_desc(u32 addr) {
 }
 
 struct GroupTile {
+  // SWAP_AB: the same registers hold WN / 64 swapped instructions' fragments in turn, each
+  // SWAP_N / 2 values (for_each_swapped in epilogue.cuh says which output each is).
   acc_t acc[cfg::WRT][cfg::EWCT][cfg::ACC_T];
   int wm0, wn0;
+  int wq;            // the warp's place in its warpgroup (its 16 rows of each instruction)
   u32 a_off, b_off;  // this warpgroup's first A row and B row in a stage, in bytes
   u32 a_view;        // HALO: the tile's first position in its patch (bytes), 0 otherwise
 
@@ -53,6 +56,7 @@ struct GroupTile {
     // The epilogue sees each warp's 16 rows of every 64-row tile (ROWSTEP apart).
     wm0 = wg_m * WRT * WGM + wq * IM;
     wn0 = wg_n * WN;
+    this->wq = wq;
     a_off = (u32)(wg_m * WRT * WGM * WG_ROWB);
     b_off = (u32)(wn0 * WG_ROWB);
 #pragma unroll
@@ -86,12 +90,23 @@ struct GroupTile {
     using namespace cfg;
     const u64 da = wg_desc(abuf + a_off), db = wg_desc(bbuf + b_off);
     wgmma_fence();
+    if constexpr (SWAP) {
+      // Instruction q: weight rows q * 64.. as A, the warpgroup's WRT * 64 pixel rows as B.
 #pragma unroll
-    for (int ks = 0; ks < CHUNK; ++ks)
+      for (int ks = 0; ks < CHUNK; ++ks)
 #pragma unroll
-      for (int i = 0; i < WRT; ++i)
-        wgmma_tile<WN>(&acc[i][0][0], da + (u64)((i * WGM * WG_ROWB + wg_koff(ks, BM)) >> 4),
-                       db + (u64)(wg_koff(ks, BN) >> 4));
+        for (int q = 0; q < WN / 64; ++q)
+          wgmma_tile<SWAP_N>(&acc[0][0][0] + q * (SWAP_N / 2),
+                             db + (u64)((q * 64 * WG_ROWB + wg_koff(ks, BN)) >> 4),
+                             da + (u64)(wg_koff(ks, BM) >> 4));
+    } else {
+#pragma unroll
+      for (int ks = 0; ks < CHUNK; ++ks)
+#pragma unroll
+        for (int i = 0; i < WRT; ++i)
+          wgmma_tile<WN>(&acc[i][0][0], da + (u64)((i * WGM * WG_ROWB + wg_koff(ks, BM)) >> 4),
+                         db + (u64)(wg_koff(ks, BN) >> 4));
+    }
     wgmma_commit();
   }
   // HALO: every tap, the patch from the tile's first position plus the tap's offset, and the

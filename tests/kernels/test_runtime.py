@@ -493,6 +493,17 @@ def device_cases() -> dict[str, Conv2d]:
             "fp16_halo_pingpong_unpacked": Conv2d(
                 tails, "fp16", {**tma, "TMA": 2, "REORDER_INNER": 0, "CHUNK": 2, "STAGES": 2,
                                 "PERSIST": 1, "PINGPONG": 1, "PACK_OUT": 0, "HALO": 1}, "h100"),
+            # SWAP_AB: 64-channel instructions over the tile's pixels (TMA stores of a
+            # persistent grid with the residual tile; tails of M and K through the threads'
+            # stores; raw int32 from registers with split-K)
+            "int8_swap_tma_store_persist_residual": Conv2d(
+                expand, "int8", {**tma, "PACK_OUT": 2, "PERSIST": 1, "WARP_ROW_TILES": 2,
+                                 "SWAP_AB": 1}, "h100", relu=True, residual=True),
+            "fp16_swap_tails": Conv2d(
+                tails, "fp16", {**wg, "WARP_ROW_TILES": 4, "SWAP_AB": 1}, "h100"),
+            "int8_swap_acc_split_k": Conv2d(
+                ConvShape(2, 9, 11, 160, 40, 1, 1), "int8",
+                {**wg, "SPLIT_K": 2, "SWAP_AB": 1}, "h100", epilogue="acc"),
             # two inputs (concat): x1's channels, then x's at the layer's stride (wgmma and
             # mma.sync; tails of M and K; split-K; the persistent grid; padded channels)
             "concat_int8_wgmma_stride2": Conv2d(
@@ -637,7 +648,9 @@ def _run_torch(op: Conv2d, prob: ref.Problem, padded: bool = True) -> np.ndarray
                                   "int8_plain_a_tma_store_persist_residual",
                                   "fp16_plain_a_tails", "int8_plain_a_producer_warp_split_k",
                                   "int8_halo_persist_residual", "fp16_halo_two_bands",
-                                  "fp16_halo_pingpong_unpacked"])
+                                  "fp16_halo_pingpong_unpacked",
+                                  "int8_swap_tma_store_persist_residual", "fp16_swap_tails",
+                                  "int8_swap_acc_split_k"])
 def test_on_gpu_cupy_and_torch_equal_the_reference(cases: dict[str, Conv2d], name: str) -> None:
     op = cases[name]
     for seed in (1, 2):  # fresh random inputs each time

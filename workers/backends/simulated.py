@@ -149,7 +149,9 @@ def model_inputs(shape: ConvShape, precision: Precision, target: Target,
     halo_taps = np.where(_knob(cols, "HALO", n) == 1, shape.r * shape.s, 0)
     flops_it = 2.0 * g.block_m * g.block_n * g.block_k * taps
     # Width of one instruction's N (wgmma: one instruction spans the warp's WCT tiles) and
-    # the independent instruction chains a warp keeps in flight (mma.sync).
+    # the independent instruction chains a warp keeps in flight (mma.sync). SWAP_AB is not
+    # modelled (a swapped tile costs what its twin does): measured, the same tile swapped
+    # took 0.90-1.55x of its twin's time, by layer (docs/kernels/levels-and-pipelines.md).
     wg_n = WGMMA_N_PER_TILE * wct
     chains = wrt * wct
     # Global bytes one block loads per main-loop iteration (16-byte vectors, or taps).
