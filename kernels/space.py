@@ -695,14 +695,15 @@ def tile_validity(shape: ConvShape, precision: Precision, target: Target,
     swap = _knob(cols, "SWAP_AB", np.shape(g.block_m)) == 1
     multi = np.where(swap, np.asarray(cols["WARP_COL_TILES"]) > 2,
                      np.asarray(cols["WARP_ROW_TILES"]) > 1)
-    ok &= ~wg | ~multi | (g.acc_regs <= WGMMA_MAX_MULTI_TILE_ACC)
+    few_acc = g.acc_regs <= WGMMA_MAX_MULTI_TILE_ACC
+    ok &= ~wg | ~multi | few_acc
     # SWAP_AB: whole 64-channel instructions (WARP_COL_TILES 2, 4, 8) whose N, the
     # warpgroup's 64 x WARP_ROW_TILES pixels, is a wgmma width (64, 128 or 256).
     # With split-K, 128 swapped accumulators spilled a few bytes in the raw int32 epilogue
     # (2 of 200 builds of the GPU check): left out.
     ok &= ~swap | (wg & (np.asarray(cols["WARP_COL_TILES"]) >= 2) &
                    (np.asarray(cols["WARP_ROW_TILES"]) <= 4) &
-                   ((np.asarray(cols["SPLIT_K"]) == 1) | (g.acc_regs <= WGMMA_MAX_MULTI_TILE_ACC)))
+                   ((np.asarray(cols["SPLIT_K"]) == 1) | few_acc))
     tma_knob = _knob(cols, "TMA", np.shape(g.block_m))
     # A TMA weight box (and PLAIN_A's box of x rows) has at most 256 rows; a TMA store box 64
     # (the kernel static_asserts).

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.cli import commands, geomean, log, read_json
+from bench.gpu.pipeline_probe import empty_kernel_us
 from bench.zoo import add_layer_args, atomic_write, planned
 from kernels.spec import ConvShape
 
@@ -54,7 +55,6 @@ extern "C" __global__ void __launch_bounds__(256) copy_floor(
     }
   }
 }
-extern "C" __global__ void empty(int* p) { if (p == 0) p[0] = 1; }
 """
 
 
@@ -82,16 +82,6 @@ def copy_us(shape: ConvShape, bytes_per: int, l2: int, sms: int) -> float:
     return round(t.median_us, 4)
 
 
-def empty_us(sms: int) -> float:
-    import cupy as cp
-
-    from kernels.timing import time_launches
-
-    k = cp.RawModule(code=_COPY).get_function("empty")
-    buf = cp.zeros(1, dtype=cp.int32)
-    return round(time_launches(lambda i: k((sms,), (128,), (buf,)), 1).median_us, 4)
-
-
 def run(a: argparse.Namespace) -> int:
     import cupy as cp
 
@@ -105,7 +95,7 @@ def run(a: argparse.Namespace) -> int:
         shapes.setdefault(g.shape.key(), g.shape)
         uses.setdefault(g.shape.key(), [[u.model, u.count] for u in g.uses])
     doc: dict[str, Any] = {"gpu": props["name"].decode(), "date": dt.date.today().isoformat(),
-                           "empty_kernel_us": empty_us(sms), "rows": []}
+                           "empty_kernel_us": round(empty_kernel_us(sms), 4), "rows": []}
     log(f"empty kernel ({sms} blocks): {doc['empty_kernel_us']} us")
     for key, sh in shapes.items():
         t = cudnn_conv_times(sh, l2, (("cudnn_fp16_us", "float16", False),))

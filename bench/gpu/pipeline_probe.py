@@ -160,14 +160,16 @@ def cmd_prebuild(a: argparse.Namespace) -> int:
     return 0
 
 
-def empty_kernel_us() -> float:
+def empty_kernel_us(blocks: int = 132) -> float:
+    """One launch of an empty kernel of `blocks` x 128 threads in the timing harness: the
+    per-launch floor (bench/gpu/floor_probe.py times it on one wave of the GPU at hand)."""
     import cupy as cp
 
     from kernels.timing import time_launches
 
     k = cp.RawKernel(r'extern "C" __global__ void nop(int* p) { if (p == 0) p[0] = 1; }', "nop")
     buf = cp.zeros(1, dtype=cp.int32)
-    return time_launches(lambda i: k((132,), (128,), (buf,)), 1).median_us
+    return time_launches(lambda i: k((blocks,), (128,), (buf,)), 1).median_us
 
 
 def cmd_run(a: argparse.Namespace) -> int:
