@@ -4,7 +4,7 @@ on random inputs, zero wrong; and ResNet-50's four such layers per precision sea
 two layers' recorded bests made valid for two inputs, their neighbours, and random schedules
 valid for two inputs, every candidate checked, then timed.
 
-  python -m bench.concat_check prebuild --cache C [--batches 8]   # CPU: the NVRTC builds
+  python -m bench.concat_check prebuild --cache C [--batches 8] [--target h100]  # CPU
   python -m bench.concat_check run --cache C --out bench/data/concat_check_h100.json  # GPU
   python -m bench.concat_check records bench/data/concat_check_h100.json --base B --out R
   python -m bench.concat_check table bench/data/concat_check_h100.json
@@ -33,7 +33,7 @@ from kernels.build import BuildJob, Epilogue, build_many
 from kernels.space import CONCAT_KNOBS, ScheduleSpace
 from kernels.spec import ConvShape, Precision, get_target, task_key
 
-TARGET = "h100"
+TARGET = "h100"  # the default; --target names another's spaces and records
 # ResNet-50 at batch 8: (conv3's input channels at the output's size, the projection's
 # input channels and size, stride, output channels)
 RESNET50 = [("layer1", 64, 64, 56, 1, 256), ("layer2", 128, 256, 56, 2, 512),
@@ -45,19 +45,20 @@ def resnet50_shapes(n: int = 8) -> list[tuple[str, ConvShape]]:
             for name, c1, c2, hw, s, k in RESNET50]
 
 
-def _valid(shape: ConvShape, p: Precision, rng: np.random.Generator, count: int
-           ) -> list[dict[str, Any]]:
+def _valid(shape: ConvShape, p: Precision, rng: np.random.Generator, count: int,
+           target: str = TARGET) -> list[dict[str, Any]]:
     """Up to `count` distinct random schedules valid for the layer (its space applies the
     rules of two inputs)."""
-    space = ScheduleSpace(shape, p, get_target(TARGET))
+    space = ScheduleSpace(shape, p, get_target(target))
     return [space.schedule_at(int(i)) for i in rng.permutation(space.valid_indices)[:count]]
 
 
-def _seeds(records: dict[str, Any], shape: ConvShape, p: Precision) -> list[dict[str, Any]]:
+def _seeds(records: dict[str, Any], shape: ConvShape, p: Precision, target_name: str = TARGET
+           ) -> list[dict[str, Any]]:
     """The recorded bests of the two layers (the last conv, the projection) made valid for
     two inputs (cp.async loads, no TMA stores or ping-pong), and their neighbours in CHUNK,
     STAGES and WARP_COL_TILES."""
-    target = get_target(TARGET)
+    target = get_target(target_name)
     space = ScheduleSpace(shape, p, target)
     out: list[dict[str, Any]] = []
     for part in shape.concat_parts():
@@ -76,7 +77,7 @@ def _seeds(records: dict[str, Any], shape: ConvShape, p: Precision) -> list[dict
 
 
 def plan(seed: int, checks: int, tune: int, records: dict[str, Any],
-         batches: tuple[int, ...] = (8,)) -> list[dict[str, Any]]:
+         batches: tuple[int, ...] = (8,), target: str = TARGET) -> list[dict[str, Any]]:
     rng = np.random.default_rng(seed)
     items: list[dict[str, Any]] = []
     while len(items) < checks:
@@ -88,27 +89,30 @@ def plan(seed: int, checks: int, tune: int, records: dict[str, Any],
         shape = ConvShape(int(rng.integers(1, 9)), int(rng.integers(4, 30)),
                           int(rng.integers(4, 30)), c1 + c2, int(rng.integers(1, 25)) * 8,
                           1, 1, stride=stride, concat=c1)
-        for s in _valid(shape, p, rng, 1):
+        for s in _valid(shape, p, rng, 1, target):
             items.append({"kind": "check", "shape": shape.to_dict(), "precision": p.value,
-                          "schedule": s, "relu": bool(rng.integers(2))})
+                          "schedule": s, "relu": bool(rng.integers(2)), "target": target})
     for p in (Precision.INT8, Precision.FP16):
         for name, shape in [ns for n in batches for ns in resnet50_shapes(n)]:
-            seeded = _seeds(records, shape, p)
-            for s in seeded + [s for s in _valid(shape, p, rng, tune) if s not in seeded]:
+            seeded = _seeds(records, shape, p, target)
+            for s in seeded + [s for s in _valid(shape, p, rng, tune, target)
+                               if s not in seeded]:
                 items.append({"kind": "tune", "layer": name, "shape": shape.to_dict(),
-                              "precision": p.value, "schedule": s, "relu": True})
+                              "precision": p.value, "schedule": s, "relu": True,
+                              "target": target})
     return items
 
 
 def _job(it: dict[str, Any]) -> BuildJob:
-    return BuildJob(ConvShape.from_dict(it["shape"]), Precision(it["precision"]), 90,
+    return BuildJob(ConvShape.from_dict(it["shape"]), Precision(it["precision"]),
+                    get_target(it.get("target", TARGET)).sm,
                     it["schedule"], Epilogue(relu=it["relu"]))
 
 
 def cmd_prebuild(a: argparse.Namespace) -> int:
     items = plan(a.seed, a.checks, a.tune,
                  json.loads(Path(a.seeds).read_text()) if a.seeds else {},
-                 tuple(int(b) for b in a.batches.split(",")))
+                 tuple(int(b) for b in a.batches.split(",")), a.target)
     res = build_many([_job(it) for it in items], a.cache)
     for it, r in zip(items, res, strict=True):
         it["build"], it["key"] = r.status, r.key
@@ -123,7 +127,9 @@ def cmd_run(a: argparse.Namespace) -> int:
     from kernels.runner import Runner
 
     items = json.loads(Path(a.cache, "concat_plan.json").read_text())
-    doc: dict[str, Any] = {"gpu": None, "date": dt.date.today().isoformat(), "rows": []}
+    doc: dict[str, Any] = {"gpu": None, "date": dt.date.today().isoformat(),
+                           "target": items[0].get("target", TARGET) if items else TARGET,
+                           "rows": []}
     runner = Runner()
     try:
         for i, it in enumerate(items):
@@ -151,7 +157,7 @@ def cmd_records(a: argparse.Namespace) -> int:
     """The search's best per (layer, precision) of a run's data file, added to --base."""
     doc = read_json(a.file)
     records: dict[str, Any] = read_json(a.base) if a.base else {}
-    target = get_target(TARGET)
+    target = get_target(doc.get("target", TARGET))
     for r in doc["rows"]:
         if r["kind"] != "tune" or not r["ok"]:
             continue
@@ -195,6 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--seeds", default="bench/data/model_e2e_records_h100.json",
                    help="records whose bests of the two layers seed the search")
     b.add_argument("--batches", default="8", help="ResNet-50's batches to search (comma-separated)")
+    b.add_argument("--target", default=TARGET, help="whose spaces (and --seeds' keys)")
     r = sub.add_parser("run", help="check, and time the ResNet-50 candidates (GPU)")
     r.add_argument("--cache", required=True)
     r.add_argument("--out", required=True)

@@ -7,8 +7,9 @@ more versions of the kernel sources and timed alternately in one run.
   python -m bench.kernel_ab run --labels base,new --records R --cache C --out F    # GPU
   python -m bench.kernel_ab table F
 `build` compiles with the `kernels` package under --sources (default: this checkout's) and
-notes each layer's build key under its label in the cache; `run` checks and
-times every label's build of a layer back to back, the labels' order turned by one from layer
+notes each layer's build key under its label in the cache (`--residual`: every layer with
+the residual epilogue, as a bottleneck's last conv runs); `run` checks and times every
+label's build of a layer back to back, the labels' order turned by one from layer
 to layer, so that drift over the run falls on all of them alike. R: a records file of
 `bench.model_e2e records`; the layer options are `bench.zoo`'s.
 """
@@ -34,18 +35,20 @@ def _keys_file(cache: str, label: str) -> Path:
 
 def build(a: argparse.Namespace) -> int:
     import kernels
-    from kernels.build import BuildJob, build_many
+    from kernels.build import DEFAULT_EPILOGUE, BuildJob, Epilogue, build_many
     from kernels.spec import get_target
 
     records = json.loads(Path(a.records).read_text())
     target = get_target(a.target)
+    # --residual: a bottleneck's last conv as deploy.optimize builds it (+ residual, ReLU).
+    epilogue = Epilogue(relu=True, residual=True) if a.residual else DEFAULT_EPILOGUE
     tasks, jobs = [], []
     for g in planned(a):
         key = task_key(g.shape, Precision(g.precision), target)
         if key in records:
             tasks.append(key)
             jobs.append(BuildJob(g.shape, Precision(g.precision), target.sm,
-                                 records[key]["schedule"]))
+                                 records[key]["schedule"], epilogue))
     res = build_many(jobs, a.cache)
     keys = {t: {"key": r.key, "status": r.status} for t, r in zip(tasks, res, strict=True)}
     _keys_file(a.cache, a.label).write_text(json.dumps(
@@ -130,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--label", required=True)
     b.add_argument("--target", default="h100")
     b.add_argument("--sources", default="", help="a directory holding another `kernels` tree")
+    b.add_argument("--residual", action="store_true",
+                   help="build with the residual epilogue (+ residual, ReLU)")
     r = sub.add_parser("run", help="check and time every label's builds on this GPU")
     r.add_argument("--labels", required=True, help="comma-separated, the first the baseline")
     r.add_argument("--out", required=True)

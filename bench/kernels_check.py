@@ -6,8 +6,9 @@ Two steps, so that the GPU machine spends no time compiling:
 The run checks every candidate (poisoned output, exact integer compare, fp16 tolerance)
 through kernels.runner.Runner: a fault or hang is recorded as runtime_error / timeout.
 Layers with few channels draw folded schedules (FOLD_TAPS) half the time, an int8
-requant or fp16 bias epilogue adds a residual a third of the time, and one random int8 or fp16
-layer in eight is a 1x1 layer over two inputs (ConvShape's `concat`).
+requant or fp16 bias epilogue adds a residual a third of the time (`--residual-count N`: N
+more that all do), and one random int8 or fp16 layer in eight is a 1x1 layer over two inputs
+(ConvShape's `concat`).
 
 `prebuild --ptx-targets t4,a100 --ptx-count 150` adds candidates of those targets built as
 PTX (compute_75 / compute_80) that the driver compiles for the GPU at hand: their code paths
@@ -109,14 +110,17 @@ PRODUCER_WARP: dict[str, list[Any]] = {"MMA": ["wgmma"], "TMA": [2]}
 
 
 def plan(count: int, seed: int, target_name: str, mma: str | None = None, ptx: bool = False,
-         restrict: dict[str, list[Any]] | None = None) -> list[dict[str, Any]]:
+         restrict: dict[str, list[Any]] | None = None, residual_only: bool = False
+         ) -> list[dict[str, Any]]:
     """`mma` restricts the MMA knob (e.g. "wgmma": only the warpgroup path, fp16 and int8),
     `restrict` any knobs; `ptx`: the candidates are built as PTX of the target's sm (see the
-    module's doc)."""
+    module's doc); `residual_only`: every candidate an int8 requant or fp16 bias epilogue
+    with a residual."""
     rng = np.random.default_rng(seed)
     restrict = {**(restrict or {}), **({"MMA": [mma]} if mma else {})}
     wgmma_only = restrict.get("MMA") == ["wgmma"]
-    precisions = PRECISIONS if not wgmma_only else (Precision.FP16, Precision.INT8)
+    precisions = PRECISIONS if not (wgmma_only or residual_only) else \
+        (Precision.FP16, Precision.INT8)
     target = get_target(target_name)
     items: list[dict[str, Any]] = []
     shapes = fixed_shapes()
@@ -133,11 +137,11 @@ def plan(count: int, seed: int, target_name: str, mma: str | None = None, ptx: b
             continue
         # TMA stores write the 8- and 16-bit outputs only (kernels.runtime.schedule_fits).
         modes = ["requant" if prec.is_integer else "bias"]
-        if sched.get("PACK_OUT") != 2:
+        if sched.get("PACK_OUT") != 2 and not residual_only:
             modes.append("acc")
         mode = str(rng.choice(modes))
         residual = mode in ("requant", "bias") and prec is not Precision.INT4 and \
-            bool(rng.random() < 1 / 3)
+            (residual_only or bool(rng.random() < 1 / 3))
         epi = Epilogue(mode, bool(rng.random() < 0.3), residual)
         # The space sizes shared memory for the tuned output; a residual or 32-bit output
         # stages more, which the runtime refuses where it does not fit: so does the plan.
@@ -161,14 +165,19 @@ def cmd_prebuild(a: argparse.Namespace) -> int:
         items += plan(a.tma_store_count, a.seed + 2, a.target, restrict=TMA_STORES)
     if a.producer_warp_count:
         items += plan(a.producer_warp_count, a.seed + 3, a.target, restrict=PRODUCER_WARP)
+    sub: dict[str, list[Any]] = {}
+    for spec in a.restrict:
+        name, vals = spec.split("=")
+        sub[name] = [int(v) if v.isdigit() else v for v in vals.split(",")]
     if a.restrict_count:
-        sub: dict[str, list[Any]] = {}
-        for spec in a.restrict:
-            name, vals = spec.split("=")
-            sub[name] = [int(v) if v.isdigit() else v for v in vals.split(",")]
         items += plan(a.restrict_count, a.seed + 4, a.target, restrict=sub)
+    if a.residual_count:
+        items += plan(a.residual_count, a.seed + 5, a.target, restrict=sub, residual_only=True)
     for name in filter(None, (a.ptx_targets or "").split(",")):
         items += plan(a.ptx_count, a.seed + 1, name.strip(), ptx=True)
+        if a.residual_count:
+            items += plan(a.residual_count // 2, a.seed + 6, name.strip(), ptx=True,
+                          restrict=sub, residual_only=True)
     res = build_many(jobs_of(items), a.cache, a.workers)
     for it, r in zip(items, res, strict=True):
         it["key"], it["build"] = r.key, r.status
@@ -241,11 +250,15 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--producer-warp-count", type=int, default=0,
                    help="more candidates drawn from the producer-warp schedules (TMA=2)")
     b.add_argument("--restrict", action="append", default=[],
-                   help="KNOB=V1,V2 (repeatable): the subspace of --restrict-count more draws")
+                   help="KNOB=V1,V2 (repeatable): the subspace of the --restrict-count and "
+                        "--residual-count draws")
     b.add_argument("--restrict-count", type=int, default=0)
     b.add_argument("--ptx-targets", default="",
                    help="comma-separated targets (t4,a100) whose code paths are built as PTX")
     b.add_argument("--ptx-count", type=int, default=150, help="candidates per PTX target")
+    b.add_argument("--residual-count", type=int, default=0,
+                   help="more candidates, each with the residual epilogue (half as many per "
+                        "PTX target), in the --restrict subspace")
     r = sub.add_parser("run")
     r.add_argument("--cache", required=True)
     r.add_argument("--out", default="bench/data/kernels_check.json")

@@ -188,7 +188,7 @@ def defines(job: BuildJob) -> dict[str, int]:
         "TC_STR_H": sh.stride[0], "TC_STR_W": sh.stride[1], "TC_PAD_H": sh.pad[0],
         "TC_PAD_W": sh.pad[1], "TC_DIL_H": sh.dilation[0], "TC_DIL_W": sh.dilation[1],
         "TC_EPI": 0 if epi.mode == "acc" else 1, "TC_RELU": int(epi.relu),
-        **({"TC_RES": 1} if epi.residual else {}),
+        **({"TC_RES": 1, "TC_RES_AHEAD": int(g.res_ahead[0])} if epi.residual else {}),
         **({"TC_CAT": sh.concat} if sh.concat else {}),
         "TC_SMEM_BYTES": int(g.smem_bytes[0]), "TC_K_ITERS": int(g.k_iters[0]),
     }

@@ -59,6 +59,9 @@
 #ifndef TC_RES
 #define TC_RES 0  // 1: the epilogue adds a residual tensor of the output's shape (epilogue.cuh)
 #endif
+#ifndef TC_RES_AHEAD
+#define TC_RES_AHEAD 0  // 1: its tile is copied in while the main loop runs (kernels/space.py)
+#endif
 #ifndef TC_FOLD_TAPS
 #define TC_FOLD_TAPS 0  // 1: few channels, (r, s, c) packed densely (block_tile.cuh: fold)
 #endif
@@ -240,9 +243,12 @@ constexpr int SWB = TB % 128 == 0 ? 128 : TB % 64 == 0 ? 64 : 32;
 constexpr int NBOX = TB / SWB, BOX_ROWS = 64;
 constexpr int STG_SMEM = TMA_ST ? BM * TB + 1024 : BM * E_ROW;
 // The residual epilogue with PACK_OUT stages the block's residual tile beside the output tile
-// (coalesced loads; the register epilogue then reads it from shared memory).
+// (coalesced loads; the register epilogue then reads it from shared memory). RES_AHEAD: the
+// tile's copies are issued before the main loop into a region past the pipeline's and
+// waited on by the epilogue, so their latency hides behind the loop, not after it.
 constexpr int RES_SMEM = (RES && PACK) ? BM * E_ROW : 0;
 constexpr int EPI_SMEM = DIRECT_OUT ? 0 : STG_SMEM + RES_SMEM;
+constexpr bool RES_AHEAD = TC_RES_AHEAD != 0;
 // F32_ASYNC: two hi/lo plane buffers, then STAGES fp32 staging slots of the same size.
 // wgmma: room to round the base up to the 1024-byte alignment of its swizzled tiles.
 // TMA: a full and an empty mbarrier per stage after the stages (PINGPONG: and a turn
@@ -257,7 +263,10 @@ constexpr int A_TX = HALO ? NATOM * HBOX_ROWS * HPITCH * ATOM : A_STAGE;
 // A persistent block's epilogue has its own region after the pipeline (one per consumer):
 // the next tile's first stages land while it runs.
 constexpr int EPI_OFF = PERSIST ? PIPE_SMEM : 0;
-constexpr int SMEM = PERSIST ? PIPE_SMEM + CONSUMERS * EPI_SMEM : cmax(PIPE_SMEM, EPI_SMEM);
+// The residual tile's offset in the epilogue's region.
+constexpr int RES_OFF = RES_AHEAD ? (cmax(PIPE_SMEM, STG_SMEM) + 15) / 16 * 16 : STG_SMEM;
+constexpr int SMEM = PERSIST ? PIPE_SMEM + CONSUMERS * EPI_SMEM
+                   : RES_AHEAD ? RES_OFF + RES_SMEM : cmax(PIPE_SMEM, EPI_SMEM);
 constexpr int CVO = 128 / OUT_BITS;  // output channels per 16-byte vector (NHWCnc out)
 constexpr int gcd(int a, int b) { return b == 0 ? a : gcd(b, a % b); }
 constexpr int pow2_le16(int v) { return (v % 16 == 0) ? 16 : (v % 8 == 0) ? 8 : (v % 4 == 0) ? 4
@@ -277,6 +286,10 @@ static_assert(!LAYOUT || (N % 8 == 0 && C_REAL % CV16 == 0 && K % CVO == 0 && K 
               "NHWCnc stores 8 images x one 16-byte channel vector: batch and channels must fill them");
 static_assert(!REGPATH || STAGES <= 2,
               "the register-staged pipeline (sm_75, int4 via s8) is double-buffered at most");
+static_assert(!RES_AHEAD || (RES && PACK && !DIRECT_OUT && !PERSIST && SPLITK == 1 && SM >= 80 &&
+                             VW >= 4),
+              "the residual tile is copied in ahead by cp.async (4-16 bytes) into a region of "
+              "its own, for a block that runs one tile without split-K");
 static_assert(SMEM == TC_SMEM_BYTES, "kernels/space.py:geometry must equal what the kernel allocates");
 static_assert(PREC != 2 || K % 2 == 0, "int4 output packs two channels per byte");
 static_assert(!RES || ((PREC == 0 || PREC == 1) && EPI == 1),
@@ -368,6 +381,7 @@ __device__ __forceinline__ void conv_block(const Inputs in, const float* __restr
   if constexpr (WG) asm volatile("" : "+r"(nit));
 
   const StageRing sr{sbase};
+  residual_ahead(smem, res, m0, n0, tid);
   if constexpr (TMA) {
     if (!mainloop_tma(wt, sr, it0, nit, m0, n0, tid, maps)) return;  // the producer warp
   } else if constexpr (F32_ASYNC) mainloop_split_async(ld, wt, sr, it0, nit);

@@ -18,6 +18,8 @@
 namespace cfg {
 constexpr int ROWS_H = IM / 8;              // row halves (g, g+8) per instruction tile
 constexpr int HALVES = EWCT * ROWS_H;        // (tile column, row half) pairs per warp row tile
+constexpr int VPRO = TB / VW;                // store vectors per output row of the tile
+constexpr int EV = VW * 8 / OUT_BITS;        // elements per store vector
 }  // namespace cfg
 
 // The residual epilogue's input (conv.cu's tensor contract): y's shape, layout and type.
@@ -34,6 +36,13 @@ __device__ __forceinline__ long long out_off(int m, int n) {
   }
 }
 
+// An int8 residual's byte as a float, exactly, by full-rate adds: (byte ^ 0x80) = value + 128
+// in the low mantissa bits of 1.5 * 2^23 (a conversion instruction runs at a quarter of
+// their rate, once per output element of a residual layer).
+__device__ __forceinline__ float s8_byte_to_f32(u32 byte) {
+  return f_add_rn(__uint_as_float(byte ^ 0x4B400080u), -12583040.f);  // -(1.5 * 2^23 + 128)
+}
+
 // The residual of output element (m, n), scaled (int8: res * res_scale; fp16: res); 0 without.
 __device__ __forceinline__ float res_at(const Residual& res, int m, int n) {
   using namespace cfg;
@@ -42,7 +51,7 @@ __device__ __forceinline__ float res_at(const Residual& res, int m, int n) {
   } else if constexpr (PREC == 0) {
     return ldg_f16(res.p + out_off(m, n));
   } else {
-    return f_mul_rn(ldg_s8(res.p + out_off(m, n)), res.scale);
+    return f_mul_rn(s8_byte_to_f32(ldg_u8(res.p + out_off(m, n))), res.scale);
   }
 }
 // The same from the residual tile staged in shared memory (PACK_OUT; row, col in the tile).
@@ -53,7 +62,55 @@ __device__ __forceinline__ float res_tile(const u8* rs, const Residual& res, int
     unpack_f16x2((u32)*reinterpret_cast<const unsigned short*>(rs + row * E_ROW + col * 2), lo, hi);
     return lo;
   } else {
-    return f_mul_rn((float)*reinterpret_cast<const s8*>(rs + row * E_ROW + col), res.scale);
+    return f_mul_rn(s8_byte_to_f32(rs[row * E_ROW + col]), res.scale);
+  }
+}
+
+// VW bytes from src to dst (both VW-aligned).
+template <int VW_>
+__device__ __forceinline__ void copy_vw(u8* dst, const u8* src) {
+  if constexpr (VW_ == 16) *reinterpret_cast<V4*>(dst) = *reinterpret_cast<const V4*>(src);
+  else if constexpr (VW_ == 8) *reinterpret_cast<u64*>(dst) = *reinterpret_cast<const u64*>(src);
+  else if constexpr (VW_ == 4) *reinterpret_cast<u32*>(dst) = *reinterpret_cast<const u32*>(src);
+  else if constexpr (VW_ == 2)
+    *reinterpret_cast<unsigned short*>(dst) = *reinterpret_cast<const unsigned short*>(src);
+  else *dst = *src;
+}
+
+// The block's residual tile into shared memory at rs. By cp.async (sm_80+, ASYNC): every
+// copy in flight at once, as one group; where the pipeline issues no cp.async groups of its
+// own behind the epilogue's back (all but the persistent multistage one, whose next tile's
+// stages are in flight), the epilogue copies it so too, instead of a load -> store round
+// trip per vector.
+namespace cfg {
+constexpr bool RES_ASYNC = RES && PACK && !DIRECT_OUT && SM >= 80 && VW >= 4 && (!PERSIST || TMA);
+}  // namespace cfg
+template <bool ASYNC>
+__device__ __forceinline__ void residual_copies(u8* rs, const Residual& res, int m0, int n0,
+                                                int tid) {
+  using namespace cfg;
+#pragma unroll 1
+  for (int v = tid; v < BM * VPRO; v += THREADS) {
+    const int row = v / VPRO, cv = v - row * VPRO;
+    const int m = out_row(m0, row), n = n0 + cv * EV;
+    if (m < 0 || n >= K) continue;
+    u8* const dst = rs + row * E_ROW + cv * VW;
+    if constexpr (ASYNC) cp_async_tv<VW>(smem_addr(dst), res.p + out_off(m, n), true);
+    else copy_vw<VW>(dst, res.p + out_off(m, n));
+  }
+  if constexpr (ASYNC) cp_async_commit();
+}
+
+// RES_AHEAD: the math threads issue the block's residual tile's copies into its region
+// (RES_OFF of the epilogue's, which the main loop does not touch) before the main loop; the
+// epilogue waits for them. The multistage pipeline's first wait covers them too (the oldest
+// group), while the tile's first stage is in flight beside them.
+__device__ __forceinline__ void residual_ahead(u8* smem, const Residual& res, int m0, int n0,
+                                               int tid) {
+  using namespace cfg;
+  if constexpr (RES_AHEAD) {
+    if (tid >= THREADS) return;  // the producer warp
+    residual_copies<true>(smem + RES_OFF, res, m0, n0, tid);
   }
 }
 
@@ -69,17 +126,6 @@ __device__ __forceinline__ int stg_off(int row, int colb) {
   } else {
     return row * E_ROW + colb;
   }
-}
-
-// VW bytes from src to dst (both VW-aligned).
-template <int VW_>
-__device__ __forceinline__ void copy_vw(u8* dst, const u8* src) {
-  if constexpr (VW_ == 16) *reinterpret_cast<V4*>(dst) = *reinterpret_cast<const V4*>(src);
-  else if constexpr (VW_ == 8) *reinterpret_cast<u64*>(dst) = *reinterpret_cast<const u64*>(src);
-  else if constexpr (VW_ == 4) *reinterpret_cast<u32*>(dst) = *reinterpret_cast<const u32*>(src);
-  else if constexpr (VW_ == 2)
-    *reinterpret_cast<unsigned short*>(dst) = *reinterpret_cast<const unsigned short*>(src);
-  else *dst = *src;
 }
 
 // The epilogue of one value: int -> requantized int (clamped), fp -> float with bias; `rv`
@@ -188,17 +234,12 @@ __device__ __forceinline__ void epilogue(WT& wt, u8* smem, int m0, int n0, int t
     if (tid == 0) counters[tile] = 0;
   }
 
-  constexpr int VPRO = TB / VW;  // vectors per output row of the tile
-  constexpr int EV = VW * 8 / OUT_BITS;  // elements per vector
-  // ---- residual tile (PACK_OUT): rows of the output tile's layout, after the staging tile.
-  u8* const rs = smem + STG_SMEM;
+  // ---- residual tile (PACK_OUT): rows of the output tile's layout, after the staging tile
+  // (RES_AHEAD: in flight since before the main loop).
+  u8* const rs = smem + RES_OFF;
   if constexpr (RES && PACK) {
-#pragma unroll 1
-    for (int v = tid; v < BM * VPRO; v += THREADS) {
-      const int row = v / VPRO, cv = v - row * VPRO;
-      const int m = out_row(m0, row), n = n0 + cv * EV;
-      if (m >= 0 && n < K) copy_vw<VW>(rs + row * E_ROW + cv * VW, res.p + out_off(m, n));
-    }
+    if constexpr (!RES_AHEAD) residual_copies<RES_ASYNC>(rs, res, m0, n0, tid);
+    if constexpr (RES_AHEAD || RES_ASYNC) cp_async_wait<0>();
     block_sync();
   }
 

@@ -202,10 +202,10 @@ __device__ __forceinline__ float ldg_f16(const void* p) {
   unpack_f16x2((u32)h, lo, hi);
   return lo;
 }
-__device__ __forceinline__ float ldg_s8(const void* p) {
-  int v;
-  asm volatile("ld.global.nc.s8 %0, [%1];" : "=r"(v) : "l"(p));
-  return (float)v;
+__device__ __forceinline__ u32 ldg_u8(const void* p) {
+  u32 v;
+  asm volatile("ld.global.nc.u8 %0, [%1];" : "=r"(v) : "l"(p));
+  return v;
 }
 __device__ __forceinline__ u32 ldcg_u32(const u32* p) {  // L2 only: other blocks' partials
   u32 d; asm volatile("ld.global.cg.u32 %0, [%1];" : "=r"(d) : "l"(p)); return d;

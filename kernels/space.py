@@ -352,6 +352,7 @@ class Geometry:
     # threads launched: x 2 with PINGPONG, + TMA=2's producer warp
     block_threads: np.ndarray | None = None
     taps: np.ndarray | None = None  # filter taps of a stage (DUP_AWARE, HALO: several)
+    res_ahead: np.ndarray | None = None  # the residual tile is copied in during the main loop
 
 
 def dup_field_rows(shape: ConvShape, bm: np.ndarray, blocked: np.ndarray,
@@ -488,6 +489,21 @@ def geometry(shape: ConvShape, precision: Precision, target: Target,
     # A persistent block's epilogue runs while the next tile's stages land: its own region.
     persist = _knob(cols, "PERSIST", np.shape(brw)) > 0
     smem = np.where(persist, pipeline + consumers * epilogue, np.maximum(pipeline, epilogue))
+    block_threads = consumers * warps * 32 + np.where(tma_knob == 2, 32, 0)
+    # The residual tile copied in while the main loop runs (conv.cu: RES_AHEAD) needs a region
+    # past the pipeline's: taken where it leaves as many blocks per SM (by shared memory,
+    # 1 KB reserved each, and threads) as copying it in after the loop does. Its copies are
+    # the epilogue's store vectors (conv.cu: VW), cp.async's 4, 8 or 16 bytes.
+    res_off = -(-np.maximum(pipeline, staging) // 16) * 16
+    row_gcd = np.gcd(shape.k * ob // 8, bn * ob // 8)
+    res_vector = np.minimum(row_gcd & -row_gcd, 16)
+    sm_bytes = target.smem_per_sm_kib * 1024
+    by_threads = np.minimum(target.max_threads_per_sm // block_threads, target.max_blocks_per_sm)
+    res_ahead = (residual & pack & (ob != 32) & ~persist & (split_k == 1) & (target.sm >= 80) &
+                 (res_vector >= 4) &
+                 (np.minimum(sm_bytes // (res_off + padded_tile + 1024), by_threads) >=
+                  np.minimum(sm_bytes // (smem + 1024), by_threads)))
+    smem = np.where(res_ahead, res_off + padded_tile, smem)
 
     n_it = np.where(fold, -(-(r * s) // tps),
                     np.where(dup | halo, np.where(reorder | halo, n_cb, r * n_cb), r * s * n_cb))
@@ -504,8 +520,8 @@ def geometry(shape: ConvShape, precision: Precision, target: Target,
         block_m=bm, block_n=bn, block_k=bk, warps=warps, threads=threads, acc_regs=acc,
         smem_bytes=smem, grid_blocks=tiles * split_k, k_iters=-(-n_it // split_k),
         footprint_pixels=footprint, frag_regs=frag, stage_vectors=stage_vec,
-        row_loads=gvec, block_threads=consumers * threads + np.where(tma_knob == 2, 32, 0),
-        taps=taps,
+        row_loads=gvec, block_threads=block_threads,
+        taps=taps, res_ahead=res_ahead,
     )
 
 

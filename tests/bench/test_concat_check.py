@@ -46,6 +46,21 @@ def test_the_plan_searches_the_batches_asked_for_seeded_by_their_records() -> No
                     for it in mine for part in parts)
 
 
+def test_the_plan_for_another_target_reads_its_records_and_builds_for_it() -> None:
+    records = json.loads(Path("bench/data/zoo_records_h200.json").read_text())
+    items = concat_check.plan(seed=3, checks=0, tune=1, records=records, target="h200")
+    h200 = get_target("h200")
+    assert {it["target"] for it in items} == {"h200"}
+    assert {concat_check._job(it).sm for it in items} == {h200.sm}
+    # seeded by the H200 records of the two layers: more than the one random schedule each
+    for name, shape in concat_check.resnet50_shapes(8):
+        for p in (Precision.INT8, Precision.FP16):
+            mine = [it for it in items if it["layer"] == name and it["precision"] == p.value]
+            assert all(task_key(part, p, h200) in records for part in shape.concat_parts())
+            assert len(mine) > 1
+    assert not concat_check.plan(seed=3, checks=0, tune=0, records=records, target="h100")
+
+
 class FakeRunner:
     """The measuring child's answers by build key: "slow" and "fast" tune candidates, a
     "wrong" one."""

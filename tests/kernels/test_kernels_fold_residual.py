@@ -155,6 +155,64 @@ def test_residual_builds_compile_for_every_sm(cache: Path) -> None:
     assert_all_compile(jobs, cache)
 
 
+# The 1x1 expand of ResNet-50's stage 4 on a TMA schedule like its H200 record's.
+EXPAND = ConvShape(8, 14, 14, 256, 1024, 1, 1)
+EXPAND_TMA = {**WG, "CHUNK": 4, "STAGES": 3, "TMA": 1, "PLAIN_A": 1, "PACK_OUT": 1}
+
+
+def _residual_geometry(schedule: dict, residual: bool = True, target: str = "h200"):  # noqa: ANN202
+    return geometry(EXPAND, Precision.INT8, get_target(target), cols_of(schedule),
+                    residual=residual)
+
+
+def test_residual_tile_is_copied_ahead_where_blocks_per_sm_stay() -> None:
+    g, plain = _residual_geometry(EXPAND_TMA), _residual_geometry(EXPAND_TMA, residual=False)
+    # its own region past the pipeline (whose memory the staging tile shares), 16-byte aligned
+    tile = int(g.block_m[0]) * (int(g.block_n[0]) + 16)
+    assert bool(g.res_ahead[0])
+    assert int(g.smem_bytes[0]) == -(-int(plain.smem_bytes[0]) // 16) * 16 + tile
+    d = defines(BuildJob(EXPAND, Precision.INT8, 90, EXPAND_TMA, Epilogue(residual=True)))
+    assert d["TC_RES_AHEAD"] == 1 and d["TC_SMEM_BYTES"] == int(g.smem_bytes[0])
+    # not where the larger region would cost a block per SM (3 -> 2 of 228 KB): copied in
+    # after the loop instead, in the staging tile's shadow of the pipeline
+    crowded = {**EXPAND_TMA, "WARP_COL_TILES": 4}
+    c, c_plain = _residual_geometry(crowded), _residual_geometry(crowded, residual=False)
+    tile = int(c.block_m[0]) * (int(c.block_n[0]) + 16)
+    ahead = -(-int(c_plain.smem_bytes[0]) // 16) * 16 + tile
+    after = max(int(c_plain.smem_bytes[0]), 2 * tile)
+    assert (228 * 1024) // (ahead + 1024) < (228 * 1024) // (after + 1024)
+    assert not bool(c.res_ahead[0]) and int(c.smem_bytes[0]) == after
+    # nor without cp.async (sm_75), a residual or a packed epilogue, nor with a persistent
+    # grid or split-K
+    assert not bool(_residual_geometry({**SYNC, "STAGES": 1}, target="t4").res_ahead[0])
+    assert bool(_residual_geometry({**SYNC, "STAGES": 1}).res_ahead[0])
+    assert not bool(_residual_geometry(EXPAND_TMA, residual=False).res_ahead[0])
+    for knobs in ({"PACK_OUT": 0}, {"PERSIST": 1}, {"SPLIT_K": 2, "TMA": 0, "PLAIN_A": 0}):
+        assert not bool(_residual_geometry({**EXPAND_TMA, **knobs}).res_ahead[0]), knobs
+
+
+@pytest.mark.parametrize("sm,schedule,ahead", [
+    (90, EXPAND_TMA, 1), (90, {**EXPAND_TMA, "STAGES": 2}, 0), (90, {**SYNC, "STAGES": 1}, 1),
+    (80, {**SYNC, "STAGES": 2}, 0)])
+def test_residual_tile_arrives_by_cp_async_and_converts_without_i2f(
+        cache: Path, sass_tools: None, sm: int, schedule: dict, ahead: int) -> None:
+    job = BuildJob(EXPAND, Precision.INT8, sm, schedule, Epilogue(relu=True, residual=True))
+    assert defines(job)["TC_RES_AHEAD"] == ahead
+    with_res = sass_of(job, cache)
+    without = sass_of(BuildJob(EXPAND, Precision.INT8, sm, schedule, Epilogue(relu=True)), cache)
+    assert not with_res.spills
+
+    def count(text: str, op: str) -> int:
+        return sum(f" {op}" in ln for ln in text.splitlines())
+
+    # TMA builds copy nothing else by cp.async: the residual tile does, before the main loop
+    # (ahead) or after it, all copies in flight at once
+    if schedule.get("TMA"):
+        assert count(without.text, "LDGSTS") == 0 < count(with_res.text, "LDGSTS")
+    # the residual's bytes become floats by adds: the residual adds no conversion instruction
+    assert count(with_res.text, "I2F") == count(without.text, "I2F")
+
+
 def test_residual_reference_is_the_kernels_arithmetic() -> None:
     acc = np.array([[100, -7, 3000]], dtype=np.int64)
     scale = np.array([0.05, 0.5, 0.01], dtype=np.float32)
