@@ -272,6 +272,10 @@ constexpr int gcd(int a, int b) { return b == 0 ? a : gcd(b, a % b); }
 constexpr int pow2_le16(int v) { return (v % 16 == 0) ? 16 : (v % 8 == 0) ? 8 : (v % 4 == 0) ? 4
                                         : (v % 2 == 0) ? 2 : 1; }
 constexpr int VW = pow2_le16(gcd(K * OUT_BITS / 8, TB));  // bytes per output store
+// The residual tile copied after the main loop by cp.async too, every copy in flight at once,
+// where the pipeline has no cp.async groups of its own in flight behind the epilogue's back
+// (all but the persistent multistage one, whose next tile's first stages are).
+constexpr bool RES_ASYNC = RES && PACK && !DIRECT_OUT && SM >= 80 && VW >= 4 && (!PERSIST || TMA);
 constexpr int ACC_N = WRT * EWCT * ACC_T;
 
 // ---- what cannot be built, each with its reason (kernels/space.py:validity mirrors these)

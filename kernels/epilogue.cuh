@@ -78,13 +78,8 @@ __device__ __forceinline__ void copy_vw(u8* dst, const u8* src) {
 }
 
 // The block's residual tile into shared memory at rs. By cp.async (sm_80+, ASYNC): every
-// copy in flight at once, as one group; where the pipeline issues no cp.async groups of its
-// own behind the epilogue's back (all but the persistent multistage one, whose next tile's
-// stages are in flight), the epilogue copies it so too, instead of a load -> store round
-// trip per vector.
-namespace cfg {
-constexpr bool RES_ASYNC = RES && PACK && !DIRECT_OUT && SM >= 80 && VW >= 4 && (!PERSIST || TMA);
-}  // namespace cfg
+// copy in flight at once, as one group (conv.cu: RES_AHEAD, RES_ASYNC); otherwise a load ->
+// store round trip per vector.
 template <bool ASYNC>
 __device__ __forceinline__ void residual_copies(u8* rs, const Residual& res, int m0, int n0,
                                                 int tid) {
@@ -234,8 +229,8 @@ __device__ __forceinline__ void epilogue(WT& wt, u8* smem, int m0, int n0, int t
     if (tid == 0) counters[tile] = 0;
   }
 
-  // ---- residual tile (PACK_OUT): rows of the output tile's layout, after the staging tile
-  // (RES_AHEAD: in flight since before the main loop).
+  // ---- residual tile (PACK_OUT): rows of the output tile's layout, at RES_OFF (RES_AHEAD: in
+  // flight since before the main loop).
   u8* const rs = smem + RES_OFF;
   if constexpr (RES && PACK) {
     if constexpr (!RES_AHEAD) residual_copies<RES_ASYNC>(rs, res, m0, n0, tid);

@@ -332,6 +332,15 @@ def schedule_problems(precision: Precision, schedule: Mapping[str, Any]) -> list
     return out
 
 
+def blocks_per_sm(target: Target, smem_bytes: np.ndarray, block_threads: np.ndarray
+                  ) -> np.ndarray:
+    """Blocks of this size an SM holds at once by its shared memory (1 KB of it reserved per
+    block), threads and block slots; registers aside."""
+    return np.minimum(np.minimum(target.smem_per_sm_kib * 1024 // (smem_bytes + 1024),
+                                 target.max_threads_per_sm // block_threads),
+                      target.max_blocks_per_sm)
+
+
 @dataclass(frozen=True)
 class Geometry:
     """Derived quantities of schedules (numpy columns, one entry per schedule)."""
@@ -491,18 +500,16 @@ def geometry(shape: ConvShape, precision: Precision, target: Target,
     smem = np.where(persist, pipeline + consumers * epilogue, np.maximum(pipeline, epilogue))
     block_threads = consumers * warps * 32 + np.where(tma_knob == 2, 32, 0)
     # The residual tile copied in while the main loop runs (conv.cu: RES_AHEAD) needs a region
-    # past the pipeline's: taken where it leaves as many blocks per SM (by shared memory,
-    # 1 KB reserved each, and threads) as copying it in after the loop does. Its copies are
-    # the epilogue's store vectors (conv.cu: VW), cp.async's 4, 8 or 16 bytes.
+    # past the pipeline's: taken where it leaves as many blocks per SM (blocks_per_sm) as
+    # copying it in after the loop does. Its copies are the epilogue's store vectors
+    # (conv.cu: VW), cp.async's 4, 8 or 16 bytes.
     res_off = -(-np.maximum(pipeline, staging) // 16) * 16
     row_gcd = np.gcd(shape.k * ob // 8, bn * ob // 8)
     res_vector = np.minimum(row_gcd & -row_gcd, 16)
-    sm_bytes = target.smem_per_sm_kib * 1024
-    by_threads = np.minimum(target.max_threads_per_sm // block_threads, target.max_blocks_per_sm)
     res_ahead = (residual & pack & (ob != 32) & ~persist & (split_k == 1) & (target.sm >= 80) &
                  (res_vector >= 4) &
-                 (np.minimum(sm_bytes // (res_off + padded_tile + 1024), by_threads) >=
-                  np.minimum(sm_bytes // (smem + 1024), by_threads)))
+                 (blocks_per_sm(target, res_off + padded_tile, block_threads) >=
+                  blocks_per_sm(target, smem, block_threads)))
     smem = np.where(res_ahead, res_off + padded_tile, smem)
 
     n_it = np.where(fold, -(-(r * s) // tps),
@@ -737,11 +744,9 @@ def tile_validity(shape: ConvShape, precision: Precision, target: Target,
     # stage row.
     fold = _knob(cols, "FOLD_TAPS", np.shape(g.block_m)) == 1
     ok &= ~fold | (g.threads % g.row_loads == 0)
-    # A persistent grid's blocks per SM must fit the SM's shared memory (1 KB reserved per
-    # block) and threads.
+    # A persistent grid's blocks per SM must fit the SM's shared memory and threads.
     persist = _knob(cols, "PERSIST", np.shape(g.block_m))
-    ok &= (persist == 0) | (((g.smem_bytes + 1024) * persist <= target.smem_per_sm_kib * 1024) &
-                            (g.block_threads * persist <= target.max_threads_per_sm))
+    ok &= (persist == 0) | (blocks_per_sm(target, g.smem_bytes, g.block_threads) >= persist)
     # Shared memory: a block cannot launch with more than the opt-in maximum.
     ok &= g.smem_bytes <= target.smem_per_block_kib * 1024
     return ok
