@@ -15,7 +15,8 @@ from kernels.spec import ConvShape
 
 
 def _parse_shape(text: str) -> ConvShape:
-    """'n=8,h=56,w=56,c=64,k=64,r=3,s=3,pad=1' (pairs as 1x2; concat=N for two inputs)."""
+    """'n=8,h=56,w=56,c=64,k=64,r=3,s=3,pad=1' (pairs as 1x2; concat=N for two inputs;
+    residual=1 for a residual added in the epilogue)."""
     fields: dict[str, Any] = {}
     for part in text.split(","):
         if "=" not in part:
@@ -30,6 +31,8 @@ def _parse_shape(text: str) -> ConvShape:
             fields[name] = (nums[0], nums[-1])
         elif name in ("n", "h", "w", "c", "k", "r", "s", "concat") and len(nums) == 1:
             fields[name] = nums[0]
+        elif name == "residual" and len(nums) == 1 and nums[0] in (0, 1):
+            fields[name] = bool(nums[0])
         else:
             raise click.BadParameter(f"unknown or malformed field {name!r}", param_hint="--shape")
     missing = [f for f in ("n", "h", "w", "c", "k", "r", "s") if f not in fields]

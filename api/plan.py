@@ -7,9 +7,10 @@ A model is a JSON file (`tctune plan model.json`):
 
 (each layer may override precision/target), or a PyTorch module (`tctune plan
 torchvision:resnet50 --input-shape 8,3,224,224` or `module.path:factory`), built here with
-random weights and traced once for its Conv2d layers with `conv_layers()`, and for the layers
-over two inputs that deploy.optimize merges a ResNet bottleneck's last conv and projection
-shortcut into with `two_input_layers()`.
+random weights and traced once for its Conv2d layers with `conv_layers()`, and for what
+deploy.optimize runs them as where an add follows (`fused_layers()`): the layers over two inputs
+it merges a ResNet bottleneck's last conv and projection shortcut into, and the convs whose
+epilogue adds a block's residual (tuned as such layers: ConvShape.residual).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import math
 import os
 import sys
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -137,8 +138,13 @@ def load_module_model(spec: str, input_shape: tuple[int, ...], precision: str,
                          f"{_first_line(exc)}") from None
     if not found:
         raise ValueError(f"{spec} has no Conv2d layer with groups=1")
-    return [Layer(f["name"], ConvShape.from_dict(f["shape"]), precision, target)
-            for f in found + two_input_layers(module, found)]
+    # deploy.optimize runs int8 and fp16 models: only their convs fuse an add.
+    pairs, residual = fused_layers(module, example, found) \
+        if str(precision).lower() in ("int8", "fp16") else ([], set())
+    return [Layer(f["name"], replace(ConvShape.from_dict(f["shape"]),
+                                     residual=f["name"] in residual), precision, target)
+            for f in found] + \
+        [Layer(f["name"], ConvShape.from_dict(f["shape"]), precision, target) for f in pairs]
 
 
 def conv_layers(module: Any, example_input: Any) -> list[dict[str, Any]]:
@@ -167,49 +173,91 @@ def conv_layers(module: Any, example_input: Any) -> list[dict[str, Any]]:
     return found
 
 
-def two_input_layers(module: Any, found: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The layers over two inputs (ConvShape.concat) of a module: each add of two convs'
-    outputs (each through at most one BatchNorm2d, the add's only users) whose shapes are
-    one GEMM over both inputs (kernels.spec.two_input_shape: a ResNet bottleneck's last 1x1
-    conv and its projection shortcut), as deploy.optimize runs them. `found`: conv_layers'
-    entries of the module, for the shapes."""
+def fused_layers(module: Any, example_input: Any, found: list[dict[str, Any]]
+                 ) -> tuple[list[dict[str, Any]], set[str]]:
+    """What deploy.optimize runs a module's convs as where an add follows them: (the layers
+    over two inputs (ConvShape.concat) as `conv_layers`' entries, the names of the convs
+    whose epilogue adds the add's other operand (ConvShape.residual)). Two inputs: each add
+    of two convs' outputs (each through at most one BatchNorm2d, the add's only users) whose
+    shapes are one GEMM over both inputs (kernels.spec.two_input_shape: a ResNet
+    bottleneck's last 1x1 conv and its projection shortcut). A residual: deploy.graph's
+    rule, conv -> [BatchNorm2d] -> add of a value of the same shape (on `example_input`),
+    each the only user of the one before, the first such conv in graph order taking the
+    add. `found`: conv_layers' entries of the module, for the shapes."""
     import operator
 
     import torch
     from torch import fx
+    from torch.fx.passes.shape_prop import ShapeProp
 
     try:
         gm = fx.symbolic_trace(module)
+        with torch.no_grad():
+            ShapeProp(gm).propagate(example_input)
     except Exception:  # noqa: BLE001 - an untraceable model has no such layers for deploy
-        return []
+        return [], set()
     shapes = {f["name"]: ConvShape.from_dict(f["shape"]) for f in found}
 
+    def is_conv(v: Any) -> bool:
+        return v.op == "call_module" and str(v.target) in shapes
+
+    def is_bn(v: Any) -> bool:
+        return v.op == "call_module" and \
+            isinstance(module.get_submodule(str(v.target)), torch.nn.BatchNorm2d)
+
+    def add_operands(v: Any) -> tuple[Any, Any] | None:
+        is_add = (v.op == "call_function" and v.target in (operator.add, operator.iadd,
+                                                             torch.add)) or \
+            (v.op == "call_method" and v.target in ("add", "add_"))
+        if not is_add or len(v.args) != 2 or v.kwargs or v.args[0] is v.args[1] or \
+                not all(isinstance(a, fx.Node) for a in v.args):
+            return None
+        return v.args[0], v.args[1]
+
     def conv_behind(v: Any) -> Any:
-        if v.op == "call_module" and isinstance(module.get_submodule(str(v.target)),
-                                                torch.nn.BatchNorm2d):
+        if is_bn(v):
             if len(v.users) != 1 or not isinstance(v.args[0], fx.Node):
                 return None
             v = v.args[0]
-        return v if len(v.users) == 1 and v.op == "call_module" and str(v.target) in shapes \
-            else None
+        return v if len(v.users) == 1 and is_conv(v) else None
 
-    out = []
+    def value_shape(v: Any) -> Any:
+        meta = v.meta.get("tensor_meta")
+        return getattr(meta, "shape", None)
+
+    pairs = []
     for node in gm.graph.nodes:
-        is_add = (node.op == "call_function" and node.target in (operator.add, operator.iadd,
-                                                                  torch.add)) or \
-            (node.op == "call_method" and node.target in ("add", "add_"))
-        if not is_add or len(node.args) != 2 or node.kwargs or \
-                not all(isinstance(a, fx.Node) for a in node.args):
+        ops = add_operands(node)
+        if ops is None:
             continue
-        a, b = (conv_behind(v) for v in node.args)
+        a, b = (conv_behind(v) for v in ops)
         if a is None or b is None:
             continue
         for last, proj in ((a, b), (b, a)):
             shape = two_input_shape(shapes[str(last.target)], shapes[str(proj.target)])
             if shape is not None:
-                out.append({"name": f"{last.target}+{proj.target}", "shape": shape.to_dict()})
+                pairs.append({"name": f"{last.target}+{proj.target}",
+                              "shape": shape.to_dict()})
                 break
-    return out
+    taken: set[Any] = set()
+    residual: set[str] = set()
+    for node in gm.graph.nodes:
+        if not is_conv(node):
+            continue
+        cur = node
+        nxt = next(iter(cur.users)) if len(cur.users) == 1 else None
+        if nxt is not None and nxt not in taken and is_bn(nxt):
+            cur = nxt
+            nxt = next(iter(cur.users)) if len(cur.users) == 1 else None
+        ops = add_operands(nxt) if nxt is not None and nxt not in taken else None
+        if ops is None:
+            continue
+        other = ops[1] if ops[0] is cur else ops[0]
+        if value_shape(cur) is not None and value_shape(other) == value_shape(cur) == \
+                value_shape(nxt):
+            taken.add(nxt)
+            residual.add(str(node.target))
+    return pairs, residual
 
 
 # Spreading a plan's trials ------------------------------------------------------------------

@@ -23,7 +23,7 @@ from kernels.spec import (
     MAX_SPATIAL,
 )
 from search.registry import STRATEGIES
-from store.layer import PrecisionName, ShapeIn, TargetName, documented
+from store.layer import RESIDUAL_DOC, PrecisionName, ShapeIn, TargetName, documented
 from store.repository import as_utc
 from workers.backends.simulated import prediction_note
 
@@ -165,6 +165,7 @@ class ScheduleQuery(BaseModel):
     pad: str = _pair_query("0")
     dilation: str = _pair_query("1")
     concat: Annotated[int, documented(0, MAX_CHANNELS)] = 0
+    residual: Annotated[bool, Field(description=RESIDUAL_DOC)] = False
     precision: PrecisionName
     target: TargetName
 

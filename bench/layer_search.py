@@ -10,7 +10,9 @@ explore_round): the first round begins with the runtime's default schedule
 own measurements only; with `--prior R` (a records file; R@GPU where R was measured on
 another GPU model) every round also seeds the recorded bests of the layer's nearest other
 layers, as the service's transfer seeds do. `--misses F` (a bench/retime.py run) searches only
-the layers F timed over their precision's per-layer goal, furthest over first.
+the layers F timed over their precision's per-layer goal, furthest over first; `--residual`
+only the layers deploy runs with a residual epilogue, as those layers (ConvShape.residual, as
+`tctune plan` submits them).
 Measured through the GPU worker's
 backend (workers/backends/cuda.py: NVRTC builds, each candidate checked on random inputs,
 then timed), with cuDNN fp16 timed by the same backend once per shape. The tasks run a few
@@ -32,6 +34,7 @@ import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -40,8 +43,10 @@ from bench.zoo import (
     GOALS,
     PRECISIONS,
     Group,
+    Use,
     add_layer_args,
     atomic_write,
+    load_shapes,
     measure_key,
     planned,
     zoo_bests,
@@ -88,6 +93,32 @@ def by_total_time(groups: Sequence[Group], zoo: dict[str, float]) -> list[Group]
     def weight(g: Group) -> float:
         return zoo.get(g.key, 0.0) * sum(u.count for u in g.uses)
     return sorted(groups, key=lambda g: -weight(g))
+
+
+def residual_groups(groups: Sequence[Group], shapes_doc: dict[str, Any]) -> list[Group]:
+    """The groups' layers that deploy runs with a residual epilogue, as those layers
+    (ConvShape.residual): each use's layers that api.plan.fused_layers names on bench.nets'
+    module of its model (random weights, one forward at batch 1 on the CPU)."""
+    import torch
+
+    from api.plan import conv_layers, fused_layers
+    from bench.nets import model
+
+    names: dict[str, set[str]] = {}
+    out = []
+    for g in groups:
+        uses = []
+        for u in g.uses:
+            if u.model not in names:
+                net, _ = model(u.model)
+                x = torch.randn(1, *shapes_doc["models"][u.model]["input"])
+                names[u.model] = fused_layers(net, x, conv_layers(net, x))[1]
+            layers = tuple(name for name in u.layers if name in names[u.model])
+            if layers:
+                uses.append(Use(u.model, layers, len(layers)))
+        if uses:
+            out.append(Group(replace(g.shape, residual=True), g.precision, uses))
+    return out
 
 
 class LayerSearch:
@@ -255,6 +286,9 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--misses", default="",
                    help="a retime run's file (bench.retime run): only the layers it timed over "
                         "their precision's per-layer goal, furthest over first")
+    r.add_argument("--residual", action="store_true",
+                   help="only the layers deploy runs with a residual epilogue (the conv before "
+                        "a block's add), searched as those layers")
     r.add_argument("--trials", type=int, default=500)
     r.add_argument("--round", type=int, default=32)
     r.add_argument("--parallel", type=int, default=3, help="tasks searched at once")
@@ -271,6 +305,8 @@ def main(argv: list[str] | None = None) -> int:
     if print_table(a, render):
         return 0
     groups = [g for g in planned(a) if not g.shape.problems(Precision(g.precision))]
+    if a.residual:
+        groups = residual_groups(groups, load_shapes(a.shapes))
     if a.misses:
         groups = by_miss(groups, read_json(a.misses))
     elif a.top:

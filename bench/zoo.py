@@ -784,14 +784,16 @@ def cmd_run(a: argparse.Namespace) -> int:
 # ---- the table -----------------------------------------------------------------------------
 def roofline_us(shape: ConvShape, precision: str, target: Target) -> float:
     """The layer's floor on `target`: max(bytes / DRAM bandwidth, 2 * MACs / Tensor Core
-    peak). Bytes: the activations and weights read once and the output written once in the
-    precision's width (int8: 1 byte each; fp16: 2), C not padded, plus the epilogue's fp32
-    vectors (int8: scale and bias; fp16: bias); peak: kernels.spec's dense Tensor Core figure
-    for the precision. Neither bound counts the other, so no kernel can beat it."""
+    peak). Bytes: the activations and weights read once and the output written once (and a
+    residual read once) in the precision's width (int8: 1 byte each; fp16: 2), C not padded,
+    plus the epilogue's fp32 vectors (int8: scale and bias; fp16: bias); peak: kernels.spec's
+    dense Tensor Core figure for the precision. Neither bound counts the other, so no kernel
+    can beat it."""
     p = Precision(precision)
     el = shape.tensor_elements()
     vec = 2 if p.is_integer else 1
-    nbytes = ((el["input"] + el["weight"]) * p.input_bits + el["output"] * p.output_bits) / 8 \
+    nbytes = ((el["input"] + el["weight"]) * p.input_bits
+              + (el["output"] + el["residual"]) * p.output_bits) / 8 \
         + vec * 4 * shape.k
     mem_s = nbytes / (target.bandwidth_gbs * 1e9)
     math_s = shape.flops / (target.peak(p) * 1e12)

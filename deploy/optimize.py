@@ -7,6 +7,7 @@ import importlib.util
 import re
 import warnings
 from collections.abc import Iterable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -127,9 +128,8 @@ def optimize(model: nn.Module, example_inputs: Any, precision: str = "fp16",
     calibrate.observe(gm, batches if p is Precision.INT8 else batches[:1], percentile)
 
     layers, candidates = _candidates(gm, p, tgt)
-    records = dict(zip(candidates, planning.lookup_records(
-        schedules, [(lp.name, shape) for shape, lp in candidates.values()], p, tgt),
-        strict=True))
+    chains = graph.find_chains(gm, candidates)
+    records = _records(schedules, candidates, chains, p, tgt)
     kept: dict[fx.Node, str] = {}  # fp16 layers slower than cuDNN per their record
     for node, (_, lp) in candidates.items():
         rec = records[node]
@@ -145,7 +145,6 @@ def optimize(model: nn.Module, example_inputs: Any, precision: str = "fp16",
                             f"record (speedup {rec.speedup})")
     # Layers over two inputs are decided before the kept layers leave: one of the two convs
     # may lose to cuDNN alone while the pair's one GEMM beats cuDNN's two.
-    chains = graph.find_chains(gm, candidates)
     pairs = _two_input_layers(chains, candidates, records, kept, schedules, p, tgt)
     paired = {n for conv, (proj, _, _) in pairs.items() for n in (conv, proj)}
     leaving = [node for node in kept if node not in paired]
@@ -206,6 +205,27 @@ def optimize(model: nn.Module, example_inputs: Any, precision: str = "fp16",
     gm.graph.lint()
     gm.recompile()
     return OptimizedModel(gm, layers, p, tgt, backend)
+
+
+def _records(schedules: Any, candidates: dict[fx.Node, tuple[Any, LayerPlan]],
+             chains: list[graph.Chain], p: Precision, tgt: Target
+             ) -> dict[fx.Node, planning.Record | None]:
+    """Each candidate's record, in one lookup: a conv whose epilogue adds a residual takes
+    the record of the layer with it (ConvShape.residual, as `tctune plan` tunes it), else
+    that of its conv alone (noted: the schedule was tuned without the residual's reads)."""
+    with_res = [c.conv for c in chains if c.residual is not None]
+    asked = [(lp.name, shape) for shape, lp in candidates.values()] + \
+        [(candidates[n][1].name, replace(candidates[n][0], residual=True)) for n in with_res]
+    found = planning.lookup_records(schedules, asked, p, tgt)
+    records = dict(zip(candidates, found, strict=False))
+    for node, rec in zip(with_res, found[len(candidates):], strict=True):
+        if rec is not None:
+            records[node] = rec
+        elif records[node] is not None:
+            candidates[node][1].notes.append(
+                "record of the conv without its residual; tune "
+                f"{replace(candidates[node][0], residual=True).key()} for the fused layer")
+    return records
 
 
 def _module_name(gm: fx.GraphModule, lp: LayerPlan, fused: dict[fx.Node, FusedConv]) -> str:

@@ -15,7 +15,7 @@ import os
 import time
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -124,6 +124,11 @@ class BuildJob:
     # PTX for compute_<sm> instead of a cubin: the driver compiles it when it loads the module,
     # so an sm_75 / sm_80 code path runs (for correctness only) on a newer GPU.
     ptx: bool = False
+
+    def __post_init__(self) -> None:
+        # A layer tuned with its residual (ConvShape.residual) builds the residual epilogue.
+        if self.shape.residual and not self.epilogue.residual:
+            object.__setattr__(self, "epilogue", replace(self.epilogue, residual=True))
 
 
 def _sources() -> dict[str, str]:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any, TypeVar
 
 from kernels.spec import ConvShape
@@ -74,21 +75,28 @@ def fastest_pick(timed: Callable[[], T], us: Callable[[T], float], half: bool,
 
 
 def time_cudnn_conv(shape: ConvShape, x0: Any, w0: Any, l2_bytes: int, tf32: bool = False,
-                    picks: Sequence[tuple[bool, bool]] = ALGORITHM_PICKS
-                    ) -> tuple[Timing, list[Any], int]:
+                    picks: Sequence[tuple[bool, bool]] = ALGORITHM_PICKS,
+                    residual: Any = None) -> tuple[Timing, list[Any], int]:
     """cuDNN's conv of `shape` on NCHW tensors x0, w0 (made channels_last here), over as many
     input sets as it takes to exceed L2, with the faster of the two algorithm picks (TF32
-    allowed for fp32 inputs if `tf32`). Returns the harness's timing, the input sets and
-    their count; cuDNN's flags are left as they were."""
+    allowed for fp32 inputs if `tf32`). `residual`: an NCHW tensor of the output's shape
+    that PyTorch adds to each conv's output after it (a ResNet block's add), rotating with the
+    inputs. Returns the harness's timing, the input sets and their count; cuDNN's flags are
+    left as they were."""
     import torch
     import torch.nn.functional as F
 
     x0 = x0.contiguous(memory_format=torch.channels_last)
     w0 = w0.contiguous(memory_format=torch.channels_last)
-    per = (x0.numel() + w0.numel() + shape.gemm_m * shape.k) * x0.element_size()
+    out_elements = shape.gemm_m * shape.k * (1 if residual is None else 2)
+    per = (x0.numel() + w0.numel() + out_elements) * x0.element_size()
     n_sets = sets_for_l2(per, l2_bytes)
     xl = [x0] + [x0.clone() for _ in range(n_sets - 1)]
     wl = [w0] + [w0.clone() for _ in range(n_sets - 1)]
+    rl: list[Any] = []
+    if residual is not None:
+        r0 = residual.contiguous(memory_format=torch.channels_last)
+        rl = [r0] + [r0.clone() for _ in range(n_sets - 1)]
 
     # The outputs rotate too, as ours do (kernels.runner): a result dropped at once would be
     # freed and its buffer handed to the next launch (in a graph capture as well), so every
@@ -99,6 +107,8 @@ def time_cudnn_conv(shape: ConvShape, x0: Any, w0: Any, l2_bytes: int, tf32: boo
     def conv(i: int) -> None:
         ys[i] = F.conv2d(xl[i], wl[i], stride=shape.stride, padding=shape.pad,
                          dilation=shape.dilation)
+        if rl:
+            ys[i].add_(rl[i])
 
     best = fastest_pick(lambda: time_launches(conv, n_sets, api="torch"),
                         lambda t: t.median_us, x0.element_size() == 2, tf32, picks)
@@ -137,7 +147,9 @@ def cudnn_baseline(shape: ConvShape, dtype: str, l2_bytes: int, device: int = 0)
     `cudnn_conv_times`; the tensors' memory is returned to the device afterwards (the
     measuring child goes on with CuPy). A layer over two inputs (shape.concat) is what it
     replaces: cuDNN's two 1x1 layers, x1's and x's, timed one after the other and summed
-    (medians and IQRs)."""
+    (medians and IQRs). A layer with a residual (shape.residual) is what it replaces too:
+    cuDNN's conv, then PyTorch's add of the residual (a random tensor of the output's shape
+    drawn after x and w) in place on its output, one after the other in each timed launch."""
     import torch
 
     if shape.concat:
@@ -148,9 +160,15 @@ def cudnn_baseline(shape: ConvShape, dtype: str, l2_bytes: int, device: int = 0)
     with torch.cuda.device(device):
         try:
             g = torch.Generator(device="cpu").manual_seed(SEED)
-            x0, w0 = _random_inputs(shape, torch_dtype, g, torch.device("cuda", device))
-            timing, xl, _ = time_cudnn_conv(shape, x0, w0, l2_bytes)
-            del x0, w0, xl
+            dev = torch.device("cuda", device)
+            x0, w0 = _random_inputs(shape, torch_dtype, g, dev)
+            r0 = None
+            if shape.residual:
+                out = (shape.n, shape.k, shape.p, shape.q)
+                r0 = (torch.rand(out, generator=g) * 2 - 1).to(dev, torch_dtype)
+            timing, xl, _ = time_cudnn_conv(replace(shape, residual=False), x0, w0, l2_bytes,
+                                            residual=r0)
+            del x0, w0, xl, r0
         finally:
             torch.cuda.empty_cache()
     return timing

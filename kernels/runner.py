@@ -106,23 +106,24 @@ class DeviceSession:
     def inputs(self, prob: Problem, layout: str, n_sets: int, c_padded: int,
                residual: bool = False) -> dict[str, Any]:
         """Device copies: n_sets of x and w (for rotation, and of x1 for layers over two
-        inputs), scale and bias, and the residual (output-shaped) input of residual builds."""
+        inputs, and of the residual, output-shaped, input of residual builds: it is read from
+        DRAM in a network as x is), scale and bias."""
         k = (prob.shape.key(), prob.precision.value, id(prob), layout, n_sets, c_padded,
              residual)
         if k in self._dev and self._dev[k]["problem"]() is prob:  # (not a reused id)
             self._dev.move_to_end(k)
             return self._dev[k]
         xb, wb = prob.device_inputs(layout, c_padded)
-        out_bytes = output_bytes(prob.shape, prob.precision.output_bits) if residual else 0
-        need = n_sets * (xb.nbytes + wb.nbytes + (prob.x1.nbytes if prob.x1 is not None else 0)) \
-            + out_bytes
+        res_bytes = output_bytes(prob.shape, prob.precision.output_bits) if residual else 0
+        need = n_sets * (xb.nbytes + wb.nbytes + (prob.x1.nbytes if prob.x1 is not None else 0)
+                         + res_bytes)
         trim_lru(self._dev, lambda d: d["dev_bytes"], self._device_budget - need)
         cp = self.cp
         x0, w0 = cp.asarray(xb), cp.asarray(wb)
         d = {"x": [x0] + [x0.copy() for _ in range(n_sets - 1)],
              "w": [w0] + [w0.copy() for _ in range(n_sets - 1)],
              "scale": cp.asarray(prob.scale), "bias": cp.asarray(prob.bias),
-             "in_bytes": int(xb.nbytes + wb.nbytes), "res": None, "res_scale": 1.0,
+             "in_bytes": int(xb.nbytes + wb.nbytes), "res": [None] * n_sets, "res_scale": 1.0,
              "x1": [None] * n_sets, "dev_bytes": int(need),
              "problem": weakref.ref(prob)}  # the host cache decides how long it lives
         if prob.x1 is not None:
@@ -131,7 +132,8 @@ class DeviceSession:
         if residual:
             res, d["res_scale"] = prob.residual()
             rb = to_device_bytes(res, prob.precision, layout, 128 // (8 * res.itemsize))
-            d["res"] = cp.asarray(rb)
+            r0 = cp.asarray(rb)
+            d["res"] = [r0] + [r0.copy() for _ in range(n_sets - 1)]
         self._dev[k] = d
         return d
 
@@ -151,7 +153,8 @@ class DeviceSession:
         y_bytes = output_bytes(shape, out_bits)
         c_padded = int(meta["c_padded"])
         residual = has_residual(meta)
-        n_sets = sets_for_l2(self._set_bytes(prob, layout, y_bytes, c_padded), self.l2_bytes) \
+        n_sets = sets_for_l2(self._set_bytes(prob, layout, y_bytes, c_padded, residual),
+                             self.l2_bytes) \
             if time_it else 1
         dev = self.inputs(prob, layout, n_sets, c_padded, residual)
         ys = [cp.empty(y_bytes, dtype=cp.uint8) for _ in range(n_sets)]
@@ -159,7 +162,7 @@ class DeviceSession:
 
         def launch(i: int) -> None:
             launch_kernel(fn, meta, dev["x"][i], dev["w"][i], dev["scale"], dev["bias"], ys[i],
-                          ws, counters, dev["res"], dev["res_scale"], x1=dev["x1"][i])
+                          ws, counters, dev["res"][i], dev["res_scale"], x1=dev["x1"][i])
 
         def check() -> tuple[bool, dict[str, Any]]:
             # Correctness: poisoned output, one launch, exact / tolerance compare.
@@ -190,10 +193,11 @@ class DeviceSession:
                 "detail": {"gpu": self.gpu_name, **t.to_dict()}}
 
     @staticmethod
-    def _set_bytes(prob: Problem, layout: str, y_bytes: int, c_padded: int) -> int:
+    def _set_bytes(prob: Problem, layout: str, y_bytes: int, c_padded: int,
+                   residual: bool = False) -> int:
         xb, wb = prob.device_inputs(layout, c_padded)
         x1b = 0 if prob.x1 is None else int(prob.x1.nbytes)
-        return int(xb.nbytes + wb.nbytes + y_bytes + x1b)
+        return int(xb.nbytes + wb.nbytes + y_bytes + x1b + (y_bytes if residual else 0))
 
 
 def trim_lru(cache: OrderedDict[Any, Any], size: Callable[[Any], int], budget: int,

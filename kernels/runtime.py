@@ -41,7 +41,7 @@ import math
 import os
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -468,6 +468,8 @@ class Conv2d:
         p, t = self.precision, self.target
         epi = epilogue if isinstance(epilogue, Epilogue) else \
             Epilogue("acc" if epilogue == "none" else epilogue, relu, residual)
+        if shape.residual:  # a layer tuned with its residual adds it (ConvShape.residual)
+            epi = replace(epi, residual=True)
         self.epilogue = epi.resolved(p)
         if pdl and not supports_pdl(t.sm):
             raise ValueError(f"pdl (programmatic dependent launch) needs an sm_90 target, not "

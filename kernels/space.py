@@ -408,9 +408,11 @@ def geometry(shape: ConvShape, precision: Precision, target: Target,
     equals `smem_bytes`. `out_bits` is the epilogue's output width (None: the precision's
     requantized output, as tuned; 32: raw int32 accumulators). `int4_s8` overrides the int4
     path on sm_80+ (None: as instruction_shape says), for builds that compare the two.
-    `residual`: the residual epilogue, which with PACK_OUT stages a residual tile too.
+    `residual`: the residual epilogue, which with PACK_OUT stages a residual tile too (also
+    where the shape says so: ConvShape.residual).
     """
     p = Precision(precision)
+    residual = residual or shape.residual
     inst = instruction_shape(p, target.sm)
     s8 = int4_via_s8(p, target.sm) if int4_s8 is None else bool(int4_s8)
     if p is Precision.INT4 and target.sm >= 80:

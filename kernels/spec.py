@@ -15,7 +15,7 @@ from enum import StrEnum
 from typing import Any
 
 _KEY_RE = re.compile(r"n(\d+)_h(\d+)_w(\d+)_c(\d+)_k(\d+)_r(\d+)_s(\d+)_st(\d+)x(\d+)"
-                     r"_p(\d+)x(\d+)_d(\d+)x(\d+)(?:_cat(\d+))?")
+                     r"_p(\d+)x(\d+)_d(\d+)x(\d+)(?:_cat(\d+))?(_res)?")
 
 
 class Precision(StrEnum):
@@ -182,6 +182,11 @@ class ConvShape:
     first `concat` of the c channels from x1 ([N][P][Q][concat], at the output's resolution)
     and the rest from x, read at the stride (a ResNet bottleneck's last conv and its
     projection shortcut as one GEMM). Its key ends in `_cat{concat}`; 0 changes nothing.
+
+    `residual`: the layer's epilogue adds a tensor of the output's shape and type before its
+    ReLU (a ResNet block's add; int8 and fp16, one input). It reads an output's worth of bytes
+    more and stages them in shared memory, so it is a layer of its own to tune: deploy runs the
+    conv before a block's add with it. Its key ends in `_res`.
     """
 
     n: int
@@ -196,6 +201,7 @@ class ConvShape:
     dilation: tuple[int, int] = (1, 1)
     groups: int = 1
     concat: int = 0
+    residual: bool = False
 
     def __post_init__(self) -> None:
         for name in ("stride", "pad", "dilation"):
@@ -231,18 +237,23 @@ class ConvShape:
         return 2 * self.gemm_m * self.gemm_n * self.gemm_k
 
     def tensor_elements(self) -> dict[str, int]:
+        """Elements of each tensor the layer reads or writes ("residual": 0 without one)."""
+        out = self.n * self.p * self.q * self.k
         return {
             "input": self.n * self.h * self.w * (self.c - self.concat)
             + self.n * self.p * self.q * self.concat,
             "weight": self.k * self.r * self.s * self.c,
-            "output": self.n * self.p * self.q * self.k,
+            "output": out,
+            "residual": out if self.residual else 0,
         }
 
     def tensor_bytes(self, precision: Precision) -> int:
-        """Bytes of input, weights and the widest output (int32/fp32) on the device."""
+        """Bytes of input, weights, the residual (as wide as the output) and the widest
+        output (int32/fp32) on the device."""
         el = self.tensor_elements()
         in_bits = Precision(precision).input_bits
-        return (el["input"] + el["weight"]) * in_bits // 8 + el["output"] * 4
+        return (el["input"] + el["weight"]) * in_bits // 8 + \
+            (el["output"] + el["residual"]) * 4
 
     def key(self) -> str:
         """Canonical, human-readable identity of the layer."""
@@ -251,6 +262,7 @@ class ConvShape:
             f"_st{self.stride[0]}x{self.stride[1]}_p{self.pad[0]}x{self.pad[1]}"
             f"_d{self.dilation[0]}x{self.dilation[1]}"
             + (f"_cat{self.concat}" if self.concat else "")
+            + ("_res" if self.residual else "")
         )
 
     @classmethod
@@ -259,9 +271,10 @@ class ConvShape:
         m = _KEY_RE.fullmatch(key)
         if m is None:
             raise ValueError(f"not a layer key: {key!r}")
-        v = [int(x) for x in m.groups() if x is not None]
+        *nums, res = m.groups()
+        v = [int(x) for x in nums if x is not None]
         return cls(*v[:7], stride=(v[7], v[8]), pad=(v[9], v[10]), dilation=(v[11], v[12]),
-                   concat=v[13] if len(v) > 13 else 0)
+                   concat=v[13] if len(v) > 13 else 0, residual=res is not None)
 
     def short_hash(self) -> str:
         return hashlib.sha256(self.key().encode()).hexdigest()[:10]
@@ -272,6 +285,7 @@ class ConvShape:
             "r": self.r, "s": self.s,
             "stride": list(self.stride), "pad": list(self.pad), "dilation": list(self.dilation),
             **({"concat": self.concat} if self.concat else {}),
+            **({"residual": True} if self.residual else {}),
         }
 
     @classmethod
@@ -281,6 +295,7 @@ class ConvShape:
             r=int(d["r"]), s=int(d["s"]),
             stride=_pair(d.get("stride", (1, 1))), pad=_pair(d.get("pad", (0, 0))),
             dilation=_pair(d.get("dilation", (1, 1))), concat=int(d.get("concat", 0)),
+            residual=bool(d.get("residual", False)),
         )
 
     def problems(self, precision: Precision | None = None,
@@ -303,16 +318,24 @@ class ConvShape:
                     break
         if self.groups != 1:
             out.append(("groups", "only groups=1 is supported"))
+        # Two inputs and a residual are paths of the int8 and fp16 kernels only.
+        other = None if precision is None or \
+            Precision(precision) in (Precision.INT8, Precision.FP16) else Precision(precision).value
         if self.concat:
             if not 0 < self.concat < self.c:
                 out.append(("concat", f"must be between 0 and c ({self.c}), got {self.concat}"))
             elif (self.r, self.s, self.pad, self.dilation) != (1, 1, (0, 0), (1, 1)):
                 out.append(("concat", "two inputs are for 1x1 layers without padding or "
                                       "dilation"))
-            elif precision is not None and Precision(precision) not in (Precision.INT8,
-                                                                        Precision.FP16):
-                out.append(("concat", f"two inputs are for int8 and fp16, not "
-                                      f"{Precision(precision).value}"))
+            elif other:
+                out.append(("concat", f"two inputs are for int8 and fp16, not {other}"))
+        if self.residual:
+            if self.concat:
+                out.append(("residual", "a layer over two inputs adds its shortcut itself "
+                                        "(concat): no residual"))
+            elif other:
+                out.append(("residual", "a residual is added by the int8 and fp16 epilogues, "
+                                        f"not {other}'s"))
         if out:
             return out
         if self.p < 1 or self.q < 1:

@@ -12,6 +12,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    StrictBool,
     StrictInt,
     WithJsonSchema,
 )
@@ -55,6 +56,10 @@ Concat = Annotated[StrictInt, Field(
     description="1x1 layers over two inputs: the first input's channels, at the output's "
                 "resolution; 0: one input", json_schema_extra={"minimum": 0,
                                                               "maximum": MAX_CHANNELS})]
+# The epilogue adds a tensor of the output's shape (ConvShape.residual); a layer of its own.
+RESIDUAL_DOC = ("the layer adds a tensor of its output's shape and type in its epilogue, "
+                "before the ReLU (a ResNet block's add; int8 and fp16, one input)")
+Residual = Annotated[StrictBool, Field(description=RESIDUAL_DOC)]
 # One int for both axes, or [vertical, horizontal].
 Pair = Annotated[list[StrictInt], Field(min_length=2, max_length=2), BeforeValidator(_as_pair)]
 Stride = Annotated[Pair, _pair_schema(1, MAX_STRIDE)]
@@ -113,6 +118,7 @@ class ShapeIn(BaseModel):
     pad: Padding = [0, 0]
     dilation: Dilation = [1, 1]
     concat: Concat = 0
+    residual: Residual = False
 
     def to_shape(self) -> ConvShape:
         return ConvShape.from_dict(self.model_dump())

@@ -26,7 +26,9 @@ class SmallResNet(nn.Module):
 def small_resnet() -> nn.Module:
     """10 convs with groups=1 at input 2,3,32,32, of 5 distinct shapes: the 3-channel 7x7
     stride-2 stem, layer1's four 3x3 convs (one shape), layer2's strided 3x3, its three
-    3x3 convs at 32 channels (one shape) and its 1x1 strided projection."""
+    3x3 convs at 32 channels (one shape) and its 1x1 strided projection; 7 distinct layers
+    to tune for int8 and fp16, where each block's second conv adds the block's residual
+    (ConvShape.residual)."""
     return SmallResNet()
 
 

@@ -57,8 +57,11 @@ def _default_point(spec: TaskSpec, space: ScheduleSpace) -> list[int]:
 def shape_distance(a: ConvShape, b: ConvShape) -> float:
     """How unlike two layers are for a kernel schedule: the implicit GEMM's sizes (output
     pixels, output channels, reduction) in octaves, plus a step for another filter size,
-    stride or input channel class (few channels fold taps; wide ones do not)."""
+    stride or input channel class (few channels fold taps; wide ones do not), and a small one
+    for a residual on one of them (the same layer's best is a near neighbour either way)."""
     d = gemm_distance(a, b)
+    if a.residual != b.residual:
+        d += 0.5
     if (a.r, a.s, a.stride) != (b.r, b.s, b.stride):
         d += 4.0
     if (a.c < 16) != (b.c < 16):

@@ -66,6 +66,12 @@ BAD_BODIES = [
      ("body", "shape", "concat"), "int8 and fp16"),
     ("negative concat", body(shape={**BOTTLENECK, "concat": -1}), ("body", "shape", "concat"),
      "between 0 and c"),
+    ("a residual in int4", body(precision="int4", shape={"residual": True}),
+     ("body", "shape", "residual"), "int8 and fp16"),
+    ("a residual over two inputs", body(shape={**BOTTLENECK, "concat": 128, "residual": True}),
+     ("body", "shape", "residual"), "two inputs"),
+    ("a residual as text", body(shape={"residual": "yes"}), ("body", "shape", "residual"),
+     "boolean"),
 ]
 
 
@@ -100,6 +106,7 @@ BAD_QUERIES = [
     ("n=0", ("query", "n")),
     ("concat=16", ("query", "concat")),  # a 3x3 layer
     ("concat=x", ("query", "concat")),
+    ("residual=maybe", ("query", "residual")),
 ]
 
 
@@ -166,3 +173,22 @@ def test_a_layer_over_two_inputs_is_a_task_of_its_own(api: tuple[TestClient, str
     resp = client.get("/schedule", params=params)
     assert resp.status_code == 404 and resp.json()["running"] is True
     assert client.get(f"/jobs/{two.json()['job_id']}").json()["task"]["shape"]["concat"] == 128
+
+
+def test_a_layer_with_its_residual_is_a_task_of_its_own(api: tuple[TestClient, str]) -> None:
+    """residual makes a task apart from the conv alone, and GET /schedule finds it by the
+    same field; an int4 residual is refused there too."""
+    client, _ = api
+    one = client.post("/tune", json=body())
+    res = client.post("/tune", json=body(shape={"residual": True}))
+    assert one.status_code == res.status_code == 202
+    assert res.json()["task_key"].startswith("n8_h56_w56_c64_k64_r3_s3_st1x1_p1x1_d1x1_res|")
+    assert one.json()["job_id"] != res.json()["job_id"]
+    params = dict(n=8, h=56, w=56, c=64, k=64, r=3, s=3, pad=1, precision="int8",
+                  target="h200")
+    found = client.get("/schedule", params={**params, "residual": "true"})
+    assert found.status_code == 404 and found.json()["running"] is True
+    assert found.json()["job"]["id"] == res.json()["job_id"]
+    assert client.get(f"/jobs/{res.json()['job_id']}").json()["task"]["shape"]["residual"]
+    bad = client.get("/schedule", params={**params, "residual": "true", "precision": "int4"})
+    assert ("query", "residual") in _locs(bad)

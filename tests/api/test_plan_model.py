@@ -15,14 +15,12 @@ from pathlib import Path
 
 import httpx
 import pytest
-import torch
 
-from api.plan import SPREAD, Layer, conv_layers, layer_time_us, load_module_model, trial_budgets
+from api.plan import SPREAD, Layer, layer_time_us, load_module_model, trial_budgets
 from kernels.space import ScheduleSpace
 from kernels.spec import TARGETS, ConvShape, Precision, task_key
 from tests.api.test_cli_first_hour import assert_one_line, cli
 from tests.conftest import REPO, Service
-from tests.models import small_resnet
 
 MODULE = ["tests.models:small_resnet", "--input-shape", "2,3,32,32"]
 STAGE2 = ConvShape(8, 56, 56, 64, 64, 3, 3, pad=(1, 1))
@@ -43,10 +41,12 @@ def _jobs(svc: Service) -> list[dict]:
 def test_a_torch_module_is_tuned_layer_by_distinct_layer_in_one_command(
         make_service: Callable[..., Service]) -> None:
     svc = make_service().start()
-    layers = conv_layers(small_resnet(), torch.zeros(2, 3, 32, 32))
-    keys = {task_key(ConvShape.from_dict(la["shape"]), Precision.INT8, TARGETS["h200"])
-            for la in layers}
-    assert (len(layers), len(keys)) == (10, 5)
+    layers = load_module_model("tests.models:small_resnet", (2, 3, 32, 32), "int8", "h200")
+    keys = {task_key(la.shape, Precision.INT8, TARGETS["h200"]) for la in layers}
+    assert (len(layers), len(keys)) == (10, 7)
+    # The convs before a block's add are tuned with their residual (ConvShape.residual).
+    assert {la.name for la in layers if la.shape.residual} == {
+        "layer1.0.conv2", "layer1.1.conv2", "layer2.0.conv2", "layer2.1.conv2"}
 
     res = _cli(svc, "plan", *MODULE, "--precision", "int8", "--target", "h200",
                "--trials", "8", "--allocate", "even", "--strategy", "random", "--submit",
@@ -54,8 +54,8 @@ def test_a_torch_module_is_tuned_layer_by_distinct_layer_in_one_command(
     assert res.returncode == 0, res.stderr
     out = json.loads(res.stdout)
     assert {k: out[k] for k in ("layers", "distinct", "tuned", "submitted", "running")} == {
-        "layers": 10, "distinct": 5, "tuned": 0, "submitted": 5, "running": 0}
-    assert out["jobs"] == {"done": 5}
+        "layers": 10, "distinct": 7, "tuned": 0, "submitted": 7, "running": 0}
+    assert out["jobs"] == {"done": 7}
 
     # One job per distinct layer, each ended with its budget measured, when the command
     # returned.
@@ -67,37 +67,39 @@ def test_a_torch_module_is_tuned_layer_by_distinct_layer_in_one_command(
     # Every layer: its task's job (shared by the layers of one shape), best latency,
     # baseline and speedup.
     results = out["results"]
-    assert [r["name"] for r in results] == [la["name"] for la in layers]
+    assert [r["name"] for r in results] == [la.name for la in layers]
     for r in results:
         assert r["found"] and r["job_id"] == job_of[r["task_key"]]
         assert r["latency_us"] > 0 and r["simulated"] is True
         assert r["baseline"] == "cuDNN fp16" and r["baseline_us"] > 0
         assert r["speedup"] == round(r["baseline_us"] / r["latency_us"], 3)
     # ... and its schedule, one of its task's space (what `bench.service_tuning` retimes).
-    shape_of = {r["task_key"]: ConvShape.from_dict(la["shape"])
-                for r, la in zip(results, layers, strict=True)}
+    shape_of = {r["task_key"]: la.shape for r, la in zip(results, layers, strict=True)}
     for r in results:
         space = ScheduleSpace(shape_of[r["task_key"]], Precision.INT8, TARGETS["h200"])
         assert space.is_valid(r["schedule"]), r
     by_name = {r["name"]: r for r in results}
-    assert len({by_name[f"layer1.{b}.conv{c}"]["job_id"] for b in (0, 1) for c in (1, 2)}) == 1
+    for c in (1, 2):
+        assert len({by_name[f"layer1.{b}.conv{c}"]["job_id"] for b in (0, 1)}) == 1
+    assert by_name["layer1.0.conv1"]["job_id"] != by_name["layer1.0.conv2"]["job_id"]
+    assert by_name["layer1.0.conv2"]["task_key"].split("|")[0].endswith("_res")
 
     # The display: the model's trials and jobs, a row per job, then the per-layer summary.
     err = res.stderr
-    assert "model, 5 jobs" in err and "40/40" in err and "5/5 jobs ended (sim)" in err
-    assert f"{job_of[by_name['layer1.0.conv1']['task_key']]:>4} layer1.0.conv1 +3" in err
+    assert "model, 7 jobs" in err and "56/56" in err and "7/7 jobs ended (sim)" in err
+    assert f"{job_of[by_name['layer1.0.conv1']['task_key']]:>4} layer1.0.conv1 +1" in err
     assert "cuDNN fp16 (us)" in err and "simulated: latencies of the analytical model" in err
     stem = by_name["stem.0"]
     assert f"{stem['latency_us']:.2f}" in err and f"{stem['speedup']:.2f}x" in err
-    assert "done: 5/5 distinct layers tuned; jobs: 5 done" in err
+    assert "done: 7/7 distinct layers tuned; jobs: 7 done" in err
 
     # Again: everything is tuned, nothing is submitted, nothing to wait for.
     again = _cli(svc, "plan", *MODULE, "--precision", "int8", "--target", "h200", "--wait")
     assert again.returncode == 0, again.stderr
     out = json.loads(again.stdout)
-    assert (out["tuned"], out["submitted"], out["jobs"]) == (5, 0, {})
+    assert (out["tuned"], out["submitted"], out["jobs"]) == (7, 0, {})
     assert all(r["found"] and r["job_id"] is None for r in out["results"])
-    assert len(_jobs(svc)) == 5
+    assert len(_jobs(svc)) == 7
 
 
 def test_a_model_file_is_submitted_and_waited_for(make_service: Callable[..., Service],
@@ -239,14 +241,14 @@ def test_a_plans_trials_go_to_the_layers_that_take_the_models_time() -> None:
     # average before rounding, and about trials x layers in all.
     layers = load_module_model("tests.models:small_resnet", (8, 3, 224, 224), "fp16", "h100")
     budgets = trial_budgets(layers, 48)
-    assert len(budgets) == 5
+    assert len(budgets) == 7
     uses = {k: sum(1 for la in layers if (la.shape, la.precision, la.target) == k)
             for k in budgets}
     weight = {k: uses[k] * layer_time_us(*k) for k in budgets}
     order = sorted(budgets, key=weight.__getitem__)
     assert [budgets[k] for k in order] == sorted(budgets.values())
     assert budgets[order[-1]] > 48 > budgets[order[0]]
-    assert abs(sum(budgets.values()) - 48 * 5) <= 5
+    assert abs(sum(budgets.values()) - 48 * 7) <= 7
     assert max(budgets.values()) / min(budgets.values()) <= SPREAD[1] / SPREAD[0] + 0.1
 
 

@@ -416,3 +416,19 @@ def test_a_pair_merges_where_its_gemm_beats_what_the_two_would_run_as() -> None:
     assert set(fused(o)) == {"conv1", "conv2", "downsample.0"}
     with torch.no_grad():
         assert rel_err(o(x), m(x)) < 2e-3
+
+
+def test_a_plan_tunes_with_its_residual_every_conv_deploy_runs_with_one() -> None:
+    """`tctune plan` (api.plan.fused_layers) and the rewrite agree on which convs' epilogues
+    add a residual: the layers tuned as ConvShape.residual are those deploy runs so."""
+    from api.plan import conv_layers, fused_layers
+    from tests.models import small_resnet
+
+    torch.manual_seed(14)
+    nets = [(small_resnet().eval(), torch.randn(2, 3, 32, 32)),
+            (randomize_bn(nn.Sequential(Bottleneck(64, 32, stride=2), Bottleneck(128, 32))).eval(),
+             torch.randn(2, 64, 10, 10))]
+    for m, x in nets:
+        _, residual = fused_layers(m, x, conv_layers(m, x))
+        want = {lp.name for lp in opt(m, x, "int8").plan if lp.residual}
+        assert residual == want and len(want) >= 2

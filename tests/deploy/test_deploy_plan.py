@@ -242,3 +242,58 @@ def test_pdl_is_on_for_sm90_targets_off_elsewhere_and_refused_where_unsupported(
     m = fused(optimize(two(), X, "fp16", "h100", None, backend="reference",
                        cache_dir=tmp_path))[0]
     assert m.build(X.shape).pdl
+
+
+# ---- a conv whose epilogue adds a residual -----------------------------------------------
+class Block(nn.Module):
+    """conv -> BN -> + x -> ReLU: the conv runs with the residual epilogue."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(16, 16, 3, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.bn(self.conv(x)) + x)
+
+
+SHAPE_R = ConvShape(2, 8, 8, 16, 16, 3, 3, pad=(1, 1))
+SHAPE_R_RES = ConvShape(2, 8, 8, 16, 16, 3, 3, pad=(1, 1), residual=True)
+
+
+def run_block(schedules: Any) -> Any:
+    torch.manual_seed(0)
+    model = randomize_bn(Block()).eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DefaultScheduleWarning)
+        return by_name(optimize(model, X, "fp16", "h100", schedules, backend="reference"))[
+            "conv"]
+
+
+def test_a_conv_with_its_residual_takes_the_record_tuned_with_it() -> None:
+    """The record of the layer with its residual (as `tctune plan` tunes it) wins over the
+    conv's alone; without it, the conv's alone is used and the plan says what to tune."""
+    plain = {**rec(SHAPE_R, 1.5), "latency_us": 9.0}
+    fused = {**rec(SHAPE_R_RES, 1.4), "schedule": a_schedule(SHAPE_R_RES), "latency_us": 11.0}
+    keys = {s: task_key(s, Precision.FP16, H100) for s in (SHAPE_R, SHAPE_R_RES)}
+    lp = run_block({keys[SHAPE_R]: plain, keys[SHAPE_R_RES]: fused})
+    assert lp.replaced and lp.residual is not None
+    assert lp.schedule == fused["schedule"] and lp.latency_us == 11.0
+    assert not any("without its residual" in n for n in lp.notes)
+
+    lp = run_block({keys[SHAPE_R]: plain})
+    assert lp.replaced and lp.latency_us == 9.0
+    assert any(f"tune {SHAPE_R_RES.key()}" in n for n in lp.notes), lp.notes
+
+
+def test_the_service_answers_the_residual_layer_by_its_own_key(
+        service: tuple[TestClient, str]) -> None:
+    app, db = service
+    s_res = a_schedule(SHAPE_R_RES)
+    _store(db, SHAPE_R, a_schedule(SHAPE_R), 5.0, 10.0)
+    _store(db, SHAPE_R_RES, s_res, 6.0, 10.0)
+    client = Client("http://testserver")
+    client.http.close()
+    client.http = app
+    lp = run_block(client)
+    assert lp.schedule == s_res and lp.latency_us == 6.0 and lp.baseline_us == 10.0

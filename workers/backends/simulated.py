@@ -179,9 +179,12 @@ def model_inputs(shape: ConvShape, precision: Precision, target: Target,
     # mma.sync reads its fragments from shared memory with ldmatrix (wgmma reads in place).
     smem_it = np.where(wg, 0.0, g.warps * (wrt * inst.m + wct * inst.n) * g.block_k * bits / 8
                        * taps)
-    epi_bytes = g.block_m * g.block_n * np.where(pack, p.output_bits, 32) / 8
+    # A residual tile is read in the epilogue as the output tile is written.
+    epi_bytes = g.block_m * g.block_n * (np.where(pack, p.output_bits, 32) +
+                                         p.output_bits * shape.residual) / 8
     unique = shape.tensor_elements()
-    dram = (unique["input"] + unique["weight"]) * in_bytes + unique["output"] * p.output_bits / 8
+    dram = (unique["input"] + unique["weight"]) * in_bytes + \
+        (unique["output"] + unique["residual"]) * p.output_bits / 8
     return {
         "wg": wg, "tma": tma, "stages": stages, "split_k": split_k, "dup": dup,
         "pack": pack, "warps": g.warps.astype(f64), "k_iters": g.k_iters.astype(f64),
@@ -321,7 +324,10 @@ def _cudnn_us(shape: ConvShape, peak_flops: float, operand_bytes: float, target:
     t_serial = shape.gemm_k * c["k_ns"] * 1e-9
     t = float(_smooth_max(c["overlap_p"], np.array(t_compute), np.array(t_memory),
                           np.array(t_serial)))
-    return t * 1e6 + c["launch_us"]
+    # A residual layer's baseline adds the residual after the conv (kernels.cudnn): a pass
+    # that reads two outputs' worth and writes one, and its launch.
+    t_add = 3 * el["residual"] * operand_bytes / (target.bandwidth_gbs * 1e9 * c["dram_eff"])
+    return (t + t_add) * 1e6 + c["launch_us"] * (2 if shape.residual else 1)
 
 
 def cudnn_fp16_us(shape: ConvShape, target: Target) -> float:
