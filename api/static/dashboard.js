@@ -134,13 +134,16 @@ const TC = (() => {
   const pair = (p) => (Array.isArray(p) ? (p[0] === p[1] ? String(p[0]) : p.join("×")) : String(p));
   const isOne = (p, v) => (Array.isArray(p) ? p.every((x) => x === v) : p === v);
 
-  // "n8 56×56 c64→k64 3×3 pad 1" (stride and dilation only when not 1).
+  // "n8 56×56 c64→k64 3×3 pad 1" (stride and dilation only when not 1; a layer over two
+  // inputs and one that adds a residual say so).
   function shape(s) {
     if (!s) return "";
     let out = `n${s.n} ${s.h}×${s.w} c${s.c}→k${s.k} ${s.r}×${s.s}`;
     if (s.stride && !isOne(s.stride, 1)) out += ` stride ${pair(s.stride)}`;
     if (s.pad && !isOne(s.pad, 0)) out += ` pad ${pair(s.pad)}`;
     if (s.dilation && !isOne(s.dilation, 1)) out += ` dil ${pair(s.dilation)}`;
+    if (s.concat) out += ` two inputs (x1 c${s.concat})`;
+    if (s.residual) out += " +residual";
     return out;
   }
 
@@ -148,7 +151,8 @@ const TC = (() => {
   function shapeArg(s) {
     const p = (v) => (Array.isArray(v) ? (v[0] === v[1] ? v[0] : v.join("x")) : v);
     return `n=${s.n},h=${s.h},w=${s.w},c=${s.c},k=${s.k},r=${s.r},s=${s.s}` +
-      `,stride=${p(s.stride)},pad=${p(s.pad)},dilation=${p(s.dilation)}`;
+      `,stride=${p(s.stride)},pad=${p(s.pad)},dilation=${p(s.dilation)}` +
+      (s.concat ? `,concat=${s.concat}` : "") + (s.residual ? ",residual=1" : "");
   }
 
   // --- DOM --------------------------------------------------------------------------------

@@ -411,3 +411,25 @@ def test_pages_ask_for_the_token_when_reads_need_one(
     wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#workers-table tbody tr"),
              what="a worker row")
     assert console_errors(browser) == []
+
+
+def test_a_layer_over_two_inputs_or_with_a_residual_is_shown_and_copied_as_itself(
+        make_service: Callable[..., Service], browser: Any) -> None:
+    """The pages' shape text names two inputs and a residual, and the CLI command a job page
+    offers (`tctune schedule --shape ...`) looks up that task, not the plain layer's."""
+    from api.cli import _parse_shape
+    from kernels.spec import ConvShape
+
+    svc = make_service().start()
+    browser.get(f"{svc.url}/ui/schedules")
+    wait_for(lambda: browser.execute_script("return typeof TC") == "object", what="TC")
+    for sh in (ConvShape(8, 56, 56, 64, 256, 1, 1, residual=True),
+               ConvShape(8, 56, 56, 320, 512, 1, 1, stride=2, concat=64), STAGE2):
+        d = sh.to_dict() if isinstance(sh, ConvShape) else STAGE2
+        text, arg = browser.execute_script(
+            "return [TC.shape(arguments[0]), TC.shapeArg(arguments[0])]",
+            {**d, "stride": d.get("stride", [1, 1]), "dilation": d.get("dilation", [1, 1])})
+        assert _parse_shape(arg) == ConvShape.from_dict(d), arg
+        assert ("+residual" in text) == bool(d.get("residual"))
+        assert ("two inputs (x1 c64)" in text) == bool(d.get("concat"))
+    assert console_errors(browser) == []
