@@ -217,7 +217,7 @@ def _records(schedules: Any, candidates: dict[fx.Node, tuple[Any, LayerPlan]],
     asked = [(lp.name, shape) for shape, lp in candidates.values()] + \
         [(candidates[n][1].name, replace(candidates[n][0], residual=True)) for n in with_res]
     found = planning.lookup_records(schedules, asked, p, tgt)
-    records = dict(zip(candidates, found, strict=False))
+    records = dict(zip(candidates, found[:len(candidates)], strict=True))
     for node, rec in zip(with_res, found[len(candidates):], strict=True):
         if rec is not None:
             records[node] = rec
