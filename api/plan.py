@@ -173,6 +173,31 @@ def conv_layers(module: Any, example_input: Any) -> list[dict[str, Any]]:
     return found
 
 
+def add_operands(node: Any) -> tuple[Any, Any] | None:
+    """The two tensor operands of a plain a + b in a torch.fx graph (no alpha, no broadcast
+    scalar), else None: the adds a conv's epilogue takes, here and in deploy.graph."""
+    import operator
+
+    import torch
+    from torch import fx
+
+    plain = (node.op == "call_function" and node.target in (operator.add, operator.iadd,
+                                                              torch.add)) or \
+        (node.op == "call_method" and node.target in ("add", "add_"))
+    if not plain or node.kwargs or len(node.args) != 2:
+        return None
+    a, b = node.args
+    if isinstance(a, fx.Node) and isinstance(b, fx.Node) and a is not b:
+        return a, b
+    return None
+
+
+def single_user(node: Any) -> Any:
+    """A torch.fx node's only user, or None where it has several or none."""
+    users = list(node.users)
+    return users[0] if len(users) == 1 else None
+
+
 def fused_layers(module: Any, example_input: Any, found: list[dict[str, Any]]
                  ) -> tuple[list[dict[str, Any]], set[str]]:
     """What deploy.optimize runs a module's convs as where an add follows them: (the layers
@@ -184,8 +209,6 @@ def fused_layers(module: Any, example_input: Any, found: list[dict[str, Any]]
     rule, conv -> [BatchNorm2d] -> add of a value of the same shape (on `example_input`),
     each the only user of the one before, the first such conv in graph order taking the
     add. `found`: conv_layers' entries of the module, for the shapes."""
-    import operator
-
     import torch
     from torch import fx
     from torch.fx.passes.shape_prop import ShapeProp
@@ -204,15 +227,6 @@ def fused_layers(module: Any, example_input: Any, found: list[dict[str, Any]]
     def is_bn(v: Any) -> bool:
         return v.op == "call_module" and \
             isinstance(module.get_submodule(str(v.target)), torch.nn.BatchNorm2d)
-
-    def add_operands(v: Any) -> tuple[Any, Any] | None:
-        is_add = (v.op == "call_function" and v.target in (operator.add, operator.iadd,
-                                                             torch.add)) or \
-            (v.op == "call_method" and v.target in ("add", "add_"))
-        if not is_add or len(v.args) != 2 or v.kwargs or v.args[0] is v.args[1] or \
-                not all(isinstance(a, fx.Node) for a in v.args):
-            return None
-        return v.args[0], v.args[1]
 
     def conv_behind(v: Any) -> Any:
         if is_bn(v):
@@ -245,10 +259,10 @@ def fused_layers(module: Any, example_input: Any, found: list[dict[str, Any]]
         if not is_conv(node):
             continue
         cur = node
-        nxt = next(iter(cur.users)) if len(cur.users) == 1 else None
+        nxt = single_user(cur)
         if nxt is not None and nxt not in taken and is_bn(nxt):
             cur = nxt
-            nxt = next(iter(cur.users)) if len(cur.users) == 1 else None
+            nxt = single_user(cur)
         ops = add_operands(nxt) if nxt is not None and nxt not in taken else None
         if ops is None:
             continue

@@ -10,7 +10,6 @@ its residual input (added before the ReLU), the ReLU its clamp. conv -> bn -> re
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -18,12 +17,11 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
+from api.plan import add_operands, single_user
 from kernels.spec import ConvShape, Precision, Target
 
 _RELU_FUNCS: set[Callable[..., object]] = {F.relu, torch.relu, torch.relu_}
 _RELU_METHODS = {"relu", "relu_"}
-_ADD_FUNCS: set[Callable[..., object]] = {operator.add, operator.iadd, torch.add}
-_ADD_METHODS = {"add", "add_"}
 
 
 def trace(model: nn.Module) -> fx.GraphModule:
@@ -55,18 +53,6 @@ def is_relu(gm: fx.GraphModule, node: fx.Node) -> bool:
     if node.op == "call_method":
         return node.target in _RELU_METHODS and len(node.args) == 1 and not node.kwargs
     return False
-
-
-def add_operands(node: fx.Node) -> tuple[fx.Node, fx.Node] | None:
-    """The two tensor operands of a plain a + b (no alpha, no broadcast scalar), else None."""
-    plain = (node.op == "call_function" and node.target in _ADD_FUNCS) or \
-        (node.op == "call_method" and node.target in _ADD_METHODS)
-    if not plain or node.kwargs or len(node.args) != 2:
-        return None
-    a, b = node.args
-    if isinstance(a, fx.Node) and isinstance(b, fx.Node) and a is not b:
-        return a, b
-    return None
 
 
 def foldable_bn(gm: fx.GraphModule, node: fx.Node, channels: int) -> bool:
@@ -144,11 +130,6 @@ class Chain:
         return self.nodes[-1]
 
 
-def _single_user(node: fx.Node) -> fx.Node | None:
-    users = list(node.users)
-    return users[0] if len(users) == 1 else None
-
-
 def find_chains(gm: fx.GraphModule, convs: Iterable[fx.Node]) -> list[Chain]:
     """The chains of the given conv nodes (those that will be replaced), in graph order.
 
@@ -164,10 +145,10 @@ def find_chains(gm: fx.GraphModule, convs: Iterable[fx.Node]) -> list[Chain]:
         ch = Chain(node)
         out_ch = int(module_of(gm, node).out_channels)  # type: ignore[union-attr]
         cur = node
-        nxt = _single_user(cur)
+        nxt = single_user(cur)
         if nxt is not None and nxt not in taken and foldable_bn(gm, nxt, out_ch):
             ch.bn = cur = nxt
-            nxt = _single_user(cur)
+            nxt = single_user(cur)
         ops = add_operands(nxt) if nxt is not None and nxt not in taken else None
         if ops is not None and nxt is not None:
             res = ops[1] if ops[0] is cur else ops[0]
@@ -176,7 +157,7 @@ def find_chains(gm: fx.GraphModule, convs: Iterable[fx.Node]) -> list[Chain]:
                     nxt.meta.get("deploy_shape") == cur.meta.get("deploy_shape"):
                 ch.add = nxt
                 cur = nxt
-                nxt = _single_user(cur)
+                nxt = single_user(cur)
         if nxt is not None and nxt not in taken and is_relu(gm, nxt):
             ch.relu = nxt
         taken.update(ch.nodes)
