@@ -570,12 +570,16 @@ def plan_cmd(model: str, input_shape: str | None, precision: str | None, target:
     except ValueError as err:
         raise click.ClickException(f"{model}: {err}") from None
     client = _client(server, token)
+    console = Console(stderr=True)
+
+    def on_wait(seconds: float) -> None:
+        console.print(f"the service's limit on submissions: waiting {seconds:g} s")
+
     try:
         cov = plan(client, layers, trials, submit=submit, strategy=strategy_name,
-                   strategy_options=strategy_options, allocate=allocate)
+                   strategy_options=strategy_options, allocate=allocate, on_wait=on_wait)
     except TctuneError as err:
         raise click.ClickException(explain(err.body)) from None
-    console = Console(stderr=True)
     console.print(_coverage_table(cov.rows))
     console.print(f"coverage: {cov.tuned}/{cov.distinct} distinct layers tuned "
                   f"({cov.layers} layers); submitted {cov.submitted}, already running "

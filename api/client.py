@@ -18,11 +18,21 @@ DEFAULT_SERVER = "http://127.0.0.1:8000"
 TERMINAL = ("done", "failed", "cancelled")
 
 
+def _retry_after(resp: httpx.Response) -> float | None:
+    """Retry-After in seconds (the service sends seconds, never an HTTP date)."""
+    try:
+        return float(resp.headers["Retry-After"])
+    except (KeyError, ValueError):
+        return None
+
+
 class TctuneError(RuntimeError):
-    def __init__(self, status: int, body: Any) -> None:
+    def __init__(self, status: int, body: Any, retry_after: float | None = None) -> None:
         super().__init__(f"HTTP {status}: {body}")
         self.status = status
         self.body = body
+        # The seconds a 429 or 503 asks the client to wait before it asks again.
+        self.retry_after = retry_after
 
 
 def shape_query(shape: ConvShape) -> dict[str, Any]:
@@ -44,7 +54,7 @@ class Client:
         except ValueError:
             body = resp.text
         if resp.status_code not in ok:
-            raise TctuneError(resp.status_code, body)
+            raise TctuneError(resp.status_code, body, _retry_after(resp))
         return body
 
     def tune(self, shape: ConvShape, precision: str, target: str, trials: int = 500,

@@ -20,8 +20,11 @@ import json
 import math
 import os
 import sys
+import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -329,11 +332,41 @@ class Coverage:
     jobs: dict[int, list[str]] = field(default_factory=dict)
 
 
+# How long one submission waits, in all, for the service's limits (POST /tune per minute,
+# active jobs per token) before the plan gives up: a model of a few hundred distinct layers
+# passes the rate limit in a few minutes, and its jobs free active-job slots as they end.
+LIMIT_PATIENCE_S = 900.0
+
+
+def submit_within_limits(submit: Callable[[], dict[str, Any]],
+                         on_wait: Callable[[float], None] | None = None,
+                         patience_s: float = LIMIT_PATIENCE_S,
+                         sleep: Callable[[float], None] = time.sleep) -> dict[str, Any]:
+    """`submit()`, asked again after each 429 as long as its Retry-After says, until
+    `patience_s` of waiting is spent (then the 429 is raised, as any other error at once)."""
+    from api.client import TctuneError
+
+    waited = 0.0
+    while True:
+        try:
+            return submit()
+        except TctuneError as err:
+            wait = err.retry_after
+            if err.status != 429 or wait is None or waited + wait > patience_s:
+                raise
+            if on_wait is not None:
+                on_wait(wait)
+            sleep(wait)
+            waited += wait
+
+
 def plan(client: Any, layers: list[Layer], trials: int, submit: bool = True,
          strategy: str | None = None, strategy_options: dict[str, Any] | None = None,
-         allocate: str = "time") -> Coverage:
+         allocate: str = "time", on_wait: Callable[[float], None] | None = None) -> Coverage:
     """Look every layer up; submit the distinct untuned ones (unless `submit` is off), each
-    with its share of the trials (`trial_budgets` over the untuned layers)."""
+    with its share of the trials (`trial_budgets` over the untuned layers). A submission the
+    service's limits refuse waits as the service says (`submit_within_limits`; `on_wait`
+    hears each wait)."""
     results = client.lookup([(la.shape, la.precision, la.target) for la in layers])
     budgets = trial_budgets([la for la, res in zip(layers, results, strict=True)
                              if not res["found"]], trials, allocate)
@@ -343,9 +376,10 @@ def plan(client: Any, layers: list[Layer], trials: int, submit: bool = True,
         if not res["found"] and submit:
             key = res["task_key"]
             if key not in submitted_keys:
-                job = client.tune(layer.shape, layer.precision, layer.target,
-                                  budgets[layer_key(layer)], strategy,
-                                  strategy_options=strategy_options)
+                job = submit_within_limits(partial(
+                    client.tune, layer.shape, layer.precision, layer.target,
+                    budgets[layer_key(layer)], strategy, strategy_options=strategy_options),
+                    on_wait)
                 submitted_keys[key] = job
                 if job["created"]:
                     submitted += 1

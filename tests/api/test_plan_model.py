@@ -267,3 +267,46 @@ def test_the_plan_submits_each_layer_with_its_share_of_the_trials(
                "20", "--strategy", "random")
     assert res.returncode == 0, res.stderr
     assert {j["task"]["key"]: j["trials"] for j in _jobs(svc)} == want
+
+
+def test_a_plan_over_the_rate_limit_waits_as_the_service_says(
+        make_service: Callable[..., Service]) -> None:
+    # 6 submissions a minute: the seventh distinct layer waits for the bucket to refill.
+    svc = make_service(TCTUNE_TUNE_PER_MINUTE="6").start()
+    res = _cli(svc, "plan", *MODULE, "--precision", "int8", "--target", "h200", "--trials",
+               "8", "--strategy", "random")
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["submitted"] == 7
+    assert len(_jobs(svc)) == 7
+    assert "the service's limit on submissions: waiting" in res.stderr
+
+
+def test_a_submission_waits_out_429s_within_its_patience_only() -> None:
+    from api.client import TctuneError
+    from api.plan import submit_within_limits
+
+    slept: list[float] = []
+    answers: list[object] = [TctuneError(429, "slow down", 2.0),
+                             TctuneError(429, "slow down", 3.0), {"job_id": 1}]
+
+    def submit() -> dict:
+        a = answers.pop(0)
+        if isinstance(a, Exception):
+            raise a
+        return a  # type: ignore[return-value]
+
+    heard: list[float] = []
+    assert submit_within_limits(submit, heard.append, sleep=slept.append) == {"job_id": 1}
+    assert slept == heard == [2.0, 3.0]
+    # Past its patience, or on any other error, the error goes to the caller at once.
+    answers[:] = [TctuneError(429, "slow down", 2.0), TctuneError(429, "slow down", 2.0)]
+    slept.clear()
+    with pytest.raises(TctuneError):
+        submit_within_limits(submit, patience_s=3.0, sleep=slept.append)
+    assert slept == [2.0]
+    answers[:] = [TctuneError(422, "bad shape"), {"job_id": 2}]
+    with pytest.raises(TctuneError):
+        submit_within_limits(submit, sleep=slept.append)
+    answers[:] = [TctuneError(429, "no Retry-After"), {"job_id": 3}]
+    with pytest.raises(TctuneError):
+        submit_within_limits(submit, sleep=slept.append)
