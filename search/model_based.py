@@ -237,9 +237,12 @@ class ModelBasedStrategy(Strategy):
         self.anneal_cfg = AnnealConfig(walkers=o["walkers"], iters=o["iters"],
                                        early_stop=o["early_stop"], mutants=self.ANNEAL_MUTANTS)
         self._moves: Moves | None = None
-        self._features: np.ndarray | None = None
         self._valid_digits: np.ndarray | None = None
         self._task_features: np.ndarray | None = None
+        # Where the space's features vary, and the first row (the constant columns' values):
+        # with `_task_features` they make `features` again, so the whole table is not kept.
+        self._varies: np.ndarray | None = None
+        self._first_row: np.ndarray | None = None
         self._prior_table: tuple[int, np.ndarray, CostModel] | None = None
         self.bag_scores: np.ndarray | None = None
         self.own_scores: np.ndarray | None = None
@@ -256,10 +259,17 @@ class ModelBasedStrategy(Strategy):
 
     @property
     def features(self) -> np.ndarray:
-        """Features of every valid schedule, rows in `space.valid_indices` order."""
-        if self._features is None:
-            self._features = space_features(self.space, self.space.valid_indices)
-        return self._features
+        """Features of every valid schedule, rows in `space.valid_indices` order. Made anew
+        from `task_features` and the constant columns at each call (the prior's scoring, once
+        per prior): the explorer keeps a strategy per active job, and the whole table was
+        half of one's memory."""
+        if self._task_features is None:
+            return self._split(space_features(self.space, self.space.valid_indices))
+        assert self._varies is not None and self._first_row is not None
+        full = np.empty((len(self._task_features), len(self._varies)), dtype=np.float32)
+        full[:] = self._first_row
+        full[:, self._varies] = self._task_features
+        return full
 
     @property
     def task_features(self) -> np.ndarray:
@@ -269,12 +279,31 @@ class ModelBasedStrategy(Strategy):
         change whenever a knob is added to the kernel elsewhere. The prior's model keeps every
         column (they vary between the layers it learns from)."""
         if self._task_features is None:
-            f = self.features
-            varies = (f != f[:1]).any(axis=0)  # np.ptp's answer at an eighth of its time
-            # Row-major: XGBoost's prediction reads a column-major array at 1.7x the cost
-            # of a row-major one (the same values, the same scores).
-            self._task_features = np.ascontiguousarray(f[:, varies] if varies.any() else f)
+            self._split(space_features(self.space, self.space.valid_indices))
+        assert self._task_features is not None
         return self._task_features
+
+    def _split(self, f: np.ndarray) -> np.ndarray:
+        """Keep `f`'s varying columns as `task_features` and what makes the rest; returns f."""
+        varies = (f != f[:1]).any(axis=0)  # np.ptp's answer at an eighth of its time
+        if not varies.any():
+            varies[:] = True
+        # Row-major: XGBoost's prediction reads a column-major array at 1.7x the cost of a
+        # row-major one (the same values, the same scores).
+        self._task_features = np.ascontiguousarray(f[:, varies])
+        self._varies, self._first_row = varies, f[0].copy()
+        return f
+
+    def footprint(self) -> int:
+        """Bytes of the arrays this strategy keeps between proposals (the explorer's cache
+        of strategies is bounded by their sum)."""
+        arrays = [self._task_features, self._valid_digits, self.bag_scores, self.own_scores,
+                  None if self._prior_table is None else self._prior_table[1],
+                  None if self._moves is None else self._moves.valid]
+        table = getattr(self, "_last_table", None)
+        if table is not None:
+            arrays.append(table.scores)
+        return sum(a.nbytes for a in arrays if isinstance(a, np.ndarray))
 
     @property
     def partial_scores(self) -> bool:

@@ -86,6 +86,10 @@ class Strategy(ABC):
         """Generator for one call: same seed and history size -> same proposals."""
         return np.random.default_rng([self.seed, len(history.trials), len(history.pending)])
 
+    def footprint(self) -> int:
+        """Bytes this strategy keeps between proposals beyond its space (none here)."""
+        return 0
+
     @abstractmethod
     def propose(self, history: History, n: int) -> list[int]:
         """Up to n distinct valid indices, none measured or pending. Fewer only when the

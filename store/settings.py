@@ -19,6 +19,14 @@ def default_build_processes() -> int:
     return max(2, min(8, (os.cpu_count() or 2) // 2))
 
 
+def default_explore_processes() -> int:
+    """A quarter of the cores, 1 to 4: a whole model's jobs propose in turn, at 0.3-1 s a
+    proposal on spaces of 150,000 schedules, so one explorer bounds the tuning of a model of
+    over a hundred layers (docs/decisions.md, "Explorer processes in the embedded service");
+    on two cores the one explorer thread of the API process stays."""
+    return max(1, min(4, (os.cpu_count() or 2) // 4))
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="TCTUNE_", extra="ignore")
 
@@ -61,6 +69,10 @@ class Settings(BaseSettings):
     # Local processes of the embedded dispatcher.
     build_processes: int = Field(default_factory=default_build_processes)
     measure_processes: int = 1
+    # Proposals: 1 is a thread of the API process; more are processes, each proposing for
+    # the jobs whose id it is given (job id modulo their number), so each keeps its jobs'
+    # strategies and models between their rounds.
+    explore_processes: int = Field(default_factory=default_explore_processes)
     # Shared kernel cache (cubins); empty -> data_dir/cache.
     cache_dir: str = ""
     # Distributed fleet: how long a worker holds a candidate before another may take it

@@ -106,3 +106,34 @@ def test_a_layer_over_two_inputs_tunes_within_its_rules(
                                                    "target": "h100"})
     assert got.status_code == 200, got.text
     assert got.json()["task_key"].startswith(layer.key() + "|")
+
+
+def test_explorer_processes_propose_each_job_on_one_of_them(
+        make_service: Callable[..., Service]) -> None:
+    # Two explorer processes: each job's rounds are proposed by one of them (job id modulo
+    # two), none twice, and every job ends with its budget of distinct schedules.
+    import sqlalchemy as sa
+
+    svc = make_service(TCTUNE_EXPLORE_PROCESSES="2").start()
+    shapes = [STAGE2, {**STAGE2, "h": 28, "w": 28, "c": 128, "k": 128},
+              {**STAGE2, "h": 14, "w": 14, "c": 256, "k": 256}]
+    ids = []
+    for shape in shapes:
+        resp = httpx.post(f"{svc.url}/tune", json={"shape": shape, "precision": "int8",
+                                                   "target": "h200", "trials": 40},
+                          headers=svc.headers)
+        assert resp.status_code == 202, resp.text
+        ids.append(resp.json()["job_id"])
+    for job_id in ids:
+        state = _wait(svc.url, job_id, lambda s: s["status"] == "done")
+        history = state["measurements"]
+        assert [m["trial"] for m in history] == list(range(1, 41))
+        assert len({m["schedule_hash"] for m in history}) == 40
+    time.sleep(3)  # the explorers write their counts at most every 2 s
+    with sa.create_engine(svc.db_url).connect() as c:
+        rows = c.execute(sa.text("SELECT name, proposals FROM explorer_stat")).all()
+    assert svc.proc is not None
+    explorers = [r for r in rows if r[1] > 0]
+    # proposals came from two processes, neither of them the API's
+    assert len(explorers) == 2, rows
+    assert all(not r[0].endswith(f":{svc.proc.pid}") for r in explorers), rows

@@ -40,7 +40,13 @@ PRIOR_LIMIT = 50_000
 # 12,000 sampled rows (search.cost_model.MAX_PRIOR_ROWS), so a list grown by less than
 # half teaches it little; the transfer seeds take the newest list (`seed_prior`).
 PRIOR_GROWTH = 0.5
-STRATEGY_CACHE = 64
+# The strategies of the active jobs, kept between their proposals: one made anew costs its
+# space's features and scores again (0.5-1 s on a 150,000-schedule space), and a whole model's
+# jobs (DenseNet-121: 132) propose in turn, so a cache that holds fewer than all of them
+# misses on every proposal. Bounded by their arrays' bytes (about 30 MB a job on such spaces,
+# `footprint`), not by a count.
+STRATEGY_CACHE = 1024
+STRATEGY_BYTES = 8 << 30
 TRIALS_CACHE = 256
 
 
@@ -68,7 +74,8 @@ _priors: dict[tuple[str, str, str], _Prior] = {}
 # (db, target, precision, task) -> (prior version, the prior that task's strategy gets)
 _prior_views: Lru[tuple[str, str, str, int], tuple[int, list[PriorTrial]]] = Lru(TRIALS_CACHE)
 _trials: Lru[tuple[str, int], _Trials] = Lru(TRIALS_CACHE)
-_strategies: Lru[tuple[str, int], Strategy] = Lru(STRATEGY_CACHE)
+_strategies: Lru[tuple[str, int], Strategy] = Lru(STRATEGY_CACHE, lambda st: st.footprint(),
+                                                  STRATEGY_BYTES)
 # (db, task) -> schedule hash -> its index in the task's space (None: not a schedule of it).
 # A hash names one schedule, so the explorer maps its open candidates and new measurements
 # by the hashes it proposed instead of decoding each row's schedule (JSON) and looking it

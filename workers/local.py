@@ -2,8 +2,8 @@
 
 Builds and measurements go to process pools that run the same task functions as the
 fleet's Celery workers (one candidate per pool task, so that results land one at a time),
-proposals to an explorer thread of their own, so that measurements keep flowing while a
-strategy thinks. It knows exactly what is on its way: its futures.
+proposals to an explorer thread (or processes) of their own, so that measurements keep
+flowing while a strategy thinks. It knows exactly what is on its way: its futures.
 """
 
 from __future__ import annotations
@@ -45,9 +45,12 @@ _child_settings: Settings | None = None
 PARENT_CHECK_S = 1.0
 
 
-def _init_child(settings_json: str, parent_pid: int | None = None) -> None:
+def _init_child(settings_json: str, parent_pid: int | None = None,
+                log_level: int | None = None) -> None:
     global _child_settings
     _child_settings = Settings.model_validate_json(settings_json)
+    if log_level is not None:  # the service's log lines (a proposal's) from its children too
+        logging.basicConfig(level=log_level, format="%(asctime)s %(name)s %(message)s")
     if parent_pid is not None:
         threading.Thread(target=_exit_with_parent, args=(parent_pid,), daemon=True,
                          name="parent-watch").start()
@@ -73,6 +76,11 @@ def child_measure(candidate_id: int, target: str) -> set[int]:
     backend = backend_for(target, _child_settings)
     return tasks.measure_chunk(_child_settings.db_url, [candidate_id], backend,
                                worker_name(), _child_settings.lease_s).closed
+
+
+def child_explore(rounds: Rounds, job_id: int) -> tasks.Proposal:
+    assert _child_settings is not None
+    return rounds.propose(_child_settings.db_url, job_id)
 
 
 def worker_name() -> str:
@@ -103,8 +111,11 @@ class LocalTransport:
         self.settings, self.rounds = settings, rounds
         self.backoff = Backoff()
         self._pools: dict[str, ProcessPoolExecutor] = {}
-        # Proposals run here, one at a time, while the loop goes on feeding the pools.
+        # Proposals run here while the loop goes on feeding the pools: one at a time on a
+        # thread, or with `explore_processes` > 1 one per process, a job always on the same
+        # process (its strategy and model stay there between its rounds).
         self._explorer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tctune-explore")
+        self._explorers: dict[int, ProcessPoolExecutor] = {}
         self._meta: dict[Future[Any], tuple[str, int, str, int]] = {}  # (stage, job, target, cand)
         self._exploring: dict[Future[Any], int] = {}  # explore future -> job id
         self._again: set[int] = set()  # jobs asked to explore while exploring
@@ -146,8 +157,21 @@ class LocalTransport:
         if job_id in self._exploring.values():
             self._again.add(job_id)  # asked again once this one is done
             return
-        fut = self._explorer.submit(self.rounds.propose, self.settings.db_url, job_id)
+        n = self.settings.explore_processes
+        if n <= 1:
+            fut = self._explorer.submit(self.rounds.propose, self.settings.db_url, job_id)
+        else:
+            try:
+                fut = self._explore_pool(job_id % n).submit(child_explore, self.rounds, job_id)
+            except BrokenProcessPool:
+                self._explorers.pop(job_id % n, None)
+                fut = self._explore_pool(job_id % n).submit(child_explore, self.rounds, job_id)
         self._exploring[fut] = job_id
+
+    def _explore_pool(self, slot: int) -> ProcessPoolExecutor:
+        if slot not in self._explorers:
+            self._explorers[slot] = self._new_pool(1)
+        return self._explorers[slot]
 
     def send_build(self, target: str, candidate_ids: list[int]) -> None:
         for cid in candidate_ids:
@@ -161,12 +185,16 @@ class LocalTransport:
         if stage not in self._pools:
             n = self.settings.build_processes if stage == "build" \
                 else self.settings.measure_processes
-            # spawn, not fork: this process runs threads (uvicorn, this dispatcher).
-            self._pools[stage] = ProcessPoolExecutor(
-                max_workers=max(1, n), mp_context=mp.get_context("spawn"),
-                initializer=_init_child,
-                initargs=(self.settings.model_dump_json(), os.getpid()))
+            self._pools[stage] = self._new_pool(n)
         return self._pools[stage]
+
+    def _new_pool(self, n: int) -> ProcessPoolExecutor:
+        # spawn, not fork: this process runs threads (uvicorn, this dispatcher).
+        return ProcessPoolExecutor(
+            max_workers=max(1, n), mp_context=mp.get_context("spawn"),
+            initializer=_init_child,
+            initargs=(self.settings.model_dump_json(), os.getpid(),
+                      logging.getLogger().getEffectiveLevel()))
 
     def _submit(self, stage: str, candidate_id: int, target: str) -> None:
         job_id = self._job_of[candidate_id]
@@ -192,6 +220,8 @@ class LocalTransport:
             if fut in self._exploring:
                 job_id = self._exploring.pop(fut)
                 result, error = _outcome(fut)
+                if isinstance(error, BrokenProcessPool):  # its process died: a new one
+                    self._explorers.pop(job_id % self.settings.explore_processes, None)
                 if result is not None:
                     self._job_of.update(dict.fromkeys(result.ids, job_id))
                 out.append(Done("explore", job_id, "", [], result, error))
@@ -217,7 +247,7 @@ class LocalTransport:
 
     def stop(self) -> None:
         self._explorer.shutdown(wait=False, cancel_futures=True)
-        for pool in self._pools.values():
+        for pool in [*self._pools.values(), *self._explorers.values()]:
             pool.shutdown(wait=False, cancel_futures=True)
 
 

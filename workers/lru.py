@@ -14,8 +14,15 @@ V = TypeVar("V")
 
 
 class Lru(Generic[K, V]):
-    def __init__(self, size: int) -> None:
+    """At most `size` entries; with `weigh` (an entry's bytes, which may grow while it is
+    kept) also at most `budget` bytes in all, checked whenever an entry is used, the newest
+    entry kept whatever it weighs."""
+
+    def __init__(self, size: int, weigh: Callable[[V], int] | None = None,
+                 budget: int = 0) -> None:
         self.size = size
+        self.weigh = weigh
+        self.budget = budget
         self._items: OrderedDict[K, V] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -24,7 +31,7 @@ class Lru(Generic[K, V]):
         with self._lock:
             value = self._items.get(key)
             if value is not None:
-                self._items.move_to_end(key)
+                self._touch(key)
             return value
 
     def put(self, key: K, value: V) -> V:
@@ -50,6 +57,13 @@ class Lru(Generic[K, V]):
         value = self._items[key]
         while len(self._items) > self.size:
             self._items.popitem(last=False)
+        if self.weigh is not None and self.budget > 0:
+            weights = [self.weigh(v) for v in self._items.values()]
+            total, i = sum(weights), 0
+            while total > self.budget and len(self._items) > 1:
+                self._items.popitem(last=False)
+                total -= weights[i]
+                i += 1
         return value
 
     def items(self) -> list[tuple[K, V]]:

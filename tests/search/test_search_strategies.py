@@ -611,3 +611,18 @@ def test_prior_fingerprint_follows_the_list() -> None:
     prior.append(PriorTrial(shape, {}, "ok", 9.0))
     assert prior_fingerprint(prior) != fp
     assert prior_fingerprint(prior) == prior_fingerprint(list(prior))
+
+
+def test_the_model_strategies_keep_only_the_varying_feature_columns() -> None:
+    # The whole feature table is made again from the varying columns and the constants
+    # (the prior's scoring), equal to the space's features; the strategy keeps half as much.
+    from search.features import space_features
+
+    space = ScheduleSpace(RESNET50_3X3["stage3"], Precision.INT8, TARGETS["h200"])
+    st = make_strategy("diversity", space, seed=0)
+    full = space_features(space, space.valid_indices)
+    assert np.array_equal(st.features, full)  # before the split: made from the space
+    task = st.task_features
+    assert 0 < task.shape[1] < full.shape[1]
+    assert np.array_equal(st.features, full)  # after it: made from the kept columns
+    assert st.footprint() == task.nbytes  # nothing else yet; the full table is not kept
