@@ -195,6 +195,15 @@ def add_operands(node: Any) -> tuple[Any, Any] | None:
     return None
 
 
+def foldable_bn(bn: Any, channels: int) -> bool:
+    """A module deploy folds into the conv before it (deploy.fold): exactly BatchNorm2d, in
+    eval mode, with running statistics, over the conv's `channels`; here and in deploy.graph."""
+    import torch
+
+    return (type(bn) is torch.nn.BatchNorm2d and bn.running_mean is not None
+            and bn.num_features == channels and not bn.training)
+
+
 def single_user(node: Any) -> Any:
     """A torch.fx node's only user, or None where it has several or none."""
     users = list(node.users)
@@ -209,7 +218,7 @@ def fused_layers(module: Any, example_input: Any, found: list[dict[str, Any]]
     of two convs' outputs (each through at most one BatchNorm2d, the add's only users) whose
     shapes are one GEMM over both inputs (kernels.spec.two_input_shape: a ResNet
     bottleneck's last 1x1 conv and its projection shortcut). A residual: deploy.graph's
-    rule, conv -> [BatchNorm2d] -> add of a value of the same shape (on `example_input`),
+    rule, conv -> [BatchNorm2d it folds] -> add of a value of the same shape (on `example_input`),
     each the only user of the one before, the first such conv in graph order taking the
     add. `found`: conv_layers' entries of the module, for the shapes."""
     import torch
@@ -227,13 +236,14 @@ def fused_layers(module: Any, example_input: Any, found: list[dict[str, Any]]
     def is_conv(v: Any) -> bool:
         return v.op == "call_module" and str(v.target) in shapes
 
-    def is_bn(v: Any) -> bool:
-        return v.op == "call_module" and \
-            isinstance(module.get_submodule(str(v.target)), torch.nn.BatchNorm2d)
+    def bn_after(v: Any, conv: Any) -> bool:
+        """v is a BatchNorm deploy folds into `conv` (a conv node)."""
+        return v.op == "call_module" and is_conv(conv) and \
+            foldable_bn(module.get_submodule(str(v.target)), shapes[str(conv.target)].k)
 
     def conv_behind(v: Any) -> Any:
-        if is_bn(v):
-            if len(v.users) != 1 or not isinstance(v.args[0], fx.Node):
+        if v.args and isinstance(v.args[0], fx.Node) and bn_after(v, v.args[0]):
+            if len(v.users) != 1:
                 return None
             v = v.args[0]
         return v if len(v.users) == 1 and is_conv(v) else None
@@ -263,7 +273,7 @@ def fused_layers(module: Any, example_input: Any, found: list[dict[str, Any]]
             continue
         cur = node
         nxt = single_user(cur)
-        if nxt is not None and nxt not in taken and is_bn(nxt):
+        if nxt is not None and nxt not in taken and bn_after(nxt, node):
             cur = nxt
             nxt = single_user(cur)
         ops = add_operands(nxt) if nxt is not None and nxt not in taken else None

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import fx, nn
 
 from api.plan import add_operands, single_user
+from api.plan import foldable_bn as bn_folds
 from kernels.spec import ConvShape, Precision, Target
 
 _RELU_FUNCS: set[Callable[..., object]] = {F.relu, torch.relu, torch.relu_}
@@ -56,9 +57,7 @@ def is_relu(gm: fx.GraphModule, node: fx.Node) -> bool:
 
 
 def foldable_bn(gm: fx.GraphModule, node: fx.Node, channels: int) -> bool:
-    m = module_of(gm, node)
-    return (type(m) is nn.BatchNorm2d and m.running_mean is not None
-            and m.num_features == channels and not m.training)
+    return bn_folds(module_of(gm, node), channels)
 
 
 def _pair(v: int | tuple[int, ...]) -> tuple[int, int]:
