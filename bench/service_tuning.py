@@ -74,9 +74,12 @@ def attach(doc: dict[str, Any], search: dict[str, Any]) -> dict[str, Any]:
 
 
 def records(doc: dict[str, Any]) -> dict[str, Any]:
-    """A summary's schedules as a records file (task key -> record), for `bench.retime`."""
+    """A summary's schedules as a records file (task key -> record), for `bench.retime` and
+    `bench.model_e2e`; with each layer's cuDNN baseline where the service timed one, so that
+    deploy keeps cuDNN for an fp16 layer whose kernel lost to it, as from the service itself."""
     return {r["task_key"]: {"schedule": r["schedule"], "latency_us": r["latency_us"],
-                            "source": f"service, {doc['trials']} trials: {r['layer']}"}
+                            "source": f"service, {doc['trials']} trials: {r['layer']}",
+                            **({"baseline_us": r["baseline_us"]} if r.get("baseline_us") else {})}
             for r in doc["rows"] if r.get("schedule") and r.get("latency_us")}
 
 

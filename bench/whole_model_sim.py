@@ -20,6 +20,7 @@ import argparse
 import datetime as dt
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -34,6 +35,7 @@ from bench.cli import add_table, commands, geomean, log, print_table
 from bench.zoo import load_shapes
 from kernels.space import ScheduleSpace
 from kernels.spec import ConvShape, Precision, get_target
+from store.settings import Settings
 from workers.backends.simulated import simulate_latency_us
 
 PRECISIONS = ("int8", "fp16")
@@ -58,8 +60,19 @@ def _serve(data: Path, port: int, delay_s: float) -> subprocess.Popen[bytes]:
     return proc
 
 
-def tune(model: dict[str, Any], trials: int, delay_s: float) -> tuple[float, dict[str, Any]]:
-    """Wall seconds and each precision's `tctune plan --wait` JSON."""
+def proposals(log_text: str) -> dict[str, Any]:
+    """The explorer's proposals in a service log (tasks.explore_round's line for each): how
+    many, and their wall seconds' median and sum."""
+    secs = [float(m) for m in re.findall(r"proposal job=\d+ .* seconds=([0-9.]+)", log_text)]
+    return {"proposals": len(secs),
+            "proposal_median_s": round(float(np.median(secs)), 4) if secs else None,
+            "proposal_sum_s": round(sum(secs), 1)}
+
+
+def tune(model: dict[str, Any], trials: int, delay_s: float
+         ) -> tuple[float, dict[str, Any], dict[str, Any]]:
+    """Wall seconds, each precision's `tctune plan --wait` JSON and the explorer's
+    proposals (`proposals`)."""
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "model.json"
         path.write_text(json.dumps(model))
@@ -73,9 +86,10 @@ def tune(model: dict[str, Any], trials: int, delay_s: float) -> tuple[float, dic
                 cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
                 for p in PRECISIONS}
             out = {p: json.loads(proc.communicate()[0]) for p, proc in plans.items()}
-            return time.perf_counter() - t0, out
+            wall = time.perf_counter() - t0
         finally:
             stop(server)
+        return wall, out, proposals((Path(tmp) / "serve.log").read_text())
 
 
 def priced(task_key: str, schedule: dict[str, Any]) -> tuple[float, float]:
@@ -90,7 +104,7 @@ def priced(task_key: str, schedule: dict[str, Any]) -> tuple[float, float]:
 
 def run(a: argparse.Namespace) -> int:
     model = model_file(a.model, a.batch, a.target)
-    wall, plans = tune(model, a.trials, a.delay_s)
+    wall, plans, explorer = tune(model, a.trials, a.delay_s)
     rows = []
     for p in PRECISIONS:
         seen = set()
@@ -105,7 +119,8 @@ def run(a: argparse.Namespace) -> int:
                          "vs_best": round(us / best, 4)})
     doc = {"model": a.model, "batch": a.batch, "target": a.target, "trials": a.trials,
            "delay_s": a.delay_s, "date": dt.date.today().isoformat(),
-           "tuning_wall_s": round(wall, 1), "rows": rows}
+           "tuning_wall_s": round(wall, 1),
+           "explore_processes": Settings().explore_processes, **explorer, "rows": rows}
     Path(a.out).write_text(json.dumps(doc, indent=1) + "\n")
     log(f"{a.out}: {len(rows)} layers in {wall:.0f} s")
     print(render_many([doc]))
@@ -113,12 +128,17 @@ def run(a: argparse.Namespace) -> int:
 
 
 def render_many(docs: list[dict[str, Any]]) -> str:
-    lines = ["| model | trials | tuning wall s | layers | within 5% of the model's best | "
-             "geomean | worst |", "|---|---|---|---|---|---|---|"]
+    lines = ["| model | batch | trials | explorer processes | proposals, median s | tuning wall s "
+             "| layers | within 5% of the model's best | geomean | worst |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for d in docs:
         v = [r["vs_best"] for r in d["rows"]]
-        lines.append(f"| {d['model']} | {d['trials']} | {d['tuning_wall_s']} | {len(v)} | "
-                     f"{sum(x <= 1.05 for x in v)} | {geomean(v):.3f}x | {max(v):.3f}x |")
+        med = d.get("proposal_median_s")
+        explorer = f"{d['proposals']}, {med}" if "proposals" in d else ""
+        lines.append(f"| {d['model']} | {d['batch']} | {d['trials']} | "
+                     f"{d.get('explore_processes', '')} | {explorer} | {d['tuning_wall_s']} | "
+                     f"{len(v)} | {sum(x <= 1.05 for x in v)} | {geomean(v):.3f}x | "
+                     f"{max(v):.3f}x |")
     return "\n".join(lines)
 
 
@@ -135,7 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.cmd == "run":
         return run(a)
-    print_table(a, lambda d: render_many([d]))
+    # a run's file, or one of several runs ({"runs": [...]})
+    print_table(a, lambda d: render_many(d.get("runs", [d])))
     return 0
 
 

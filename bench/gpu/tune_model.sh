@@ -33,6 +33,7 @@ python3 -c "import json, sys; from store.settings import Settings
 json.dump({'model': sys.argv[1], 'trials': int(sys.argv[2]),
     'input_shape': sys.argv[3], 'tuning_wall_s': round(float(sys.argv[5]) - float(sys.argv[4]), 1),
     'build_processes': Settings().build_processes,
+    'explore_processes': Settings().explore_processes,
     'gpu': __import__('torch').cuda.get_device_name(0)}, open(sys.argv[6], 'w'))" \
     "$model" "$trials" "$shape" "$t0" "$(date +%s.%N)" "$out/tuning.json"
 cat "$out/tuning.json"; echo

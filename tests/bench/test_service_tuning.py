@@ -77,6 +77,15 @@ def test_records_carry_the_service_schedules() -> None:
     sched = {"MMA": "wgmma", "STAGES": 4}
     doc = {"trials": 48, "rows": [
         {"layer": "a", "task_key": "K1|int8|h200", "schedule": sched, "latency_us": 7.0},
-        {"layer": "b", "task_key": "K2|int8|h200", "schedule": None, "latency_us": None}]}
-    assert records(doc) == {"K1|int8|h200": {"schedule": sched, "latency_us": 7.0,
-                                             "source": "service, 48 trials: a"}}
+        {"layer": "b", "task_key": "K2|int8|h200", "schedule": None, "latency_us": None},
+        {"layer": "c", "task_key": "K3|fp16|h200", "schedule": sched, "latency_us": 9.0,
+         "baseline_us": 8.0}]}
+    recs = records(doc)
+    assert recs["K1|int8|h200"] == {"schedule": sched, "latency_us": 7.0,
+                                    "source": "service, 48 trials: a"}
+    assert "K2|int8|h200" not in recs
+    # the baseline goes with the record, so deploy keeps cuDNN where the kernel lost to it
+    from deploy.plan import record_from_dict
+
+    assert recs["K3|fp16|h200"]["baseline_us"] == 8.0
+    assert record_from_dict(recs["K3|fp16|h200"], "R").slower_than_baseline()

@@ -33,6 +33,21 @@ def test_a_schedule_is_priced_against_the_fastest_of_its_space() -> None:
                                 space.columns(space.valid_indices))
     top = space.schedule_at(int(space.valid_indices[int(np.argmin(every))]))
     assert priced(key, top) == (best, best)
-    doc = {"model": "m", "trials": 48, "tuning_wall_s": 10.0,
+    doc = {"model": "m", "batch": 8, "trials": 48, "tuning_wall_s": 10.0,
            "rows": [{"vs_best": 1.0}, {"vs_best": 1.1}]}
-    assert "| m | 48 | 10.0 | 2 | 1 | 1.049x | 1.100x |" in render_many([doc])
+    assert "| m | 8 | 48 |  |  | 10.0 | 2 | 1 | 1.049x | 1.100x |" in render_many([doc])
+    doc.update(explore_processes=2, proposals=3, proposal_median_s=0.5)
+    assert "| m | 8 | 48 | 2 | 3, 0.5 | 10.0 |" in render_many([doc])
+
+
+def test_the_explorers_proposals_are_read_from_the_service_log() -> None:
+    from bench.whole_model_sim import proposals
+
+    log = ("2026-11-29 18:36:11,198 workers.tasks proposal job=40 strategy=diversity n=12 "
+           "history=0 pending=9 prior=465 seconds=1.4187\n"
+           "2026-11-29 18:36:12,000 api.app GET /jobs/40 200\n"
+           "2026-11-29 18:36:12,162 workers.tasks proposal job=41 strategy=random n=12 "
+           "history=0 pending=9 prior=477 seconds=0.5000\n")
+    assert proposals(log) == {"proposals": 2, "proposal_median_s": 0.9594,
+                              "proposal_sum_s": 1.9}
+    assert proposals("")["proposals"] == 0
