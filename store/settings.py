@@ -22,7 +22,7 @@ def default_build_processes() -> int:
 def default_explore_processes() -> int:
     """A quarter of the cores, 1 to 4: a whole model's jobs propose in turn, at 0.3-1 s a
     proposal on spaces of 150,000 schedules, so one explorer bounds the tuning of a model of
-    over a hundred layers (docs/decisions.md, "Explorer processes in the embedded service");
+    over a hundred layers (docs/decisions.md, "One explorer thread in the embedded service");
     on two cores the one explorer thread of the API process stays."""
     return max(1, min(4, (os.cpu_count() or 2) // 4))
 
