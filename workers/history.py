@@ -44,9 +44,9 @@ PRIOR_GROWTH = 0.5
 # space's features and scores again (0.5-1 s on a 150,000-schedule space), and a whole model's
 # jobs (DenseNet-121: 132) propose in turn, so a cache that holds fewer than all of them
 # misses on every proposal. Bounded by their arrays' bytes (about 30 MB a job on such spaces,
-# `footprint`), not by a count.
+# `footprint`: some 60 of the largest in a process, more of smaller ones), not by a count.
 STRATEGY_CACHE = 1024
-STRATEGY_BYTES = 8 << 30
+STRATEGY_BYTES = 2 << 30
 TRIALS_CACHE = 256
 
 

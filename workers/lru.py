@@ -14,9 +14,9 @@ V = TypeVar("V")
 
 
 class Lru(Generic[K, V]):
-    """At most `size` entries; with `weigh` (an entry's bytes, which may grow while it is
-    kept) also at most `budget` bytes in all, checked whenever an entry is used, the newest
-    entry kept whatever it weighs."""
+    """At most `size` entries; with `weigh` (an entry's bytes) also at most `budget` bytes
+    in all, each entry weighed whenever it is used (an entry grows while it is used: a
+    strategy's arrays appear in its proposals), the newest kept whatever it weighs."""
 
     def __init__(self, size: int, weigh: Callable[[V], int] | None = None,
                  budget: int = 0) -> None:
@@ -24,6 +24,8 @@ class Lru(Generic[K, V]):
         self.weigh = weigh
         self.budget = budget
         self._items: OrderedDict[K, V] = OrderedDict()
+        self._weights: dict[K, int] = {}  # each entry's weight when last used
+        self._total = 0
         self._lock = threading.Lock()
 
     def get(self, key: K) -> V | None:
@@ -55,15 +57,14 @@ class Lru(Generic[K, V]):
     def _touch(self, key: K) -> V:
         self._items.move_to_end(key)
         value = self._items[key]
-        while len(self._items) > self.size:
-            self._items.popitem(last=False)
-        if self.weigh is not None and self.budget > 0:
-            weights = [self.weigh(v) for v in self._items.values()]
-            total, i = sum(weights), 0
-            while total > self.budget and len(self._items) > 1:
-                self._items.popitem(last=False)
-                total -= weights[i]
-                i += 1
+        if self.weigh is not None:  # only the entry used now: the others weigh what they did
+            w = self.weigh(value)
+            self._total += w - self._weights.get(key, 0)
+            self._weights[key] = w
+        while len(self._items) > self.size or (
+                0 < self.budget < self._total and len(self._items) > 1):
+            old, _ = self._items.popitem(last=False)
+            self._total -= self._weights.pop(old, 0)
         return value
 
     def items(self) -> list[tuple[K, V]]:
@@ -74,6 +75,8 @@ class Lru(Generic[K, V]):
     def clear(self) -> None:
         with self._lock:
             self._items.clear()
+            self._weights.clear()
+            self._total = 0
 
     def __len__(self) -> int:
         return len(self._items)

@@ -16,21 +16,26 @@ def test_the_least_recently_used_entry_goes_first() -> None:
     assert lru.get_or_make("d", lambda: 4) == 4 and "c" not in lru
 
 
-def test_a_byte_budget_holds_whatever_the_entries_weigh_now() -> None:
-    # Entries grow after they are stored (a strategy's arrays appear at its first proposal):
-    # the budget is checked on every use, against what each weighs then.
+def test_a_byte_budget_holds_what_the_entries_weighed_when_last_used() -> None:
+    # Entries grow after they are stored (a strategy's arrays appear at its proposals): each
+    # is weighed again whenever it is used, and the budget checked then.
     weight = {"a": 1, "b": 1, "c": 1}
     lru: Lru[str, str] = Lru(10, weigh=lambda k: weight[k], budget=5)
     for k in "abc":
         lru.put(k, k)
     assert len(lru) == 3
     weight["b"] = 3  # a 1 + b 3 + c 1 = 5: within
-    assert lru.get("c") == "c" and len(lru) == 3
-    weight["c"] = 2  # 6 over 5: a (the least recent) goes, b and c stay
-    assert lru.get("b") == "b"
-    assert "a" not in lru and [k for k, _ in lru.items()] == ["c", "b"]
+    assert lru.get("b") == "b" and len(lru) == 3
+    weight["c"] = 2  # 6 over 5: a (the least recent) goes
+    assert lru.get("c") == "c"
+    assert "a" not in lru and [k for k, _ in lru.items()] == ["b", "c"]
     weight["b"] = 9  # the newest stays whatever it weighs
     assert lru.get("b") == "b" and [k for k, _ in lru.items()] == ["b"]
+    lru.clear()
+    weight.update(a=1, b=1)
+    lru.put("a", "a")
+    lru.put("b", "b")  # the cleared weights no longer count
+    assert len(lru) == 2
 
 
 def test_the_explorer_keeps_the_strategy_of_every_job_of_a_whole_model() -> None:
