@@ -110,12 +110,12 @@ class LocalTransport:
     def __init__(self, settings: Settings, rounds: Rounds) -> None:
         self.settings, self.rounds = settings, rounds
         self.backoff = Backoff()
+        # build, measure, and with `explore_processes` > 1 explore0, explore1, ...
         self._pools: dict[str, ProcessPoolExecutor] = {}
         # Proposals run here while the loop goes on feeding the pools: one at a time on a
         # thread, or with `explore_processes` > 1 one per process, a job always on the same
         # process (its strategy and model stay there between its rounds).
         self._explorer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tctune-explore")
-        self._explorers: dict[int, ProcessPoolExecutor] = {}
         self._meta: dict[Future[Any], tuple[str, int, str, int]] = {}  # (stage, job, target, cand)
         self._exploring: dict[Future[Any], int] = {}  # explore future -> job id
         self._again: set[int] = set()  # jobs asked to explore while exploring
@@ -161,17 +161,8 @@ class LocalTransport:
         if n <= 1:
             fut = self._explorer.submit(self.rounds.propose, self.settings.db_url, job_id)
         else:
-            try:
-                fut = self._explore_pool(job_id % n).submit(child_explore, self.rounds, job_id)
-            except BrokenProcessPool:
-                self._explorers.pop(job_id % n, None)
-                fut = self._explore_pool(job_id % n).submit(child_explore, self.rounds, job_id)
+            fut = self._submit_to(f"explore{job_id % n}", child_explore, self.rounds, job_id)
         self._exploring[fut] = job_id
-
-    def _explore_pool(self, slot: int) -> ProcessPoolExecutor:
-        if slot not in self._explorers:
-            self._explorers[slot] = self._new_pool(1)
-        return self._explorers[slot]
 
     def send_build(self, target: str, candidate_ids: list[int]) -> None:
         for cid in candidate_ids:
@@ -184,26 +175,27 @@ class LocalTransport:
     def _pool(self, stage: str) -> ProcessPoolExecutor:
         if stage not in self._pools:
             n = self.settings.build_processes if stage == "build" \
-                else self.settings.measure_processes
-            self._pools[stage] = self._new_pool(n)
+                else self.settings.measure_processes if stage == "measure" else 1
+            # spawn, not fork: this process runs threads (uvicorn, this dispatcher).
+            self._pools[stage] = ProcessPoolExecutor(
+                max_workers=max(1, n), mp_context=mp.get_context("spawn"),
+                initializer=_init_child,
+                initargs=(self.settings.model_dump_json(), os.getpid(),
+                          logging.getLogger().getEffectiveLevel()))
         return self._pools[stage]
 
-    def _new_pool(self, n: int) -> ProcessPoolExecutor:
-        # spawn, not fork: this process runs threads (uvicorn, this dispatcher).
-        return ProcessPoolExecutor(
-            max_workers=max(1, n), mp_context=mp.get_context("spawn"),
-            initializer=_init_child,
-            initargs=(self.settings.model_dump_json(), os.getpid(),
-                      logging.getLogger().getEffectiveLevel()))
+    def _submit_to(self, stage: str, fn: Any, *args: Any) -> Future[Any]:
+        """fn(*args) on the stage's pool; a pool broken by a dead child is replaced first."""
+        try:
+            return self._pool(stage).submit(fn, *args)
+        except BrokenProcessPool:
+            self._pools.pop(stage, None)
+            return self._pool(stage).submit(fn, *args)
 
     def _submit(self, stage: str, candidate_id: int, target: str) -> None:
         job_id = self._job_of[candidate_id]
         fn = child_build if stage == "build" else child_measure
-        try:
-            fut = self._pool(stage).submit(fn, candidate_id, target)
-        except BrokenProcessPool:
-            self._pools.pop(stage, None)
-            fut = self._pool(stage).submit(fn, candidate_id, target)
+        fut = self._submit_to(stage, fn, candidate_id, target)
         self._meta[fut] = (stage, job_id, target, candidate_id)
         self._inflight[job_id] = self._inflight.get(job_id, 0) + 1
 
@@ -221,7 +213,7 @@ class LocalTransport:
                 job_id = self._exploring.pop(fut)
                 result, error = _outcome(fut)
                 if isinstance(error, BrokenProcessPool):  # its process died: a new one
-                    self._explorers.pop(job_id % self.settings.explore_processes, None)
+                    self._pools.pop(f"explore{job_id % self.settings.explore_processes}", None)
                 if result is not None:
                     self._job_of.update(dict.fromkeys(result.ids, job_id))
                 out.append(Done("explore", job_id, "", [], result, error))
@@ -247,7 +239,7 @@ class LocalTransport:
 
     def stop(self) -> None:
         self._explorer.shutdown(wait=False, cancel_futures=True)
-        for pool in [*self._pools.values(), *self._explorers.values()]:
+        for pool in self._pools.values():
             pool.shutdown(wait=False, cancel_futures=True)
 
 
