@@ -68,7 +68,10 @@ class Settings(BaseSettings):
     flush_s: float = 2.0
     # Local processes of the embedded dispatcher.
     build_processes: int = Field(default_factory=default_build_processes)
-    measure_processes: int = 1
+    # Measuring processes, each owning one local GPU (CUDA_VISIBLE_DEVICES); 0: one per GPU
+    # of the local target's model (one without a GPU). More than the GPUs share them, and
+    # candidates timed side by side on one GPU slow each other.
+    measure_processes: int = Field(default=0, ge=0)
     # Proposals: 1 is a thread of the API process; more are processes, each proposing for
     # the jobs whose id it is given (job id modulo their number), so each keeps its jobs'
     # strategies and models between their rounds.

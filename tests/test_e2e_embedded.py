@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable
 
 import httpx
+import pytest
 from sqlalchemy import func, select
 
 from store.db import session_scope
@@ -57,9 +58,13 @@ def test_tune_stage2_int8_end_to_end(make_service: Callable[..., Service]) -> No
     assert [m["trial"] for m in tail["measurements"]] == [61, 62, 63, 64]
 
 
-def test_job_survives_sigkill_of_the_service(make_service: Callable[..., Service]) -> None:
-    # Slow simulated measurements so that the kill lands mid-job.
-    svc = make_service(TCTUNE_SIM_DELAY_S="0.06", TCTUNE_BATCH_SIZE="8").start()
+@pytest.mark.parametrize("measure_processes", ["1", "2"])
+def test_job_survives_sigkill_of_the_service(make_service: Callable[..., Service],
+                                             measure_processes: str) -> None:
+    # Slow simulated measurements so that the kill lands mid-job; with two measuring
+    # processes (a host of two GPUs) candidates are measured two at a time.
+    svc = make_service(TCTUNE_SIM_DELAY_S="0.06", TCTUNE_BATCH_SIZE="8",
+                       TCTUNE_MEASURE_PROCESSES=measure_processes).start()
     job_id = httpx.post(f"{svc.url}/tune", json={"shape": STAGE2, "precision": "int8",
                                                  "target": "h200", "trials": 64},
                         headers=svc.headers).json()["job_id"]

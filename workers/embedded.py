@@ -22,7 +22,7 @@ from store.errors import UNAVAILABLE, unavailable_reason
 from store.settings import Settings
 from workers.backends import local_gpu_target, served_targets
 from workers.heartbeat import Heartbeat, Workers
-from workers.local import Done, LocalTransport, worker_name
+from workers.local import Done, LocalTransport, measure_gpus, worker_name
 from workers.protocol import Dispatch, Rounds, Sweeper
 
 log = logging.getLogger(__name__)
@@ -32,18 +32,19 @@ SWEEP_S = 0.2
 
 
 def embedded_workers(settings: Settings) -> list[Workers]:
-    """One worker row per target this service measures: the local GPU's, or the
-    analytical model ('*': every target)."""
+    """The worker rows of what this service measures: one per local GPU of its model (each
+    a measuring process's, `name#i` where there are several), or one of the analytical
+    model ('*': every target)."""
     gpu = local_gpu_target() if settings.backend != "simulated" else None
     out = []
     for target in served_targets(settings):
         name = worker_name() + ("" if target == "*" else f"/{target}")
         if target == "*" or gpu is None:
-            model, sm = ("analytical model", 0)
-        else:
-            model, sm = gpu.model, gpu.sm
-        out.append(Workers((name,), model, sm, target,
-                           "simulated" if target == "*" else "cuda"))
+            out.append(Workers((name,), "analytical model", 0, target, "simulated"))
+            continue
+        gpus = measure_gpus(settings)
+        names = (name,) if len(gpus) == 1 else tuple(f"{name}#{i}" for i in range(len(gpus)))
+        out.append(Workers(names, gpu.model, gpu.sm, target, "cuda"))
     return out
 
 

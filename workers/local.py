@@ -1,7 +1,8 @@
 """The embedded service's transport: the protocol's messages as local work.
 
 Builds and measurements go to process pools that run the same task functions as the
-fleet's Celery workers (one candidate per pool task, so that results land one at a time),
+fleet's Celery workers (one candidate per pool task, so that results land one at a time;
+a measuring process per local GPU),
 proposals to an explorer thread (or processes) of their own, so that measurements keep
 flowing while a strategy thinks. It knows exactly what is on its way: its futures.
 """
@@ -31,7 +32,7 @@ from sqlalchemy.orm import Session
 from store import repository as repo
 from store.settings import Settings
 from workers import tasks
-from workers.backends import backend_for
+from workers.backends import backend_for, local_gpus
 from workers.backoff import Backoff
 from workers.protocol import Open, Rounds, with_targets
 
@@ -46,8 +47,10 @@ PARENT_CHECK_S = 1.0
 
 
 def _init_child(settings_json: str, parent_pid: int | None = None,
-                log_level: int | None = None) -> None:
+                log_level: int | None = None, gpu: str | None = None) -> None:
     global _child_settings
+    if gpu is not None:  # before anything in this new process asks the driver for a device
+        os.environ["CUDA_VISIBLE_DEVICES"] = gpu
     _child_settings = Settings.model_validate_json(settings_json)
     if log_level is not None:  # the service's log lines (a proposal's) from its children too
         logging.basicConfig(level=log_level, format="%(asctime)s %(name)s %(message)s")
@@ -87,6 +90,20 @@ def worker_name() -> str:
     return f"embedded@{socket.gethostname()}"
 
 
+def measure_gpus(settings: Settings) -> list[str | None]:
+    """The GPU (a CUDA_VISIBLE_DEVICES value) of each measuring process: one process per
+    local GPU of the local target's model unless `measure_processes` says how many (then
+    they take the GPUs in turn); None for a process that measures through the model only."""
+    gpus = [] if settings.backend == "simulated" else local_gpus()
+    n = settings.measure_processes or max(1, len(gpus))
+    if not gpus:
+        return [None] * n
+    if n > len(gpus):
+        log.warning("%d measuring processes share %d GPUs: their timings disturb each other",
+                    n, len(gpus))
+    return [str(gpus[i % len(gpus)]) for i in range(n)]
+
+
 # --- the transport ----------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -110,13 +127,17 @@ class LocalTransport:
     def __init__(self, settings: Settings, rounds: Rounds) -> None:
         self.settings, self.rounds = settings, rounds
         self.backoff = Backoff()
-        # build, measure, and with `explore_processes` > 1 explore0, explore1, ...
+        # build; measure0, measure1, ... (a process each, on its own GPU: measure_gpus); and
+        # with `explore_processes` > 1 explore0, explore1, ...
         self._pools: dict[str, ProcessPoolExecutor] = {}
+        self._gpus: list[str | None] | None = None  # per measuring process, asked at first use
+        self._measuring: dict[str, int] = {}  # measuring pool -> its candidates on their way
         # Proposals run here while the loop goes on feeding the pools: one at a time on a
         # thread, or with `explore_processes` > 1 one per process, a job always on the same
         # process (its strategy and model stay there between its rounds).
         self._explorer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tctune-explore")
-        self._meta: dict[Future[Any], tuple[str, int, str, int]] = {}  # (stage, job, target, cand)
+        # future -> (stage, its pool, job, target, candidate)
+        self._meta: dict[Future[Any], tuple[str, str, int, str, int]] = {}
         self._exploring: dict[Future[Any], int] = {}  # explore future -> job id
         self._again: set[int] = set()  # jobs asked to explore while exploring
         self._inflight: dict[int, int] = {}  # job id -> its futures outstanding
@@ -172,31 +193,41 @@ class LocalTransport:
         for cid in candidate_ids:
             self._submit("measure", cid, target)
 
-    def _pool(self, stage: str) -> ProcessPoolExecutor:
-        if stage not in self._pools:
-            n = self.settings.build_processes if stage == "build" \
-                else self.settings.measure_processes if stage == "measure" else 1
-            # spawn, not fork: this process runs threads (uvicorn, this dispatcher).
-            self._pools[stage] = ProcessPoolExecutor(
-                max_workers=max(1, n), mp_context=mp.get_context("spawn"),
-                initializer=_init_child,
-                initargs=(self.settings.model_dump_json(), os.getpid(),
-                          logging.getLogger().getEffectiveLevel()))
-        return self._pools[stage]
+    def measure_gpus(self) -> list[str | None]:
+        if self._gpus is None:  # the driver asked once, in the dispatcher's thread
+            self._gpus = measure_gpus(self.settings)
+            self._measuring = {f"measure{i}": 0 for i in range(len(self._gpus))}
+        return self._gpus
 
-    def _submit_to(self, stage: str, fn: Any, *args: Any) -> Future[Any]:
-        """fn(*args) on the stage's pool; a pool broken by a dead child is replaced first."""
+    def _pool(self, name: str) -> ProcessPoolExecutor:
+        if name not in self._pools:
+            gpu = self.measure_gpus()[int(name[7:])] if name.startswith("measure") else None
+            # spawn, not fork: this process runs threads (uvicorn, this dispatcher).
+            self._pools[name] = ProcessPoolExecutor(
+                max_workers=self.settings.build_processes if name == "build" else 1,
+                mp_context=mp.get_context("spawn"), initializer=_init_child,
+                initargs=(self.settings.model_dump_json(), os.getpid(),
+                          logging.getLogger().getEffectiveLevel(), gpu))
+        return self._pools[name]
+
+    def _submit_to(self, pool: str, fn: Any, *args: Any) -> Future[Any]:
+        """fn(*args) on the named pool; a pool broken by a dead child is replaced first."""
         try:
-            return self._pool(stage).submit(fn, *args)
+            return self._pool(pool).submit(fn, *args)
         except BrokenProcessPool:
-            self._pools.pop(stage, None)
-            return self._pool(stage).submit(fn, *args)
+            self._pools.pop(pool, None)
+            return self._pool(pool).submit(fn, *args)
 
     def _submit(self, stage: str, candidate_id: int, target: str) -> None:
         job_id = self._job_of[candidate_id]
-        fn = child_build if stage == "build" else child_measure
-        fut = self._submit_to(stage, fn, candidate_id, target)
-        self._meta[fut] = (stage, job_id, target, candidate_id)
+        if stage == "build":
+            pool, fn = "build", child_build
+        else:  # the measuring process (GPU) with the fewest candidates on their way
+            self.measure_gpus()
+            pool, fn = min(self._measuring, key=self._measuring.__getitem__), child_measure
+            self._measuring[pool] += 1
+        fut = self._submit_to(pool, fn, candidate_id, target)
+        self._meta[fut] = (stage, pool, job_id, target, candidate_id)
         self._inflight[job_id] = self._inflight.get(job_id, 0) + 1
 
     # receiving
@@ -221,15 +252,17 @@ class LocalTransport:
                     self._again.discard(job_id)
                     self.send_explore(job_id)
                 continue
-            stage, job_id, target, cid = self._meta.pop(fut)
+            stage, pool, job_id, target, cid = self._meta.pop(fut)
             self._inflight[job_id] -= 1
             if not self._inflight[job_id]:
                 del self._inflight[job_id]
+            if pool in self._measuring:
+                self._measuring[pool] -= 1
             result, error = _outcome(fut)
             if isinstance(error, BrokenProcessPool):
                 # A child died (killed, out of memory): a fresh pool retries the step; the
                 # task functions skip what was already written.
-                self._pools.pop(stage, None)
+                self._pools.pop(pool, None)
                 self._submit(stage, cid, target)
                 continue
             if stage == "measure" or error is not None:  # the end of its way

@@ -8,7 +8,7 @@
 #   e.g.     bash bench/gpu/tune_model.sh torchvision:resnet50 32 8,3,224,224 .run/e2e_cache
 #   (VARIANTS=compiled runs the model only compiled with PDL, as bench/model_e2e.py's --variants;
 #   TARGET=h200 on an H200; E2E=0 skips the model's run; TCTUNE_BUILD_PROCESSES sets the
-#   service's build processes)
+#   service's build processes; the service measures on every GPU of the host's model)
 # Then, on any machine: python -m bench.service_tuning summarize $OUT --out F.
 set -uo pipefail
 out=${OUT:-/tmp/tune_model}; mkdir -p "$out"
@@ -34,6 +34,7 @@ json.dump({'model': sys.argv[1], 'trials': int(sys.argv[2]),
     'input_shape': sys.argv[3], 'tuning_wall_s': round(float(sys.argv[5]) - float(sys.argv[4]), 1),
     'build_processes': Settings().build_processes,
     'explore_processes': Settings().explore_processes,
+    'measure_gpus': len(__import__('workers.local').local.measure_gpus(Settings())),
     'gpu': __import__('torch').cuda.get_device_name(0)}, open(sys.argv[6], 'w'))" \
     "$model" "$trials" "$shape" "$t0" "$(date +%s.%N)" "$out/tuning.json"
 cat "$out/tuning.json"; echo

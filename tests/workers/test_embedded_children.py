@@ -10,6 +10,10 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
+
+from store.settings import Settings
+
 REPO = Path(__file__).resolve().parents[2]
 
 SERVICE = textwrap.dedent("""
@@ -55,3 +59,60 @@ def test_pool_children_exit_when_the_service_is_killed(tmp_path: Path) -> None:
         assert not _alive(child), f"the pool child {child} outlived the service by 60 s"
     finally:
         service.kill()
+
+
+def test_each_measuring_process_owns_its_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One measuring process per local GPU of the target's model (or as many as asked, taking
+    the GPUs in turn), each started with CUDA_VISIBLE_DEVICES naming its own GPU, so that
+    no two time candidates side by side on one GPU."""
+    from workers import local
+    from workers.local import LocalTransport, measure_gpus
+    from workers.protocol import Rounds
+
+    monkeypatch.setattr(local, "local_gpus", lambda: [0, 1])
+    assert measure_gpus(Settings(backend="cuda")) == ["0", "1"]
+    assert measure_gpus(Settings(backend="cuda", measure_processes=3)) == ["0", "1", "0"]
+    assert measure_gpus(Settings(backend="simulated")) == [None]
+    assert measure_gpus(Settings(backend="simulated", measure_processes=2)) == [None, None]
+    monkeypatch.setattr(local, "local_gpus", lambda: [])
+    assert measure_gpus(Settings(backend="auto")) == [None]
+
+    monkeypatch.setattr(local, "local_gpus", lambda: [2, 5])
+    settings = Settings(backend="cuda")
+    transport = LocalTransport(settings, Rounds.embedded(settings))
+    try:
+        assert transport.measure_gpus() == ["2", "5"]
+        seen = [transport._pool(f"measure{i}").submit(os.getenv, "CUDA_VISIBLE_DEVICES")
+                .result(timeout=120) for i in range(2)]
+        assert seen == ["2", "5"]
+        # a build process sees every GPU (it builds, never touches one)
+        assert transport._pool("build").submit(os.getenv, "CUDA_VISIBLE_DEVICES") \
+            .result(timeout=120) == os.getenv("CUDA_VISIBLE_DEVICES")
+    finally:
+        transport.stop()
+
+
+def test_candidates_go_to_the_measuring_process_with_the_fewest(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from concurrent.futures import Future
+
+    from workers.local import LocalTransport
+    from workers.protocol import Rounds
+
+    settings = Settings(backend="simulated", measure_processes=2)
+    transport = LocalTransport(settings, Rounds.embedded(settings))
+    sent: dict[int, tuple[str, Future[object]]] = {}
+
+    def submit_to(pool: str, fn: object, cid: int, target: str) -> Future[object]:
+        sent[cid] = (pool, Future())
+        return sent[cid][1]
+
+    monkeypatch.setattr(transport, "_submit_to", submit_to)
+    transport._job_of.update({c: 7 for c in range(1, 6)})
+    transport.send_measure("h200", [1, 2, 3])
+    assert [sent[c][0] for c in (1, 2, 3)] == ["measure0", "measure1", "measure0"]
+    sent[1][1].set_result(set())
+    sent[3][1].set_result(set())
+    assert {d.candidate_ids[0] for d in transport.collect(1.0)} == {1, 3}
+    transport.send_measure("h200", [4, 5])  # measure1 still holds candidate 2
+    assert [sent[c][0] for c in (4, 5)] == ["measure0", "measure0"]

@@ -21,22 +21,45 @@ class NoBackend(RuntimeError):
 
 
 @lru_cache(maxsize=1)
-def local_gpu_target() -> Target | None:
-    """The target of the GPU this process sees, or None without a usable GPU."""
+def _gpu_names() -> tuple[str, ...]:
+    """The model name of each GPU this process sees, in device order (none without one)."""
     try:
         import cupy  # noqa: F401  (optional extra "gpu")
         from cupy.cuda import runtime
 
-        if runtime.getDeviceCount() < 1:
-            return None
-        name = runtime.getDeviceProperties(0)["name"]
-        name = name.decode() if isinstance(name, bytes) else str(name)
+        names = []
+        for i in range(runtime.getDeviceCount()):
+            name = runtime.getDeviceProperties(i)["name"]
+            names.append(name.decode() if isinstance(name, bytes) else str(name))
     except Exception:  # no CuPy, no driver, no device: all mean "no GPU here"
+        return ()
+    return tuple(names)
+
+
+@lru_cache(maxsize=1)
+def local_gpu_target() -> Target | None:
+    """The target of the GPU this process sees (its first), or None without a usable GPU."""
+    names = _gpu_names()
+    if not names:
         return None
-    target = target_for_gpu_model(name)
+    target = target_for_gpu_model(names[0])
     if target is None:
-        log.warning("GPU %r is not a known target; measuring nothing on it", name)
+        log.warning("GPU %r is not a known target; measuring nothing on it", names[0])
     return target
+
+
+def local_gpus() -> list[int]:
+    """Device indices of this process's GPUs of its first GPU's model: the GPUs that
+    measure `local_gpu_target()` here (one measuring process each). Others are left out,
+    with a warning: a host of mixed models runs a fleet worker per GPU instead."""
+    names = _gpu_names()
+    if not names or local_gpu_target() is None:
+        return []
+    same = [i for i, n in enumerate(names) if n == names[0]]
+    if len(same) < len(names):
+        log.warning("measuring on the %d GPUs of model %r only (%s here)", len(same), names[0],
+                    ", ".join(names))
+    return same
 
 
 _backends: dict[str, Backend] = {}
