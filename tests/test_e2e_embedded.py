@@ -3,8 +3,11 @@ database -> GET /schedule, through a real `tctune serve` process, and a restart 
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import httpx
 import pytest
@@ -142,3 +145,41 @@ def test_explorer_processes_propose_each_job_on_one_of_them(
     # proposals came from two processes, neither of them the API's
     assert len(explorers) == 2, rows
     assert all(not r[0].endswith(f":{svc.proc.pid}") for r in explorers), rows
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (the service's pool children)."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            out.append(int(stat.parent.name))
+    return out
+
+
+def test_jobs_survive_sigkill_of_every_pool_child(make_service: Callable[..., Service]) -> None:
+    """Builders, measuring processes and explorer processes killed mid-job (the out-of-memory
+    killer's way) are replaced: no job fails, every budget is measured exactly, nothing twice."""
+    svc = make_service(TCTUNE_SIM_DELAY_S="0.03", TCTUNE_BATCH_SIZE="8",
+                       TCTUNE_EXPLORE_PROCESSES="2", TCTUNE_MEASURE_PROCESSES="2").start()
+    assert svc.proc is not None
+    shapes = [STAGE2, {**STAGE2, "h": 28, "w": 28, "c": 128, "k": 128}]
+    ids = [httpx.post(f"{svc.url}/tune", json={"shape": shape, "precision": "int8",
+                                               "target": "h200", "trials": 48},
+                      headers=svc.headers).json()["job_id"] for shape in shapes]
+    killed = 0
+    for at in (8, 24):  # twice: the second time the replacements die too
+        _wait(svc.url, ids[0], lambda s, at=at: s["trials_done"] >= at)
+        for pid in _children(svc.proc.pid):
+            os.kill(pid, signal.SIGKILL)
+            killed += 1
+    assert killed >= 2 * 4  # build, 2 measuring and 2 explorer processes each time
+    for job_id in ids:
+        state = _wait(svc.url, job_id, lambda s: s["status"] != "running", timeout=240)
+        assert state["status"] == "done", state.get("error")
+        trials = [m["trial"] for m in state["measurements"]]
+        assert trials == list(range(1, 49))
+        assert len({m["schedule_hash"] for m in state["measurements"]}) == 48

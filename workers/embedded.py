@@ -15,6 +15,7 @@ import logging
 import os
 import threading
 import time
+from concurrent.futures.process import BrokenProcessPool
 
 from store import repository as repo
 from store.db import session_scope
@@ -103,6 +104,12 @@ class EmbeddedDispatcher:
         elif isinstance(exc, UNAVAILABLE):  # the database, not the job: try again later
             log.warning("explore of job %s waits for the database: %s", done.job_id,
                         unavailable_reason(exc))
+            self.transport.backoff.failed(done.job_id)
+        elif isinstance(exc, BrokenProcessPool):
+            # Its explorer process died (killed, out of memory) and a fresh one replaces it:
+            # asked again after the job's pause, which grows should the proposal itself be
+            # what kills it.
+            log.warning("explore of job %s lost its explorer process; asking again", done.job_id)
             self.transport.backoff.failed(done.job_id)
         else:  # a broken job must not stop the others
             log.error("explore failed for job %s", done.job_id, exc_info=exc)
