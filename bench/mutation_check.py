@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parent.parent
 TEST_FILES = [*(f"tests/guarantees/test_guarantee_{n}.py"
                 for n in ("check", "serving", "delivery", "migrations", "import_tokens")),
               "tests/api/test_auth_limits.py", "tests/api/test_shared_limits.py",
-              "tests/workers/test_fleet.py"]
+              "tests/test_e2e_embedded.py", "tests/workers/test_fleet.py"]
 
 
 @dataclass
@@ -42,6 +42,10 @@ class Mutant:
 
 
 MUTANTS = [
+    Mutant("embedded-explorer-death-fails-job",
+           "a proposal whose explorer process died fails its job",
+           [("workers/embedded.py", "        elif isinstance(exc, BrokenProcessPool):\n",
+             "        elif False:\n")]),
     Mutant("check-int-accepts-anything",
            "the reference check accepts any int8/int4 output",
            [("kernels/reference.py", "return bad == 0, {\"mismatches\"",

@@ -61,6 +61,7 @@ def test_tune_stage2_int8_end_to_end(make_service: Callable[..., Service]) -> No
     assert [m["trial"] for m in tail["measurements"]] == [61, 62, 63, 64]
 
 
+@pytest.mark.guarantee
 @pytest.mark.parametrize("measure_processes", ["1", "2"])
 def test_job_survives_sigkill_of_the_service(make_service: Callable[..., Service],
                                              measure_processes: str) -> None:
@@ -160,6 +161,7 @@ def _children(pid: int) -> list[int]:
     return out
 
 
+@pytest.mark.guarantee
 def test_jobs_survive_sigkill_of_every_pool_child(make_service: Callable[..., Service]) -> None:
     """Builders, measuring processes and explorer processes killed mid-job (the out-of-memory
     killer's way) are replaced: no job fails, every budget is measured exactly, nothing twice."""

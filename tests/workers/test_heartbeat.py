@@ -85,3 +85,22 @@ def test_a_slot_is_busy_while_it_measures(monkeypatch: pytest.MonkeyPatch) -> No
         signals.task_prerun.disconnect(activity._started)
         signals.task_postrun.disconnect(activity._ended)
         get_settings.cache_clear()
+
+
+def test_the_embedded_service_has_a_worker_row_per_gpu(monkeypatch: pytest.MonkeyPatch,
+                                                       tmp_path: Path) -> None:
+    """On a host of two GPUs of one model the embedded service measures on both (a measuring
+    process each): GET /workers shows a row per GPU, `name#i` as a fleet node's slots."""
+    from kernels.spec import get_target
+    from workers import embedded, local
+
+    monkeypatch.setattr(embedded, "local_gpu_target", lambda: get_target("h200"))
+    monkeypatch.setattr(embedded, "served_targets", lambda _s: ["h200"])
+    monkeypatch.setattr(local, "local_gpus", lambda: [0, 1])
+    settings = Settings(data_dir=tmp_path, backend="cuda")
+    [gpus] = embedded_workers(settings)
+    base = f"{embedded.worker_name()}/h200"
+    assert gpus.names == (f"{base}#0", f"{base}#1") and gpus.target == "h200"
+    assert gpus.backend == "cuda" and gpus.sm == 90
+    monkeypatch.setattr(local, "local_gpus", lambda: [0])
+    assert embedded_workers(settings)[0].names == (base,)
