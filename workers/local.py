@@ -131,6 +131,7 @@ class LocalTransport:
         # with `explore_processes` > 1 explore0, explore1, ...
         self._pools: dict[str, ProcessPoolExecutor] = {}
         self._gpus: list[str | None] | None = None  # per measuring process, asked at first use
+        self._gpu_of: dict[str, str | None] = {}  # measuring pool -> its GPU
         self._measuring: dict[str, int] = {}  # measuring pool -> its candidates on their way
         # Proposals run here while the loop goes on feeding the pools: one at a time on a
         # thread, or with `explore_processes` > 1 one per process, a job always on the same
@@ -196,12 +197,13 @@ class LocalTransport:
     def measure_gpus(self) -> list[str | None]:
         if self._gpus is None:  # the driver asked once, in the dispatcher's thread
             self._gpus = measure_gpus(self.settings)
-            self._measuring = {f"measure{i}": 0 for i in range(len(self._gpus))}
+            self._gpu_of = {f"measure{i}": gpu for i, gpu in enumerate(self._gpus)}
+            self._measuring = dict.fromkeys(self._gpu_of, 0)
         return self._gpus
 
     def _pool(self, name: str) -> ProcessPoolExecutor:
         if name not in self._pools:
-            gpu = self.measure_gpus()[int(name[7:])] if name.startswith("measure") else None
+            gpu = self._gpu_of.get(name)
             # spawn, not fork: this process runs threads (uvicorn, this dispatcher).
             self._pools[name] = ProcessPoolExecutor(
                 max_workers=self.settings.build_processes if name == "build" else 1,
