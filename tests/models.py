@@ -34,3 +34,19 @@ def small_resnet() -> nn.Module:
 
 def not_a_model() -> str:
     return "a string"
+
+
+class ReadsAValue(nn.Module):
+    """Reads a value in forward (`.item()`), which no meta tensor has: planned on the CPU."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 16, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv(x)
+        return y * 2 if y.abs().max().item() > 1e9 else y
+
+
+def reads_a_value() -> nn.Module:
+    return ReadsAValue()

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
@@ -310,3 +311,40 @@ def test_a_submission_waits_out_429s_within_its_patience_only() -> None:
     answers[:] = [TctuneError(429, "no Retry-After"), {"job_id": 3}]
     with pytest.raises(TctuneError):
         submit_within_limits(submit, sleep=slept.append)
+
+
+@pytest.mark.parametrize("spec", ["tests.models:small_resnet", "tests.deploy_nets:small_resnet"])
+def test_a_module_is_planned_on_the_meta_device_as_on_the_cpu(
+        spec: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The layers come from shapes alone (the meta device: no arithmetic), the same as a
+    forward pass on the CPU finds them; a model that does not run on meta is planned on the
+    CPU."""
+    import torch
+
+    from api import plan
+    from api.plan import build_module, conv_layers, fused_layers
+
+    devices: list[str] = []
+    built = plan.build_module
+
+    def watched(s: str) -> torch.nn.Module:
+        module = built(s)
+        module.register_forward_pre_hook(lambda _m, args: devices.append(args[0].device.type))
+        return module
+
+    monkeypatch.setattr(plan, "build_module", watched)
+    shape = (8, 3, 64, 64)
+    layers = load_module_model(spec, shape, "int8", "h100")
+    assert set(devices) == {"meta"}
+
+    cpu, x = build_module(spec), torch.randn(*shape)
+    found = conv_layers(cpu, x)
+    pairs, residual = fused_layers(cpu, x, found)
+    assert [(la.name, la.shape) for la in layers] == \
+        [(f["name"], replace(ConvShape.from_dict(f["shape"]), residual=f["name"] in residual))
+         for f in found] + [(f["name"], ConvShape.from_dict(f["shape"])) for f in pairs]
+
+    devices.clear()
+    [layer] = load_module_model("tests.models:reads_a_value", shape, "int8", "h100")
+    assert devices == ["meta", "cpu"]
+    assert layer.shape == ConvShape(8, 64, 64, 3, 16, 3, 3, pad=(1, 1))
