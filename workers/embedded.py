@@ -120,6 +120,10 @@ class EmbeddedDispatcher:
 
     def _run(self) -> None:
         log.info("embedded dispatcher started (pid %s)", os.getpid())
+        try:
+            self.transport.warm()
+        except Exception:  # the first candidate starts them instead
+            log.exception("could not start the measuring processes ahead")
         while not self._stop.is_set():
             try:
                 self._beat()

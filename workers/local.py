@@ -32,7 +32,7 @@ from sqlalchemy.orm import Session
 from store import repository as repo
 from store.settings import Settings
 from workers import tasks
-from workers.backends import backend_for, local_gpus
+from workers.backends import backend_for, local_gpu_target, local_gpus
 from workers.backoff import Backoff
 from workers.protocol import Open, Rounds, with_targets
 
@@ -79,6 +79,18 @@ def child_measure(candidate_id: int, target: str) -> set[int]:
     backend = backend_for(target, _child_settings)
     return tasks.measure_chunk(_child_settings.db_url, [candidate_id], backend,
                                worker_name(), _child_settings.lease_s).closed
+
+
+def child_warm() -> str:
+    """A measuring process readies its GPU before the first candidate: its measuring child
+    (torch, CuPy, the CUDA context) takes over 10 s to start on an H200 host. Returns the
+    GPU's name, or what it measures with instead."""
+    assert _child_settings is not None
+    target = None if _child_settings.backend == "simulated" else local_gpu_target()
+    if target is None:
+        return "the analytical model"
+    backend = backend_for(target.name, _child_settings)
+    return str(getattr(backend, "gpu_model", target.model))
 
 
 def child_explore(rounds: Rounds, job_id: int) -> tasks.Proposal:
@@ -194,6 +206,15 @@ class LocalTransport:
         for cid in candidate_ids:
             self._submit("measure", cid, target)
 
+    def warm(self) -> list[Future[Any]]:
+        """Start every measuring process and its GPU now, not at the first candidate: a
+        service's first job then waits for none of it."""
+        self.measure_gpus()
+        futures = [self._submit_to(pool, child_warm) for pool in self._gpu_of]
+        for fut in futures:
+            fut.add_done_callback(_log_warm)
+        return futures
+
     def measure_gpus(self) -> list[str | None]:
         if self._gpus is None:  # the driver asked once, in the dispatcher's thread
             self._gpus = measure_gpus(self.settings)
@@ -276,6 +297,14 @@ class LocalTransport:
         self._explorer.shutdown(wait=False, cancel_futures=True)
         for pool in self._pools.values():
             pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _log_warm(fut: Future[Any]) -> None:
+    result, error = _outcome(fut)
+    if error is not None:  # measured again at the first candidate, which says why
+        log.warning("a measuring process did not get ready: %r", error)
+    else:
+        log.info("a measuring process is ready: %s", result)
 
 
 def _outcome(fut: Future[Any]) -> tuple[Any, BaseException | None]:

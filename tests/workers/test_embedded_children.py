@@ -116,3 +116,20 @@ def test_candidates_go_to_the_measuring_process_with_the_fewest(
     assert {d.candidate_ids[0] for d in transport.collect(1.0)} == {1, 3}
     transport.send_measure("h200", [4, 5])  # measure1 still holds candidate 2
     assert [sent[c][0] for c in (4, 5)] == ["measure0", "measure0"]
+
+
+def test_the_measuring_processes_start_with_the_service() -> None:
+    """Each measuring process (and on a GPU its measuring child and CUDA context, over 10 s
+    on an H200 host) starts when the dispatcher does, before any job."""
+    from workers.local import LocalTransport
+    from workers.protocol import Rounds
+
+    settings = Settings(backend="simulated", measure_processes=2)
+    transport = LocalTransport(settings, Rounds.embedded(settings))
+    try:
+        futures = transport.warm()
+        assert [f.result(timeout=120) for f in futures] == ["the analytical model"] * 2
+        assert sorted(transport._pools) == ["measure0", "measure1"]
+        assert transport.quiet()  # nothing of a job's on its way
+    finally:
+        transport.stop()
