@@ -142,8 +142,7 @@ class LocalTransport:
         # build; measure0, measure1, ... (a process each, on its own GPU: measure_gpus); and
         # with `explore_processes` > 1 explore0, explore1, ...
         self._pools: dict[str, ProcessPoolExecutor] = {}
-        self._gpus: list[str | None] | None = None  # per measuring process, asked at first use
-        self._gpu_of: dict[str, str | None] = {}  # measuring pool -> its GPU
+        self._gpu_of: dict[str, str | None] = {}  # measuring pool -> its GPU (asked at first use)
         self._measuring: dict[str, int] = {}  # measuring pool -> its candidates on their way
         # Proposals run here while the loop goes on feeding the pools: one at a time on a
         # thread, or with `explore_processes` > 1 one per process, a job always on the same
@@ -216,11 +215,11 @@ class LocalTransport:
         return futures
 
     def measure_gpus(self) -> list[str | None]:
-        if self._gpus is None:  # the driver asked once, in the dispatcher's thread
-            self._gpus = measure_gpus(self.settings)
-            self._gpu_of = {f"measure{i}": gpu for i, gpu in enumerate(self._gpus)}
+        if not self._gpu_of:  # the driver asked once, in the dispatcher's thread
+            self._gpu_of = {f"measure{i}": gpu
+                            for i, gpu in enumerate(measure_gpus(self.settings))}
             self._measuring = dict.fromkeys(self._gpu_of, 0)
-        return self._gpus
+        return list(self._gpu_of.values())
 
     def _pool(self, name: str) -> ProcessPoolExecutor:
         if name not in self._pools:
