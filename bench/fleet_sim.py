@@ -44,6 +44,7 @@ from _procs import (  # noqa: E402
     drop_database,
     free_port,
     kill,
+    proc_stats,
     start,
     stop_all,
     wait_http,
@@ -65,14 +66,8 @@ def job_request(j: int) -> dict[str, Any]:
 def group_cpu_s() -> dict[int, float]:
     """CPU seconds (user + system, with reaped children) per process group, from /proc."""
     out: dict[int, float] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
+    for _, _, fields in proc_stats():
         pgrp = int(fields[2])
-        # utime, stime, cutime, cstime: fields 14-17 of proc(5), here shifted by the
-        # two already split off (pid, comm)
         out[pgrp] = out.get(pgrp, 0.0) + sum(int(x) for x in fields[11:15]) / TICK
     return out
 

@@ -49,9 +49,11 @@ sys.path.insert(0, str(REPO))
 
 from bench._procs import (  # noqa: E402
     PG_ADMIN_URL,
+    TICK,
     create_database,
     drop_database,
     free_port,
+    proc_stats,
     start,
     stop,
     wait_http,
@@ -188,16 +190,7 @@ def renice_session(pid: int, nice: int) -> None:
 
 def group_cpu_s(pgid: int) -> float:
     """User + system CPU seconds of the live processes of a process group."""
-    tick = os.sysconf("SC_CLK_TCK")
-    total = 0.0
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid:  # fields[2] is the process group
-            total += (int(fields[11]) + int(fields[12])) / tick
-    return total
+    return sum(int(f[11]) + int(f[12]) for _, _, f in proc_stats() if int(f[2]) == pgid) / TICK
 
 
 def check_sample(base: str, entries: list[tuple[str, dict[str, Any]]], rng: random.Random

@@ -7,12 +7,12 @@ import os
 import signal
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import httpx
 import pytest
 from sqlalchemy import func, select
 
+from bench._procs import proc_stats
 from store.db import session_scope
 from store.models import Measurement
 from tests.conftest import Service
@@ -149,16 +149,8 @@ def test_explorer_processes_propose_each_job_on_one_of_them(
 
 
 def _children(pid: int) -> list[int]:
-    """The processes whose parent is `pid` (the service's pool children)."""
-    out = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (FileNotFoundError, ProcessLookupError, IndexError):
-            continue
-        if int(fields[1]) == pid and fields[0] != "Z":
-            out.append(int(stat.parent.name))
-    return out
+    """The live processes whose parent is `pid` (the service's pool children)."""
+    return [child for child, _, f in proc_stats() if int(f[1]) == pid and f[0] != "Z"]
 
 
 @pytest.mark.guarantee
