@@ -32,10 +32,11 @@ log = logging.getLogger(__name__)
 SWEEP_S = 0.2
 
 
-def embedded_workers(settings: Settings) -> list[Workers]:
-    """The worker rows of what this service measures: one per local GPU of its model (each
-    a measuring process's, `name#i` where there are several), or one of the analytical
-    model ('*': every target)."""
+def embedded_workers(settings: Settings,
+                     gpus: list[str | None] | None = None) -> list[Workers]:
+    """The worker rows of what this service measures: one per measuring process on a local
+    GPU of its model (`gpus`, the transport's; `name#i` where there are several), or one of
+    the analytical model ('*': every target)."""
     gpu = local_gpu_target() if settings.backend != "simulated" else None
     out = []
     for target in served_targets(settings):
@@ -43,7 +44,7 @@ def embedded_workers(settings: Settings) -> list[Workers]:
         if target == "*" or gpu is None:
             out.append(Workers((name,), "analytical model", 0, target, "simulated"))
             continue
-        gpus = measure_gpus(settings)
+        gpus = measure_gpus(settings) if gpus is None else gpus
         names = (name,) if len(gpus) == 1 else tuple(f"{name}#{i}" for i in range(len(gpus)))
         out.append(Workers(names, gpu.model, gpu.sm, target, "cuda"))
     return out
@@ -71,7 +72,7 @@ class EmbeddedDispatcher:
 
     def _beat(self) -> None:
         if self._heartbeat is None:  # which GPU is here is asked in the dispatcher's thread
-            workers = embedded_workers(self.settings)
+            workers = embedded_workers(self.settings, self.transport.measure_gpus())
             names = {n for w in workers for n in w.names}
             self._heartbeat = Heartbeat(self.settings.db_url, self.settings.heartbeat_s, workers,
                                         lambda _: names if self.transport.working() else ())

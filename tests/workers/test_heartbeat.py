@@ -104,3 +104,7 @@ def test_the_embedded_service_has_a_worker_row_per_gpu(monkeypatch: pytest.Monke
     assert gpus.backend == "cuda" and gpus.sm == 90
     monkeypatch.setattr(local, "local_gpus", lambda: [0])
     assert embedded_workers(settings)[0].names == (base,)
+    # the dispatcher passes its transport's GPUs: the driver is not asked (nor a warning
+    # about shared GPUs logged) a second time
+    monkeypatch.setattr(local, "local_gpus", lambda: pytest.fail("asked twice"))
+    assert embedded_workers(settings, ["0", "0"])[0].names == (f"{base}#0", f"{base}#1")
