@@ -20,6 +20,8 @@ constexpr int ROWS_H = IM / 8;              // row halves (g, g+8) per instructi
 constexpr int HALVES = EWCT * ROWS_H;        // (tile column, row half) pairs per warp row tile
 constexpr int VPRO = TB / VW;                // store vectors per output row of the tile
 constexpr int EV = VW * 8 / OUT_BITS;        // elements per store vector
+// SWAP_AB, fp16: the staging tile written by stmatrix.trans (stage_swapped_f16).
+constexpr bool SWAP_STSM = SWAP && PACK && PREC == 0 && SM >= 90 && K % 8 == 0;
 }  // namespace cfg
 
 // The residual epilogue's input (conv.cu's tensor contract): y's shape, layout and type.
@@ -177,6 +179,49 @@ __device__ __forceinline__ void for_each_swapped(WT& wt, int lane, F&& f) {
   }
 }
 
+// SWAP_AB, fp16 (cfg::SWAP_STSM): the fragment of instruction q as 8x8 matrices [channel]
+// [pixel] of f16x2 pixel pairs (a warp's channels 16wq + 8 half + g at pixels 8jj + 2t, +1),
+// stored transposed (stmatrix.trans): eight staging rows of 8 channels, 16 bytes a pixel,
+// four matrices an instruction, where value by value takes a two-byte store each, with bank
+// conflicts. Whole 16-byte rows: K % 8 == 0 (rows past K are staged, never stored).
+template <class WT>
+__device__ __forceinline__ void stage_swapped_f16(WT& wt, u8* stg, const u8* rs,
+                                                  const Residual& res, int n0, int lane,
+                                                  const float* bias) {
+  using namespace cfg;
+  const int g = lane >> 2, t = lane & 3, r0 = wt.wm0 - wt.wq * IM;
+  const int mat = lane >> 3, mrow = lane & 7;  // the stored row this lane addresses
+  const acc_t* flat = &wt.acc[0][0][0];
+#pragma unroll
+  for (int q = 0; q < WN / 64; ++q) {
+    const int cb = wt.wn0 + q * 64 + wt.wq * 16;  // the warp's 16 channels of instruction q
+    float b[2];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int n = n0 + cb + 8 * half + g;
+      b[half] = (EPI && n < K) ? bias[n] : 0.f;
+    }
+#pragma unroll
+    for (int jj = 0; jj < SWAP_N / 8; jj += 2) {
+      u32 r[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {  // matrix k: channel half k % 2, pixel group jj + k / 2
+        const int half = k & 1, jk = jj + (k >> 1);
+        const acc_t* a = flat + q * (SWAP_N / 2) + 4 * jk + 2 * half;
+        float rv0 = 0.f, rv1 = 0.f;
+        if constexpr (RES) {
+          const int row = r0 + 8 * jk + 2 * t, col = cb + 8 * half + g;
+          rv0 = res_tile(rs, res, row, col);
+          rv1 = res_tile(rs, res, row + 1, col);
+        }
+        r[k] = pack_f16x2(fp_epi(a[0], b[half], rv0), fp_epi(a[1], b[half], rv1));
+      }
+      const int row = r0 + 8 * (jj + (mat >> 1)) + mrow, colb = (cb + 8 * (mat & 1)) * 2;
+      stsm_x4_trans(smem_addr(stg + stg_off(row, colb)), r[0], r[1], r[2], r[3]);
+    }
+  }
+}
+
 template <class WT>
 __device__ __forceinline__ void epilogue(WT& wt, u8* smem, int m0, int n0, int tid, int tile,
                                          int split, const float* scale, const float* bias,
@@ -290,7 +335,9 @@ __device__ __forceinline__ void epilogue(WT& wt, u8* smem, int m0, int n0, int t
     if (tid == 0) bulk_wait_read();
     block_sync();
   }
-  if constexpr (SWAP) {
+  if constexpr (SWAP_STSM) {
+    stage_swapped_f16(wt, stg, rs, res, n0, lane, bias);
+  } else if constexpr (SWAP) {
     // Swapped operands: each value to its (pixel row, channel column) of the staging tile,
     // requantized / biased on the way where PACK_OUT (a thread's values share two channels
     // per instruction: their scales and biases are loaded once, SASS shows).

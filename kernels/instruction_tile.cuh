@@ -29,6 +29,16 @@ __device__ __forceinline__ void ldsm_x1(u32 addr, u32& r0) {
                : "=r"(r0) : "r"(addr));
 }
 
+// ---- stmatrix (sm_90): the same 8x8 b16 matrices from the mma fragment layout (lane l holds
+// word l%4 of row l/4) to shared memory, .trans: row i of what is stored is column i of the
+// fragment; lanes 8k..8k+7 give the addresses of matrix k's eight stored rows.
+__device__ __forceinline__ void stsm_x4_trans(u32 addr, u32 r0, u32 r1, u32 r2, u32 r3) {
+#if TC_SM >= 90
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1,%2,%3,%4};\n"
+               :: "r"(addr), "r"(r0), "r"(r1), "r"(r2), "r"(r3) : "memory");
+#endif
+}
+
 // ---- cp.async (sm_80+): 16 bytes global -> shared; src_bytes = 0 zero-fills (padding, tails).
 __device__ __forceinline__ void cp_async16(u32 dst, const void* src, bool valid) {
 #if TC_SM >= 80

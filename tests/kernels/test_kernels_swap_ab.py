@@ -6,6 +6,7 @@ test_runtime.py (`on_gpu`) and bench/kernels_check.py (`--restrict SWAP_AB=1`)."
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -105,3 +106,25 @@ def test_every_output_path_compiles(cache: Path) -> None:
         for residual in ((False, True) if mode != "acc" else (False,)):
             jobs.append(BuildJob(REDUCE, Precision(p), 90, s, Epilogue(mode, True, residual)))
     assert_all_compile(jobs, cache)
+
+
+@pytest.mark.skipif(cuobjdump_path() is None, reason="cuobjdump not installed")
+def test_swapped_fp16_tiles_are_staged_by_transposing_matrix_stores(cache: Path) -> None:
+    """fp16: an instruction's fragment goes to the staging tile as 8x8 matrices stored
+    transposed (stmatrix.trans, a 16-byte row a pixel, four matrices an instruction): 128
+    pixels x 16 channels a warp in 8 stores where value by value takes 64; value by value
+    where the output channels are not whole 8-channel rows, and for int8 (docs/decisions.md)."""
+    def stores(job: BuildJob) -> tuple[int, int]:
+        text = sass_of(job, cache).text
+        return text.count("STSM.16.MT88.4"), len(re.findall(r"\bSTS\.U16\b", text))
+
+    for pack in (1, 2):
+        s = {**SW, "TMA": 1, "PACK_OUT": pack}
+        for residual in (False, True):
+            job = BuildJob(REDUCE, Precision.FP16, 90, s, Epilogue("bias", True, residual))
+            assert stores(job) == (8, 0), (pack, residual)
+    odd = ConvShape(8, 56, 56, 256, 68, 1, 1)  # K % 8 != 0
+    assert ScheduleSpace(odd, Precision.FP16, H100).is_valid(SW)
+    tsm, sts = stores(BuildJob(odd, Precision.FP16, 90, SW))
+    assert tsm == 0 and sts > 0
+    assert "STSM" not in sass_of(BuildJob(REDUCE, Precision.INT8, 90, SW), cache).text
