@@ -1,5 +1,5 @@
 // Instruction tile: the PTX wrappers the warp and block tiles are made of.
-// mma.sync per (precision, sm), ldmatrix, cp.async, and small bit helpers.
+// mma.sync per (precision, sm), ldmatrix, stmatrix, cp.async, and small bit helpers.
 // Everything is inline PTX so that NVRTC needs no CUDA headers (compile time matters).
 #pragma once
 
