@@ -68,7 +68,7 @@ def test_invalid_schedule_is_a_compile_error() -> None:
     valid = space.valid_indices  # sorted: the first index missing from it is invalid
     gaps = np.flatnonzero(valid != np.arange(valid.size))
     invalid = int(gaps[0]) if gaps.size else valid.size
-    sched = space.schedule_at(int(invalid))
+    sched = space.schedule_at(invalid)
     built = backend.build(task, sched)
     assert built.status == "compile_error"
     assert backend.measure(task, sched, built).status == "compile_error"
