@@ -114,7 +114,8 @@ KERNEL_FREE = ("eff_wgmma", "wgmma_n0", "eff_sync", "sync_chains0", "load_bytes_
                "prologue_cycles", "dram_eff", "split_launch_us", "launch_us", "line_cycles",
                "tma_line_cycles", "tma_issue_cycles", "tma_prologue_cycles",
                "block_iter_cycles",
-               "line_part_cost", "sync_lone_cpi", "epi_value_cycles", "order0_iter_cycles")
+               "line_part_cost", "sync_lone_cpi", "epi_value_cycles", "order0_iter_cycles",
+               "burst_bytes_per_clk")
 # The mma.sync path's own constants: they do not enter a wgmma schedule's latency.
 SYNC_FREE = ("eff_sync", "sync_chains0", "iter_cycles_sync", "smem_bytes_per_clk",
              "sync_lone_cpi")
@@ -126,7 +127,8 @@ BOUNDS = {"eff_wgmma": (0.05, 1.0), "eff_sync": (0.05, 1.0), "dram_eff": (0.05, 
           "persist_hidden": (1e-3, 1.0), "halo_tap_cycles": (1e-3, 1e4),
           "k_ns": (1e-4, 100.0), "tile": (8.0, 256.0),
           "channels_half": (0.01, 1e4),
-          "compute_eff": (0.02, 1.0), "overlap_p": (1.0, 12.0), "tma_load_gain": (0.3, 3.0)}
+          "compute_eff": (0.02, 1.0), "overlap_p": (1.0, 12.0), "tma_load_gain": (0.3, 3.0),
+          "burst_bytes_per_clk": (1.0, 1e5)}
 DEFAULT_BOUNDS = (1e-3, 1e5)
 
 

@@ -211,9 +211,25 @@ def model_inputs(shape: ConvShape, precision: Precision, target: Target,
     }
 
 
-def _block_cycles(x: Mapping[str, Any], c: Mapping[str, float], conc: np.ndarray) -> np.ndarray:
+def _burst_cycles(x: Mapping[str, Any], c: Mapping[str, float], conc: np.ndarray
+                  ) -> np.ndarray:
+    """The prologue's burst: a block loads its first min(STAGES - 1, iterations) stages
+    before its first MMA, and the `conc` blocks resident on its SM do so at once, so the
+    first MMA waits on all their bytes at `burst_bytes_per_clk`. Scaled by the share of the
+    main loop beyond the prologue ((iterations - (STAGES - 1)) / iterations, at least 0):
+    a block whose whole loop fits in the prologue loads nothing more after it, and its
+    main-loop terms (k_iters x an iteration's time) already charge those very loads; a
+    long loop's burst is a start-up delay its steady state does not hide."""
+    n_pro = np.minimum(x["stages"] - 1, x["k_iters"])
+    beyond = np.clip((x["k_iters"] - (x["stages"] - 1)) / x["k_iters"], 0.0, 1.0)
+    return conc * n_pro * x["ld_it"] / c["burst_bytes_per_clk"] * beyond
+
+
+def _block_cycles(x: Mapping[str, Any], c: Mapping[str, float], conc: np.ndarray,
+                  burst_share: Any = 1.0) -> np.ndarray:
     """Cycles of one block, from its first load to its last store, with `conc` blocks
-    resident on its SM (sharing its Tensor Cores and load path)."""
+    resident on its SM (sharing its Tensor Cores and load path); `burst_share`: the share of
+    the prologue's burst it pays (a persistent block's tiles share one)."""
     wg = x["wg"]
     # Tensor Core rate: wgmma loses to narrow N (per-instruction overhead); mma.sync to
     # too few independent chains per warp.
@@ -256,7 +272,7 @@ def _block_cycles(x: Mapping[str, Any], c: Mapping[str, float], conc: np.ndarray
         c["epi_value_cycles"] * x["epi_values"]
     # TMA: a block first fetches its tensor maps and sets up its stages' mbarriers.
     t_pro = _prologue_cycles(x, c)
-    return x["k_iters"] * t_it + t_pro + t_epi
+    return x["k_iters"] * t_it + t_pro + t_epi + burst_share * _burst_cycles(x, c, conc)
 
 
 def _store_cycles(x: Mapping[str, Any], c: Mapping[str, float], conc: np.ndarray
@@ -279,7 +295,13 @@ def latency_from_inputs(x: Mapping[str, Any], c: Mapping[str, float]) -> np.ndar
     of resident blocks, plus each block's prologue and epilogue; DRAM bounds the whole."""
     # Full rounds run `conc` blocks per SM; a partial last round, `tail_conc`.
     # (Both in one evaluation: rows of a (2, n) array broadcast against the inputs.)
-    t_full, t_tail = _block_cycles(x, c, np.stack([x["conc"], np.maximum(x["tail_conc"], 1)]))
+    # A persistent block loads the prologue's burst once: it issues each next tile's first
+    # stages before the last one's epilogue (its full rounds share one burst, its tail none).
+    once = (x["persist_rounds"] > 0) & (x["full_rounds"] > 0)
+    share = np.stack([np.where(once, 1.0 / np.maximum(x["full_rounds"], 1), 1.0),
+                      np.where(once, 0.0, 1.0)])
+    t_full, t_tail = _block_cycles(x, c, np.stack([x["conc"], np.maximum(x["tail_conc"], 1)]),
+                                   share)
     t_tail = np.where(x["tail_conc"] > 0, t_tail, 0.0)
     # A persistent block (PERSIST) loops over its tiles: it sets up once, a share of its
     # fixed costs around a tile's main loop (epilogue_cycles: the first loads' and the last
