@@ -220,8 +220,9 @@ def _burst_cycles(x: Mapping[str, Any], c: Mapping[str, float], conc: np.ndarray
     a block whose whole loop fits in the prologue loads nothing more after it, and its
     main-loop terms (k_iters x an iteration's time) already charge those very loads; a
     long loop's burst is a start-up delay its steady state does not hide."""
-    n_pro = np.minimum(x["stages"] - 1, x["k_iters"])
-    beyond = np.clip((x["k_iters"] - (x["stages"] - 1)) / x["k_iters"], 0.0, 1.0)
+    # Where the share is above 0 the loop is longer than the prologue: it loads STAGES - 1.
+    n_pro = x["stages"] - 1
+    beyond = np.maximum(x["k_iters"] - n_pro, 0) / x["k_iters"]
     return conc * n_pro * x["ld_it"] / c["burst_bytes_per_clk"] * beyond
 
 
