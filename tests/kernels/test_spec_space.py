@@ -100,9 +100,16 @@ def test_space_index_roundtrip_and_validity_agree(precision: Precision) -> None:
     assert ("SPLIT" in space.knobs) == (precision is Precision.FP32_TC)
     rng = np.random.default_rng(0)
     valid = set(space.valid_indices.tolist())
-    for idx in rng.choice(space.size, 300, replace=False):
+    indices = rng.choice(space.size, 300, replace=False)
+    cols, digits = space.columns(indices), space.digits(indices)
+    for j, idx in enumerate(indices):
         sched = space.schedule_at(int(idx))
         assert space.index_of(sched) == idx
+        # The array decodings agree with the one-at-a-time one, whose values are plain
+        # Python (they go out as JSON).
+        assert all(type(v) in (int, str) for v in sched.values())
+        assert {n: cols[n][j] for n in space.names} == sched
+        assert digits[j].tolist() == [space.knobs[n].index(sched[n]) for n in space.names]
         assert schedule_problems(precision, sched) == []
         assert space.is_valid(sched) == (int(idx) in valid)
         assert is_valid(STAGE2, precision, sched, TARGETS["h100"]) == (int(idx) in valid)
