@@ -11,9 +11,13 @@ being tuned (ResNet-50 stage3). Timed per strategy:
   retrained on 32 more trials), which is what every batch but the first pays.
 - job: the same job going on for `--job-trials` more trials in rounds of `--batch`, the
   simulator measuring: proposal p50 / p99 and the explorer's CPU per measurement.
+- new jobs: what a job costs the explorer at its start, with the base model already
+  trained (as in a fleet): `--new-jobs` layers the prior does not hold (ResNet-50's 3x3
+  layers at batches 3 and 5), each its space enumerated, then its first proposal (its
+  features, the prior's scores over the space, the pick).
 
     python bench/search_proposal_time.py [--measurements 50000] [--repeat 5]
-        [--strategies diversity,sa] [--job-trials 1000] [--batch 32]
+        [--strategies diversity,sa] [--job-trials 1000] [--batch 32] [--new-jobs 8]
         [--out bench/data/proposal_time.json]
 
 Every repeat's numbers and the load average before and after go to --out (JSON).
@@ -36,6 +40,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from kernels import space as space_module  # noqa: E402
 from kernels.space import ScheduleSpace  # noqa: E402
 from kernels.spec import RESNET50_3X3, TARGETS, ConvShape, Precision  # noqa: E402
 from search import model_based  # noqa: E402
@@ -117,6 +122,25 @@ def run_job(space: ScheduleSpace, history: History, name: str, options: dict[str
             "wall_s": walls, "cpu_s": cpus}
 
 
+def new_jobs(name: str, options: dict[str, Any], prior: list[PriorTrial], count: int
+             ) -> dict[str, list[float]]:
+    """CPU seconds of each new job's space enumeration and first proposal, the base model
+    on `prior` trained already (the caller's proposals trained it)."""
+    shapes = [ConvShape(n, s.h, s.w, s.c, s.k, 3, 3, pad=(1, 1))
+              for n in (3, 5) for s in RESNET50_3X3.values()][:count]
+    out: dict[str, list[float]] = {"enumerate_cpu_s": [], "first_proposal_cpu_s": []}
+    for shape in shapes:
+        space_module._VALID_CACHE.clear()  # an earlier strategy's run enumerated these
+        c0 = time.process_time()
+        space = ScheduleSpace(shape, Precision.INT8, TARGETS["h100"])
+        len(space.valid_indices)
+        c1 = time.process_time()
+        make_strategy(name, space, seed=0, **options).propose(History(prior=prior), 32)
+        out["enumerate_cpu_s"].append(c1 - c0)
+        out["first_proposal_cpu_s"].append(time.process_time() - c1)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--measurements", type=int, default=50_000)
@@ -127,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--job-trials", type=int, default=1000,
                     help="then a job of this many more trials, every proposal timed")
     ap.add_argument("--batch", type=int, default=32, help="candidates per proposal of the job")
+    ap.add_argument("--new-jobs", type=int, default=8,
+                    help="then this many new jobs' starts, timed (at most 8)")
     args = ap.parse_args(argv)
     load_before = os.getloadavg()
     rng = np.random.default_rng(0)
@@ -162,8 +188,10 @@ def main(argv: list[str] | None = None) -> int:
         # CPU seconds (both threads) next to wall time: on a shared machine the wall time
         # includes waiting for the cores; CPU / 2 is what an idle 2-core machine would take.
         job = run_job(space, history, name, options, args.job_trials, args.batch)
+        starts = new_jobs(name, options, history.prior, args.new_jobs)
         results.append({"strategy": spec, "cold_wall_s": cold, "cold_cpu_s": cold_cpu,
-                        "warm_wall_s": warm, "warm_cpu_s": warm_cpu, "job": job})
+                        "warm_wall_s": warm, "warm_cpu_s": warm_cpu, "job": job,
+                        "new_jobs": starts})
         print(f"{spec:10s} cold: wall median {statistics.median(cold):.3f} s, "
               f"cpu median {statistics.median(cold_cpu):.3f} s | "
               f"warm: wall median {statistics.median(warm):.3f} s, "
@@ -172,6 +200,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{'':10s} job of {job['measurements']} trials in rounds of {args.batch}: "
                   f"proposal p50 {job['p50_s']:.3f} s, p99 {job['p99_s']:.3f} s, "
                   f"CPU {job['cpu_ms_per_measurement']:.2f} ms per measurement")
+        if starts["enumerate_cpu_s"]:
+            print(f"{'':10s} a new job's start (median of {len(starts['enumerate_cpu_s'])}): "
+                  f"space enumerated {statistics.median(starts['enumerate_cpu_s']):.3f} s, "
+                  f"first proposal {statistics.median(starts['first_proposal_cpu_s']):.3f} s "
+                  "of CPU")
     load_after = os.getloadavg()
     print(f"load average (1, 5, 15 min) before: {load_before}, after: {load_after}")
     if args.out:
