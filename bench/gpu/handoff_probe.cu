@@ -17,14 +17,7 @@
 #include <cstdio>
 #include <cstdlib>
 
-#define CK(x)                                                                       \
-  do {                                                                              \
-    cudaError_t e_ = (x);                                                           \
-    if (e_ != cudaSuccess) {                                                        \
-      fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_));    \
-      exit(1);                                                                      \
-    }                                                                               \
-  } while (0)
+#include "cuda_check.h"
 
 enum Mode { PLAIN, PDL, FLAGS, TILE, NONE, MODES };
 static const char* kNames[] = {"plain", "pdl", "flags", "tile", "none"};

@@ -1,0 +1,16 @@
+// The probes' CUDA runtime calls: a failure prints where and why, and exits.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <cstdlib>
+
+#define CK(x)                                                                     \
+  do {                                                                            \
+    cudaError_t e_ = (x);                                                         \
+    if (e_ != cudaSuccess) {                                                      \
+      fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_));  \
+      exit(1);                                                                    \
+    }                                                                             \
+  } while (0)
