@@ -17,6 +17,8 @@
 //   store    each row's 64 output bytes written (16-byte stores), nothing loaded: the
 //            epilogue's writes alone
 //   taps_store  taps, then its rows' 64 output bytes written
+//   store_coalesced  the tile's 16 KB of output written by consecutive threads in consecutive
+//            16-byte vectors (as a staged epilogue writes it), nothing loaded
 // Every variant asks for the same dynamic shared memory (80 KB: the stem record's two blocks
 // per SM), and runs twice: a block per tile (392 blocks, 1.48 waves), then a persistent grid
 // of two blocks an SM, each looping over tiles.
@@ -43,8 +45,9 @@ constexpr int kSmem = 80 * 1024;
 constexpr int kChain = 50;
 static_assert(kBM * kRowStride % 4 == 0 && kPatchW % 4 == 0, "16-byte patch rows");
 static_assert(kBM * kRowStride * 4 + kPatchRows * kPatchW * 4 <= kSmem, "the tiles fit");
-enum Variant { TAPS, PATCH, PATCH_R, EMPTY, STORE, TAPS_STORE, VARIANTS };
-static const char* kNames[] = {"taps", "patch", "patch_r", "empty", "store", "taps_store"};
+enum Variant { TAPS, PATCH, PATCH_R, EMPTY, STORE, TAPS_STORE, STORE_C, VARIANTS };
+static const char* kNames[] = {"taps", "patch", "patch_r", "empty", "store", "taps_store",
+                                "store_coalesced"};
 
 __device__ __forceinline__ void cp_async4(uint32_t* dst, const uint32_t* src, bool valid) {
   const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
@@ -64,6 +67,12 @@ __device__ __forceinline__ void tile_loads(int variant, int tile_m, const uint32
   if (variant == STORE) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) y[row * 4 + i] = make_uint4(row, i, 0, 0);
+    return;
+  }
+  if (variant == STORE_C) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      y[static_cast<size_t>(tile_m) * kBM * 4 + i * kBM + threadIdx.x] = make_uint4(row, i, 0, 0);
     return;
   }
   uint32_t* tile = smem;                        // [kBM][kRowStride]
@@ -202,7 +211,7 @@ int main() {
       std::sort(per.begin(), per.end());
       printf("%s{\"variant\": \"%s\", \"blocks\": %d, \"us\": %.3f, \"wrong_rows\": %zu}",
              first ? "" : ", ", kNames[v], blocks, per[per.size() / 2],
-             v == EMPTY || v == STORE ? 0 : wrong);
+             v == EMPTY || v == STORE || v == STORE_C ? 0 : wrong);
       first = false;
       CK(cudaGraphExecDestroy(ge));
       CK(cudaGraphDestroy(g));
