@@ -807,8 +807,8 @@ class ScheduleSpace:
 
     def columns(self, indices: np.ndarray) -> dict[str, np.ndarray]:
         """Knob -> values column for the given indices (string knobs stay strings)."""
-        # Each knob's positions gathered from its own contiguous column: gathering from the
-        # strided columns of `digits` was half of an enumeration's time.
+        # Knob by knob, as `digits` decodes, without its table: one (rows, knobs) division
+        # and gathers from its strided columns were half of an enumeration's time.
         idx = np.asarray(indices, dtype=np.int64).ravel()
         return {n: self._values[i][idx // self._place[i] % self.radices[i]]
                 for i, n in enumerate(self.names)}

@@ -63,21 +63,20 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
 __device__ __forceinline__ void tile_loads(int variant, int tile_m, const uint32_t* __restrict__ x,
                                            uint32_t* __restrict__ out, uint4* __restrict__ y,
                                            uint32_t* smem) {
-  const size_t row = static_cast<size_t>(tile_m) * kBM + threadIdx.x;
+  const int m0 = tile_m * kBM, m = m0 + threadIdx.x;  // the thread's output pixel (GEMM row)
   if (variant == STORE) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) y[row * 4 + i] = make_uint4(row, i, 0, 0);
+    for (int i = 0; i < 4; ++i) y[m * 4 + i] = make_uint4(m, i, 0, 0);
     return;
   }
   if (variant == STORE_C) {
 #pragma unroll
     for (int i = 0; i < 4; ++i)
-      y[static_cast<size_t>(tile_m) * kBM * 4 + i * kBM + threadIdx.x] = make_uint4(row, i, 0, 0);
+      y[m0 * 4 + i * kBM + threadIdx.x] = make_uint4(m, i, 0, 0);
     return;
   }
   uint32_t* tile = smem;                        // [kBM][kRowStride]
   uint32_t* patch = smem + kBM * kRowStride;  // [kPatchRows][kPatchW], 16-byte aligned
-  const int m0 = tile_m * kBM, m = m0 + threadIdx.x;
   const int img = m0 / (kP * kQ), pix = m - img * kP * kQ, oh = pix / kQ, ow = pix % kQ;
   const uint32_t* xi = x + static_cast<size_t>(img) * kH * kW;
   uint32_t sum = 0;
@@ -129,7 +128,7 @@ __device__ __forceinline__ void tile_loads(int variant, int tile_m, const uint32
   out[m] = sum;
   if (variant == TAPS_STORE) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) y[row * 4 + i] = make_uint4(sum, i, 0, 0);
+    for (int i = 0; i < 4; ++i) y[m * 4 + i] = make_uint4(sum, i, 0, 0);
   }
 }
 

@@ -227,7 +227,7 @@ def _burst_cycles(x: Mapping[str, Any], c: Mapping[str, float], conc: np.ndarray
 
 
 def _block_cycles(x: Mapping[str, Any], c: Mapping[str, float], conc: np.ndarray,
-                  burst_share: Any = 1.0) -> np.ndarray:
+                  burst_share: float | np.ndarray = 1.0) -> np.ndarray:
     """Cycles of one block, from its first load to its last store, with `conc` blocks
     resident on its SM (sharing its Tensor Cores and load path); `burst_share`: the share of
     the prologue's burst it pays (a persistent block's tiles share one)."""
