@@ -130,7 +130,9 @@ def new_jobs(name: str, options: dict[str, Any], prior: list[PriorTrial], count:
               for n in (3, 5) for s in RESNET50_3X3.values()][:count]
     out: dict[str, list[float]] = {"enumerate_cpu_s": [], "first_proposal_cpu_s": []}
     for shape in shapes:
-        space_module._VALID_CACHE.clear()  # an earlier strategy's run enumerated these
+        # An earlier strategy's run enumerated these. The structural survivors stay cached,
+        # as in a fleet, whose layers share a handful of traits (the prior's layers had these).
+        space_module._VALID_CACHE.clear()
         c0 = time.process_time()
         space = ScheduleSpace(shape, Precision.INT8, TARGETS["h100"])
         len(space.valid_indices)

@@ -387,6 +387,20 @@ def dup_field_rows(shape: ConvShape, bm: np.ndarray, blocked: np.ndarray,
     return slots * in_cols * nb
 
 
+def _dup_field_rows_by_value(shape: ConvShape, bm: np.ndarray, blocked: np.ndarray,
+                             reorder: np.ndarray) -> np.ndarray:
+    """dup_field_rows worked out once per distinct block rows and (layout, reorder) pair and
+    looked up: its inputs take a few values each, and an enumeration's crossed columns
+    would otherwise repeat its two dozen operations for every schedule."""
+    bm = np.asarray(bm)
+    rows, inverse = np.unique(bm, return_inverse=True)
+    flags = np.array([False, True])
+    table = dup_field_rows(shape, rows[:, None, None], flags[None, :, None],
+                           flags[None, None, :])
+    return table[inverse.reshape(bm.shape), np.asarray(blocked, np.int64),
+                 np.asarray(reorder, np.int64)]  # type: ignore[no-any-return]
+
+
 def field_pixels(shape: ConvShape, cols: Mapping[str, np.ndarray], g: Geometry) -> np.ndarray:
     """Input pixel rows per channel block that the duplicate-aware load with every filter row
     in a stage (REORDER_INNER=1) would read for each schedule's block, whatever its own
@@ -469,7 +483,7 @@ def geometry(shape: ConvShape, precision: Precision, target: Target,
     tps = np.maximum(sb // tv, 1)
     r, s = shape.r, shape.s
     taps = np.where(dup, np.where(reorder, r * s, s), 1)
-    a_rows = np.where(dup, dup_field_rows(shape, bm, blocked, reorder), bm)
+    a_rows = np.where(dup, _dup_field_rows_by_value(shape, bm, blocked, reorder), bm)
     # HALO=1: a stage holds all R*S taps of a channel block and A is the tile's input patch.
     halo = _knob(cols, "HALO", np.shape(brw)) == 1
     hal = _halo_columns(shape, bm, halo)
@@ -505,14 +519,16 @@ def geometry(shape: ConvShape, precision: Precision, target: Target,
     # past the pipeline's: taken where it leaves as many blocks per SM (blocks_per_sm) as
     # copying it in after the loop does. Its copies are the epilogue's store vectors
     # (conv.cu: VW), cp.async's 4, 8 or 16 bytes.
-    res_off = -(-np.maximum(pipeline, staging) // 16) * 16
-    row_gcd = np.gcd(shape.k * ob // 8, bn * ob // 8)
-    res_vector = np.minimum(row_gcd & -row_gcd, 16)
-    res_ahead = (residual & pack & (ob != 32) & ~persist & (split_k == 1) & (target.sm >= 80) &
-                 (res_vector >= 4) &
-                 (blocks_per_sm(target, res_off + padded_tile, block_threads) >=
-                  blocks_per_sm(target, smem, block_threads)))
-    smem = np.where(res_ahead, res_off + padded_tile, smem)
+    if residual and target.sm >= 80:
+        res_off = -(-np.maximum(pipeline, staging) // 16) * 16
+        row_gcd = np.gcd(shape.k * ob // 8, bn * ob // 8)
+        res_vector = np.minimum(row_gcd & -row_gcd, 16)
+        res_ahead = (pack & (ob != 32) & ~persist & (split_k == 1) & (res_vector >= 4) &
+                     (blocks_per_sm(target, res_off + padded_tile, block_threads) >=
+                      blocks_per_sm(target, smem, block_threads)))
+        smem = np.where(res_ahead, res_off + padded_tile, smem)
+    else:
+        res_ahead = np.zeros(np.shape(smem), dtype=bool)
 
     n_it = np.where(fold, -(-(r * s) // tps),
                     np.where(dup | halo, np.where(reorder | halo, n_cb, r * n_cb), r * s * n_cb))
@@ -601,9 +617,36 @@ def is_plain_matrix(shape: ConvShape) -> bool:
         tuple(shape.pad) == (0, 0)
 
 
-def structural_validity(shape: ConvShape, precision: Precision, target: Target,
+@dataclass(frozen=True)
+class LayerTraits:
+    """What the structural rules read of a layer: a handful of yes-or-no answers, which
+    many layers share, so the structural product's survivors are enumerated once per
+    traits (`ScheduleSpace.valid_indices`)."""
+
+    tma_store_rows: bool  # K output elements fill whole 16-byte rows (a TMA store's stride)
+    fold_taps: bool  # few enough channels that taps pack into the reduction (FOLD_TAPS)
+    plain_matrix: bool  # 1x1, stride 1, unpadded: A is x itself (PLAIN_A)
+    nhwcnc: bool  # batch and channels fill the blocked layout's 8 x vector blocks
+    concat: bool  # two inputs
+    halo: bool  # the halo patch applies (HALO)
+
+
+def layer_traits(shape: ConvShape, precision: Precision) -> LayerTraits:
+    p = Precision(precision)
+    cv = channel_vector(p)
+    return LayerTraits(
+        tma_store_rows=shape.k * p.output_bits // 8 % 16 == 0,
+        fold_taps=fold_tap_bytes(shape, p) > 0,
+        plain_matrix=is_plain_matrix(shape),
+        nhwcnc=shape.n % NHWCNC_BATCH_BLOCK == 0 and shape.c % cv == 0 and shape.k % cv == 0,
+        concat=bool(shape.concat),
+        halo=halo_applies(shape))
+
+
+def structural_validity(traits: LayerTraits, precision: Precision, target: Target,
                         cols: Mapping[str, np.ndarray]) -> np.ndarray:
-    """Boolean column: the rules of `validity` that read no tile knob (TILE_KNOBS)."""
+    """Boolean column: the rules of `validity` that read no tile knob (TILE_KNOBS), of a
+    layer with these traits (and nothing else of it)."""
     p = Precision(precision)
     n = np.shape(cols["STAGES"])
     ok = np.ones(n, dtype=bool)
@@ -629,12 +672,12 @@ def structural_validity(shape: ConvShape, precision: Precision, target: Target,
     # whole 16-byte rows of the output (K * its bytes a multiple of 16: the map's stride).
     tma_store = np.asarray(cols["PACK_OUT"]) == 2
     ok &= ~tma_store | ((tma_knob >= 1) & split1)
-    if shape.k * p.output_bits // 8 % 16 or p not in (Precision.FP16, Precision.INT8):
+    if not traits.tma_store_rows or p not in (Precision.FP16, Precision.INT8):
         ok &= ~tma_store
     # FOLD_TAPS packs (r, s, c) of a layer with few channels and reads plain NHWC im2col
     # rows (no duplicate-aware rows, no NHWCnc, no TMA; REORDER_INNER has no meaning: 0).
     fold = _knob(cols, "FOLD_TAPS", n) == 1
-    if fold_tap_bytes(shape, p) == 0:
+    if not traits.fold_taps:
         ok &= ~fold
     else:
         ok &= ~fold | (dup0 & (np.asarray(cols["REORDER_INNER"]) == 0) & nhwc &
@@ -642,7 +685,7 @@ def structural_validity(shape: ConvShape, precision: Precision, target: Target,
     # The plain-matrix copy of A exists for TMA builds of 1x1, stride-1, unpadded layers,
     # whose im2col rows are the rows of x itself.
     plain = _knob(cols, "PLAIN_A", n) == 1
-    if is_plain_matrix(shape):
+    if traits.plain_matrix:
         ok &= ~plain | (tma_knob >= 1)
     else:
         ok &= ~plain
@@ -666,18 +709,17 @@ def structural_validity(shape: ConvShape, precision: Precision, target: Target,
         ok &= stages <= 2
     # NHWCnc blocks 8 images x one 16-byte channel vector: batch and channels must fill
     # them, or the layout does not exist (the kernel static_asserts).
-    cv = channel_vector(p)
-    if not (shape.n % NHWCNC_BATCH_BLOCK == 0 and shape.c % cv == 0 and shape.k % cv == 0):
+    if not traits.nhwcnc:
         ok &= nhwc
     # Two inputs (concat_problems): the cp.async / register-staged loads of NHWC rows.
-    if shape.concat:
+    if traits.concat:
         ok &= (tma_knob == 0) & ~fold & dup0 & nhwc
     # The halo patch is a TMA box of whole rows at stride 1 that each tap reads at an offset;
     # its tiles are rows of the output, not runs of M (no TMA stores of 64-row boxes), each
     # reduced by one block (no split-K); REORDER_INNER has no meaning (every tap is in the
     # stage): 0.
     halo = _knob(cols, "HALO", n) == 1
-    if halo_applies(shape):
+    if traits.halo:
         ok &= ~halo | ((tma_knob >= 1) & ~tma_store & split1 &
                        (np.asarray(cols["REORDER_INNER"]) == 0))
     else:
@@ -691,7 +733,7 @@ def validity(shape: ConvShape, precision: Precision, target: Target,
     tile rules (`tile_validity`). Each rule says why it exists (tests/kernels/test_kernels_build.py
     shows, per rule, a schedule that breaks it and fails). `g`: the columns' geometry, where
     the caller has it already."""
-    return structural_validity(shape, precision, target, cols) & \
+    return structural_validity(layer_traits(shape, precision), precision, target, cols) & \
         tile_validity(shape, precision, target, cols, g)
 
 
@@ -823,31 +865,39 @@ class ScheduleSpace:
         rule, so the structural product (tile knobs at their first value) is filtered
         first and only its survivors are crossed with the tile knobs: a few percent of the
         product is evaluated in full, with the very rules `valid_mask` applies."""
-        key = (self.shape, self.precision, self.target,
-               tuple((n, v) for n, v in self.knobs.items()))
+        key = (self.shape, self.precision, self.target, self._knob_key)
         hit = _VALID_CACHE.get(key)
         if hit is None:
-            hit = self._enumerate_valid()
-            hit.flags.writeable = False
-            with _VALID_LOCK:
-                while len(_VALID_CACHE) >= _VALID_CACHE_SIZE:
-                    _VALID_CACHE.pop(next(iter(_VALID_CACHE)))
-                hit = _VALID_CACHE.setdefault(key, hit)
+            hit = _cache_put(_VALID_CACHE, key, self._enumerate_valid())
+        return hit
+
+    @cached_property
+    def _knob_key(self) -> tuple[tuple[str, tuple[Any, ...]], ...]:
+        return tuple((n, v) for n, v in self.knobs.items())
+
+    def _structural_survivors(self, tile: np.ndarray) -> np.ndarray:
+        """Indices of the structural product (tile knobs at their first value) that pass
+        the structural rules: the same for every layer of the same traits."""
+        key = (layer_traits(self.shape, self.precision), self.precision, self.target,
+               self._knob_key)
+        hit = _STRUCTURAL_CACHE.get(key)
+        if hit is None:
+            structural = _product_offsets(np.where(tile, 1, self.radices), self._place)
+            keep = structural_validity(key[0], self.precision, self.target,
+                                       self.columns(structural))
+            hit = _cache_put(_STRUCTURAL_CACHE, key, structural[keep])
         return hit
 
     def _enumerate_valid(self) -> np.ndarray:
         tile = np.array([n in TILE_KNOBS for n in self.names])
-        structural = _product_offsets(np.where(tile, 1, self.radices), self._place)
+        structural = self._structural_survivors(tile)
         scols = self.columns(structural)
-        keep = structural_validity(self.shape, self.precision, self.target, scols)
-        structural = structural[keep]
         tiles = _product_offsets(np.where(tile, self.radices, 1), self._place)
         tcols = self.columns(tiles)
         # The tile rules over the crossed product by broadcasting, tile knobs as a column and
         # the structural survivors as a row: a quantity of one factor alone (a block's
         # tile sizes, a pipeline's stage count) is worked out once per its values, and no
         # crossed column is built.
-        scols = {n: v[keep] for n, v in scols.items()}
         # Once per Tensor Core path, MMA a (1, 1) column: most of the geometry branches on it,
         # and a row holding both paths would make nearly every quantity a crossed one.
         path = scols.get("MMA", np.zeros(len(structural)))
@@ -886,8 +936,22 @@ class ScheduleSpace:
 # Enumerated spaces by (shape, precision, target, knob values): a process builds the space
 # of a task many times (explorer rounds, the simulated backend, features), and it is fixed.
 _VALID_CACHE: dict[tuple[Any, ...], np.ndarray] = {}
-_VALID_CACHE_SIZE = 64
-_VALID_LOCK = threading.Lock()  # evictions (threads of one explorer share the cache)
+# The structural product's survivors by (traits, precision, target, knob values): a quarter
+# of a new layer's enumeration, shared by most layers of a fleet's target.
+_STRUCTURAL_CACHE: dict[tuple[Any, ...], np.ndarray] = {}
+_CACHE_SIZE = 64
+_CACHE_LOCK = threading.Lock()  # evictions (threads of one explorer share the caches)
+
+
+def _cache_put(cache: dict[tuple[Any, ...], np.ndarray], key: tuple[Any, ...],
+               value: np.ndarray) -> np.ndarray:
+    """Store a read-only `value` under `key` in a bounded cache (the oldest entries go);
+    the entry a racing thread stored first wins."""
+    value.flags.writeable = False
+    with _CACHE_LOCK:
+        while len(cache) >= _CACHE_SIZE:
+            cache.pop(next(iter(cache)))
+        return cache.setdefault(key, value)
 
 
 def _product_offsets(radices: np.ndarray, place: np.ndarray) -> np.ndarray:

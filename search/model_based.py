@@ -352,12 +352,16 @@ class ModelBasedStrategy(Strategy):
         if prior:
             self.base_model(prior)
 
-    def prior_scores(self, prior: Sequence[PriorTrial], fp: int | None = None
-                     ) -> Base | None:
+    def prior_scores(self, prior: Sequence[PriorTrial], fp: int | None = None,
+                     keep: bool = False) -> Base | None:
         """The base model trained on the prior, its scores over the valid space and the
-        prior's fingerprint."""
+        prior's fingerprint. `keep`: the scores this strategy holds already, whatever prior
+        they came from."""
         if not prior:
             return None
+        if keep and self._prior_table is not None:
+            held_fp, table, model = self._prior_table
+            return table, model, held_fp
         fp = prior_fingerprint(prior) if fp is None else fp
         if self._prior_table is not None and self._prior_table[0] == fp:
             return self._prior_table[1], self._prior_table[2], fp
@@ -375,9 +379,13 @@ class ModelBasedStrategy(Strategy):
         # Between two trainings from scratch the task model keeps the base it was trained
         # on top of: a prior that moved meanwhile (a busy fleet writes all the time) is
         # taken up at the next one, instead of retraining every job's model on each move.
+        # From LONG_FROM trials on, not even then: the task model has learned this layer
+        # from its own trials more than from the prior, and scoring the whole space with a
+        # new base model at every retraining (0.3 s a job) was a sixth of a fleet's
+        # explorer CPU.
         base = self._chain_base(trials) if prior else None
         if base is None:
-            base = self.prior_scores(prior, prior_fp)
+            base = self.prior_scores(prior, prior_fp, keep=len(trials) >= LONG_FROM)
         bag_scores = None
         own = None
         each = self.task_margins(trials, base)

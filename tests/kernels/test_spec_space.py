@@ -12,6 +12,7 @@ from kernels.space import (
     geometry,
     is_valid,
     knobs_for,
+    layer_traits,
     schedule_hash,
     schedule_problems,
 )
@@ -137,6 +138,30 @@ def test_pruned_enumeration_equals_every_schedule_checked(precision: Precision,
         space = ScheduleSpace(shape, precision, TARGETS[target], restrict=tiles)
         every = np.arange(space.size)
         assert np.array_equal(space.valid_indices, every[space.valid_mask(every)])
+
+
+@pytest.mark.parametrize("precision", list(Precision))
+def test_layers_of_the_same_traits_share_their_structural_survivors(precision: Precision
+                                                                   ) -> None:
+    # The structural rules read a layer's traits only (they take nothing else), so a layer
+    # enumerated after another of the same traits starts from the first one's survivors:
+    # the same valid schedules as enumerated from nothing.
+    from kernels import space as space_module
+
+    pairs = [(STAGE2, ConvShape(16, 30, 30, 128, 192, 3, 3, pad=(1, 1))),
+             (ConvShape(8, 56, 56, 64, 256, 1, 1), ConvShape(16, 7, 7, 512, 2048, 1, 1)),
+             (ConvShape(1, 224, 224, 3, 64, 7, 7, stride=(2, 2), pad=(3, 3)),
+              ConvShape(2, 100, 60, 3, 32, 5, 5, stride=(2, 2), pad=(2, 2)))]
+    for first, second in pairs:
+        assert layer_traits(first, precision) == layer_traits(second, precision)
+        space_module._STRUCTURAL_CACHE.clear()
+        assert len(ScheduleSpace(first, precision, TARGETS["h100"]).valid_indices) > 0
+        warm = ScheduleSpace(second, precision, TARGETS["h100"]).valid_indices
+        assert len(space_module._STRUCTURAL_CACHE) == 1  # the second layer's was the first's
+        space_module._STRUCTURAL_CACHE.clear()
+        space_module._VALID_CACHE.clear()
+        cold = ScheduleSpace(second, precision, TARGETS["h100"]).valid_indices
+        assert np.array_equal(warm, cold) and len(cold) > 0
 
 
 def test_mutation_changes_exactly_one_knob() -> None:

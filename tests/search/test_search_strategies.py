@@ -468,11 +468,13 @@ def test_a_long_job_trains_three_bags_and_with_a_prior_no_own_voices() -> None:
 
 def test_between_retrainings_the_task_model_keeps_its_base(ds: ReplayDataset) -> None:
     """A prior that moves between two trainings from scratch (a busy fleet) is taken up at
-    the next one: the boosting steps go on from the base the task model was trained on."""
+    the next one: the boosting steps go on from the base the task model was trained on.
+    From 256 trials on a retraining keeps the base it has (and so the same picks as a
+    strategy whose prior never moved)."""
     others = [load_dataset(REPLAY / f"sim_stage{k}_int8_h100_paper6.jsonl.gz") for k in (2, 4)]
     first = transfer_prior(ds, others[:1])
     moved = transfer_prior(ds, others)
-    trials = _history(ds, 170, pending=0, seed=4).trials
+    trials = _history(ds, 300, pending=0, seed=4).trials
     strat = make_strategy("diversity", ds.space, seed=2, **FAST)
     strat.propose(History(trials=trials[:100], prior=first), 32)  # trained from scratch at 96
     chain = strat._chains[None]  # type: ignore[attr-defined]
@@ -483,6 +485,15 @@ def test_between_retrainings_the_task_model_keeps_its_base(ds: ReplayDataset) ->
     strat.propose(History(trials=trials[:165], prior=moved), 32)  # from scratch at 160
     chain = strat._chains[None]  # type: ignore[attr-defined]
     assert chain["start"] == 160 and chain["base"] != base_fp
+    moved_fp = chain["base"]
+    again = transfer_prior(ds, others[1:])  # the prior moves once more
+    still = make_strategy("diversity", ds.space, seed=2, **FAST)
+    still.propose(History(trials=trials[:165], prior=moved), 32)
+    for k in (260, 290):  # from scratch at 256, then a boosting step
+        h = History(trials=trials[:k], prior=again)
+        assert strat.propose(h, 32) == still.propose(History(trials=trials[:k], prior=moved), 32)
+        chain = strat._chains[None]  # type: ignore[attr-defined]
+        assert chain["start"] == 256 and chain["base"] == moved_fp
 
 
 def test_boosting_steps_on_a_whole_space_update_its_shortlist() -> None:
