@@ -10,7 +10,8 @@ explore_round): the first round begins with the runtime's default schedule
 own measurements only; with `--prior R` (a records file; R@GPU where R was measured on
 another GPU model) every round also seeds the recorded bests of the layer's nearest other
 layers, as the service's transfer seeds do. `--misses F` (a bench/retime.py run) searches only
-the layers F timed over their precision's per-layer goal, furthest over first; `--residual`
+the layers F timed over their precision's per-layer goal, furthest over first; `--skip F...`
+leaves out the layers that earlier runs' files F searched; `--residual`
 only the layers deploy runs with a residual epilogue, as those layers (ConvShape.residual, as
 `tctune plan` submits them).
 Measured through the GPU worker's
@@ -85,6 +86,12 @@ def by_miss(groups: Sequence[Group], retimed: dict[str, Any]) -> list[Group]:
             if miss > 1.0:
                 over[measure_key(ConvShape.from_dict(r["shape"]), r["precision"])] = miss
     return sorted((g for g in groups if g.key in over), key=lambda g: -over[g.key])
+
+
+def unsearched(groups: Sequence[Group], runs: Sequence[dict[str, Any]]) -> list[Group]:
+    """The groups whose (layer, precision) none of these layer_search runs searched."""
+    searched = {r["key"] for doc in runs for r in doc["rows"]}
+    return [g for g in groups if g.key not in searched]
 
 
 def by_total_time(groups: Sequence[Group], zoo: dict[str, float]) -> list[Group]:
@@ -289,6 +296,9 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--residual", action="store_true",
                    help="only the layers deploy runs with a residual epilogue (the conv before "
                         "a block's add), searched as those layers")
+    r.add_argument("--skip", nargs="*", default=[], metavar="FILE",
+                   help="layer_search runs' files: leave out the (layer, precision) tasks they "
+                        "searched (those of a GPU model's earlier searches)")
     r.add_argument("--trials", type=int, default=500)
     r.add_argument("--round", type=int, default=32)
     r.add_argument("--parallel", type=int, default=3, help="tasks searched at once")
@@ -313,6 +323,7 @@ def main(argv: list[str] | None = None) -> int:
         groups = by_total_time(groups, zoo_bests())
     if a.top:
         groups = groups[:a.top]
+    groups = unsearched(groups, [read_json(path) for path in a.skip])
     out = Path(a.out)
     doc: dict[str, Any] = json.loads(out.read_text()) if out.exists() else {}
     from workers.backends.cuda import CudaBackend

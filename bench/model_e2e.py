@@ -48,7 +48,9 @@ def cmd_records(a: argparse.Namespace) -> int:
     bench/layer_search.py's and bench/retime.py's (a retime of recorded schedules on changed
     kernels measures them again). A layer in several files keeps the fastest schedule: files of
     one GPU model compare by latency (a schedule's time moves by a few percent between runs,
-    cuDNN's by up to 1.7x: kernels/cudnn.py). `--base`: a records file the files improve on."""
+    cuDNN's by up to 1.7x: kernels/cudnn.py). `--base`: a records file the files improve on;
+    `--margin M`: a schedule replaces a layer's record only where it is faster by more than the
+    fraction M (a time moves by a percent or so between runs)."""
     out: dict[str, Any] = json.loads(Path(a.base).read_text()) if a.base else {}
     for path in a.files:
         doc = read_json(path)
@@ -56,26 +58,30 @@ def cmd_records(a: argparse.Namespace) -> int:
         for g in doc.get("groups", []):
             if g.get("best_schedule"):
                 _add_record(out, target, g["shape"], g["precision"], g["best_schedule"],
-                            g["best_us"], g["cudnn_fp16_us"], f"{Path(path).name}: {g['layer']}")
+                            g["best_us"], g["cudnn_fp16_us"], f"{Path(path).name}: {g['layer']}",
+                            a.margin)
         for r in doc.get("rows", []):
             if r.get("best_schedule") and r.get("cudnn_fp16_us"):  # layer_search
                 _add_record(out, target, r["shape"], r["precision"], r["best_schedule"],
                             r["best_us"], r["cudnn_fp16_us"],
-                            f"{Path(path).name}: {r['layers'][0]}, {len(r['trials'])} trials")
+                            f"{Path(path).name}: {r['layers'][0]}, {len(r['trials'])} trials",
+                            a.margin)
             elif r.get("schedule") and r.get("ours_us") and (
                     r.get("checked") or r.get("status") == "ok"):  # zoo, bench/retime.py
                 model = r.get("model") or r["uses"][0][0]
                 _add_record(out, target, r["shape"], r["precision"], r["schedule"], r["ours_us"],
-                            r["cudnn_fp16_us"], f"{Path(path).name}: {model} {r['layer']}")
+                            r["cudnn_fp16_us"], f"{Path(path).name}: {model} {r['layer']}",
+                            a.margin)
     Path(a.out).write_text(json.dumps(out, indent=1))
     log(f"{len(out)} records -> {a.out}")
     return 0
 
 
 def _add_record(out: dict[str, Any], target: Any, shape: dict[str, Any], precision: str,
-                schedule: dict[str, Any], us: float, cudnn_us: float, source: str) -> None:
+                schedule: dict[str, Any], us: float, cudnn_us: float, source: str,
+                margin: float = 0.0) -> None:
     key = task_key(ConvShape.from_dict(shape), Precision(precision), target)
-    if key in out and out[key]["latency_us"] <= us:
+    if key in out and out[key]["latency_us"] * (1 - margin) <= us:
         return
     out[key] = {"schedule": schedule, "latency_us": us, "baseline_us": cudnn_us,
                 "baseline": "cuDNN fp16", "speedup": cudnn_us / us, "source": source}
@@ -262,6 +268,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("files", nargs="+")
     r.add_argument("--out", required=True)
     r.add_argument("--base", default="", help="records to start from (default: none)")
+    r.add_argument("--margin", type=float, default=0.0,
+                   help="replace a record only with a schedule faster by more than this fraction")
     for name in ("prebuild", "run", "profile"):
         s = sub.add_parser(name)
         s.add_argument("--cache", required=True)

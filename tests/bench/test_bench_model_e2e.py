@@ -70,6 +70,29 @@ def test_records_improve_on_a_base_only_where_faster(tmp_path: Path) -> None:
         base[task_key(OTHER, Precision.FP16, h100)]
 
 
+def test_a_margin_keeps_records_that_a_schedule_beats_by_less(tmp_path: Path) -> None:
+    """--margin 0.03: 2% faster (run-to-run noise) keeps the record, 5% faster replaces it."""
+    h100 = get_target("h100")
+    near, far = {**SCHED, "STAGES": 4}, {**SCHED, "STAGES": 8}
+    rows = [{"model": "m", "layer": "a", "shape": SHAPE.to_dict(), "precision": "fp16",
+             "schedule": SCHED, "status": "ok", "ours_us": 10.0, "cudnn_fp16_us": 9.0},
+            {"model": "m", "layer": "b", "shape": OTHER.to_dict(), "precision": "fp16",
+             "schedule": SCHED, "status": "ok", "ours_us": 10.0, "cudnn_fp16_us": 9.0}]
+    (tmp_path / "base.json").write_text(json.dumps(_records(tmp_path, {"zoo.json": {
+        "target": "h100", "rows": rows}})))
+    new = {"target": "h100", "rows": [{**rows[0], "schedule": near, "ours_us": 9.8},
+                                      {**rows[1], "schedule": far, "ours_us": 9.5}]}
+    (tmp_path / "new.json").write_text(json.dumps(new))
+    out = tmp_path / "r.json"
+    for margin, want in (("0.03", (SCHED, far)), ("0", (near, far))):
+        assert model_e2e.main(["records", "--base", str(tmp_path / "base.json"),
+                               str(tmp_path / "new.json"), "--margin", margin,
+                               "--out", str(out)]) == 0
+        recs = json.loads(out.read_text())
+        assert (recs[task_key(SHAPE, Precision.FP16, h100)]["schedule"],
+                recs[task_key(OTHER, Precision.FP16, h100)]["schedule"]) == want
+
+
 def test_table_shows_how_each_row_ran(tmp_path: Path) -> None:
     row = {"model": "resnet50", "n": 8, "precision": "int8", "replaced": 53, "convs": 53,
            "tuned": 50, "ours_ms": 0.4, "eager_fp16_ms": 1.2, "compiled_fp16_ms": 0.6,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bench.layer_search import by_miss, by_total_time, curve, run
+from bench.layer_search import by_miss, by_total_time, curve, run, unsearched
 from bench.zoo import load_shapes, plan
 from bench.zoo_transfer import records_prior
 from kernels.runtime import default_schedule
@@ -84,6 +84,19 @@ def test_misses_are_the_layers_over_their_goal_furthest_first() -> None:
     retimed = {"rows": [row(i8[0], 0.69), row(i8[1], 0.77), row(f16[0], 1.05),
                         row(f16[1], 0.99), {**row(f16[2], 2.0), "ours_us": None}]}
     assert by_miss(gs, retimed) == [i8[1], f16[0]]  # 1.1x its goal, then 1.05x
+
+
+def test_skip_leaves_out_the_tasks_earlier_runs_searched(tmp_path: Path) -> None:
+    """--skip: a (layer, precision) an earlier run's file holds is not searched again; the same
+    layer in the other precision is."""
+    gs = plan(load_shapes(), ["resnet18"], [8], ["int8", "fp16"])
+    earlier = _run(tmp_path, "earlier.json", 16)  # two int8 layers
+    left = unsearched(gs, [earlier])
+    assert len(left) == len(gs) - 2
+    searched = {r["key"] for r in earlier["rows"]}
+    assert not searched & {g.key for g in left}
+    assert {f"{k.split('|')[0]}|fp16" for k in searched} <= {g.key for g in left}
+    assert unsearched(gs, []) == gs
 
 
 def test_render_summarizes_each_mark_against_the_final_best() -> None:
