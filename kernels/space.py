@@ -777,6 +777,8 @@ def tile_validity(shape: ConvShape, precision: Precision, target: Target,
     ok &= ~swap | (wg & (np.asarray(cols["WARP_COL_TILES"]) >= 2) &
                    (np.asarray(cols["WARP_ROW_TILES"]) <= 4) &
                    ((np.asarray(cols["SPLIT_K"]) == 1) | few_acc))
+    # int8 swapped ping-pong tiles with TMA stores on 64 output channels spill past 2 row
+    # tiles x blocks (SWAP_PINGPONG_TMA_ST_K64_MAX).
     if p is Precision.INT8 and shape.k == 64:
         rows = np.asarray(cols["WARP_ROW_TILES"]) * np.asarray(cols["BLK_ROW_WARPS"]) * \
             np.maximum(_knob(cols, "PERSIST", np.shape(g.block_m)), 1)
