@@ -777,11 +777,12 @@ def tile_validity(shape: ConvShape, precision: Precision, target: Target,
     ok &= ~swap | (wg & (np.asarray(cols["WARP_COL_TILES"]) >= 2) &
                    (np.asarray(cols["WARP_ROW_TILES"]) <= 4) &
                    ((np.asarray(cols["SPLIT_K"]) == 1) | few_acc))
+    persist = _knob(cols, "PERSIST", np.shape(g.block_m))
     # int8 swapped ping-pong tiles with TMA stores on 64 output channels spill past 2 row
     # tiles x blocks (SWAP_PINGPONG_TMA_ST_K64_MAX).
     if p is Precision.INT8 and shape.k == 64:
         rows = np.asarray(cols["WARP_ROW_TILES"]) * np.asarray(cols["BLK_ROW_WARPS"]) * \
-            np.maximum(_knob(cols, "PERSIST", np.shape(g.block_m)), 1)
+            np.maximum(persist, 1)
         ok &= ~(swap & (_knob(cols, "PINGPONG", np.shape(g.block_m)) == 1) &
                 (np.asarray(cols["PACK_OUT"]) == 2) & (rows > SWAP_PINGPONG_TMA_ST_K64_MAX))
     tma_knob = _knob(cols, "TMA", np.shape(g.block_m))
@@ -802,7 +803,6 @@ def tile_validity(shape: ConvShape, precision: Precision, target: Target,
     fold = _knob(cols, "FOLD_TAPS", np.shape(g.block_m)) == 1
     ok &= ~fold | (g.threads % g.row_loads == 0)
     # A persistent grid's blocks per SM must fit the SM's shared memory and threads.
-    persist = _knob(cols, "PERSIST", np.shape(g.block_m))
     ok &= (persist == 0) | (blocks_per_sm(target, g.smem_bytes, g.block_threads) >= persist)
     # Shared memory: a block cannot launch with more than the opt-in maximum.
     ok &= g.smem_bytes <= target.smem_per_block_kib * 1024
