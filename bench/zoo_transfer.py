@@ -171,7 +171,8 @@ def sample(a: argparse.Namespace) -> int:
     rng = np.random.default_rng(a.seed)
     rows = []
     for g, key, rec, space in _recorded_layers(a, records, target):
-        if g.shape.q < a.min_width or g.shape.c < a.min_channels:
+        if g.shape.q < a.min_width or g.shape.c < a.min_channels or \
+                (a.out_channels and g.shape.k not in a.out_channels):
             continue
         sub = ScheduleSpace(g.shape, space.precision, target, restrict)
         valid = sub.valid_indices
@@ -366,6 +367,8 @@ def main(argv: list[str] | None = None) -> int:
     sm.add_argument("--vary", action="append", default=[], metavar="KNOB")
     sm.add_argument("--min-width", type=int, default=0, help="only layers this many columns wide")
     sm.add_argument("--min-channels", type=int, default=0)
+    sm.add_argument("--out-channels", type=lambda v: [int(x) for x in v.split(",")],
+                    default=[], help="only layers of these output channel counts (K1,K2)")
     sm.add_argument("--seed", type=int, default=0)
     nb = sub.add_parser("neighbours", help="single-knob neighbours of a run's fastest (CPU)")
     nb.add_argument("file")

@@ -114,6 +114,9 @@ __device__ __forceinline__ void residual_ahead(u8* smem, const Residual& res, in
 // Byte offset of (row, byte column) in the staging tile. PACK_OUT=2: column boxes of SWB
 // bytes x BM rows, each row's 16-byte chunks permuted as the tensor map's SWB-byte swizzle
 // expects (chunk ^ address bits 7.., relative to the 1024-byte-aligned base).
+// Rows 8 apart share their swizzle (r0 is a multiple of 8): stg_off(row + 8i, c) =
+// stg_off(row, c) + 8i * STG_ROW.
+constexpr int STG_ROW = cfg::TMA_ST ? cfg::SWB : cfg::E_ROW;
 __device__ __forceinline__ int stg_off(int row, int colb) {
   using namespace cfg;
   if constexpr (TMA_ST) {
@@ -177,6 +180,42 @@ __device__ __forceinline__ void for_each_swapped(WT& wt, int lane, F&& f) {
         for (int c = 2 * half; c < 2 * half + 2; ++c)
           f(r0 + 8 * jj + 2 * t + (c & 1), col0 + 8 * half, flat[q * (SWAP_N / 2) + 4 * jj + c]);
   }
+}
+
+// SWAP_AB, int8: requantize and stage each value at its (pixel row, channel column). A
+// thread's values of instruction q belong to two channels (half 0, 1): their scales and
+// biases are loaded once per channel, before its values' staging stores (the compiler cannot
+// move a load of `scale` past a store to the staging tile, so a load per value runs once per
+// value, or all of them hoisted ahead of every store: 20+ live registers, which spilled on
+// tiles of 64 output channels).
+template <class WT>
+__device__ __forceinline__ void stage_swapped_s8(WT& wt, u8* stg, const u8* rs,
+                                                 const Residual& res, int n0, int lane,
+                                                 const float* scale, const float* bias) {
+  using namespace cfg;
+  const int g = lane >> 2, t = lane & 3, r0 = wt.wm0 - wt.wq * IM;
+  const acc_t* flat = &wt.acc[0][0][0];
+#pragma unroll
+  for (int q = 0; q < WN / 64; ++q)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int col = wt.wn0 + q * 64 + wt.wq * 16 + g + 8 * half, n = n0 + col;
+      if (n >= K) continue;
+      const float sc = scale[n], bi = bias[n];
+#pragma unroll
+      for (int c = 2 * half; c < 2 * half + 2; ++c) {
+        // One address per column and row parity; the jj rows are 8 apart, which keeps the
+        // swizzle (stg_off): constant offsets from it.
+        const int row0 = r0 + 2 * t + (c & 1);
+        u8* const p = stg + stg_off(row0, col);
+#pragma unroll
+        for (int jj = 0; jj < SWAP_N / 8; ++jj) {
+          const float rv = RES ? res_tile(rs, res, row0 + 8 * jj, col) : 0.f;
+          p[8 * jj * STG_ROW] =
+              (u8)(requant_bits(flat[q * (SWAP_N / 2) + 4 * jj + c], sc, bi, rv) & 0xFFu);
+        }
+      }
+    }
 }
 
 // SWAP_AB, fp16 (cfg::SWAP_STSM): the fragment of instruction q as 8x8 matrices [channel]
@@ -337,22 +376,20 @@ __device__ __forceinline__ void epilogue(WT& wt, u8* smem, int m0, int n0, int t
   }
   if constexpr (SWAP_STSM) {
     stage_swapped_f16(wt, stg, rs, res, n0, lane, bias);
+  } else if constexpr (SWAP && PACK && PREC != 0) {
+    stage_swapped_s8(wt, stg, rs, res, n0, lane, scale, bias);
   } else if constexpr (SWAP) {
     // Swapped operands: each value to its (pixel row, channel column) of the staging tile,
-    // requantized / biased on the way where PACK_OUT (a thread's values share two channels
-    // per instruction: their scales and biases are loaded once, SASS shows).
+    // biased on the way where PACK_OUT (fp16 tiles whose K is no multiple of 8).
     for_each_swapped(wt, lane, [&](int row, int col, acc_t& a) {
       const int n = n0 + col;
       if (n >= K) return;
       if constexpr (!PACK) {
         *reinterpret_cast<acc_t*>(smem + row * E_ROW + col * 4) = a;
-      } else if constexpr (PREC == 0) {
+      } else {
         const float rv = RES ? res_tile(rs, res, row, col) : 0.f;
         *reinterpret_cast<unsigned short*>(stg + stg_off(row, col * 2)) =
             (unsigned short)(pack_f16x2(fp_epi(a, EPI ? bias[n] : 0.f, rv), 0.f) & 0xFFFFu);
-      } else {
-        const float rv = RES ? res_tile(rs, res, row, col) : 0.f;
-        stg[stg_off(row, col)] = (u8)(requant_bits(a, scale[n], bias[n], rv) & 0xFFu);
       }
     });
   } else if constexpr (!PACK) {

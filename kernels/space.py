@@ -164,12 +164,6 @@ HALO_ONE_STAGE_MAX_MMAS = 36
 # 128 accumulators split over several 64-row tiles (WARP_ROW_TILES >= 2) spilled a few bytes
 # in 2 of ~40 builds (an epilogue or split-K sum holding every tile at once): left out.
 WGMMA_MAX_MULTI_TILE_ACC = 96
-# int8 swapped ping-pong tiles with TMA stores on layers of exactly 64 output channels spilled
-# 52-296 bytes in every sm_90a build whose WARP_ROW_TILES x BLK_ROW_WARPS x PERSIST passed 2
-# (42 of 42 random builds on 7 such layers; 0 of 42 at or below it; 0 of 96 on 8 layers of
-# 32-1024 other channel counts), whatever the register model's slack: left out
-# (docs/kernels/register-rule.md).
-SWAP_PINGPONG_TMA_ST_K64_MAX = 2
 
 
 def knobs_for(precision: Precision) -> dict[str, tuple[Any, ...]]:
@@ -773,18 +767,10 @@ def tile_validity(shape: ConvShape, precision: Precision, target: Target,
     # SWAP_AB: whole 64-channel instructions (WARP_COL_TILES 2, 4, 8) whose N, the
     # warpgroup's 64 x WARP_ROW_TILES pixels, is a wgmma width (64, 128 or 256).
     # With split-K, 128 swapped accumulators spilled a few bytes in the raw int32 epilogue
-    # (2 of 200 builds of the GPU check): left out.
+    # (2 of 200 builds of a GPU check, bench/data/kernels_check_swap_h200.json.gz): left out.
     ok &= ~swap | (wg & (np.asarray(cols["WARP_COL_TILES"]) >= 2) &
                    (np.asarray(cols["WARP_ROW_TILES"]) <= 4) &
                    ((np.asarray(cols["SPLIT_K"]) == 1) | few_acc))
-    persist = _knob(cols, "PERSIST", np.shape(g.block_m))
-    # int8 swapped ping-pong tiles with TMA stores on 64 output channels spill past 2 row
-    # tiles x blocks (SWAP_PINGPONG_TMA_ST_K64_MAX).
-    if p is Precision.INT8 and shape.k == 64:
-        rows = np.asarray(cols["WARP_ROW_TILES"]) * np.asarray(cols["BLK_ROW_WARPS"]) * \
-            np.maximum(persist, 1)
-        ok &= ~(swap & (_knob(cols, "PINGPONG", np.shape(g.block_m)) == 1) &
-                (np.asarray(cols["PACK_OUT"]) == 2) & (rows > SWAP_PINGPONG_TMA_ST_K64_MAX))
     tma_knob = _knob(cols, "TMA", np.shape(g.block_m))
     # A TMA weight box (and PLAIN_A's box of x rows) has at most 256 rows; a TMA store box 64
     # (the kernel static_asserts).
@@ -803,6 +789,7 @@ def tile_validity(shape: ConvShape, precision: Precision, target: Target,
     fold = _knob(cols, "FOLD_TAPS", np.shape(g.block_m)) == 1
     ok &= ~fold | (g.threads % g.row_loads == 0)
     # A persistent grid's blocks per SM must fit the SM's shared memory and threads.
+    persist = _knob(cols, "PERSIST", np.shape(g.block_m))
     ok &= (persist == 0) | (blocks_per_sm(target, g.smem_bytes, g.block_threads) >= persist)
     # Shared memory: a block cannot launch with more than the opt-in maximum.
     ok &= g.smem_bytes <= target.smem_per_block_kib * 1024

@@ -139,6 +139,17 @@ def test_sample_draws_the_subspace_and_variants_of_the_record_on_another_gpu(
             assert {k for k in s if s[k] != record[k]} <= {"HALO", "CHUNK", "STAGES"}
 
 
+def test_sample_keeps_the_layers_of_the_output_channel_counts_asked(tmp_path: Path) -> None:
+    out = tmp_path / "s.json"
+    assert zoo_transfer.main(["sample", "--records", str(RECORDS), "--records-target", "h100",
+                              "--target", "h200", "--out", str(out), "--models", "resnet50",
+                              "--batches", "8", "--precisions", "int8", "--restrict",
+                              "SWAP_AB=1", "--count", "2", "--out-channels", "64,128"]) == 0
+    ks = sorted(ConvShape.from_dict(r["shape"]).k for r in json.loads(out.read_text())["rows"])
+    # ResNet-50's distinct layers of 64 output channels (the stem and three more) and of 128
+    assert ks == [64] * 4 + [128] * 4
+
+
 def test_neighbours_change_one_knob_of_a_runs_fastest(tmp_path: Path) -> None:
     records = json.loads(RECORDS.read_text())
     key = next(k for k in records if k.startswith("n8_h28_w28_c128_k128_r3_s3") and "|int8|" in k)
