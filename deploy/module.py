@@ -30,6 +30,7 @@ from torch import fx, nn
 from deploy import calibrate, torch_op
 from deploy.plan import LayerPlan
 from kernels.build import Epilogue
+from kernels.pool import PoolShape
 from kernels.runtime import schedule_fits
 from kernels.spec import ConvShape, Precision, Target
 
@@ -345,20 +346,92 @@ class Dequantize(nn.Module):
         return f"{self.precision.value}" + (f", scale={self.scale:.6g}" if self.scale else "")
 
 
+def max_of_windows(x: torch.Tensor, kernel_size: Any, stride: Any, padding: Any,
+                   dilation: Any) -> torch.Tensor:
+    """max_pool2d (ceil_mode off) as the elementwise maximum of its windows' strided views of
+    x padded with the dtype's lowest value: exact in every dtype torch.maximum takes (int8
+    included), and compiled, one pointwise kernel over x's own bytes."""
+    ps = PoolShape.of(tuple(x.shape), kernel_size, stride, padding, dilation, False)
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = ps.kernel, ps.stride, ps.padding, ps.dilation
+    oh, ow = ps.out_hw
+    lowest = torch.iinfo(x.dtype).min if not x.dtype.is_floating_point else float("-inf")
+    xp = F.pad(x, (pw, pw, ph, ph), value=lowest)
+    out: torch.Tensor | None = None
+    for i in range(kh):
+        for j in range(kw):
+            v = xp[..., i * dh:i * dh + sh * (oh - 1) + 1:sh, j * dw:j * dw + sw * (ow - 1) + 1:sw]
+            out = v if out is None else torch.maximum(out, v)
+    assert out is not None
+    return out.contiguous(memory_format=torch.channels_last)
+
+
 class KernelMaxPool2d(nn.Module):
     """Max-pool on the kernel's int8 / fp16 values: it commutes with a positive scale (and
-    with rounding), so it needs no dequantization. int8 goes through fp16, which holds it
-    exactly: PyTorch's CUDA build has no int8 max-pool and its CPU one fails on some
-    channels_last shapes; compiled, the casts fuse into the pooling kernel. One path for
-    every device, so a compiled model takes the eager one's."""
+    with rounding), so it needs no dequantization. With the cuda backend on a GPU tensor it
+    is tctune's pooling kernel (kernels/pool.py, `torch.ops.tctune.max_pool`: 16-byte
+    vectors, PDL beside the conv layers); elsewhere, or where a pixel's channels do not fill
+    16-byte vectors, the maximum of its windows' views (`max_of_windows`; PyTorch's CUDA
+    build has no int8 max-pool). Both are exact. ceil_mode goes through PyTorch's
+    max-pool (int8 by way of fp16, which holds it exactly)."""
 
     def __init__(self, kernel_size: Any, stride: Any = None, padding: Any = 0,
-                 dilation: Any = 1, ceil_mode: bool = False) -> None:
+                 dilation: Any = 1, ceil_mode: bool = False, *, backend: str = "reference",
+                 target: Target | None = None, pdl: bool = False,
+                 cache_dir: str | Path | None = None) -> None:
         super().__init__()
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        if backend == "cuda" and target is None:
+            raise ValueError("the cuda backend needs the target GPU")
         self.args = (kernel_size, stride, padding, dilation, ceil_mode)
+        self.backend, self.target, self.pdl, self.cache_dir = backend, target, pdl, cache_dir
+        self._ops: dict[PoolShape, Any] = {}
+        self.uid = torch_op.register(self)
+
+    def kernel_shape(self, x_shape: tuple[int, ...] | torch.Size, dtype: torch.dtype
+                     ) -> PoolShape | None:
+        """The pooling kernel's shape for inputs of this NCHW shape and dtype, or None where
+        forward does not run the kernel (the reference backend, ceil_mode, other dtypes,
+        channels that do not fill 16-byte vectors)."""
+        k, s, p, d, c = self.args
+        if self.backend != "cuda" or c or dtype not in (torch.int8, torch.float16):
+            return None
+        shape = PoolShape.of(tuple(x_shape), k, s, p, d, dtype == torch.float16)
+        return shape if shape.problems() is None else None
+
+    def output_shape_for(self, x_shape: tuple[int, ...] | torch.Size) -> tuple[int, ...]:
+        k, s, p, d, _ = self.args
+        ps = PoolShape.of(tuple(x_shape), k, s, p, d, False)
+        return (ps.n, ps.c, *ps.out_hw)
+
+    def runs_kernel(self, x: torch.Tensor) -> bool:
+        """Whether forward runs tctune's pooling kernel on x."""
+        return x.is_cuda and self.kernel_shape(x.shape, x.dtype) is not None
+
+    def build(self, x_shape: tuple[int, ...] | torch.Size, dtype: torch.dtype) -> Any:
+        """The pooling kernel's op for inputs of this NCHW shape and dtype, built once (NVRTC;
+        no GPU needed)."""
+        from kernels.pool import MaxPool2d
+
+        shape = self.kernel_shape(x_shape, dtype)
+        if shape is None:
+            raise ValueError(f"the pooling kernel does not run {dtype} {tuple(x_shape)} here")
+        op = self._ops.get(shape)
+        if op is None:
+            assert self.target is not None
+            op = self._ops[shape] = MaxPool2d(shape, self.target.sm, self.pdl, self.cache_dir)
+        return op
+
+    def execute(self, x: torch.Tensor) -> torch.Tensor:
+        """The pooling kernel on x (torch.ops.tctune.max_pool's body)."""
+        return self.build(x.shape, x.dtype)(x.contiguous(memory_format=torch.channels_last))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         k, s, p, d, c = self.args
+        if self.runs_kernel(x):
+            return torch.ops.tctune.max_pool(x, self.uid)
+        if not c:
+            return max_of_windows(x, k, s, p, d)
         if x.dtype is not torch.int8:
             return F.max_pool2d(x, k, s, p, d, ceil_mode=c)
         return F.max_pool2d(x.to(torch.float16), k, s, p, d, ceil_mode=c).to(torch.int8)

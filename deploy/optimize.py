@@ -392,7 +392,8 @@ def _place_conversions(gm: fx.GraphModule, fused: dict[fx.Node, FusedConv], p: P
         if node in fused:
             kernel[node] = scale_of(node)
         elif graph.is_max_pool(gm, node) and node.args[0] in kernel:
-            kernel[_kernel_max_pool(gm, node)] = kernel[node.args[0]]  # type: ignore[index]
+            src = kernel[node.args[0]]  # type: ignore[index]
+            kernel[_kernel_max_pool(gm, node, next(iter(fused.values())))] = src
 
     # fp16: none between layers; what stays in PyTorch runs in fp16 too, and the model's
     # inputs and outputs are cast once at its edges (_run_rest_in_fp16).
@@ -491,18 +492,26 @@ def _describe(gm: fx.GraphModule, v: fx.Node, fused: dict[fx.Node, FusedConv]) -
     return str(v.meta.get("deploy_origin", v.name))
 
 
-def _kernel_max_pool(gm: fx.GraphModule, node: fx.Node) -> fx.Node:
-    """The max-pool node as a KernelMaxPool2d call (same arguments)."""
+def _kernel_max_pool(gm: fx.GraphModule, node: fx.Node, like: FusedConv) -> fx.Node:
+    """The max-pool node as a KernelMaxPool2d call (same arguments), run as the fused layer
+    `like` runs (backend, target, PDL, build cache)."""
+    run = {"backend": like.backend, "target": like.target, "pdl": like.pdl,
+           "cache_dir": like.cache_dir}
     if node.op == "call_module":
         m = gm.get_submodule(str(node.target))
         assert isinstance(m, nn.MaxPool2d)
-        mod = KernelMaxPool2d(m.kernel_size, m.stride, m.padding, m.dilation, m.ceil_mode)
+        mod = KernelMaxPool2d(m.kernel_size, m.stride, m.padding, m.dilation, m.ceil_mode,
+                              **run)
     else:
         assert node.target is F.max_pool2d
         names = ("kernel_size", "stride", "padding", "dilation", "ceil_mode")
         vals: dict[str, Any] = dict(zip(names, node.args[1:], strict=False))
         vals.update({k: v for k, v in node.kwargs.items() if k in names})
-        mod = KernelMaxPool2d(**vals)
+        mod = KernelMaxPool2d(**vals, **run)
+    x_shape = node.args[0].meta.get("deploy_shape")  # type: ignore[union-attr]
+    dtype = like.out_dtype
+    if x_shape is not None and mod.kernel_shape(x_shape, dtype) is not None:
+        mod.build(x_shape, dtype)  # as the fused layers' kernels: built before the first call
     name = f"tctune_maxpool_{node.name}"
     gm.add_submodule(name, mod)
     with gm.graph.inserting_before(node):

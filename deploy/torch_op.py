@@ -1,11 +1,12 @@
-"""The fused layers as one PyTorch custom op, `torch.ops.tctune.fused_conv`, so that
+"""The tctune kernels as PyTorch custom ops, `torch.ops.tctune.fused_conv` (the fused
+layers) and `torch.ops.tctune.max_pool` (KernelMaxPool2d on the GPU), so that
 `torch.compile` sees each tctune kernel as one opaque call with a known output (shape, dtype,
-channels_last strides) and compiles the PyTorch ops around it (casts, pooling, the ops a
-fused layer could not absorb) instead of breaking its graph at every layer.
+channels_last strides) and compiles the PyTorch ops around it (casts, the ops a fused layer
+could not absorb) instead of breaking its graph at every layer.
 
-The op takes the activations and the layer's id; the layer (its weights, scales, executor)
-is looked up in a registry of live `FusedConv` modules, so its buffers never become graph
-inputs and a layer's int8 scales set after compilation are the ones it runs with.
+An op takes the activations and the module's id; the module (its weights, scales, executor)
+is looked up in a registry of live modules, so its buffers never become graph inputs and a
+layer's int8 scales set after compilation are the ones it runs with.
 """
 
 from __future__ import annotations
@@ -17,24 +18,24 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
-    from deploy.module import FusedConv
+    from deploy.module import FusedConv, KernelMaxPool2d
 
 _LAYERS: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
 _IDS = itertools.count(1)
 
 
-def register(layer: FusedConv) -> int:
-    """A process-unique id for a fused layer (dropped with the layer)."""
+def register(layer: FusedConv | KernelMaxPool2d) -> int:
+    """A process-unique id for a module that runs a kernel (dropped with the module)."""
     uid = next(_IDS)
     _LAYERS[uid] = layer
     return uid
 
 
-def _layer(uid: int) -> FusedConv:
+def _layer(uid: int) -> Any:
     layer = _LAYERS.get(uid)
     if layer is None:
-        raise RuntimeError(f"tctune fused layer {uid} no longer exists")
-    return layer  # type: ignore[no-any-return]
+        raise RuntimeError(f"tctune layer {uid} no longer exists")
+    return layer
 
 
 @torch.library.custom_op("tctune::fused_conv", mutates_args=())
@@ -53,3 +54,15 @@ def _(x: torch.Tensor, residual: torch.Tensor | None, x1: torch.Tensor | None,
     size = (s.n, layer.out_channels, s.p, s.q)
     stride = (s.p * s.q * layer.out_channels, 1, s.q * layer.out_channels, layer.out_channels)
     return x.new_empty_strided(size, stride, dtype=layer.out_dtype)
+
+
+@torch.library.custom_op("tctune::max_pool", mutates_args=())
+def max_pool(x: torch.Tensor, uid: int) -> torch.Tensor:
+    """y = the KernelMaxPool2d `uid` on x (int8 or fp16, channels_last memory) on the GPU."""
+    return _layer(uid).execute(x)
+
+
+@max_pool.register_fake
+def _(x: torch.Tensor, uid: int) -> torch.Tensor:
+    n, c, h, w = _layer(uid).output_shape_for(x.shape)
+    return x.new_empty_strided((n, c, h, w), (h * w * c, 1, w * c, c), dtype=x.dtype)

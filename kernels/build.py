@@ -246,19 +246,19 @@ def _check(err: Any, what: str) -> None:
         raise RuntimeError(f"{what}: {err}")
 
 
-def compile_cubin(d: Mapping[str, int], sm: int, ptx: bool = False
-                  ) -> tuple[bytes | None, str]:
-    """NVRTC compile to a cubin (or PTX). Returns (image or None, log)."""
+def nvrtc_compile(name: str, text: str, headers: Mapping[str, str], options: list[str],
+                  ptx: bool = False) -> tuple[bytes | None, str]:
+    """NVRTC: the source `text` (file `name`) with `headers` (name -> text) to a cubin, or
+    PTX. Returns (image or None, log)."""
     from cuda.bindings import nvrtc
 
-    src = sources()
-    headers = [n for n in SOURCES if n != "conv.cu"]
+    names = list(headers)
     err, prog = nvrtc.nvrtcCreateProgram(
-        src["conv.cu"].encode(), b"conv.cu", len(headers),
-        [src[h].encode() for h in headers], [h.encode() for h in headers])
+        text.encode(), name.encode(), len(names), [headers[h].encode() for h in names],
+        [h.encode() for h in names])
     _check(err, "nvrtcCreateProgram")
     try:
-        opts = [o.encode() for o in nvrtc_options(d, sm, ptx)]
+        opts = [o.encode() for o in options]
         (res,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
         err, size = nvrtc.nvrtcGetProgramLogSize(prog)
         _check(err, "nvrtcGetProgramLogSize")
@@ -282,6 +282,15 @@ def compile_cubin(d: Mapping[str, int], sm: int, ptx: bool = False
         return cubin, log
     finally:
         nvrtc.nvrtcDestroyProgram(prog)
+
+
+def compile_cubin(d: Mapping[str, int], sm: int, ptx: bool = False
+                  ) -> tuple[bytes | None, str]:
+    """NVRTC compile of the conv kernel to a cubin (or PTX). Returns (image or None, log)."""
+    src = sources()
+    return nvrtc_compile("conv.cu", src["conv.cu"],
+                         {h: src[h] for h in SOURCES if h != "conv.cu"},
+                         nvrtc_options(d, sm, ptx), ptx)
 
 
 def launch_meta(job: BuildJob, d: Mapping[str, int]) -> dict[str, Any]:

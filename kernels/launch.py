@@ -156,14 +156,22 @@ def has_residual(meta: dict[str, Any]) -> bool:
 
 
 def _launch_driver(fn: Any, meta: dict[str, Any], args: list[Any], pdl: bool) -> None:
-    """One launch through the driver with ctypes arguments: CuPy passes no 64-byte-aligned
-    structs (the tensor maps) and sets no launch attributes (programmatic dependent launch)."""
+    """A conv build's launch on CuPy's current stream (`driver_launch`)."""
     import cupy
-    from cuda.bindings import driver as drv
 
     grid, block, smem = launch_dims(meta)
+    driver_launch(fn, grid, block, smem, args, cupy.cuda.get_current_stream().ptr, pdl)
+
+
+def driver_launch(fn: Any, grid: tuple[int, ...], block: tuple[int, ...], smem: int,
+                  args: list[Any], stream_ptr: int, pdl: bool) -> None:
+    """One launch through the driver with ctypes arguments: CuPy passes no 64-byte-aligned
+    structs (the tensor maps) and sets no launch attributes (programmatic dependent launch).
+    `fn`: a CuPy RawModule's function (`load_function`)."""
+    from cuda.bindings import driver as drv
+
     params = (ctypes.c_void_p * len(args))(*(ctypes.addressof(a) for a in args))
-    stream = drv.CUstream(cupy.cuda.get_current_stream().ptr)
+    stream = drv.CUstream(stream_ptr)
     func = drv.CUfunction(fn.kernel.ptr)  # CuPy's RawKernel -> cupy.cuda.Function -> CUfunction
     if pdl:
         cfg = launch_config(grid, block, smem, stream)

@@ -167,7 +167,8 @@ MAX_DILATION = 8
 MAX_ELEMENTS = 2**31 - 1
 
 
-def _pair(v: Any) -> tuple[int, int]:
+def pair(v: Any) -> tuple[int, int]:
+    """PyTorch's int-or-pair size argument as a pair."""
     if isinstance(v, int):
         return (v, v)
     a, b = v
@@ -205,7 +206,7 @@ class ConvShape:
 
     def __post_init__(self) -> None:
         for name in ("stride", "pad", "dilation"):
-            object.__setattr__(self, name, _pair(getattr(self, name)))
+            object.__setattr__(self, name, pair(getattr(self, name)))
 
     # Output extents.
     @property
@@ -293,8 +294,8 @@ class ConvShape:
         return cls(
             n=int(d["n"]), h=int(d["h"]), w=int(d["w"]), c=int(d["c"]), k=int(d["k"]),
             r=int(d["r"]), s=int(d["s"]),
-            stride=_pair(d.get("stride", (1, 1))), pad=_pair(d.get("pad", (0, 0))),
-            dilation=_pair(d.get("dilation", (1, 1))), concat=int(d.get("concat", 0)),
+            stride=pair(d.get("stride", (1, 1))), pad=pair(d.get("pad", (0, 0))),
+            dilation=pair(d.get("dilation", (1, 1))), concat=int(d.get("concat", 0)),
             residual=bool(d.get("residual", False)),
         )
 

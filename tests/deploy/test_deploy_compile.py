@@ -53,6 +53,10 @@ def test_the_model_is_one_graph_with_one_custom_op_per_fused_layer(precision: st
     calls = [n for n in rec.graphs[0].graph.nodes if n.op == "call_function" and
              getattr(n.target, "_overloadpacket", None) is torch.ops.tctune.fused_conv]
     assert len(calls) == len(opt.modules_of(FusedConv)) > 0
+    # the stem's max-pool is its windows' maximum on the layer's own dtype (no casts around)
+    targets = [n.target for n in rec.graphs[0].graph.nodes if n.op == "call_function"]
+    assert targets.count(torch.maximum) == 8  # a 3x3 window's nine views
+    assert not any(t in (torch.nn.functional.max_pool2d, torch.max_pool2d) for t in targets)
 
 
 @pytest.mark.parametrize("precision", ["int8", "fp16"])
@@ -87,3 +91,23 @@ def test_a_copy_of_a_layer_runs_its_own_weights() -> None:
     with torch.no_grad():
         b.weight.zero_()
         assert not torch.equal(twin(HELD), opt(HELD))
+
+
+def test_the_fake_max_pool_op_has_the_pools_output_shape_dtype_and_strides() -> None:
+    """The GPU pooling op (torch.ops.tctune.max_pool) as AOTAutograd traces it: the output
+    PyTorch's max-pool would give, channels_last, in the input's dtype (no GPU needed)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from deploy import KernelMaxPool2d
+    from kernels.spec import get_target
+
+    pool = KernelMaxPool2d(3, 2, 1, backend="cuda", target=get_target("h100"))
+    cl = torch.channels_last
+    for dtype in (torch.int8, torch.float16):
+        x = torch.zeros(8, 64, 15, 15, dtype=dtype).contiguous(memory_format=cl)
+        want = torch.nn.functional.max_pool2d(x.float(), 3, 2, 1).contiguous(memory_format=cl)
+        with FakeTensorMode() as mode:
+            fake = torch.ops.tctune.max_pool(mode.from_tensor(x), pool.uid)
+        assert (fake.shape, fake.stride(), fake.dtype) == (want.shape, want.stride(), dtype)
+    assert not pool.runs_kernel(x)  # a CPU tensor: the views' maximum instead
+    assert torch.equal(pool(x).float(), want)

@@ -212,6 +212,30 @@ def test_max_pool_between_convs_stays_in_the_kernel_domain() -> None:
         o = opt(m, x, precision)
         assert len(o.modules_of(KernelMaxPool2d)) == 1
         assert o.conversions() == {"quantize": 1, "dequantize": 1}
+        # it runs as the fused layers do (on the GPU: tctune's pooling kernel)
+        pool, conv = o.modules_of(KernelMaxPool2d)[0], o.modules_of(FusedConv)[0]
+        assert (pool.backend, pool.target, pool.pdl, pool.cache_dir) == \
+            (conv.backend, conv.target, conv.pdl, conv.cache_dir)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int8])
+def test_max_pool_as_the_maximum_of_its_windows_is_pytorchs_max_pool(dtype: torch.dtype) -> None:
+    """KernelMaxPool2d's views' maximum against F.max_pool2d (in float32, which holds every
+    value exactly): square and rectangular windows, strides, padding, dilation, a padded
+    border whose window holds the dtype's lowest value; channels_last out."""
+    torch.manual_seed(11)
+    x = torch.randint(-128, 128, (2, 5, 13, 11)).to(dtype)
+    x[0, 0, 0, :] = -128  # a window of the lowest value beside the padding
+    x = x.contiguous(memory_format=torch.channels_last)
+    for k, s, p, d in [(3, 2, 1, 1), (2, 2, 0, 1), (3, 1, 1, 1), ((3, 2), (2, 1), (1, 0), 1),
+                       (3, 2, 1, 2), (5, 3, 2, 1), (3, None, 1, 1), (1, 1, 0, 1)]:
+        got = KernelMaxPool2d(k, s, p, d)(x)
+        want = F.max_pool2d(x.float(), k, s if s is not None else k, p, d)
+        assert got.dtype is dtype and got.is_contiguous(memory_format=torch.channels_last)
+        assert torch.equal(got.float(), want), (k, s, p, d)
+    # ceil_mode: PyTorch's own pooling (through fp16 for int8)
+    got = KernelMaxPool2d(3, 2, 1, 1, ceil_mode=True)(x)
+    assert torch.equal(got.float(), F.max_pool2d(x.float(), 3, 2, 1, ceil_mode=True))
 
 
 def test_the_original_model_is_not_changed_and_errors_are_clear() -> None:

@@ -1,0 +1,169 @@
+"""Max-pool over NHWC int8 / fp16 tensors on the GPU (kernels/pool.cu), for deploy's
+KernelMaxPool2d: the layer between a network's stem and its first block, on the stem's own
+output type (a max commutes with a positive scale and with rounding).
+
+Built with NVRTC (no GPU needed), cached beside the conv builds under a key of the source
+and the options, and launched on the caller's torch stream; on sm_90 with programmatic
+dependent launch, so it starts while the conv before it finishes, as the conv layers do.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kernels.build import BUILD_FORMAT, KERNEL_DIR, nvrtc_compile
+from kernels.launch import driver_launch, load_function, supports_pdl
+from kernels.spec import pair
+
+KERNEL = "tc_max_pool"
+THREADS = 256
+VECTOR_BYTES = 16  # a thread's share of a pixel's channels
+
+
+@dataclass(frozen=True)
+class PoolShape:
+    """A max-pool of an (n, c, h, w) tensor (ceil_mode off): windows, strides, padding and
+    dilation as (rows, columns)."""
+
+    n: int
+    h: int
+    w: int
+    c: int
+    kernel: tuple[int, int]
+    stride: tuple[int, int]
+    padding: tuple[int, int]
+    dilation: tuple[int, int]
+    fp16: bool
+
+    @classmethod
+    def of(cls, x_shape: tuple[int, ...], kernel_size: Any, stride: Any, padding: Any,
+           dilation: Any, fp16: bool) -> PoolShape:
+        """From an NCHW shape and max_pool2d's arguments (stride None or empty: the window)."""
+        n, c, h, w = (int(v) for v in x_shape)
+        s = stride if stride not in (None, (), []) else kernel_size
+        return cls(n, h, w, c, pair(kernel_size), pair(s), pair(padding), pair(dilation), fp16)
+
+    @property
+    def out_hw(self) -> tuple[int, int]:
+        """Output rows and columns (PyTorch's formula without ceil_mode)."""
+        return tuple(  # type: ignore[return-value]
+            (size + 2 * p - d * (k - 1) - 1) // s + 1
+            for size, k, s, p, d in zip((self.h, self.w), self.kernel, self.stride,
+                                        self.padding, self.dilation, strict=True))
+
+    @property
+    def vectors(self) -> int:
+        """16-byte vectors a pixel."""
+        return self.c * (2 if self.fp16 else 1) // VECTOR_BYTES
+
+    def problems(self) -> str | None:
+        """Why the kernel cannot run this pooling, or None."""
+        if min(self.n, self.h, self.w, self.c, *self.kernel, *self.stride, *self.dilation) < 1:
+            return "sizes, windows, strides and dilations must be positive"
+        if min(self.padding) < 0 or any(2 * p > d * (k - 1) + 1 for k, p, d in
+                                        zip(self.kernel, self.padding, self.dilation,
+                                            strict=True)):
+            return "padding must be at most half the (dilated) window"
+        if self.c * (2 if self.fp16 else 1) % VECTOR_BYTES:
+            return f"a pixel's channels must fill 16-byte vectors ({self.c} channels)"
+        if min(self.out_hw) < 1:
+            return "the window is larger than the padded input"
+        return None
+
+
+def pool_defines(shape: PoolShape, sm: int) -> dict[str, int]:
+    oh, ow = shape.out_hw
+    return {"TP_FP16": int(shape.fp16), "TP_SM": int(sm), "TP_N": shape.n, "TP_H": shape.h,
+            "TP_W": shape.w, "TP_V": shape.vectors, "TP_OH": oh, "TP_OW": ow,
+            "TP_KH": shape.kernel[0], "TP_KW": shape.kernel[1], "TP_SH": shape.stride[0],
+            "TP_SW": shape.stride[1], "TP_PH": shape.padding[0], "TP_PW": shape.padding[1],
+            "TP_DH": shape.dilation[0], "TP_DW": shape.dilation[1]}
+
+
+def pool_options(shape: PoolShape, sm: int, ptx: bool = False) -> list[str]:
+    arch = f"{'compute' if ptx else 'sm'}_{sm}"
+    return [f"--gpu-architecture={arch}", "-std=c++17", "-default-device", "-minimal",
+            "--ptxas-options=--warn-on-spills", "--ptxas-options=--warning-as-error",
+            *(f"-D{k}={v}" for k, v in sorted(pool_defines(shape, sm).items()))]
+
+
+def compile_pool(shape: PoolShape, sm: int, ptx: bool = False) -> tuple[bytes | None, str]:
+    """NVRTC compile of the pooling kernel for this shape. Returns (image or None, log)."""
+    return nvrtc_compile("pool.cu", (KERNEL_DIR / "pool.cu").read_text(), {},
+                         pool_options(shape, sm, ptx), ptx)
+
+
+def pool_key(shape: PoolShape, sm: int) -> str:
+    h = hashlib.sha256(f"format={BUILD_FORMAT};pool\n".encode())
+    h.update((KERNEL_DIR / "pool.cu").read_bytes())
+    h.update("\0".join(pool_options(shape, sm)).encode())
+    return h.hexdigest()[:32]
+
+
+def build_pool(shape: PoolShape, sm: int, cache_dir: str | os.PathLike[str]) -> Path:
+    """The cached cubin of this pooling (compiled on first use)."""
+    path = Path(cache_dir) / f"pool_{pool_key(shape, sm)}.cubin"
+    if not path.exists():
+        cubin, log = compile_pool(shape, sm)
+        if cubin is None:
+            raise RuntimeError(f"pool.cu failed to compile for {shape}: {log}")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_bytes(cubin)
+        os.replace(tmp, path)
+    return path
+
+
+class MaxPool2d:
+    """y = max_pool2d(x) for int8 / fp16 tensors of `shape` in channels_last memory on a GPU
+    of `sm` (`pdl`: programmatic dependent launch, sm_90)."""
+
+    def __init__(self, shape: PoolShape, sm: int, pdl: bool = False,
+                 cache_dir: str | os.PathLike[str] | None = None) -> None:
+        why = shape.problems()
+        if why:
+            raise ValueError(f"max-pool: {why}")
+        if pdl and not supports_pdl(sm):
+            raise ValueError(f"pdl (programmatic dependent launch) needs sm_90, not sm_{sm}")
+        if cache_dir is None:
+            from kernels.runtime import default_cache_dir
+
+            cache_dir = default_cache_dir()
+        self.shape, self.sm, self.pdl = shape, int(sm), pdl
+        self.cubin = build_pool(shape, self.sm, cache_dir)
+        self._fns: dict[int, tuple[Any, Any]] = {}
+        oh, ow = shape.out_hw
+        self.output_shape = (shape.n, shape.c, oh, ow)
+        self.grid = (math.ceil(shape.n * oh * ow * shape.vectors / THREADS), 1, 1)
+
+    def __call__(self, x: Any) -> Any:
+        import torch
+
+        s = self.shape
+        dtype = torch.float16 if s.fp16 else torch.int8
+        if tuple(x.shape) != (s.n, s.c, s.h, s.w) or x.dtype != dtype or not x.is_cuda or \
+                not x.is_contiguous(memory_format=torch.channels_last):
+            raise ValueError(f"max-pool: expected a {dtype} CUDA tensor of shape "
+                             f"{(s.n, s.c, s.h, s.w)} in channels_last memory, got "
+                             f"{x.dtype} {tuple(x.shape)} on {x.device}")
+        y = torch.empty(self.output_shape, dtype=dtype, device=x.device,
+                        memory_format=torch.channels_last)
+        dev = x.device.index if x.device.index is not None else torch.cuda.current_device()
+        import cupy
+
+        with cupy.cuda.Device(dev):
+            if dev not in self._fns:
+                self._fns[dev] = load_function(self.cubin, {"kernel": KERNEL, "smem_bytes": 0})
+            driver_launch(self._fns[dev][1], self.grid, (THREADS, 1, 1), 0,
+                          [ctypes.c_void_p(x.data_ptr()), ctypes.c_void_p(y.data_ptr())],
+                          int(torch.cuda.current_stream(dev).cuda_stream), self.pdl)
+        return y
+
+    def __repr__(self) -> str:
+        return f"MaxPool2d({self.shape}, sm_{self.sm}{', pdl' if self.pdl else ''})"
