@@ -5,9 +5,9 @@
 // pixels'); the maximum is taken per lane: four int8 or two fp16 values a 32-bit word.
 // Taps outside the input are skipped, which is what padding with the lowest value does.
 //
-// Defines (kernels/pool.py, pool_defines): TP_FP16 (0: int8, 1: fp16), TP_SM, TP_N, TP_H,
-// TP_W, TP_V (16-byte vectors a pixel), TP_OH, TP_OW, TP_KH, TP_KW, TP_SH, TP_SW, TP_PH,
-// TP_PW, TP_DH, TP_DW.
+// Defines (kernels/pool.py, pool_defines; TK_SM: kernels/small_kernel.py): TP_FP16 (0: int8,
+// 1: fp16), TP_N, TP_H, TP_W, TP_V (16-byte vectors a pixel), TP_OH, TP_OW, TP_KH, TP_KW,
+// TP_SH, TP_SW, TP_PH, TP_PW, TP_DH, TP_DW.
 
 typedef unsigned int u32;
 
@@ -15,7 +15,7 @@ typedef unsigned int u32;
 constexpr u32 LOWEST = TP_FP16 ? 0xFC00FC00u : 0x80808080u;
 
 #if TP_FP16
-#if TP_SM >= 80
+#if TK_SM >= 80
 __device__ __forceinline__ u32 lane_max(u32 a, u32 b) {
   u32 r;  // NaN-propagating, as PyTorch's max-pool
   asm("max.NaN.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
@@ -39,7 +39,7 @@ __device__ __forceinline__ u32 lane_max(u32 a, u32 b) { return __vmaxs4(a, b); }
 
 extern "C" __global__ void __launch_bounds__(256)
     tc_max_pool(const uint4* __restrict__ x, uint4* __restrict__ y) {
-#if TP_SM >= 90
+#if TK_SM >= 90
   // Programmatic dependent launch (kernels/launch.py): wait for the layer before, let the
   // next one's blocks be scheduled (as kernels/conv.cu).
   asm volatile("griddepcontrol.wait;" ::: "memory");

@@ -2,23 +2,17 @@
 KernelMaxPool2d: the layer between a network's stem and its first block, on the stem's own
 output type (a max commutes with a positive scale and with rounding).
 
-Built with NVRTC (no GPU needed), cached beside the conv builds under a key of the source
-and the options, and launched on the caller's torch stream; on sm_90 with programmatic
-dependent launch, so it starts while the conv before it finishes, as the conv layers do.
+Built, cached and launched as kernels/small_kernel.py says (PDL on sm_90).
 """
 
 from __future__ import annotations
 
-import ctypes
-import hashlib
 import math
 import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from kernels.build import BUILD_FORMAT, KERNEL_DIR, nvrtc_compile
-from kernels.launch import driver_launch, load_function, supports_pdl
+from kernels.small_kernel import SmallKernel, compile_small
 from kernels.spec import pair
 
 KERNEL = "tc_max_pool"
@@ -77,47 +71,18 @@ class PoolShape:
         return None
 
 
-def pool_defines(shape: PoolShape, sm: int) -> dict[str, int]:
+def pool_defines(shape: PoolShape) -> dict[str, int]:
     oh, ow = shape.out_hw
-    return {"TP_FP16": int(shape.fp16), "TP_SM": int(sm), "TP_N": shape.n, "TP_H": shape.h,
-            "TP_W": shape.w, "TP_V": shape.vectors, "TP_OH": oh, "TP_OW": ow,
-            "TP_KH": shape.kernel[0], "TP_KW": shape.kernel[1], "TP_SH": shape.stride[0],
-            "TP_SW": shape.stride[1], "TP_PH": shape.padding[0], "TP_PW": shape.padding[1],
-            "TP_DH": shape.dilation[0], "TP_DW": shape.dilation[1]}
-
-
-def pool_options(shape: PoolShape, sm: int, ptx: bool = False) -> list[str]:
-    arch = f"{'compute' if ptx else 'sm'}_{sm}"
-    return [f"--gpu-architecture={arch}", "-std=c++17", "-default-device", "-minimal",
-            "--ptxas-options=--warn-on-spills", "--ptxas-options=--warning-as-error",
-            *(f"-D{k}={v}" for k, v in sorted(pool_defines(shape, sm).items()))]
+    return {"TP_FP16": int(shape.fp16), "TP_N": shape.n, "TP_H": shape.h, "TP_W": shape.w,
+            "TP_V": shape.vectors, "TP_OH": oh, "TP_OW": ow, "TP_KH": shape.kernel[0],
+            "TP_KW": shape.kernel[1], "TP_SH": shape.stride[0], "TP_SW": shape.stride[1],
+            "TP_PH": shape.padding[0], "TP_PW": shape.padding[1], "TP_DH": shape.dilation[0],
+            "TP_DW": shape.dilation[1]}
 
 
 def compile_pool(shape: PoolShape, sm: int, ptx: bool = False) -> tuple[bytes | None, str]:
     """NVRTC compile of the pooling kernel for this shape. Returns (image or None, log)."""
-    return nvrtc_compile("pool.cu", (KERNEL_DIR / "pool.cu").read_text(), {},
-                         pool_options(shape, sm, ptx), ptx)
-
-
-def pool_key(shape: PoolShape, sm: int) -> str:
-    h = hashlib.sha256(f"format={BUILD_FORMAT};pool\n".encode())
-    h.update((KERNEL_DIR / "pool.cu").read_bytes())
-    h.update("\0".join(pool_options(shape, sm)).encode())
-    return h.hexdigest()[:32]
-
-
-def build_pool(shape: PoolShape, sm: int, cache_dir: str | os.PathLike[str]) -> Path:
-    """The cached cubin of this pooling (compiled on first use)."""
-    path = Path(cache_dir) / f"pool_{pool_key(shape, sm)}.cubin"
-    if not path.exists():
-        cubin, log = compile_pool(shape, sm)
-        if cubin is None:
-            raise RuntimeError(f"pool.cu failed to compile for {shape}: {log}")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_bytes(cubin)
-        os.replace(tmp, path)
-    return path
+    return compile_small("pool.cu", pool_defines(shape), sm, ptx)
 
 
 class MaxPool2d:
@@ -129,15 +94,8 @@ class MaxPool2d:
         why = shape.problems()
         if why:
             raise ValueError(f"max-pool: {why}")
-        if pdl and not supports_pdl(sm):
-            raise ValueError(f"pdl (programmatic dependent launch) needs sm_90, not sm_{sm}")
-        if cache_dir is None:
-            from kernels.runtime import default_cache_dir
-
-            cache_dir = default_cache_dir()
-        self.shape, self.sm, self.pdl = shape, int(sm), pdl
-        self.cubin = build_pool(shape, self.sm, cache_dir)
-        self._fns: dict[int, tuple[Any, Any]] = {}
+        self.shape = shape
+        self.kernel = SmallKernel("pool.cu", KERNEL, pool_defines(shape), sm, pdl, cache_dir)
         oh, ow = shape.out_hw
         self.output_shape = (shape.n, shape.c, oh, ow)
         self.grid = (math.ceil(shape.n * oh * ow * shape.vectors / THREADS), 1, 1)
@@ -154,16 +112,9 @@ class MaxPool2d:
                              f"{x.dtype} {tuple(x.shape)} on {x.device}")
         y = torch.empty(self.output_shape, dtype=dtype, device=x.device,
                         memory_format=torch.channels_last)
-        dev = x.device.index if x.device.index is not None else torch.cuda.current_device()
-        import cupy
-
-        with cupy.cuda.Device(dev):
-            if dev not in self._fns:
-                self._fns[dev] = load_function(self.cubin, {"kernel": KERNEL, "smem_bytes": 0})
-            driver_launch(self._fns[dev][1], self.grid, (THREADS, 1, 1), 0,
-                          [ctypes.c_void_p(x.data_ptr()), ctypes.c_void_p(y.data_ptr())],
-                          int(torch.cuda.current_stream(dev).cuda_stream), self.pdl)
+        self.kernel.launch(x.device, self.grid, (THREADS, 1, 1), 0, [x.data_ptr(), y.data_ptr()])
         return y
 
     def __repr__(self) -> str:
-        return f"MaxPool2d({self.shape}, sm_{self.sm}{', pdl' if self.pdl else ''})"
+        k = self.kernel
+        return f"MaxPool2d({self.shape}, sm_{k.sm}{', pdl' if k.pdl else ''})"

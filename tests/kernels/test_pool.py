@@ -10,7 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels.pool import MaxPool2d, PoolShape, build_pool, compile_pool
+from kernels.pool import MaxPool2d, PoolShape, compile_pool, pool_defines
+from kernels.small_kernel import build_small
 
 CASES = [(3, 2, 1, 1), (2, 2, 0, 1), (3, 1, 1, 1), ((3, 2), (2, 1), (1, 0), 1), (3, 2, 1, 2),
          (5, 3, 2, 1), (3, None, 1, 1)]
@@ -44,10 +45,12 @@ def test_the_kernel_builds_for_every_sm_and_is_cached(fp16: bool, tmp_path: Path
         assert image is not None, log
     for sm in (75, 80):  # the T4's and A100's paths as PTX (kernels_check --ptx-targets)
         assert compile_pool(shape, sm, ptx=True)[0] is not None
-    path = build_pool(shape, 90, tmp_path)
+    path = build_small("pool.cu", pool_defines(shape), 90, tmp_path)
     mtime = path.stat().st_mtime_ns
-    assert build_pool(shape, 90, tmp_path) == path and path.stat().st_mtime_ns == mtime
-    assert build_pool(PoolShape.of((8, 64, 112, 112), 3, 1, 1, 1, fp16), 90, tmp_path) != path
+    assert build_small("pool.cu", pool_defines(shape), 90, tmp_path) == path
+    assert path.stat().st_mtime_ns == mtime
+    other = PoolShape.of((8, 64, 112, 112), 3, 1, 1, 1, fp16)
+    assert build_small("pool.cu", pool_defines(other), 90, tmp_path) != path
 
 
 def _gpu() -> bool:

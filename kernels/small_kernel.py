@@ -1,0 +1,85 @@
+"""The deploy path's kernels other than the conv (kernels/pool.cu, kernels/linear.cu): one
+source file each, specialized by its defines, built with NVRTC (no GPU needed), cached
+beside the conv builds under a key of the source and the options, and launched on the
+caller's torch stream; on sm_90 with programmatic dependent launch, so that each starts
+while the kernel before it finishes, as the conv layers do (each waits at
+`griddepcontrol.wait` before it reads what that kernel wrote).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+from pathlib import Path
+from typing import Any
+
+from kernels.build import BUILD_FORMAT, KERNEL_DIR, nvrtc_compile
+from kernels.launch import driver_launch, load_function, supports_pdl
+
+
+def small_options(defines: dict[str, int], sm: int, ptx: bool = False) -> list[str]:
+    arch = f"{'compute' if ptx else 'sm'}_{sm}"
+    return [f"--gpu-architecture={arch}", "-std=c++17", "-default-device", "-minimal",
+            "--ptxas-options=--warn-on-spills", "--ptxas-options=--warning-as-error",
+            f"-DTK_SM={sm}", *(f"-D{k}={v}" for k, v in sorted(defines.items()))]
+
+
+def compile_small(source: str, defines: dict[str, int], sm: int, ptx: bool = False
+                  ) -> tuple[bytes | None, str]:
+    """NVRTC compile of kernels/`source`. Returns (image or None, log)."""
+    return nvrtc_compile(source, (KERNEL_DIR / source).read_text(), {},
+                         small_options(defines, sm, ptx), ptx)
+
+
+def small_key(source: str, defines: dict[str, int], sm: int) -> str:
+    h = hashlib.sha256(f"format={BUILD_FORMAT};{source}\n".encode())
+    h.update((KERNEL_DIR / source).read_bytes())
+    h.update("\0".join(small_options(defines, sm)).encode())
+    return h.hexdigest()[:32]
+
+
+def build_small(source: str, defines: dict[str, int], sm: int,
+                cache_dir: str | os.PathLike[str]) -> Path:
+    """The cached cubin (compiled on first use)."""
+    path = Path(cache_dir) / f"{Path(source).stem}_{small_key(source, defines, sm)}.cubin"
+    if not path.exists():
+        cubin, log = compile_small(source, defines, sm)
+        if cubin is None:
+            raise RuntimeError(f"{source} failed to compile with {defines}: {log}")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_bytes(cubin)
+        os.replace(tmp, path)
+    return path
+
+
+class SmallKernel:
+    """One build of a small kernel, launched on torch's current stream of a tensor's GPU."""
+
+    def __init__(self, source: str, name: str, defines: dict[str, int], sm: int,
+                 pdl: bool = False, cache_dir: str | os.PathLike[str] | None = None) -> None:
+        if pdl and not supports_pdl(sm):
+            raise ValueError(f"pdl (programmatic dependent launch) needs sm_90, not sm_{sm}")
+        if cache_dir is None:
+            from kernels.runtime import default_cache_dir
+
+            cache_dir = default_cache_dir()
+        self.name, self.sm, self.pdl = name, int(sm), pdl
+        self.cubin = build_small(source, defines, self.sm, cache_dir)
+        self._fns: dict[int, tuple[Any, Any]] = {}
+
+    def launch(self, device: Any, grid: tuple[int, int, int], block: tuple[int, int, int],
+               smem: int, pointers: list[int]) -> None:
+        """Enqueue one launch with these pointer arguments on `device` (a torch.device)."""
+        import cupy
+        import torch
+
+        dev = device.index if device.index is not None else torch.cuda.current_device()
+        with cupy.cuda.Device(dev):
+            if dev not in self._fns:
+                self._fns[dev] = load_function(self.cubin, {"kernel": self.name,
+                                                            "smem_bytes": smem})
+            driver_launch(self._fns[dev][1], grid, block, smem,
+                          [ctypes.c_void_p(p) for p in pointers],
+                          int(torch.cuda.current_stream(dev).cuda_stream), self.pdl)
