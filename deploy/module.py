@@ -30,7 +30,6 @@ from torch import fx, nn
 from deploy import calibrate, torch_op
 from deploy.plan import LayerPlan
 from kernels.build import Epilogue
-from kernels.linear import LinearShape
 from kernels.pool import PoolShape
 from kernels.runtime import schedule_fits
 from kernels.spec import ConvShape, Precision, Target
@@ -441,71 +440,6 @@ class KernelMaxPool2d(nn.Module):
         k, s, p, d, c = self.args
         return f"kernel_size={k}, stride={s}, padding={p}, dilation={d}, ceil_mode={c}"
 
-
-
-class KernelLinear(nn.Module):
-    """A fully connected layer (nn.Linear) of what stays in PyTorch, which runs in fp16: with
-    the cuda backend on a GPU, over a few rows (a classifier after its network's pooling),
-    tctune's kernel (kernels/linear.py, `torch.ops.tctune.linear`: a warp an output feature,
-    PDL beside the convs); elsewhere F.linear in x's dtype. The weight is kept in fp16, the
-    bias in fp32."""
-
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, *,
-                 backend: str = "reference", target: Target | None = None, pdl: bool = False,
-                 cache_dir: str | Path | None = None) -> None:
-        super().__init__()
-        if backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-        if backend == "cuda" and target is None:
-            raise ValueError("the cuda backend needs the target GPU")
-        self.register_buffer("weight", weight.detach().to(torch.float16).contiguous())
-        b = bias.detach() if bias is not None else torch.zeros(weight.shape[0])
-        self.register_buffer("bias", b.to(torch.float32, copy=True))
-        self.backend, self.target, self.pdl, self.cache_dir = backend, target, pdl, cache_dir
-        self._ops: dict[LinearShape, Any] = {}
-        self.uid = torch_op.register(self)
-
-    def kernel_shape(self, x_shape: tuple[int, ...] | torch.Size, dtype: torch.dtype
-                     ) -> LinearShape | None:
-        """The kernel's shape for inputs of this shape and dtype, or None where forward does
-        not run the kernel (the reference backend, not fp16, not 2-D, the kernel's limits)."""
-        if self.backend != "cuda" or dtype != torch.float16 or len(x_shape) != 2 or \
-                int(x_shape[1]) != self.weight.shape[1]:
-            return None
-        shape = LinearShape(int(x_shape[0]), int(x_shape[1]), int(self.weight.shape[0]))
-        return shape if shape.problems() is None else None
-
-    def output_shape_for(self, x_shape: tuple[int, ...] | torch.Size) -> tuple[int, ...]:
-        return (*(int(v) for v in x_shape[:-1]), int(self.weight.shape[0]))
-
-    def runs_kernel(self, x: torch.Tensor) -> bool:
-        """Whether forward runs tctune's kernel on x."""
-        return x.is_cuda and self.kernel_shape(x.shape, x.dtype) is not None
-
-    def build(self, x_shape: tuple[int, ...] | torch.Size, dtype: torch.dtype) -> Any:
-        """The kernel's op for inputs of this shape, built once (NVRTC; no GPU needed)."""
-        from kernels.linear import Linear
-
-        shape = self.kernel_shape(x_shape, dtype)
-        if shape is None:
-            raise ValueError(f"the linear kernel does not run {dtype} {tuple(x_shape)} here")
-        op = self._ops.get(shape)
-        if op is None:
-            assert self.target is not None
-            op = self._ops[shape] = Linear(shape, self.target.sm, self.pdl, self.cache_dir)
-        return op
-
-    def execute(self, x: torch.Tensor) -> torch.Tensor:
-        """The kernel on x (torch.ops.tctune.linear's body)."""
-        return self.build(x.shape, x.dtype)(x.contiguous(), self.weight, self.bias)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.runs_kernel(x):
-            return torch.ops.tctune.linear(x, self.uid)
-        return F.linear(x, self.weight.to(x.dtype), self.bias.to(x.dtype))
-
-    def extra_repr(self) -> str:
-        return f"in_features={self.weight.shape[1]}, out_features={self.weight.shape[0]}"
 
 class OptimizedModel(nn.Module):
     """The rewritten model: `graph_module` runs it; `plan` lists every nn.Conv2d's fate and

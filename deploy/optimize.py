@@ -21,7 +21,6 @@ from deploy.module import (
     BACKENDS,
     Dequantize,
     FusedConv,
-    KernelLinear,
     KernelMaxPool2d,
     OptimizedModel,
     Quantize,
@@ -201,8 +200,6 @@ def optimize(model: nn.Module, example_inputs: Any, precision: str = "fp16",
                       stacklevel=2)
 
     _place_conversions(gm, fused, p)
-    if fused:
-        _kernel_linears(gm, next(iter(fused.values())))
     _run_rest_in_fp16(gm, float_dtype)
     gm.delete_all_unused_submodules()
     gm.graph.lint()
@@ -452,8 +449,7 @@ def _run_rest_in_fp16(gm: fx.GraphModule, float_dtype: torch.dtype) -> None:
     sit between fused layers and PyTorch ops: the model casts its inputs to fp16 once (int8
     quantizes read them as they are) and its outputs back to the model's own float dtype."""
     g = gm.graph
-    ours = {name for name, m in gm.named_modules()
-            if isinstance(m, (FusedConv, KernelMaxPool2d, KernelLinear))}
+    ours = {name for name, m in gm.named_modules() if isinstance(m, (FusedConv, KernelMaxPool2d))}
     for name, m in gm.named_modules():
         if any(name == o or name.startswith(o + ".") for o in ours):
             continue  # the kernels' fp32 scale and bias stay as they are
@@ -494,29 +490,6 @@ def _describe(gm: fx.GraphModule, v: fx.Node, fused: dict[fx.Node, FusedConv]) -
     if v in fused:
         return fused[v].layer.name
     return str(v.meta.get("deploy_origin", v.name))
-
-
-def _kernel_linears(gm: fx.GraphModule, like: FusedConv) -> None:
-    """Every fully connected layer (an nn.Linear module) as a KernelLinear run as the fused
-    layer `like` runs (backend, target, PDL, build cache), its
-    kernel built for its planned input where it runs one (fp16: what stays in PyTorch)."""
-    run = {"backend": like.backend, "target": like.target, "pdl": like.pdl,
-           "cache_dir": like.cache_dir}
-    for node in list(gm.graph.nodes):
-        m = gm.get_submodule(str(node.target)) if node.op == "call_module" else None
-        if not isinstance(m, nn.Linear):
-            continue
-        mod = KernelLinear(m.weight, m.bias, **run)
-        name = f"tctune_linear_{node.name}"
-        gm.add_submodule(name, mod)
-        with gm.graph.inserting_before(node):
-            new = gm.graph.call_module(name, (node.args[0],))
-        new.meta.update(node.meta)
-        node.replace_all_uses_with(new)
-        gm.graph.erase_node(node)
-        x_shape = new.args[0].meta.get("deploy_shape")  # type: ignore[union-attr]
-        if x_shape is not None and mod.kernel_shape(x_shape, torch.float16) is not None:
-            mod.build(x_shape, torch.float16)  # as the fused layers' kernels
 
 
 def _kernel_max_pool(gm: fx.GraphModule, node: fx.Node, like: FusedConv) -> fx.Node:

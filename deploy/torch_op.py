@@ -1,6 +1,5 @@
 """The tctune kernels as PyTorch custom ops, `torch.ops.tctune.fused_conv` (the fused
-layers), `torch.ops.tctune.max_pool` and `torch.ops.tctune.linear` (KernelMaxPool2d and
-KernelLinear on the GPU), so that
+layers) and `torch.ops.tctune.max_pool` (KernelMaxPool2d on the GPU), so that
 `torch.compile` sees each tctune kernel as one opaque call with a known output (shape, dtype,
 channels_last strides) and compiles the PyTorch ops around it (casts, the ops a fused layer
 could not absorb) instead of breaking its graph at every layer.
@@ -19,13 +18,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
-    from deploy.module import FusedConv, KernelLinear, KernelMaxPool2d
+    from deploy.module import FusedConv, KernelMaxPool2d
 
 _LAYERS: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
 _IDS = itertools.count(1)
 
 
-def register(layer: FusedConv | KernelMaxPool2d | KernelLinear) -> int:
+def register(layer: FusedConv | KernelMaxPool2d) -> int:
     """A process-unique id for a module that runs a kernel (dropped with the module)."""
     uid = next(_IDS)
     _LAYERS[uid] = layer
@@ -67,14 +66,3 @@ def max_pool(x: torch.Tensor, uid: int) -> torch.Tensor:
 def _(x: torch.Tensor, uid: int) -> torch.Tensor:
     n, c, h, w = _layer(uid).output_shape_for(x.shape)
     return x.new_empty_strided((n, c, h, w), (h * w * c, 1, w * c, c), dtype=x.dtype)
-
-
-@torch.library.custom_op("tctune::linear", mutates_args=())
-def linear(x: torch.Tensor, uid: int) -> torch.Tensor:
-    """y = the KernelLinear `uid` on x (fp16 rows) on the GPU."""
-    return _layer(uid).execute(x)
-
-
-@linear.register_fake
-def _(x: torch.Tensor, uid: int) -> torch.Tensor:
-    return x.new_empty(_layer(uid).output_shape_for(x.shape), dtype=torch.float16)

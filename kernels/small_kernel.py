@@ -1,5 +1,5 @@
-"""The deploy path's kernels other than the conv (kernels/pool.cu, kernels/linear.cu): one
-source file each, specialized by its defines, built with NVRTC (no GPU needed), cached
+"""The deploy path's kernels other than the conv (kernels/pool.cu): one source file each,
+specialized by its defines, built with NVRTC (no GPU needed), cached
 beside the conv builds under a key of the source and the options, and launched on the
 caller's torch stream; on sm_90 with programmatic dependent launch, so that each starts
 while the kernel before it finishes, as the conv layers do (each waits at

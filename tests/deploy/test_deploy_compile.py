@@ -111,20 +111,3 @@ def test_the_fake_max_pool_op_has_the_pools_output_shape_dtype_and_strides() -> 
         assert (fake.shape, fake.stride(), fake.dtype) == (want.shape, want.stride(), dtype)
     assert not pool.runs_kernel(x)  # a CPU tensor: the views' maximum instead
     assert torch.equal(pool(x).float(), want)
-
-
-def test_the_fake_linear_op_has_the_layers_output_shape_and_dtype() -> None:
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    from deploy import KernelLinear
-    from kernels.spec import get_target
-
-    w, b = torch.randn(10, 64), torch.randn(10)
-    lin = KernelLinear(w, b, backend="cuda", target=get_target("h100"))
-    x = torch.randn(8, 64).half()
-    with FakeTensorMode() as mode:
-        fake = torch.ops.tctune.linear(mode.from_tensor(x), lin.uid)
-    assert (fake.shape, fake.dtype) == ((8, 10), torch.float16)
-    assert not lin.runs_kernel(x)  # a CPU tensor: F.linear in fp16 instead
-    want = torch.nn.functional.linear(x, w.half(), b.half())
-    assert torch.equal(lin(x), want)

@@ -20,15 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
-from deploy import (
-    Dequantize,
-    FusedConv,
-    KernelLinear,
-    KernelMaxPool2d,
-    OptimizedModel,
-    Quantize,
-    optimize,
-)
+from deploy import Dequantize, FusedConv, KernelMaxPool2d, OptimizedModel, Quantize, optimize
 from kernels.runtime import DefaultScheduleWarning
 from kernels.spec import Precision
 from tests.deploy_nets import small_resnet
@@ -118,13 +110,13 @@ def test_int8_handoff_has_no_float_round_trip(int8: tuple[nn.Module, OptimizedMo
     assert order[0] == "Quantize" and order[1] == "FusedConv"
     # The dequantize writes fp16: the pool and the classifier run in fp16, and the logits
     # are cast back to the model's float32 at the end.
-    assert order[-4:] == ["Dequantize", "AdaptiveAvgPool2d", "KernelLinear", "Dequantize"]
+    assert order[-4:] == ["Dequantize", "AdaptiveAvgPool2d", "Linear", "Dequantize"]
     deq_in, deq_out = (opt.graph_module.get_submodule(str(n.target)) for n in g.nodes
                        if isinstance(_module(opt, n), Dequantize))
     assert (deq_in.precision, deq_in.dtype) == (Precision.INT8, torch.float16)
     assert (deq_out.precision, deq_out.dtype) == (Precision.FP16, torch.float32)
-    linear = opt.modules_of(KernelLinear)[0]
-    assert (linear.weight.dtype, linear.bias.dtype) == (torch.float16, torch.float32)
+    linear = opt.modules_of(nn.Linear)[0]
+    assert linear.weight.dtype == torch.float16
     # Every fused layer reads fused layers, the int8 max-pool, or the one Quantize.
     for n in g.nodes:
         if isinstance(_module(opt, n), FusedConv):

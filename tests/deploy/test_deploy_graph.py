@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from deploy import FusedConv, KernelLinear, KernelMaxPool2d, OptimizedModel, optimize
+from deploy import FusedConv, KernelMaxPool2d, OptimizedModel, optimize
 from kernels.runtime import DefaultScheduleWarning
 from kernels.spec import Precision
 from tests.deploy_nets import Bottleneck, randomize_bn
@@ -144,15 +144,13 @@ def test_layers_the_kernel_cannot_run_stay_in_pytorch() -> None:
                       ("wide_dilation", "dilation"), ("reflect", "padding_mode")):
         assert not p[name].replaced and why in p[name].reason, (name, p[name].reason)
     targets = call_targets(o)
-    for kept in ("grouped", "depthwise", "wide_dilation", "reflect", "pool"):
+    for kept in ("grouped", "depthwise", "wide_dilation", "reflect", "pool", "fc"):
         assert kept in targets
         assert type(o.graph_module.get_submodule(kept)) is type(m.get_submodule(kept))
-    # the classifier: tctune's linear kernel on a GPU (F.linear in fp16 here)
-    assert isinstance(o.graph_module.get_submodule("tctune_linear_fc"), KernelLinear)
     # fp16 from end to end: kept layers run in fp16 too (cuDNN's fp16 conv on a GPU), so
     # the only casts are the input's and the output's.
     assert o.conversions() == {"quantize": 1, "dequantize": 1}
-    for kept in ("grouped", "depthwise", "wide_dilation", "reflect", "tctune_linear_fc"):
+    for kept in ("grouped", "depthwise", "wide_dilation", "reflect", "fc"):
         assert o.graph_module.get_submodule(kept).weight.dtype == torch.float16
     assert o(x).dtype == torch.float32
     assert rel_err(o(x), m(x)) < 2e-3
@@ -335,7 +333,7 @@ def test_int8_runs_what_stays_in_pytorch_in_fp16() -> None:
     m = Odd().eval()
     x = torch.randn(2, 3, 16, 16)
     o = opt(m, x, "int8")
-    for kept in ("grouped", "depthwise", "tctune_linear_fc"):
+    for kept in ("grouped", "depthwise", "fc"):
         assert o.graph_module.get_submodule(kept).weight.dtype == torch.float16
     # int8 in and out of stem and dilated; the fp16 cast of the output is not counted
     assert o.conversions() == {"quantize": 2, "dequantize": 2}
