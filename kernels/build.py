@@ -406,18 +406,18 @@ def build(job: BuildJob, cache_dir: str | os.PathLike[str]) -> BuildResult:
     seconds = time.perf_counter() - t0
     cache.mkdir(parents=True, exist_ok=True)
     if cubin is None:
-        _atomic_write(err_path, log.encode())
+        atomic_write(err_path, log.encode())
         return BuildResult("compile_error", key, log=log, seconds=seconds)
     meta = launch_meta(job, d)
     meta["image"] = "ptx" if job.ptx else "cubin"
     meta["log"] = log
     meta["compile_seconds"] = round(seconds, 3)
-    _atomic_write(cubin_path, cubin)
-    _atomic_write(meta_path, json.dumps(meta, sort_keys=True).encode())
+    atomic_write(cubin_path, cubin)
+    atomic_write(meta_path, json.dumps(meta, sort_keys=True).encode())
     return BuildResult("ok", key, log=log, seconds=seconds, meta=meta)
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
+def atomic_write(path: Path, data: bytes) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_bytes(data)
     os.replace(tmp, path)

@@ -1,9 +1,9 @@
 """The deploy path's kernels other than the conv (kernels/pool.cu): one source file each,
-specialized by its defines, built with NVRTC (no GPU needed), cached
-beside the conv builds under a key of the source and the options, and launched on the
-caller's torch stream; on sm_90 with programmatic dependent launch, so that each starts
-while the kernel before it finishes, as the conv layers do (each waits at
-`griddepcontrol.wait` before it reads what that kernel wrote).
+specialized by its defines, built with NVRTC (no GPU needed), cached beside the conv builds
+under a key of the source and the options, and launched on the caller's torch stream; on
+sm_90 with programmatic dependent launch, so that each starts while the kernel before it
+finishes, as the conv layers do (each waits at `griddepcontrol.wait` before it reads what
+that kernel wrote).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from kernels.build import BUILD_FORMAT, KERNEL_DIR, nvrtc_compile
+from kernels.build import BUILD_FORMAT, KERNEL_DIR, atomic_write, nvrtc_compile
 from kernels.launch import driver_launch, load_function, supports_pdl
 
 
@@ -48,9 +48,7 @@ def build_small(source: str, defines: dict[str, int], sm: int,
         if cubin is None:
             raise RuntimeError(f"{source} failed to compile with {defines}: {log}")
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_bytes(cubin)
-        os.replace(tmp, path)
+        atomic_write(path, cubin)
     return path
 
 
