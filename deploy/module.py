@@ -388,6 +388,10 @@ class KernelMaxPool2d(nn.Module):
         self._ops: dict[PoolShape, Any] = {}
         self.uid = torch_op.register(self)
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        self.uid = torch_op.register(self)  # a copy outlives the original: an id of its own
+
     def kernel_shape(self, x_shape: tuple[int, ...] | torch.Size, dtype: torch.dtype
                      ) -> PoolShape | None:
         """The pooling kernel's shape for inputs of this NCHW shape and dtype, or None where

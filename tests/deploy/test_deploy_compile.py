@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch import fx
 
-from deploy import FusedConv, OptimizedModel, optimize
+from deploy import FusedConv, KernelMaxPool2d, OptimizedModel, optimize, torch_op
 from kernels.runtime import DefaultScheduleWarning
 from tests.deploy_nets import small_resnet
 
@@ -88,6 +88,9 @@ def test_a_copy_of_a_layer_runs_its_own_weights() -> None:
     twin = copy.deepcopy(opt)
     a, b = opt.modules_of(FusedConv)[0], twin.modules_of(FusedConv)[0]
     assert isinstance(a, FusedConv) and isinstance(b, FusedConv) and a.uid != b.uid
+    pools = [o.modules_of(KernelMaxPool2d)[0] for o in (opt, twin)]
+    assert pools[0].uid != pools[1].uid
+    assert torch_op._layer(pools[1].uid) is pools[1]  # the twin's op runs the twin's pool
     with torch.no_grad():
         b.weight.zero_()
         assert not torch.equal(twin(HELD), opt(HELD))
