@@ -31,6 +31,7 @@ from deploy import calibrate, torch_op
 from deploy.plan import LayerPlan
 from kernels.build import Epilogue
 from kernels.pool import PoolShape
+from kernels.quantize import QuantizeShape
 from kernels.runtime import schedule_fits
 from kernels.spec import ConvShape, Precision, Target
 
@@ -302,9 +303,62 @@ class FusedConv(nn.Module):
                 f"backend={self.backend}")
 
 
-class Quantize(nn.Module):
+class SmallKernelModule(nn.Module):
+    """A module that, with the cuda backend on a GPU tensor, runs one of the deploy path's
+    small kernels (kernels/small_kernel.py) through its custom op, and torch ops elsewhere;
+    it runs as the fused layers do (backend, target, PDL, build cache). Subclasses say which
+    inputs the kernel runs (`kernel_shape`) and make its op (`make_op`)."""
+
+    what = "kernel"
+
+    def set_run(self, backend: str, target: Target | None, pdl: bool,
+                cache_dir: str | Path | None) -> None:
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        if backend == "cuda" and target is None:
+            raise ValueError("the cuda backend needs the target GPU")
+        self.backend, self.target, self.pdl, self.cache_dir = backend, target, pdl, cache_dir
+        if not hasattr(self, "uid"):
+            self._ops: dict[Any, Any] = {}
+            self.uid = torch_op.register(self)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        self.uid = torch_op.register(self)  # a copy outlives the original: an id of its own
+
+    def kernel_shape(self, x_shape: tuple[int, ...] | torch.Size, dtype: torch.dtype
+                     ) -> Any | None:
+        """The kernel's shape for inputs of this shape and dtype, or None where forward does
+        not run the kernel."""
+        raise NotImplementedError
+
+    def make_op(self, shape: Any, sm: int) -> Any:
+        raise NotImplementedError
+
+    def runs_kernel(self, x: torch.Tensor) -> bool:
+        """Whether forward runs the kernel on x."""
+        return x.is_cuda and self.kernel_shape(x.shape, x.dtype) is not None
+
+    def build(self, x_shape: tuple[int, ...] | torch.Size, dtype: torch.dtype) -> Any:
+        """The kernel's op for inputs of this shape and dtype, built once (NVRTC; no GPU
+        needed)."""
+        shape = self.kernel_shape(x_shape, dtype)
+        if shape is None:
+            raise ValueError(f"the {self.what} kernel does not run {dtype} {tuple(x_shape)} "
+                             f"here")
+        if shape not in self._ops:
+            assert self.target is not None
+            self._ops[shape] = self.make_op(shape, self.target.sm)
+        return self._ops[shape]
+
+
+class Quantize(SmallKernelModule):
     """Into the kernel's domain: float -> int8 with a per-tensor scale, or -> fp16; the
-    output is channels_last (the kernel's NHWC)."""
+    output is channels_last (the kernel's NHWC). Where it feeds only fused layers that read
+    more channels than it has (`take_channels`: a stem's 3 as 4), with the cuda backend
+    on a GPU it is tctune's kernel (kernels/quantize.py, `torch.ops.tctune.quantize`: the
+    zero channels written with the values, PDL); elsewhere torch ops, and the fused layer
+    pads."""
 
     def __init__(self, precision: Precision, scale: float | None = None) -> None:
         super().__init__()
@@ -312,8 +366,46 @@ class Quantize(nn.Module):
         self.scale = scale
         if self.precision is Precision.INT8 and scale is None:
             raise ValueError("an int8 quantize needs a scale")
+        self.channels: int | None = None
+        self.set_run("reference", None, False, None)
+
+    what = "quantize"
+
+    def take_channels(self, channels: int, like: FusedConv) -> None:
+        """Write `channels` channels (the fused layers' padded input), run as `like` runs."""
+        self.channels = int(channels)
+        self.set_run(like.backend, like.target, like.pdl, like.cache_dir)
+
+    def kernel_shape(self, x_shape: tuple[int, ...] | torch.Size, dtype: torch.dtype
+                     ) -> QuantizeShape | None:
+        if self.backend != "cuda" or self.channels is None or len(x_shape) != 4 or \
+                dtype not in (torch.float32, torch.float16):
+            return None
+        n, c, h, w = (int(v) for v in x_shape)
+        shape = QuantizeShape(n, c, h, w, self.channels, dtype == torch.float16,
+                              self.precision is Precision.FP16)
+        return shape if shape.problems() is None else None
+
+    def make_op(self, shape: QuantizeShape, sm: int) -> Any:
+        from kernels.quantize import QuantizeInput
+
+        return QuantizeInput(shape, sm, self.pdl, self.cache_dir)
+
+    def output_shape_for(self, x_shape: tuple[int, ...] | torch.Size) -> tuple[int, ...]:
+        n, c, h, w = (int(v) for v in x_shape)
+        return (n, self.channels or c, h, w)
+
+    @property
+    def out_dtype(self) -> torch.dtype:
+        return torch.int8 if self.precision is Precision.INT8 else torch.float16
+
+    def execute(self, x: torch.Tensor) -> torch.Tensor:
+        """The kernel on x (torch.ops.tctune.quantize's body)."""
+        return self.build(x.shape, x.dtype)(x, self.scale)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.runs_kernel(x):
+            return torch.ops.tctune.quantize(x, self.uid)
         if self.precision is Precision.INT8:
             assert self.scale is not None
             q = calibrate.quantize(x, self.scale)
@@ -365,7 +457,7 @@ def max_of_windows(x: torch.Tensor, kernel_size: Any, stride: Any, padding: Any,
     return out.contiguous(memory_format=torch.channels_last)
 
 
-class KernelMaxPool2d(nn.Module):
+class KernelMaxPool2d(SmallKernelModule):
     """Max-pool on the kernel's int8 / fp16 values: it commutes with a positive scale (and
     with rounding), so it needs no dequantization. With the cuda backend on a GPU tensor it
     is tctune's pooling kernel (kernels/pool.py, `torch.ops.tctune.max_pool`: 16-byte
@@ -379,24 +471,15 @@ class KernelMaxPool2d(nn.Module):
                  target: Target | None = None, pdl: bool = False,
                  cache_dir: str | Path | None = None) -> None:
         super().__init__()
-        if backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-        if backend == "cuda" and target is None:
-            raise ValueError("the cuda backend needs the target GPU")
         self.args = (kernel_size, stride, padding, dilation, ceil_mode)
-        self.backend, self.target, self.pdl, self.cache_dir = backend, target, pdl, cache_dir
-        self._ops: dict[PoolShape, Any] = {}
-        self.uid = torch_op.register(self)
+        self.set_run(backend, target, pdl, cache_dir)
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        super().__setstate__(state)
-        self.uid = torch_op.register(self)  # a copy outlives the original: an id of its own
+    what = "pooling"
 
     def kernel_shape(self, x_shape: tuple[int, ...] | torch.Size, dtype: torch.dtype
                      ) -> PoolShape | None:
-        """The pooling kernel's shape for inputs of this NCHW shape and dtype, or None where
-        forward does not run the kernel (the reference backend, ceil_mode, other dtypes,
-        channels that do not fill 16-byte vectors)."""
+        """None for the reference backend, ceil_mode, other dtypes and channels that do not
+        fill 16-byte vectors."""
         k, s, p, d, c = self.args
         if self.backend != "cuda" or c or dtype not in (torch.int8, torch.float16):
             return None
@@ -408,23 +491,10 @@ class KernelMaxPool2d(nn.Module):
         ps = PoolShape.of(tuple(x_shape), k, s, p, d, False)
         return (ps.n, ps.c, *ps.out_hw)
 
-    def runs_kernel(self, x: torch.Tensor) -> bool:
-        """Whether forward runs tctune's pooling kernel on x."""
-        return x.is_cuda and self.kernel_shape(x.shape, x.dtype) is not None
-
-    def build(self, x_shape: tuple[int, ...] | torch.Size, dtype: torch.dtype) -> Any:
-        """The pooling kernel's op for inputs of this NCHW shape and dtype, built once (NVRTC;
-        no GPU needed)."""
+    def make_op(self, shape: PoolShape, sm: int) -> Any:
         from kernels.pool import MaxPool2d
 
-        shape = self.kernel_shape(x_shape, dtype)
-        if shape is None:
-            raise ValueError(f"the pooling kernel does not run {dtype} {tuple(x_shape)} here")
-        op = self._ops.get(shape)
-        if op is None:
-            assert self.target is not None
-            op = self._ops[shape] = MaxPool2d(shape, self.target.sm, self.pdl, self.cache_dir)
-        return op
+        return MaxPool2d(shape, sm, self.pdl, self.cache_dir)
 
     def execute(self, x: torch.Tensor) -> torch.Tensor:
         """The pooling kernel on x (torch.ops.tctune.max_pool's body)."""
@@ -463,11 +533,13 @@ class OptimizedModel(nn.Module):
             return self.graph_module(*args, **kwargs)
 
     def set_backend(self, backend: str) -> None:
-        """Run every fused layer on this executor from now on ("cuda" or "reference")."""
+        """Run every fused layer (and the max-pools and quantizes that run kernels) on this
+        executor from now on ("cuda" or "reference")."""
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-        for m in self.modules_of(FusedConv):
-            m.backend = backend  # type: ignore[assignment]
+        for m in self.graph_module.modules():
+            if isinstance(m, FusedConv | SmallKernelModule):
+                m.backend = backend
         self.backend = backend
 
     def modules_of(self, kind: type[nn.Module]) -> list[nn.Module]:

@@ -201,6 +201,7 @@ def optimize(model: nn.Module, example_inputs: Any, precision: str = "fp16",
 
     _place_conversions(gm, fused, p)
     _run_rest_in_fp16(gm, float_dtype)
+    _kernel_quantizes(gm, fused)
     gm.delete_all_unused_submodules()
     gm.graph.lint()
     gm.recompile()
@@ -490,6 +491,30 @@ def _describe(gm: fx.GraphModule, v: fx.Node, fused: dict[fx.Node, FusedConv]) -
     if v in fused:
         return fused[v].layer.name
     return str(v.meta.get("deploy_origin", v.name))
+
+
+def _kernel_quantizes(gm: fx.GraphModule, fused: dict[fx.Node, FusedConv]) -> None:
+    """A Quantize that feeds only fused layers reading more channels than it has, each as
+    its x, all as many (a stem's 3 as 4 or 8), writes them itself: on the GPU one kernel
+    writes the values and the zero channels (Quantize.take_channels), built for its
+    planned input."""
+    for node in gm.graph.nodes:
+        q = gm.get_submodule(str(node.target)) if node.op == "call_module" else None
+        if not isinstance(q, Quantize) or not node.users:
+            continue
+        layers = [fused.get(u) for u in node.users]
+        if any(m is None for m in layers) or any(u.args[0] is not node for u in node.users):
+            continue
+        channels = {m.input_channels for m in layers if m is not None}
+        x_shape = node.args[0].meta.get("deploy_shape")  # type: ignore[union-attr]
+        if len(channels) != 1 or x_shape is None or channels == {int(x_shape[1])}:
+            continue
+        like = layers[0]
+        assert like is not None
+        q.take_channels(channels.pop(), like)
+        dtype = node.args[0].meta.get("deploy_dtype", torch.float32)  # type: ignore[union-attr]
+        if q.kernel_shape(x_shape, dtype) is not None:
+            q.build(x_shape, dtype)  # as the fused layers' kernels: built before the first call
 
 
 def _kernel_max_pool(gm: fx.GraphModule, node: fx.Node, like: FusedConv) -> fx.Node:

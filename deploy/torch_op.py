@@ -1,5 +1,6 @@
 """The tctune kernels as PyTorch custom ops, `torch.ops.tctune.fused_conv` (the fused
-layers) and `torch.ops.tctune.max_pool` (KernelMaxPool2d on the GPU), so that
+layers), `torch.ops.tctune.max_pool` and `torch.ops.tctune.quantize` (KernelMaxPool2d and
+Quantize on the GPU), so that
 `torch.compile` sees each tctune kernel as one opaque call with a known output (shape, dtype,
 channels_last strides) and compiles the PyTorch ops around it (casts, the ops a fused layer
 could not absorb) instead of breaking its graph at every layer.
@@ -18,13 +19,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
-    from deploy.module import FusedConv, KernelMaxPool2d
+    from deploy.module import FusedConv, SmallKernelModule
 
 _LAYERS: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
 _IDS = itertools.count(1)
 
 
-def register(layer: FusedConv | KernelMaxPool2d) -> int:
+def register(layer: FusedConv | SmallKernelModule) -> int:
     """A process-unique id for a module that runs a kernel (dropped with the module)."""
     uid = next(_IDS)
     _LAYERS[uid] = layer
@@ -66,3 +67,16 @@ def max_pool(x: torch.Tensor, uid: int) -> torch.Tensor:
 def _(x: torch.Tensor, uid: int) -> torch.Tensor:
     n, c, h, w = _layer(uid).output_shape_for(x.shape)
     return x.new_empty_strided((n, c, h, w), (h * w * c, 1, w * c, c), dtype=x.dtype)
+
+
+@torch.library.custom_op("tctune::quantize", mutates_args=())
+def quantize(x: torch.Tensor, uid: int) -> torch.Tensor:
+    """y = the Quantize `uid` on x (float32 or fp16) on the GPU: NHWC, padded channels."""
+    return _layer(uid).execute(x)
+
+
+@quantize.register_fake
+def _(x: torch.Tensor, uid: int) -> torch.Tensor:
+    layer = _layer(uid)
+    n, c, h, w = layer.output_shape_for(x.shape)
+    return x.new_empty_strided((n, c, h, w), (h * w * c, 1, w * c, c), dtype=layer.out_dtype)

@@ -1,9 +1,9 @@
-"""The deploy path's kernels other than the conv (kernels/pool.cu): one source file each,
-specialized by its defines, built with NVRTC (no GPU needed), cached beside the conv builds
-under a key of the source and the options, and launched on the caller's torch stream; on
-sm_90 with programmatic dependent launch, so that each starts while the kernel before it
-finishes, as the conv layers do (each waits at `griddepcontrol.wait` before it reads what
-that kernel wrote).
+"""The deploy path's kernels other than the conv (kernels/pool.cu, kernels/quantize.cu): one
+source file each, specialized by its defines, built with NVRTC (no GPU needed), cached beside
+the conv builds under a key of the source and the options, and launched on the caller's torch
+stream; on sm_90 with programmatic dependent launch, so that each starts while the kernel
+before it finishes, as the conv layers do (each waits at `griddepcontrol.wait` before it
+touches global memory).
 """
 
 from __future__ import annotations
@@ -68,8 +68,9 @@ class SmallKernel:
         self._fns: dict[int, tuple[Any, Any]] = {}
 
     def launch(self, device: Any, grid: tuple[int, int, int], block: tuple[int, int, int],
-               smem: int, pointers: list[int]) -> None:
-        """Enqueue one launch with these pointer arguments on `device` (a torch.device)."""
+               smem: int, args: list[Any]) -> None:
+        """Enqueue one launch on `device` (a torch.device): `args` the kernel's arguments,
+        ints as pointers, ctypes values as they are."""
         import cupy
         import torch
 
@@ -79,5 +80,6 @@ class SmallKernel:
                 self._fns[dev] = load_function(self.cubin, {"kernel": self.name,
                                                             "smem_bytes": smem})
             driver_launch(self._fns[dev][1], grid, block, smem,
-                          [ctypes.c_void_p(p) for p in pointers],
+                          [a if isinstance(a, ctypes._SimpleCData) else ctypes.c_void_p(a)
+                           for a in args],
                           int(torch.cuda.current_stream(dev).cuda_stream), self.pdl)

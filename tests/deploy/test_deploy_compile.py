@@ -114,3 +114,27 @@ def test_the_fake_max_pool_op_has_the_pools_output_shape_dtype_and_strides() -> 
         assert (fake.shape, fake.stride(), fake.dtype) == (want.shape, want.stride(), dtype)
     assert not pool.runs_kernel(x)  # a CPU tensor: the views' maximum instead
     assert torch.equal(pool(x).float(), want)
+
+
+@pytest.mark.parametrize("precision", ["int8", "fp16"])
+def test_the_input_quantize_writes_the_stems_padded_channels_on_the_gpu(
+        precision: str, tmp_path: Any) -> None:
+    """With the cuda backend (built here with NVRTC, no GPU), the model's input Quantize
+    feeds only the stem, which reads 3 channels padded to 4 (one word a pixel): it takes that
+    count and its kernel is built for the planned input; its fake op gives the padded
+    channels_last output the stem reads."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from deploy import Quantize
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DefaultScheduleWarning)
+        opt = optimize(small_resnet(), X, precision, "h100", backend="cuda", cache_dir=tmp_path)
+    (q,) = opt.modules_of(Quantize)
+    stem = opt.modules_of(FusedConv)[0]
+    assert q.channels == stem.input_channels == 4 and len(q._ops) == 1
+    with FakeTensorMode() as mode:
+        fake = torch.ops.tctune.quantize(mode.from_tensor(X), q.uid)
+    assert fake.shape == (8, 4, 64, 64) and fake.dtype == q.out_dtype
+    assert fake.is_contiguous(memory_format=torch.channels_last)
+    assert not q.runs_kernel(X)  # a CPU tensor: torch ops, and the stem pads

@@ -1,0 +1,66 @@
+"""tctune's input quantize kernel (kernels/quantize.py, quantize.cu): the shapes it refuses,
+builds for every sm (CPU, NVRTC), and on a GPU its output against deploy's own quantize
+(int8) or cast (fp16) with the zero channels appended, exactly, from either layout."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kernels.quantize import QuantizeInput, QuantizeShape, compile_quantize
+
+
+def test_shapes_the_kernel_cannot_run_are_refused_with_the_reason() -> None:
+    assert QuantizeShape(8, 3, 224, 224, 4, False, False).problems() is None
+    assert QuantizeShape(8, 3, 224, 224, 4, True, True).problems() is None
+    assert "word" in QuantizeShape(8, 3, 8, 8, 3, False, False).problems()
+    assert "word" in QuantizeShape(8, 5, 8, 8, 4, False, False).problems()
+    with pytest.raises(ValueError, match="word"):
+        QuantizeInput(QuantizeShape(1, 3, 8, 8, 6, False, False), 90)
+
+
+@pytest.mark.parametrize("in_fp16", [False, True])
+@pytest.mark.parametrize("out_fp16,channels", [(False, 4), (False, 16), (True, 4), (True, 8)])
+def test_the_kernel_builds_for_every_sm(in_fp16: bool, out_fp16: bool, channels: int) -> None:
+    shape = QuantizeShape(8, 3, 224, 224, channels, in_fp16, out_fp16)
+    for sm in (75, 80, 90):
+        image, log = compile_quantize(shape, sm)
+        assert image is not None, log
+    for sm in (75, 80):
+        assert compile_quantize(shape, sm, ptx=True)[0] is not None
+
+
+def _gpu() -> bool:
+    from tests.conftest import has_gpu
+
+    return has_gpu()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _gpu(), reason="needs CuPy and a CUDA GPU")
+def test_the_kernel_is_deploys_quantize_with_the_channels_padded(tmp_path: Path) -> None:
+    from deploy import calibrate
+    from kernels.launch import supports_pdl
+
+    major, _ = torch.cuda.get_device_capability()
+    sm = 90 if major >= 9 else 80 if major >= 8 else 75
+    g = torch.Generator(device="cuda").manual_seed(6)
+    scale = 0.0173
+    for dtype in (torch.float32, torch.float16):
+        x = torch.randn(3, 3, 19, 23, device="cuda", generator=g) * 1.5
+        x[0, 0, 0, :8] = (torch.arange(-4, 4, device="cuda") + 0.5) * scale  # ties: to even
+        x[1, 2, 3, :2] = torch.tensor([1e4, -1e4])  # clamped
+        x = x.to(dtype)
+        for layout in (torch.contiguous_format, torch.channels_last):
+            xl = x.contiguous(memory_format=layout)
+            for out_fp16, channels in ((False, 4), (False, 8), (True, 4), (True, 8)):
+                shape = QuantizeShape(3, 3, 19, 23, channels, dtype == torch.float16, out_fp16)
+                want = x.to(torch.float16) if out_fp16 else calibrate.quantize(x, scale)
+                want = F.pad(want.permute(0, 2, 3, 1), (0, channels - 3)).permute(0, 3, 1, 2)
+                for pdl in (False, True) if supports_pdl(sm) else (False,):
+                    y = QuantizeInput(shape, sm, pdl, tmp_path)(xl, None if out_fp16 else scale)
+                    assert y.is_contiguous(memory_format=torch.channels_last)
+                    assert torch.equal(y, want), (dtype, layout, out_fp16, channels)
