@@ -216,6 +216,8 @@ def test_max_pool_between_convs_stays_in_the_kernel_domain() -> None:
         pool, conv = o.modules_of(KernelMaxPool2d)[0], o.modules_of(FusedConv)[0]
         assert (pool.backend, pool.target, pool.pdl, pool.cache_dir) == \
             (conv.backend, conv.target, conv.pdl, conv.cache_dir)
+        o.set_backend("cuda")  # the pool switches with the fused layers
+        assert pool.backend == conv.backend == "cuda"
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int8])
