@@ -214,20 +214,23 @@ def defines(job: BuildJob) -> dict[str, int]:
     return d
 
 
+# Every NVRTC build's options after the architecture (the conv's and kernels/small_kernel.py's).
+COMMON_OPTIONS = ("-std=c++17", "-default-device",
+                  # no texture/surface or device-runtime declarations to parse: builds 24%
+                  # faster (0.27 -> 0.21 s), identical SASS (36 builds over every precision
+                  # and sm compared)
+                  "-minimal",
+                  # spills are build errors: a build whose registers spill is never worth timing
+                  "--ptxas-options=--warn-on-spills", "--ptxas-options=--warning-as-error")
+
+
 def nvrtc_options(d: Mapping[str, int], sm: int, ptx: bool = False) -> list[str]:
     # wgmma exists on the architecture-specific sm_90a target only (it runs on every sm_90).
     arch = f"sm_{sm}a" if d.get("TC_MMA") and sm == 90 else f"sm_{sm}"
     if ptx:
         arch = "compute" + arch[2:]
-    opts = [f"--gpu-architecture={arch}", "-std=c++17",
-            "-default-device",
-            # no texture/surface or device-runtime declarations to parse: builds 24% faster
-            # (0.27 -> 0.21 s), identical SASS (36 builds over every precision and sm compared)
-            "-minimal",
-            # spills are build errors: a schedule whose registers spill is never worth timing
-            "--ptxas-options=--warn-on-spills", "--ptxas-options=--warning-as-error"]
-    opts += [f"-D{k}={int(v)}" for k, v in sorted(d.items())]
-    return opts
+    return [f"--gpu-architecture={arch}", *COMMON_OPTIONS,
+            *(f"-D{k}={int(v)}" for k, v in sorted(d.items()))]
 
 
 def cache_key(d: Mapping[str, int], sm: int, ptx: bool = False) -> str:

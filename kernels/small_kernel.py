@@ -14,15 +14,14 @@ import os
 from pathlib import Path
 from typing import Any
 
-from kernels.build import BUILD_FORMAT, KERNEL_DIR, atomic_write, nvrtc_compile
+from kernels.build import BUILD_FORMAT, COMMON_OPTIONS, KERNEL_DIR, atomic_write, nvrtc_compile
 from kernels.launch import driver_launch, load_function, supports_pdl
 
 
 def small_options(defines: dict[str, int], sm: int, ptx: bool = False) -> list[str]:
     arch = f"{'compute' if ptx else 'sm'}_{sm}"
-    return [f"--gpu-architecture={arch}", "-std=c++17", "-default-device", "-minimal",
-            "--ptxas-options=--warn-on-spills", "--ptxas-options=--warning-as-error",
-            f"-DTK_SM={sm}", *(f"-D{k}={v}" for k, v in sorted(defines.items()))]
+    return [f"--gpu-architecture={arch}", *COMMON_OPTIONS, f"-DTK_SM={sm}",
+            *(f"-D{k}={v}" for k, v in sorted(defines.items()))]
 
 
 def compile_small(source: str, defines: dict[str, int], sm: int, ptx: bool = False
