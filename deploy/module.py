@@ -322,6 +322,10 @@ class SmallKernelModule(nn.Module):
             self._ops: dict[Any, Any] = {}
             self.uid = torch_op.register(self)
 
+    def run_like(self, layer: FusedConv) -> None:
+        """Run as this fused layer runs (backend, target, PDL, build cache)."""
+        self.set_run(layer.backend, layer.target, layer.pdl, layer.cache_dir)
+
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
         self.uid = torch_op.register(self)  # a copy outlives the original: an id of its own
@@ -351,6 +355,12 @@ class SmallKernelModule(nn.Module):
             self._ops[shape] = self.make_op(shape, self.target.sm)
         return self._ops[shape]
 
+    def prebuild(self, x_shape: tuple[int, ...] | None, dtype: torch.dtype) -> None:
+        """Build the kernel for the planned input where forward will run it, as the fused
+        layers' kernels are built: before the first call (x_shape None: not planned)."""
+        if x_shape is not None and self.kernel_shape(x_shape, dtype) is not None:
+            self.build(x_shape, dtype)
+
 
 class Quantize(SmallKernelModule):
     """Into the kernel's domain: float -> int8 with a per-tensor scale, or -> fp16; the
@@ -374,7 +384,7 @@ class Quantize(SmallKernelModule):
     def take_channels(self, channels: int, like: FusedConv) -> None:
         """Write `channels` channels (the fused layers' padded input), run as `like` runs."""
         self.channels = int(channels)
-        self.set_run(like.backend, like.target, like.pdl, like.cache_dir)
+        self.run_like(like)
 
     def kernel_shape(self, x_shape: tuple[int, ...] | torch.Size, dtype: torch.dtype
                      ) -> QuantizeShape | None:

@@ -495,7 +495,7 @@ def _describe(gm: fx.GraphModule, v: fx.Node, fused: dict[fx.Node, FusedConv]) -
 
 def _kernel_quantizes(gm: fx.GraphModule, fused: dict[fx.Node, FusedConv]) -> None:
     """A Quantize that feeds only fused layers reading more channels than it has, each as
-    its x, all as many (a stem's 3 as 4 or 8), writes them itself: on the GPU one kernel
+    its x, all as many (a stem's 3 as 4), writes them itself: on the GPU one kernel
     writes the values and the zero channels (Quantize.take_channels), built for its
     planned input."""
     for node in gm.graph.nodes:
@@ -512,31 +512,25 @@ def _kernel_quantizes(gm: fx.GraphModule, fused: dict[fx.Node, FusedConv]) -> No
         like = layers[0]
         assert like is not None
         q.take_channels(channels.pop(), like)
-        dtype = node.args[0].meta.get("deploy_dtype", torch.float32)  # type: ignore[union-attr]
-        if q.kernel_shape(x_shape, dtype) is not None:
-            q.build(x_shape, dtype)  # as the fused layers' kernels: built before the first call
+        x_dtype = node.args[0].meta.get("deploy_dtype", torch.float32)  # type: ignore[union-attr]
+        q.prebuild(x_shape, x_dtype)
 
 
 def _kernel_max_pool(gm: fx.GraphModule, node: fx.Node, like: FusedConv) -> fx.Node:
     """The max-pool node as a KernelMaxPool2d call (same arguments), run as the fused layer
     `like` runs (backend, target, PDL, build cache)."""
-    run = {"backend": like.backend, "target": like.target, "pdl": like.pdl,
-           "cache_dir": like.cache_dir}
     if node.op == "call_module":
         m = gm.get_submodule(str(node.target))
         assert isinstance(m, nn.MaxPool2d)
-        mod = KernelMaxPool2d(m.kernel_size, m.stride, m.padding, m.dilation, m.ceil_mode,
-                              **run)
+        mod = KernelMaxPool2d(m.kernel_size, m.stride, m.padding, m.dilation, m.ceil_mode)
     else:
         assert node.target is F.max_pool2d
         names = ("kernel_size", "stride", "padding", "dilation", "ceil_mode")
         vals: dict[str, Any] = dict(zip(names, node.args[1:], strict=False))
         vals.update({k: v for k, v in node.kwargs.items() if k in names})
-        mod = KernelMaxPool2d(**vals, **run)
-    x_shape = node.args[0].meta.get("deploy_shape")  # type: ignore[union-attr]
-    dtype = like.out_dtype
-    if x_shape is not None and mod.kernel_shape(x_shape, dtype) is not None:
-        mod.build(x_shape, dtype)  # as the fused layers' kernels: built before the first call
+        mod = KernelMaxPool2d(**vals)
+    mod.run_like(like)
+    mod.prebuild(node.args[0].meta.get("deploy_shape"), like.out_dtype)  # type: ignore[union-attr]
     name = f"tctune_maxpool_{node.name}"
     gm.add_submodule(name, mod)
     with gm.graph.inserting_before(node):
