@@ -64,7 +64,11 @@ def quantize(x: torch.Tensor, scale: float) -> torch.Tensor:
     """int8 activation: clamp(round(x / scale), -128, 127), in float32 at least (an fp16
     quotient near 127 would carry 1/32 of rounding error into the round)."""
     x = x.to(torch.promote_types(x.dtype, torch.float32))
-    return torch.round(x / scale).clamp(QMIN_ACT, QMAX).to(torch.int8)
+    # The divisor as a tensor on x's device: PyTorch's CUDA division by a host scalar
+    # multiplies by its reciprocal, which rounds differently from the kernel's and the CPU's
+    # division at some quotients (and so the rounding to an integer).
+    d = torch.tensor(scale, dtype=x.dtype, device=x.device)
+    return torch.round(x / d).clamp(QMIN_ACT, QMAX).to(torch.int8)
 
 
 def dequantize(q: torch.Tensor, scale: float, dtype: torch.dtype = torch.float32

@@ -87,15 +87,16 @@ def compile_pool(shape: PoolShape, sm: int, ptx: bool = False) -> tuple[bytes | 
 
 class MaxPool2d:
     """y = max_pool2d(x) for int8 / fp16 tensors of `shape` in channels_last memory on a GPU
-    of `sm` (`pdl`: programmatic dependent launch, sm_90)."""
+    of `sm` (`pdl`: programmatic dependent launch, sm_90; `ptx`: SmallKernel's)."""
 
     def __init__(self, shape: PoolShape, sm: int, pdl: bool = False,
-                 cache_dir: str | os.PathLike[str] | None = None) -> None:
+                 cache_dir: str | os.PathLike[str] | None = None, ptx: bool = False) -> None:
         why = shape.problems()
         if why:
             raise ValueError(f"max-pool: {why}")
         self.shape = shape
-        self.kernel = SmallKernel("pool.cu", KERNEL, pool_defines(shape), sm, pdl, cache_dir)
+        self.kernel = SmallKernel("pool.cu", KERNEL, pool_defines(shape), sm, pdl, cache_dir,
+                                  ptx)
         oh, ow = shape.out_hw
         self.output_shape = (shape.n, shape.c, oh, ow)
         self.grid = (math.ceil(shape.n * oh * ow * shape.vectors / THREADS), 1, 1)

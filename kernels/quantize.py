@@ -56,16 +56,17 @@ def compile_quantize(shape: QuantizeShape, sm: int, ptx: bool = False
 
 class QuantizeInput:
     """y = the input as the first fused layer reads it (int8 with `scale`, or fp16), NHWC
-    with `shape.channels` channels, on a GPU of `sm` (`pdl`: programmatic dependent launch)."""
+    with `shape.channels` channels, on a GPU of `sm` (`pdl`: programmatic dependent launch;
+    `ptx`: SmallKernel's)."""
 
     def __init__(self, shape: QuantizeShape, sm: int, pdl: bool = False,
-                 cache_dir: str | os.PathLike[str] | None = None) -> None:
+                 cache_dir: str | os.PathLike[str] | None = None, ptx: bool = False) -> None:
         why = shape.problems()
         if why:
             raise ValueError(f"quantize: {why}")
         self.shape = shape
         self.kernel = SmallKernel("quantize.cu", KERNEL, quantize_defines(shape), sm, pdl,
-                                  cache_dir)
+                                  cache_dir, ptx)
         self.grid = (math.ceil(shape.n * shape.h * shape.w / THREADS), 1, 1)
 
     def __call__(self, x: Any, scale: float | None = None) -> Any:

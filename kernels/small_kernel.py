@@ -31,19 +31,20 @@ def compile_small(source: str, defines: dict[str, int], sm: int, ptx: bool = Fal
                          small_options(defines, sm, ptx), ptx)
 
 
-def small_key(source: str, defines: dict[str, int], sm: int) -> str:
+def small_key(source: str, defines: dict[str, int], sm: int, ptx: bool = False) -> str:
     h = hashlib.sha256(f"format={BUILD_FORMAT};{source}\n".encode())
     h.update((KERNEL_DIR / source).read_bytes())
-    h.update("\0".join(small_options(defines, sm)).encode())
+    h.update("\0".join(small_options(defines, sm, ptx)).encode())
     return h.hexdigest()[:32]
 
 
 def build_small(source: str, defines: dict[str, int], sm: int,
-                cache_dir: str | os.PathLike[str]) -> Path:
-    """The cached cubin (compiled on first use)."""
-    path = Path(cache_dir) / f"{Path(source).stem}_{small_key(source, defines, sm)}.cubin"
+                cache_dir: str | os.PathLike[str], ptx: bool = False) -> Path:
+    """The cached cubin, or PTX text (compiled on first use)."""
+    name = f"{Path(source).stem}_{small_key(source, defines, sm, ptx)}"
+    path = Path(cache_dir) / f"{name}.{'ptx' if ptx else 'cubin'}"
     if not path.exists():
-        cubin, log = compile_small(source, defines, sm)
+        cubin, log = compile_small(source, defines, sm, ptx)
         if cubin is None:
             raise RuntimeError(f"{source} failed to compile with {defines}: {log}")
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -52,10 +53,13 @@ def build_small(source: str, defines: dict[str, int], sm: int,
 
 
 class SmallKernel:
-    """One build of a small kernel, launched on torch's current stream of a tensor's GPU."""
+    """One build of a small kernel, launched on torch's current stream of a tensor's GPU.
+    `ptx`: built as PTX of compute_<sm>, which the driver compiles for the GPU at hand when
+    it loads it (another target's code path run on this GPU, for its checks)."""
 
     def __init__(self, source: str, name: str, defines: dict[str, int], sm: int,
-                 pdl: bool = False, cache_dir: str | os.PathLike[str] | None = None) -> None:
+                 pdl: bool = False, cache_dir: str | os.PathLike[str] | None = None,
+                 ptx: bool = False) -> None:
         if pdl and not supports_pdl(sm):
             raise ValueError(f"pdl (programmatic dependent launch) needs sm_90, not sm_{sm}")
         if cache_dir is None:
@@ -63,7 +67,7 @@ class SmallKernel:
 
             cache_dir = default_cache_dir()
         self.name, self.sm, self.pdl = name, int(sm), pdl
-        self.cubin = build_small(source, defines, self.sm, cache_dir)
+        self.cubin = build_small(source, defines, self.sm, cache_dir, ptx)
         self._fns: dict[int, tuple[Any, Any]] = {}
 
     def launch(self, device: Any, grid: tuple[int, int, int], block: tuple[int, int, int],

@@ -43,8 +43,10 @@ def test_the_kernel_builds_for_every_sm_and_is_cached(fp16: bool, tmp_path: Path
     for sm in (75, 80, 90):
         image, log = compile_pool(shape, sm)
         assert image is not None, log
-    for sm in (75, 80):  # the T4's and A100's paths as PTX (kernels_check --ptx-targets)
+    for sm in (75, 80):  # the T4's and A100's paths as PTX (run on the GPU test below)
         assert compile_pool(shape, sm, ptx=True)[0] is not None
+        ptx = build_small("pool.cu", pool_defines(shape), sm, tmp_path, ptx=True)
+        assert ptx.suffix == ".ptx" and f".target sm_{sm}" in ptx.read_text()
     path = build_small("pool.cu", pool_defines(shape), 90, tmp_path)
     mtime = path.stat().st_mtime_ns
     assert build_small("pool.cu", pool_defines(shape), 90, tmp_path) == path
@@ -67,6 +69,10 @@ def test_the_kernel_is_pytorchs_max_pool_on_the_gpu(dtype: torch.dtype, tmp_path
 
     sm = torch.cuda.get_device_capability()[0] * 10 + torch.cuda.get_device_capability()[1]
     sm = 90 if sm >= 90 else 80 if sm >= 80 else 75
+    # this GPU's build, with and without PDL, and the older targets' paths as PTX (the T4's
+    # and A100's code, which the driver compiles for this GPU)
+    builds = [(sm, False, False)] + [(sm, True, False)] * supports_pdl(sm) + \
+        [(t, False, True) for t in (75, 80) if t < sm]
     g = torch.Generator(device="cuda").manual_seed(3)
     for c in (16, 64):
         x = torch.randint(-128, 128, (3, c, 17, 15), device="cuda", generator=g).to(dtype)
@@ -77,8 +83,9 @@ def test_the_kernel_is_pytorchs_max_pool_on_the_gpu(dtype: torch.dtype, tmp_path
             ps = PoolShape.of(tuple(x.shape), k, s, p, d, dtype is torch.float16)
             if ps.problems():
                 continue
-            for pdl in (False, True) if supports_pdl(sm) else (False,):
-                y = MaxPool2d(ps, sm, pdl, tmp_path)(x)
+            for b_sm, pdl, ptx in builds:
+                y = MaxPool2d(ps, b_sm, pdl, tmp_path, ptx)(x)
                 want = F.max_pool2d(x.float(), k, s if s is not None else k, p, d)
                 assert y.dtype is dtype and y.is_contiguous(memory_format=torch.channels_last)
-                assert torch.equal(y.float().nan_to_num(7.5), want.nan_to_num(7.5)), (c, k, s, p)
+                assert torch.equal(y.float().nan_to_num(7.5), want.nan_to_num(7.5)), \
+                    (c, k, s, p, b_sm, ptx)

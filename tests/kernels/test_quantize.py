@@ -47,6 +47,8 @@ def test_the_kernel_is_deploys_quantize_with_the_channels_padded(tmp_path: Path)
 
     major, _ = torch.cuda.get_device_capability()
     sm = 90 if major >= 9 else 80 if major >= 8 else 75
+    builds = [(sm, False, False)] + [(sm, True, False)] * supports_pdl(sm) + \
+        [(t, False, True) for t in (75, 80) if t < sm]  # older targets' paths as PTX
     g = torch.Generator(device="cuda").manual_seed(6)
     scale = 0.0173
     for dtype in (torch.float32, torch.float16):
@@ -60,7 +62,15 @@ def test_the_kernel_is_deploys_quantize_with_the_channels_padded(tmp_path: Path)
                 shape = QuantizeShape(3, 3, 19, 23, channels, dtype == torch.float16, out_fp16)
                 want = x.to(torch.float16) if out_fp16 else calibrate.quantize(x, scale)
                 want = F.pad(want.permute(0, 2, 3, 1), (0, channels - 3)).permute(0, 3, 1, 2)
-                for pdl in (False, True) if supports_pdl(sm) else (False,):
-                    y = QuantizeInput(shape, sm, pdl, tmp_path)(xl, None if out_fp16 else scale)
+                for b_sm, pdl, ptx in builds:
+                    y = QuantizeInput(shape, b_sm, pdl, tmp_path, ptx)(
+                        xl, None if out_fp16 else scale)
                     assert y.is_contiguous(memory_format=torch.channels_last)
-                    assert torch.equal(y, want), (dtype, layout, out_fp16, channels)
+                    assert torch.equal(y, want), (dtype, layout, out_fp16, channels, b_sm, ptx)
+    # A model's input: a million quotients, some within an ulp of a rounding tie, where a
+    # division computed otherwise than as IEEE's (a reciprocal's product) rounds differently.
+    x = torch.randn(8, 3, 224, 224, device="cuda", generator=g) * (40 * scale)
+    shape = QuantizeShape(8, 3, 224, 224, 4, False, False)
+    want = F.pad(calibrate.quantize(x, scale).permute(0, 2, 3, 1), (0, 1)).permute(0, 3, 1, 2)
+    assert torch.equal(QuantizeInput(shape, sm, False, tmp_path)(x, scale), want)
+    assert torch.equal(calibrate.quantize(x, scale).cpu(), calibrate.quantize(x.cpu(), scale))
