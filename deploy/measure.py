@@ -28,6 +28,18 @@ def forward_ms(fn: Any, inputs: list[Any]) -> float:
                             float, half=inputs[0].element_size() == 2) / 1e3
 
 
+def forward_us(fn: Any, inputs: list[Any]) -> float:
+    """Median microseconds per forward: one CUDA graph of back-to-back calls rotating over
+    `inputs` (kernels.timing), PyTorch's convolutions on cuDNN's pick as it stands: how
+    deploy.model_select compares one model's schedules."""
+    import torch
+
+    from kernels.timing import time_launches
+
+    with torch.no_grad():
+        return time_launches(lambda i: fn(inputs[i]), len(inputs), api="torch").median_us
+
+
 def compile_for_inference(model: Any, example: Any) -> Any:
     """`torch.compile` with inference freezing (BatchNorm folded, weights constant),
     compiled by one call on `example`."""

@@ -19,6 +19,7 @@ Two executors run a `FusedConv`:
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,7 @@ from kernels.build import Epilogue
 from kernels.pool import PoolShape
 from kernels.quantize import QuantizeShape
 from kernels.runtime import schedule_fits
-from kernels.spec import ConvShape, Precision, Target
+from kernels.spec import ConvShape, Precision, Target, task_key
 
 BACKENDS = ("cuda", "reference")
 _ALIGN = 16  # the runtime reads 16-byte vectors: tensors must start on such a boundary
@@ -83,6 +84,8 @@ class FusedConv(nn.Module):
                  pdl: bool = False, cache_dir: str | Path | None = None) -> None:
         super().__init__()
         self.concat = shape.concat
+        self.shape = shape  # as planned (its residual read is the epilogue's)
+        self.planned_x_shape: tuple[int, ...] | None = None  # set by take_planned_input
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
         self.layer = layer
@@ -172,7 +175,44 @@ class FusedConv(nn.Module):
                              f"layer's {self.x_channels}")
         self.input_channels = int(channels)
 
+    def record_key(self) -> str:
+        """The task key of the record this layer's schedule answers to (kernels.spec.task_key;
+        the layers of one model that share it share their schedule)."""
+        return task_key(replace(self.shape, residual=self.residual), self.precision,
+                        self.target)
+
     # ---- the kernel --------------------------------------------------------------------
+    def take_planned_input(self, x_shape: tuple[int, ...] | torch.Size) -> None:
+        """Build the op for the planned input (NCHW shape) and take x padded to the channels
+        its kernel reads (set_input_channels)."""
+        self.planned_x_shape = tuple(int(v) for v in x_shape)
+        op = self.build(self.planned_x_shape)
+        self.set_input_channels(op.padded_channels - self.concat)
+
+    def set_schedule(self, schedule: dict[str, Any], source: str) -> None:
+        """Run another schedule from now on (deploy.select), built for the planned input.
+        Raises ValueError, the layer unchanged, where it is not valid for the layer and its
+        fused epilogue, or would read its input padded to another channel count (the op
+        before writes that count)."""
+        why = schedule_fits(self.shape, self.precision, self.target, schedule, self.epilogue)
+        if why is not None:
+            raise ValueError(f"{self.layer.name}: {why}")
+        kept = self.schedule, dict(self._ops), dict(self._weights), self.layer.schedule_source
+        self.schedule, self.layer.schedule_source = dict(schedule), source
+        self._ops.clear()
+        self._weights.clear()
+        if self.planned_x_shape is not None:
+            op = self.build(self.planned_x_shape)
+            if op.padded_channels - self.concat != self.input_channels:
+                self.schedule, ops, weights, self.layer.schedule_source = kept
+                self._ops.clear()
+                self._ops.update(ops)
+                self._weights.update(weights)
+                raise ValueError(f"{self.layer.name}: the schedule reads "
+                                 f"{op.padded_channels - self.concat} input channels, the "
+                                 f"layer's input has {self.input_channels}")
+        self.layer.schedule = dict(schedule)
+
     def build(self, x_shape: tuple[int, ...] | torch.Size) -> Any:
         """The runtime op for inputs of this NCHW shape, built once (NVRTC; no GPU needed).
         A shape other than the planned one reuses the schedule where it is valid there, else

@@ -189,7 +189,7 @@ def optimize(model: nn.Module, example_inputs: Any, precision: str = "fp16",
                         cache_dir=cache_dir)
         if backend == "cuda":
             x_shape = chain.conv.args[0].meta["deploy_shape"]  # type: ignore[union-attr]
-            _take_padded_inputs(mod, x_shape)
+            mod.take_planned_input(x_shape)
         fused[graph.fuse(gm, chain, _module_name(gm, lp, fused), mod)] = mod
         if is_default:
             defaults.append(lp.name)
@@ -314,15 +314,8 @@ def _concat_layer(gm: fx.GraphModule, chain: graph.Chain, proj: graph.Chain,
                     pdl=pdl, cache_dir=cache_dir)
     if backend == "cuda":
         x_shape = proj.conv.args[0].meta["deploy_shape"]  # type: ignore[union-attr]
-        _take_padded_inputs(mod, x_shape)
+        mod.take_planned_input(x_shape)
     return mod
-
-
-def _take_padded_inputs(mod: FusedConv, x_shape: Any) -> None:
-    """Build the layer's op for its planned input and have it take x padded to the channels
-    the kernel reads (FusedConv.set_input_channels)."""
-    op = mod.build(x_shape)
-    mod.set_input_channels(op.padded_channels - mod.concat)
 
 
 def _conv_and_bn(gm: fx.GraphModule, chain: graph.Chain
