@@ -121,11 +121,15 @@ class Client:
             return None
         return self._json(resp)  # type: ignore[no-any-return]
 
-    def lookup(self, layers: list[tuple[ConvShape, str, str]]) -> list[dict[str, Any]]:
+    def lookup(self, layers: list[tuple[ConvShape, str, str]], runners_up: int = 0
+               ) -> list[dict[str, Any]]:
         """Best schedules of many (shape, precision, target) layers, in order; each result
-        has found=False where none is known yet."""
-        body = {"layers": [{"shape": sh.to_dict(), "precision": p, "target": t}
-                           for sh, p, t in layers]}
+        has found=False where none is known yet. `runners_up`: each found one also lists
+        its next fastest schedules, up to that many."""
+        body: dict[str, Any] = {"layers": [{"shape": sh.to_dict(), "precision": p, "target": t}
+                                           for sh, p, t in layers]}
+        if runners_up:
+            body["runners_up"] = runners_up
         return self._json(self.http.post("/schedules/lookup", json=body))["results"]  # type: ignore
 
     def cancel(self, job_id: int) -> dict[str, Any]:

@@ -4,7 +4,9 @@ After `tctune plan MODEL ... --wait` has tuned a model's layers, this looks ever
 the service (one bulk lookup), rewrites the model (deploy.optimize), prints the per-layer
 plan and, on a GPU, checks the optimized model's output against the float32 model and times
 it against PyTorch's fp16 model (channels_last: eager, and torch.compile with inference
-freezing), each as one CUDA graph of back-to-back forwards (deploy.measure).
+freezing), each as one CUDA graph of back-to-back forwards (deploy.measure). With
+`--choose-in-model N` each record first takes the fastest of its N runners-up in the service
+as the whole model times them (deploy.model_select).
 """
 
 from __future__ import annotations
@@ -57,6 +59,27 @@ def run_and_compare(model: Any, fast: Any, x: Any, compile_: bool) -> dict[str, 
     return out
 
 
+def choose_in_model(fast: Any, client: Any, x: Any, runners_up: int) -> dict[str, Any]:
+    """Each record's schedule chosen among its best and runners-up by timing the model on the
+    GPU (deploy.model_select), with a progress bar on stderr; what changed."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from deploy import model_select
+    from deploy.measure import forward_us
+
+    candidates = model_select.candidates_from_service(client, fast, runners_up)
+    inputs = [x.clone() for _ in range(2)]
+    with Progress(TextColumn("[bold]schedules in the model"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=Console(stderr=True)) as bar:
+        tid = bar.add_task("choose", total=len(model_select.layer_groups(fast)))
+        choices = model_select.choose_in_model(fast, candidates, lambda: forward_us(fast, inputs),
+                                               progress=lambda _: bar.advance(tid))
+    return {"records": len(choices), "timed": sum(len(c.tried) for c in choices),
+            "changed": [{"key": c.key, "layers": c.layers, "schedule": c.schedule}
+                        for c in choices if c.changed]}
+
+
 @click.command()
 @click.argument("model")
 @click.option("--input-shape", required=True, metavar="N,C,H,W",
@@ -70,8 +93,12 @@ def run_and_compare(model: Any, fast: Any, x: Any, compile_: bool) -> dict[str, 
               help="run the optimized model and PyTorch's under torch.compile as well")
 @click.option("--report-only", is_flag=True,
               help="print the per-layer plan without running anything (no GPU needed)")
+@click.option("--choose-in-model", "runners_up", default=0, show_default=True,
+              type=click.IntRange(min=0), metavar="N",
+              help="time the whole model with each layer's next N fastest schedules in the "
+                   "service and keep the fastest (GPU)")
 def main(model: str, input_shape: str, precision: str, target: str | None, server: str | None,
-         token: str | None, compile_: bool, report_only: bool) -> None:
+         token: str | None, compile_: bool, report_only: bool, runners_up: int) -> None:
     """Run MODEL (torchvision:NAME or module.path:factory, random weights) on the tuned
     kernels of the service's schedules: the per-layer plan goes to stderr, a JSON summary
     to stdout (layers replaced and tuned, and on a GPU the agreement with the float32 model
@@ -84,6 +111,9 @@ def main(model: str, input_shape: str, precision: str, target: str | None, serve
     from kernels.runtime import DefaultScheduleWarning
 
     gpu = _gpu()
+    if runners_up and report_only:
+        raise click.ClickException("--choose-in-model times the model on the GPU: it does not "
+                                   "go with --report-only")
     if not report_only and not gpu:
         raise click.ClickException("running the kernels needs a CUDA GPU (and CuPy); "
                                    "--report-only prints the plan without one")
@@ -104,6 +134,7 @@ def main(model: str, input_shape: str, precision: str, target: str | None, serve
             warnings.simplefilter("ignore", DefaultScheduleWarning)  # the plan says which
             fast = optimize(module, x, precision, target, client,
                             backend="cuda" if gpu else "reference")
+        chosen = choose_in_model(fast, client, x, runners_up) if runners_up else None
     except TctuneError as err:
         raise click.ClickException(f"the service at {url}: {err}") from None
     except httpx.HTTPError as err:
@@ -117,6 +148,8 @@ def main(model: str, input_shape: str, precision: str, target: str | None, serve
         "model": model, "precision": precision, "target": fast.target.name,
         "convs": len(plan), "replaced": sum(lp.replaced for lp in plan),
         "tuned": sum(lp.replaced and not lp.default_schedule for lp in plan)}
+    if chosen is not None:
+        out["chosen_in_model"] = chosen
     if not report_only:
         out.update(run_and_compare(module, fast, x, compile_))
         for k in ("eager_fp16_ms", "compiled_fp16_ms"):

@@ -268,6 +268,19 @@ def best_for_key(session: Session, key: str) -> tuple[Measurement, Task] | None:
     return None if row is None else (row[0], row[1])
 
 
+def runners_up(session: Session, best: Measurement, k: int) -> list[Measurement]:
+    """The task's next `k` fastest right measurements after its best (measured on the best's
+    backend), fastest first: what deploy.model_select tries in a whole model."""
+    if k <= 0:
+        return []
+    q = (select(Measurement)
+         .where(Measurement.task_id == best.task_id, Measurement.id != best.id,
+                Measurement.status == "ok", Measurement.median_us.is_not(None),
+                Measurement.backend == best.backend)
+         .order_by(Measurement.median_us, Measurement.id).limit(k))
+    return list(session.scalars(q))
+
+
 @dataclass(frozen=True)
 class BestRow:
     """What GET /schedule answers with, plus what identifies the version it read."""

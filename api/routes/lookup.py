@@ -27,9 +27,20 @@ from store.layer import LayerIn
 router = APIRouter(tags=["schedule"], route_class=JsonBodyRoute)
 
 
+MAX_RUNNERS_UP = 16
+
+
 class LookupIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
     layers: list[LayerIn] = Field(min_length=1, max_length=1000)
+    runners_up: int = Field(0, ge=0, le=MAX_RUNNERS_UP, description=(
+        "also answer each found layer's next fastest right schedules after its best, up to "
+        "this many (what `deploy.model_select` times in the whole model)"))
+
+
+class RunnerUp(BaseModel):
+    schedule: dict[str, Any]
+    latency_us: float
 
 
 class LookupItem(BaseModel):
@@ -44,6 +55,8 @@ class LookupItem(BaseModel):
     baseline_us: float | None = Field(None, description=BASELINE_US_DOC)
     baseline_backend: str | None = Field(None, description=BASELINE_BACKEND_DOC)
     speedup: float | None = Field(None, description=SPEEDUP_DOC)
+    runners_up: list[RunnerUp] | None = Field(
+        None, description="the next fastest schedules, fastest first (asked with runners_up)")
 
 
 class LookupOut(BaseModel):
@@ -76,6 +89,9 @@ def lookup(req: LookupIn, session: DB, _: Reader) -> LookupOut:
                 simulated=m.backend == "simulated", job_id=m.job_id, baseline=name,
                 simulated_note=simulated_note(m.backend == "simulated", layer.target),
                 baseline_us=task.baseline_us, baseline_backend=task.baseline_backend,
-                speedup=speedup(task.baseline_us, m.median_us)))
+                speedup=speedup(task.baseline_us, m.median_us),
+                runners_up=[RunnerUp(schedule=r.schedule, latency_us=r.median_us)
+                            for r in repo.runners_up(session, m, req.runners_up)
+                            if r.median_us is not None] if req.runners_up else None))
     hits = sum(r.found for r in results)
     return LookupOut(results=results, found=hits, missing=len(results) - hits)

@@ -54,6 +54,8 @@ def test_the_plan_of_a_tuned_model_uses_the_services_schedules(
      ["N,C,H,W"]),
     ([*MODULE, "--precision", "fp16", "--target", "h100", "--report-only", "--server",
       "http://127.0.0.1:1"], ["cannot reach the service at http://127.0.0.1:1"]),
+    ([*MODULE, "--precision", "int8", "--target", "h100", "--report-only",
+      "--choose-in-model", "4"], ["--choose-in-model times the model on the GPU"]),
 ])
 def test_failures_are_one_line(args: list[str], words: list[str], tmp_path: Path) -> None:
     if "needs a CUDA GPU" in words:
