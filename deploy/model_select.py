@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from deploy.module import FusedConv, OptimizedModel
+from kernels.space import schedule_hash
 from kernels.spec import Precision
 
 
@@ -106,10 +107,11 @@ def choose_in_model(model: OptimizedModel, candidates: Mapping[str, Sequence[Map
         choice = Choice(key, [m.layer.name for m in mods], schedule=in_place)
         out.append(choice)
         tries: list[dict[str, Any]] = []
+        seen = {schedule_hash(in_place)}  # one kernel, whichever later knobs a dict names
         for c in candidates.get(key, ()):
-            c = dict(c)
-            if c != in_place and c not in tries:
-                tries.append(c)
+            if schedule_hash(c) not in seen:
+                seen.add(schedule_hash(c))
+                tries.append(dict(c))
         if tries:
             _choose(model, mods, choice, tries, forward_us, margin, confirm, source)
         if progress:

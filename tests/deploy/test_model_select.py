@@ -21,7 +21,7 @@ from bench.nets import BasicBlock, randomize_bn
 from deploy import FusedConv, OptimizedModel, optimize
 from deploy.model_select import candidates_from_service, choose_in_model, layer_groups
 from kernels.runtime import DefaultScheduleWarning, schedule_fits
-from kernels.space import knobs_for
+from kernels.space import knobs_for, with_defaults
 from kernels.spec import get_target
 from tests.deploy.test_deploy_plan import _store, service  # noqa: F401 - the fixture
 
@@ -111,7 +111,10 @@ def test_each_record_takes_its_fastest_candidate_where_it_beats_the_one_in_place
         for s, us in zip(alts, costs, strict=True):
             set_cost(mods, s, us)
         bad = {**mods[0].schedule, "BLK_ROW_WARPS": 3}  # not of the space
-        candidates[mods[0].record_key()] = [*alts, bad, mods[0].schedule, alts[0]]
+        # the one in place with its later knobs at their defaults named: the same kernel
+        same = with_defaults(mods[0].precision, mods[0].schedule)
+        assert same != mods[0].schedule
+        candidates[mods[0].record_key()] = [*alts, bad, mods[0].schedule, same, alts[0]]
     before = {k: dict(mods[0].schedule) for k, mods in groups.items()}
     choices = choose_in_model(opt, candidates, forward_us, margin=0.002, confirm=2)
 
