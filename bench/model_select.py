@@ -10,9 +10,9 @@
 (bench/layer_search.py's rows and bench/concat_check.py's tuned rows), with their latencies.
 `run` (GPU): per (model, batch, precision) the model through `deploy.optimize` with
 programmatic dependent launch, each forward timed as one CUDA graph of back-to-back forwards
-(kernels.timing, over two input sets); then
-`choose_in_model`; OUT.json holds every timing, R2.json the records with the schedules chosen
-(each with its latency measured alone, from the candidates). bench/model_e2e.py then times
+(deploy.measure.forward_us, over two input sets); then `choose_in_model`; OUT.json holds
+every timing, R2.json the records with the schedules chosen (each with its latency measured
+alone, from the candidates), both written after each record. bench/model_e2e.py then times
 the models on both records files.
 """
 

@@ -75,7 +75,7 @@ def choose_in_model(fast: Any, client: Any, x: Any, runners_up: int) -> dict[str
         tid = bar.add_task("choose", total=len(model_select.layer_groups(fast)))
         choices = model_select.choose_in_model(fast, candidates, lambda: forward_us(fast, inputs),
                                                progress=lambda _: bar.advance(tid))
-    return {"records": len(choices), "timed": sum(len(c.tried) for c in choices),
+    return {"records": len(choices), "schedules_tried": sum(len(c.tried) for c in choices),
             "changed": [{"key": c.key, "layers": c.layers, "schedule": c.schedule}
                         for c in choices if c.changed]}
 

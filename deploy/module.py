@@ -190,7 +190,7 @@ class FusedConv(nn.Module):
         self.set_input_channels(op.padded_channels - self.concat)
 
     def set_schedule(self, schedule: dict[str, Any], source: str) -> None:
-        """Run another schedule from now on (deploy.select), built for the planned input.
+        """Run another schedule from now on (deploy.model_select), built for the planned input.
         Raises ValueError, the layer unchanged, where it is not valid for the layer and its
         fused epilogue, or would read its input padded to another channel count (the op
         before writes that count)."""
