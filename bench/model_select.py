@@ -129,7 +129,8 @@ def cmd_run(a: argparse.Namespace) -> int:
     records = json.loads(Path(a.schedules).read_text())
     doc: dict[str, Any] = {"gpu": torch.cuda.get_device_name(0),
                            "date": dt.date.today().isoformat(), "schedules": a.schedules,
-                           "candidates": a.candidates, "margin": a.margin, "rows": []}
+                           "candidates": a.candidates, "margin": a.margin,
+                           "confirm": a.confirm, "rows": []}
     for name, n, p, opt, x in _models(a):
         xin = x.float().contiguous(memory_format=torch.channels_last)
         # Two input sets: what stays in L2 between layers is the model's own activations;
@@ -159,7 +160,8 @@ def cmd_run(a: argparse.Namespace) -> int:
             Path(a.out).write_text(json.dumps(doc, indent=1))
             Path(a.records_out).write_text(json.dumps(records, indent=1))
 
-        choices = choose_in_model(opt, cands, timed, margin=a.margin, progress=done)
+        choices = choose_in_model(opt, cands, timed, margin=a.margin, confirm=a.confirm,
+                                  progress=done)
         row["after_us"] = timed()
         Path(a.out).write_text(json.dumps(doc, indent=1))
         log(f"{name} n={n} {p}: {row['before_us']:.1f} -> {row['after_us']:.1f} us a forward, "
@@ -185,7 +187,8 @@ def main(argv: list[str] | None = None) -> int:
         s.add_argument("--batches", default="8")
         s.add_argument("--precisions", default="int8")
         if cmd == "run":
-            s.add_argument("--margin", type=float, default=0.002)
+            s.add_argument("--margin", type=float, default=0.003)
+            s.add_argument("--confirm", type=int, default=3)
             s.add_argument("--out", required=True)
             s.add_argument("--records-out", required=True)
     a = ap.parse_args(argv)

@@ -139,6 +139,26 @@ def test_each_record_takes_its_fastest_candidate_where_it_beats_the_one_in_place
     assert len(calls) == 3 * 1 + (3 + 2 + 2) + 2 * 2 * 2
 
 
+@pytest.mark.parametrize("confirm,taken", [(1, True), (3, False)])
+def test_one_outlying_timing_does_not_make_an_equal_candidate_win(confirm: int,
+                                                                  taken: bool) -> None:
+    """The candidate runs as fast as the schedule in place; one timing of the one in place
+    comes out 2% slow (as a forward's timing does at times). A single confirming timing takes
+    the candidate on it; the median of three (the default) does not."""
+    opt = optimized()
+    stem = layer_groups(opt)[opt.modules_of(FusedConv)[0].record_key()]  # type: ignore[union-attr]
+    candidate = alternatives(stem[0], 1)[0]
+    timings = iter([100.0, 99.9] + [102.0, 99.9] + [100.0, 99.9] * 2)
+
+    def forward_us() -> float:
+        return next(timings)
+
+    (choice, *_) = choose_in_model(opt, {stem[0].record_key(): [candidate]}, forward_us,
+                                   confirm=confirm)
+    assert choice.changed is taken
+    assert stem[0].schedule == (candidate if taken else choice.tried[0][0])
+
+
 def test_the_search_is_refused_bad_arguments() -> None:
     opt = optimized()
     with pytest.raises(ValueError, match="margin"):
