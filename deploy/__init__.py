@@ -5,6 +5,9 @@
     y = fast(x)
     print(fast.report())
 
+and on the GPU, each layer's schedule chosen among its runners-up by timing the whole model
+(deploy.model_select: `candidates_from_service`, `choose_in_model`).
+
 deploy uses `kernels` (the runtime), `api.client` (schedule lookup) and `api.plan` (models by
 name, for `tctune-deploy`: deploy/cli.py); none of them imports it.
 """
