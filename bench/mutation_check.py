@@ -81,6 +81,10 @@ MUTANTS = [
              "if o.median_us is not None"),
             ("store/hotpath.py", "\" WHERE m.status = 'ok' AND m.median_us IS NOT NULL\"",
              "\" WHERE m.median_us IS NOT NULL\"")]),
+    Mutant("runners-up-filter",
+           "POST /schedules/lookup's runners-up take any status",
+           [("store/repository.py", "Measurement.id != best.id,\n                "
+             "Measurement.status == \"ok\", ", "Measurement.id != best.id,\n                ")]),
     Mutant("lease-never-expires",
            "a lease is never taken over once it expired (both databases)",
            [("store/hotpath.py",

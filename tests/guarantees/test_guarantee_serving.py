@@ -1,5 +1,6 @@
 """Guarantee: a wrong, failed or timed-out result is never served, by GET /schedule,
-POST /schedules/lookup, GET /schedules or export's `best` lines.
+POST /schedules/lookup (its best or its runners-up), GET /schedules or export's `best`
+lines.
 
 Non-ok rows with a latency faster than every verified one reach the database both ways
 they can: an import (the format allows a latency on any status) and a worker's write (a
@@ -81,6 +82,14 @@ def _served(client: TestClient, db: str) -> list[tuple[str, float | None]]:
 def _assert_serves(client: TestClient, db: str, us: float) -> None:
     for where, got in _served(client, db):
         assert got == us, f"{where} serves {got}, the fastest verified is {us}"
+    with session_scope(db) as s:
+        verified = sorted(m.median_us for m in s.scalars(select(Measurement).where(
+            Measurement.status == "ok")))
+    bulk = client.post("/schedules/lookup", json={"layers": [{
+        "shape": SHAPE.to_dict(), "precision": "int8", "target": "h200"}], "runners_up": 16})
+    assert bulk.status_code == 200, bulk.text
+    runners_up = [r["latency_us"] for r in bulk.json()["results"][0]["runners_up"]]
+    assert runners_up == verified[1:17], "the runners-up are the next verified rows, in order"
 
 
 def test_imported_failures_with_a_latency_are_never_served(client: TestClient, db: str) -> None:
