@@ -8,7 +8,9 @@
 #   e.g.     bash bench/gpu/tune_model.sh torchvision:resnet50 32 8,3,224,224 .run/e2e_cache
 #   (VARIANTS=compiled runs the model only compiled with PDL, as bench/model_e2e.py's --variants;
 #   TARGET=h200 on an H200; E2E=0 skips the model's run; TCTUNE_BUILD_PROCESSES sets the
-#   service's build processes; the service measures on every GPU of the host's model)
+#   service's build processes; the service measures on every GPU of the host's model;
+#   CHOOSE=N then also runs tctune-deploy --choose-in-model N per precision: each record's
+#   schedule chosen among its N runners-up in the service by timing the model)
 # Then, on any machine: python -m bench.service_tuning summarize $OUT --out F.
 set -uo pipefail
 out=${OUT:-/tmp/tune_model}; mkdir -p "$out"
@@ -43,3 +45,10 @@ name=${model#torchvision:}
 python3 -m bench.model_e2e run --cache "$cache" --schedules http://127.0.0.1:8000 \
     --models "$name" --batches "${shape%%,*}" --variants "${VARIANTS:-plain,pdl,compiled}" \
     --out "$out/e2e_service.json"
+if [ "${CHOOSE:-0}" != 0 ]; then
+    for p in int8 fp16; do
+        python3 -m deploy "$model" --input-shape "$shape" --precision $p --target "${TARGET:-h100}" \
+            --server http://127.0.0.1:8000 --choose-in-model "$CHOOSE" \
+            > "$out/deploy_chosen_$p.json" 2> "$out/deploy_chosen_$p.log"
+    done
+fi
