@@ -15,7 +15,6 @@ from kernels.space import knobs_for
 from kernels.spec import ConvShape, Precision, get_target
 from store import transfer
 from store.db import session_scope
-from tests.deploy.test_deploy_plan import service  # noqa: F401 - the fixture
 
 SHAPE = ConvShape(8, 14, 14, 64, 64, 3, 3, pad=(1, 1))
 OTHER = ConvShape(8, 14, 14, 64, 128, 3, 3, pad=(1, 1))
@@ -57,9 +56,8 @@ def lookup(app: TestClient, shapes: list[ConvShape], **extra: Any) -> Any:
         **extra})
 
 
-def test_runners_up_are_the_next_fastest_right_schedules(
-        service: tuple[TestClient, str]) -> None:  # noqa: F811
-    app, db = service
+def test_runners_up_are_the_next_fastest_right_schedules(api: tuple[TestClient, str]) -> None:
+    app, db = api
     for i, us in enumerate([5.0, 3.0, 4.0, 6.0, 3.5]):
         store(db, SHAPE, sched(i), us)
     store(db, SHAPE, sched(10), 1.0, status="wrong")  # fast but wrong: never a candidate
@@ -79,8 +77,8 @@ def test_runners_up_are_the_next_fastest_right_schedules(
     assert [x["latency_us"] for x in every] == [3.5, 4.0, 5.0, 6.0]
 
 
-def test_a_bad_count_is_refused_by_name(service: tuple[TestClient, str]) -> None:  # noqa: F811
-    app, _ = service
+def test_a_bad_count_is_refused_by_name(api: tuple[TestClient, str]) -> None:
+    app, _ = api
     for bad in (17, -1, "many"):
         r = lookup(app, [SHAPE], runners_up=bad)
         assert r.status_code == 422, r.text
