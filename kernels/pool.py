@@ -7,16 +7,12 @@ Built, cached and launched as kernels/small_kernel.py says (PDL on sm_90).
 
 from __future__ import annotations
 
-import math
-import os
 from dataclasses import dataclass
 from typing import Any
 
-from kernels.small_kernel import SmallKernel, compile_small
+from kernels.small_kernel import ShapedKernel, compile_small
 from kernels.spec import pair
 
-KERNEL = "tc_max_pool"
-THREADS = 256
 VECTOR_BYTES = 16  # a thread's share of a pixel's channels
 
 
@@ -85,21 +81,21 @@ def compile_pool(shape: PoolShape, sm: int, ptx: bool = False) -> tuple[bytes | 
     return compile_small("pool.cu", pool_defines(shape), sm, ptx)
 
 
-class MaxPool2d:
+class MaxPool2d(ShapedKernel):
     """y = max_pool2d(x) for int8 / fp16 tensors of `shape` in channels_last memory on a GPU
     of `sm` (`pdl`: programmatic dependent launch, sm_90; `ptx`: SmallKernel's)."""
 
-    def __init__(self, shape: PoolShape, sm: int, pdl: bool = False,
-                 cache_dir: str | os.PathLike[str] | None = None, ptx: bool = False) -> None:
-        why = shape.problems()
-        if why:
-            raise ValueError(f"max-pool: {why}")
-        self.shape = shape
-        self.kernel = SmallKernel("pool.cu", KERNEL, pool_defines(shape), sm, pdl, cache_dir,
-                                  ptx)
-        oh, ow = shape.out_hw
-        self.output_shape = (shape.n, shape.c, oh, ow)
-        self.grid = (math.ceil(shape.n * oh * ow * shape.vectors / THREADS), 1, 1)
+    source, kernel_name, what = "pool.cu", "tc_max_pool", "max-pool"
+    defines = staticmethod(pool_defines)
+
+    @staticmethod
+    def work(shape: PoolShape) -> int:
+        return shape.n * shape.out_hw[0] * shape.out_hw[1] * shape.vectors
+
+    @property
+    def output_shape(self) -> tuple[int, int, int, int]:
+        s = self.shape
+        return (s.n, s.c, *s.out_hw)
 
     def __call__(self, x: Any) -> Any:
         import torch
@@ -113,9 +109,5 @@ class MaxPool2d:
                              f"{x.dtype} {tuple(x.shape)} on {x.device}")
         y = torch.empty(self.output_shape, dtype=dtype, device=x.device,
                         memory_format=torch.channels_last)
-        self.kernel.launch(x.device, self.grid, (THREADS, 1, 1), 0, [x.data_ptr(), y.data_ptr()])
+        self.launch(x.device, [x.data_ptr(), y.data_ptr()])
         return y
-
-    def __repr__(self) -> str:
-        k = self.kernel
-        return f"MaxPool2d({self.shape}, sm_{k.sm}{', pdl' if k.pdl else ''})"

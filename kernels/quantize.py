@@ -7,15 +7,10 @@ Built, cached and launched as kernels/small_kernel.py says (PDL on sm_90).
 
 from __future__ import annotations
 
-import math
-import os
 from dataclasses import dataclass
 from typing import Any
 
-from kernels.small_kernel import SmallKernel, compile_small
-
-KERNEL = "tc_quantize"
-THREADS = 256
+from kernels.small_kernel import ShapedKernel, compile_small
 
 
 @dataclass(frozen=True)
@@ -54,20 +49,17 @@ def compile_quantize(shape: QuantizeShape, sm: int, ptx: bool = False
     return compile_small("quantize.cu", quantize_defines(shape), sm, ptx)
 
 
-class QuantizeInput:
+class QuantizeInput(ShapedKernel):
     """y = the input as the first fused layer reads it (int8 with `scale`, or fp16), NHWC
     with `shape.channels` channels, on a GPU of `sm` (`pdl`: programmatic dependent launch;
     `ptx`: SmallKernel's)."""
 
-    def __init__(self, shape: QuantizeShape, sm: int, pdl: bool = False,
-                 cache_dir: str | os.PathLike[str] | None = None, ptx: bool = False) -> None:
-        why = shape.problems()
-        if why:
-            raise ValueError(f"quantize: {why}")
-        self.shape = shape
-        self.kernel = SmallKernel("quantize.cu", KERNEL, quantize_defines(shape), sm, pdl,
-                                  cache_dir, ptx)
-        self.grid = (math.ceil(shape.n * shape.h * shape.w / THREADS), 1, 1)
+    source, kernel_name, what = "quantize.cu", "tc_quantize", "quantize"
+    defines = staticmethod(quantize_defines)
+
+    @staticmethod
+    def work(shape: QuantizeShape) -> int:
+        return shape.n * shape.h * shape.w  # a thread a pixel
 
     def __call__(self, x: Any, scale: float | None = None) -> Any:
         import ctypes
@@ -86,11 +78,6 @@ class QuantizeInput:
                         dtype=torch.float16 if s.out_fp16 else torch.int8,
                         memory_format=torch.channels_last)
         sn, sc, sh, sw = (ctypes.c_longlong(v) for v in x.stride())
-        self.kernel.launch(x.device, self.grid, (THREADS, 1, 1), 0,
-                           [ctypes.c_void_p(x.data_ptr()), sn, sc, sh, sw,
-                            ctypes.c_void_p(y.data_ptr()), ctypes.c_float(scale or 1.0)])
+        self.launch(x.device, [ctypes.c_void_p(x.data_ptr()), sn, sc, sh, sw,
+                               ctypes.c_void_p(y.data_ptr()), ctypes.c_float(scale or 1.0)])
         return y
-
-    def __repr__(self) -> str:
-        k = self.kernel
-        return f"QuantizeInput({self.shape}, sm_{k.sm}{', pdl' if k.pdl else ''})"

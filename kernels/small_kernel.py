@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -86,3 +87,42 @@ class SmallKernel:
                           [a if isinstance(a, ctypes._SimpleCData) else ctypes.c_void_p(a)
                            for a in args],
                           int(torch.cuda.current_stream(dev).cuda_stream), self.pdl)
+
+
+class ShapedKernel:
+    """A small kernel's op for one shape (kernels/pool.py's MaxPool2d, kernels/quantize.py's
+    QuantizeInput): a shape the kernel cannot run is refused with the shape's reason
+    (`problems()`), the kernel is built at construction, and a launch runs `work(shape)`
+    threads in blocks of THREADS (the kernels' __launch_bounds__). Subclasses name the
+    source, the kernel, what to call it in messages, and the shape's defines."""
+
+    THREADS = 256
+    source = ""
+    kernel_name = ""
+    what = ""
+
+    def __init__(self, shape: Any, sm: int, pdl: bool = False,
+                 cache_dir: str | os.PathLike[str] | None = None, ptx: bool = False) -> None:
+        why = shape.problems()
+        if why:
+            raise ValueError(f"{self.what}: {why}")
+        self.shape = shape
+        self.kernel = SmallKernel(self.source, self.kernel_name, self.defines(shape), sm, pdl,
+                                  cache_dir, ptx)
+        self.grid = (math.ceil(self.work(shape) / self.THREADS), 1, 1)
+
+    @staticmethod
+    def defines(shape: Any) -> dict[str, int]:
+        raise NotImplementedError
+
+    @staticmethod
+    def work(shape: Any) -> int:
+        """Threads a launch runs."""
+        raise NotImplementedError
+
+    def launch(self, device: Any, args: list[Any]) -> None:
+        self.kernel.launch(device, self.grid, (self.THREADS, 1, 1), 0, args)
+
+    def __repr__(self) -> str:
+        k = self.kernel
+        return f"{type(self).__name__}({self.shape}, sm_{k.sm}{', pdl' if k.pdl else ''})"
