@@ -39,6 +39,14 @@ def _layer(uid: int) -> Any:
     return layer
 
 
+def _channels_last_like(x: torch.Tensor, size: tuple[int, int, int, int],
+                        dtype: torch.dtype) -> torch.Tensor:
+    """An empty NCHW tensor of this size in channels_last memory (the kernels' NHWC), for
+    the fake implementations."""
+    n, c, h, w = size
+    return x.new_empty_strided(size, (h * w * c, 1, w * c, c), dtype=dtype)
+
+
 @torch.library.custom_op("tctune::fused_conv", mutates_args=())
 def fused_conv(x: torch.Tensor, residual: torch.Tensor | None, x1: torch.Tensor | None,
                uid: int) -> torch.Tensor:
@@ -52,9 +60,7 @@ def _(x: torch.Tensor, residual: torch.Tensor | None, x1: torch.Tensor | None,
       uid: int) -> torch.Tensor:
     layer = _layer(uid)
     s = layer.shape_for(x.shape)
-    size = (s.n, layer.out_channels, s.p, s.q)
-    stride = (s.p * s.q * layer.out_channels, 1, s.q * layer.out_channels, layer.out_channels)
-    return x.new_empty_strided(size, stride, dtype=layer.out_dtype)
+    return _channels_last_like(x, (s.n, layer.out_channels, s.p, s.q), layer.out_dtype)
 
 
 @torch.library.custom_op("tctune::max_pool", mutates_args=())
@@ -65,8 +71,7 @@ def max_pool(x: torch.Tensor, uid: int) -> torch.Tensor:
 
 @max_pool.register_fake
 def _(x: torch.Tensor, uid: int) -> torch.Tensor:
-    n, c, h, w = _layer(uid).output_shape_for(x.shape)
-    return x.new_empty_strided((n, c, h, w), (h * w * c, 1, w * c, c), dtype=x.dtype)
+    return _channels_last_like(x, _layer(uid).output_shape_for(x.shape), x.dtype)
 
 
 @torch.library.custom_op("tctune::quantize", mutates_args=())
@@ -78,5 +83,4 @@ def quantize(x: torch.Tensor, uid: int) -> torch.Tensor:
 @quantize.register_fake
 def _(x: torch.Tensor, uid: int) -> torch.Tensor:
     layer = _layer(uid)
-    n, c, h, w = layer.output_shape_for(x.shape)
-    return x.new_empty_strided((n, c, h, w), (h * w * c, 1, w * c, c), dtype=layer.out_dtype)
+    return _channels_last_like(x, layer.output_shape_for(x.shape), layer.out_dtype)
