@@ -13,19 +13,10 @@ def forward_ms(fn: Any, inputs: list[Any]) -> float:
     `inputs`, timed with each of cuDNN's algorithm picks for the convolutions PyTorch runs
     (kernels.cudnn.fastest_pick: benchmark mode alone picks slow algorithms at times), the
     faster counting."""
-    import torch
-
     from kernels.cudnn import fastest_pick
-    from kernels.timing import time_launches
 
-    outs: list[Any] = [None] * len(inputs)
-
-    def launch(i: int) -> None:
-        outs[i] = fn(inputs[i])
-
-    with torch.no_grad():
-        return fastest_pick(lambda: time_launches(launch, len(inputs), api="torch").median_us,
-                            float, half=inputs[0].element_size() == 2) / 1e3
+    return fastest_pick(lambda: forward_us(fn, inputs), float,
+                        half=inputs[0].element_size() == 2) / 1e3
 
 
 def forward_us(fn: Any, inputs: list[Any]) -> float:
@@ -36,8 +27,13 @@ def forward_us(fn: Any, inputs: list[Any]) -> float:
 
     from kernels.timing import time_launches
 
+    outs: list[Any] = [None] * len(inputs)  # each set's output lives until its next call
+
+    def launch(i: int) -> None:
+        outs[i] = fn(inputs[i])
+
     with torch.no_grad():
-        return time_launches(lambda i: fn(inputs[i]), len(inputs), api="torch").median_us
+        return time_launches(launch, len(inputs), api="torch").median_us
 
 
 def compile_for_inference(model: Any, example: Any) -> Any:

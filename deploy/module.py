@@ -197,17 +197,13 @@ class FusedConv(nn.Module):
         why = schedule_fits(self.shape, self.precision, self.target, schedule, self.epilogue)
         if why is not None:
             raise ValueError(f"{self.layer.name}: {why}")
-        kept = self.schedule, dict(self._ops), dict(self._weights), self.layer.schedule_source
+        kept = self.schedule, self._ops, self._weights, self.layer.schedule_source
         self.schedule, self.layer.schedule_source = dict(schedule), source
-        self._ops.clear()
-        self._weights.clear()
+        self._ops, self._weights = {}, {}
         if self.planned_x_shape is not None:
             op = self.build(self.planned_x_shape)
             if op.padded_channels - self.concat != self.input_channels:
-                self.schedule, ops, weights, self.layer.schedule_source = kept
-                self._ops.clear()
-                self._ops.update(ops)
-                self._weights.update(weights)
+                self.schedule, self._ops, self._weights, self.layer.schedule_source = kept
                 raise ValueError(f"{self.layer.name}: the schedule reads "
                                  f"{op.padded_channels - self.concat} input channels, the "
                                  f"layer's input has {self.input_channels}")
