@@ -66,8 +66,9 @@ def quantize(x: torch.Tensor, scale: float) -> torch.Tensor:
     x = x.to(torch.promote_types(x.dtype, torch.float32))
     # The divisor as a tensor on x's device: PyTorch's CUDA division by a host scalar
     # multiplies by its reciprocal, which rounds differently from the kernel's and the CPU's
-    # division at some quotients (and so the rounding to an integer).
-    d = torch.tensor(scale, dtype=x.dtype, device=x.device)
+    # division at some quotients (and so the rounding to an integer). Filled there, not
+    # copied from the host, so that a CUDA graph can capture it.
+    d = torch.full((), scale, dtype=x.dtype, device=x.device)
     return torch.round(x / d).clamp(QMIN_ACT, QMAX).to(torch.int8)
 
 

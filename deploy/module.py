@@ -284,7 +284,7 @@ class FusedConv(nn.Module):
             v = acc.to(torch.float32) * self.scale.view(k)
             v = v + self.bias.view(k)
             if residual is not None:
-                rs = torch.tensor(self.res_scale, dtype=torch.float32, device=v.device)
+                rs = torch.full((), self.res_scale, dtype=torch.float32, device=v.device)
                 v = v + residual.to(torch.float32) * rs
             v = v.clamp(0.0 if self.relu else float(calibrate.QMIN_ACT), float(calibrate.QMAX))
             y = torch.round(v).to(torch.int8)  # half to even, as the kernel's cvt.rni

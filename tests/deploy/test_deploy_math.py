@@ -210,3 +210,23 @@ def test_fused_layer_refuses_wrong_inputs() -> None:
         mod(x, x)
     with pytest.raises(ValueError, match="positive"):
         mod.set_scales(0.0, 1.0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_the_activation_quantize_is_captured_by_a_cuda_graph() -> None:
+    """A quantize that deploy leaves to PyTorch runs inside the CUDA graphs that time and
+    serve the model (DenseNet-121's concatenations): nothing in it copies from the host."""
+    x = torch.randn(2, 8, 5, 5, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        calibrate.quantize(x, 0.02)  # warm-up off the capture, as PyTorch asks
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        q = calibrate.quantize(x, 0.02)
+    x.copy_(torch.randn_like(x) * 3)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(q.cpu(), calibrate.quantize(x.cpu(), 0.02))
