@@ -23,6 +23,7 @@
 //                         (SWAP_AB: the weights as the instruction's A, the pixels as its B)
 //   epilogue.cuh          split-K fix-up, requantize / bias / residual / ReLU, packing, stores
 //                         (16-byte vectors, or bulk tensor stores with PACK_OUT=2)
+//   chain.cuh             a chained 1x1 conv over the block's staged output tile (CHAIN)
 //
 // Tensor contracts (kernels/reference.py builds them):
 //   x: NHWC [N][H][W][Cp] or NHWCnc [N/8][H][W][Cp/c][8][c]; Cp = C rounded up to the
@@ -35,6 +36,9 @@
 //   res, res_scale (residual builds only, after x1 or the counters): a tensor of y's shape, layout
 //      and type added in the epilogue, y = act(acc * scale + bias + res * res_scale) (int8;
 //      fp16: + res, res_scale unused).
+//   w2, scale2, bias2, y2 (CHAIN builds only, after res): a 1x1 conv of CHAIN output channels
+//      over y, run by the same block on its staged output rows: w2 [CHAIN][K] of x's type,
+//      y2 [N][P][Q][CHAIN] = act(acc2 * scale2 + bias2) as y's epilogue without a residual.
 //   maps (TMA=1 builds only, by value after the other arguments): the tensor maps of x
 //      (im2col; tiled [N*H*W][Cp] with PLAIN_A) and w, and with PACK_OUT=2 of y (tiled,
 //      bytes), 128 bytes each
@@ -85,6 +89,12 @@
 #endif
 #ifndef TC_CAT
 #define TC_CAT 0  // n > 0: the first n reduction channels come from a second input x1
+#endif
+#ifndef TC_CHAIN
+#define TC_CHAIN 0  // n > 0: a chained 1x1 conv of n output channels over y (chain.cuh)
+#endif
+#ifndef TC_CHAIN_RELU
+#define TC_CHAIN_RELU 0  // the chained conv's ReLU
 #endif
 
 #include "instruction_tile.cuh"
@@ -265,8 +275,16 @@ constexpr int A_TX = HALO ? NATOM * HBOX_ROWS * HPITCH * ATOM : A_STAGE;
 constexpr int EPI_OFF = PERSIST ? PIPE_SMEM : 0;
 // The residual tile's offset in the epilogue's region.
 constexpr int RES_OFF = RES_AHEAD ? (cmax(PIPE_SMEM, STG_SMEM) + 15) / 16 * 16 : STG_SMEM;
-constexpr int SMEM = PERSIST ? PIPE_SMEM + CONSUMERS * EPI_SMEM
-                   : RES_AHEAD ? RES_OFF + RES_SMEM : cmax(PIPE_SMEM, EPI_SMEM);
+constexpr int BASE_SMEM = PERSIST ? PIPE_SMEM + CONSUMERS * EPI_SMEM
+                        : RES_AHEAD ? RES_OFF + RES_SMEM : cmax(PIPE_SMEM, EPI_SMEM);
+// CHAIN (chain.cuh): the chained conv's weights [CHAIN][K] and its staged output tile, in
+// rows padded by 16 bytes (ldmatrix reads 8 rows in 8 different bank groups), past the rest.
+constexpr int CHAIN = TC_CHAIN;
+constexpr bool CHAIN_RELU = TC_CHAIN_RELU != 0;
+constexpr int EB = ELEM_BITS / 8;  // bytes per element of the chained conv (int8, fp16)
+constexpr int W2_ROW = K * EB + 16, O2_ROW = CHAIN * EB + 16;
+constexpr int W2_OFF = (BASE_SMEM + 15) / 16 * 16, O2_OFF = W2_OFF + CHAIN * W2_ROW;
+constexpr int SMEM = CHAIN ? O2_OFF + BM * O2_ROW : BASE_SMEM;
 constexpr int CVO = 128 / OUT_BITS;  // output channels per 16-byte vector (NHWCnc out)
 constexpr int gcd(int a, int b) { return b == 0 ? a : gcd(b, a % b); }
 constexpr int pow2_le16(int v) { return (v % 16 == 0) ? 16 : (v % 8 == 0) ? 8 : (v % 4 == 0) ? 4
@@ -294,6 +312,13 @@ static_assert(!RES_AHEAD || (RES && PACK && !DIRECT_OUT && !PERSIST && SPLITK ==
                              VW >= 4),
               "the residual tile is copied in ahead by cp.async (4-16 bytes) into a region of "
               "its own, for a block that runs one tile without split-K");
+static_assert(!CHAIN || ((PREC == 0 || PREC == 1) && EPI == 1 && PACK == 1 && !LAYOUT &&
+                         SPLITK == 1 && !PERSIST && !HALO && TILES_N == 1 &&
+                         (BN * EB) % 16 == 0 && (K * EB) % KB == 0 && CHAIN % 8 == 0 &&
+                         (CHAIN * EB) % 16 == 0),
+              "a chained 1x1 conv reads the block's whole staged output rows (one column "
+              "tile, PACK_OUT=1, NHWC, int8 requant / fp16 bias) in whole instruction k-steps, "
+              "and writes whole 16-byte vectors of its own output");
 static_assert(SMEM == TC_SMEM_BYTES, "kernels/space.py:geometry must equal what the kernel allocates");
 static_assert(PREC != 2 || K % 2 == 0, "int4 output packs two channels per byte");
 static_assert(!RES || ((PREC == 0 || PREC == 1) && EPI == 1),
@@ -338,6 +363,9 @@ static_assert(!TMA || (BM <= 1024 && SH <= 8 && SW <= 8 && PH <= 127 && PW <= 12
 
 // The layer's inputs: x (and with CAT, x1) and the weights.
 struct Inputs { const u8* x; const u8* x1; const u8* w; };
+// CHAIN: the chained 1x1 conv's weights [CHAIN][K], per-channel scale (int8) and bias, and
+// its output [N][P][Q][CHAIN].
+struct Chain { const u8* w; const float* scale; const float* bias; u8* y; };
 
 #include "block_tile.cuh"
 #include "tma.cuh"
@@ -349,6 +377,7 @@ struct Inputs { const u8* x; const u8* x1; const u8* w; };
 #include "pipeline_split_async.cuh"
 #include "pipeline_multistage.cuh"
 #include "pipeline_regstaged.cuh"
+#include "chain.cuh"
 
 template <bool C, class A, class B> struct Pick { typedef A T; };
 template <class A, class B> struct Pick<false, A, B> { typedef B T; };
@@ -360,7 +389,7 @@ __device__ __forceinline__ void conv_block(const Inputs in, const float* __restr
                                            const float* __restrict__ bias, u8* __restrict__ y,
                                            u32* __restrict__ ws, u32* __restrict__ counters,
                                            const Residual res, const TensorMaps* maps,
-                                           u8* smem) {
+                                           const Chain chain, u8* smem) {
   using namespace cfg;
   const int tid = threadIdx.x;
   const int tile = blockIdx.x;
@@ -386,6 +415,7 @@ __device__ __forceinline__ void conv_block(const Inputs in, const float* __restr
 
   const StageRing sr{sbase};
   residual_ahead(smem, res, m0, n0, tid);
+  chain_weights_ahead(smem, chain, tid);
   if constexpr (TMA) {
     if (!mainloop_tma(wt, sr, it0, nit, m0, n0, tid, maps)) return;  // the producer warp
   } else if constexpr (F32_ASYNC) mainloop_split_async(ld, wt, sr, it0, nit);
@@ -394,6 +424,7 @@ __device__ __forceinline__ void conv_block(const Inputs in, const float* __restr
   block_sync();  // shared memory is reused by the epilogue
   if constexpr (F32TC) wt.finalize(scale);  // the accumulator sets -> one fp32 value each
   epilogue(wt, smem, m0, n0, tid, tile, split, scale, bias, res, y, ws, counters, maps);
+  if constexpr (CHAIN) chain_conv(smem, chain, m0, tid);
 }
 
 // PERSIST: one block walks the tiles blockIdx.x, + gridDim.x, ...; the next tile's first
@@ -478,6 +509,10 @@ tc_conv(const u8* __restrict__ x, const u8* __restrict__ w, const float* __restr
 #if TC_RES
         , const u8* __restrict__ res, float res_scale
 #endif
+#if TC_CHAIN
+        , const u8* __restrict__ w2, const float* __restrict__ scale2,
+        const float* __restrict__ bias2, u8* __restrict__ y2
+#endif
 #if TC_TMA
         , const __grid_constant__ TensorMaps maps
 #endif
@@ -504,10 +539,15 @@ tc_conv(const u8* __restrict__ x, const u8* __restrict__ w, const float* __restr
 #if !TC_CAT
   const u8* x1 = nullptr;
 #endif
+#if TC_CHAIN
+  const Chain ch{w2, scale2, bias2, y2};
+#else
+  const Chain ch{nullptr, nullptr, nullptr, nullptr};
+#endif
   const Inputs in{x, x1, w};
   using Tile = Pick<cfg::WG, GroupTile, WarpTile>::T;
   if constexpr (cfg::PERSIST) conv_persistent<Tile>(in, scale, bias, y, ws, counters, r, m, smem);
-  else conv_block<Tile>(in, scale, bias, y, ws, counters, r, m, smem);
+  else conv_block<Tile>(in, scale, bias, y, ws, counters, r, m, ch, smem);
   // The block's shared memory must outlive the reads of its last bulk stores (each
   // consumer's first thread issued its own).
   if constexpr (cfg::TMA_ST) if (threadIdx.x % cfg::THREADS == 0) bulk_wait();

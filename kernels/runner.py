@@ -159,18 +159,37 @@ class DeviceSession:
         dev = self.inputs(prob, layout, n_sets, c_padded, residual)
         ys = [cp.empty(y_bytes, dtype=cp.uint8) for _ in range(n_sets)]
         ws, counters = alloc_scratch(meta)
+        # A chained conv (ConvShape.chain): its weights, scale and bias, and an output per set.
+        chain = int(epi.get("chain", 0))
+        cref = prob.chained(bool(epi["relu"]), residual, bool(epi.get("chain_relu"))) \
+            if chain else None
+        if cref is not None:
+            c_args = tuple(cp.asarray(a) for a in (cref.device_weights(), cref.scale,
+                                                   cref.bias))
+            y2s = [cp.empty(cref.expected.size * out_bits // 8, dtype=cp.uint8)
+                   for _ in range(n_sets)]
 
         def launch(i: int) -> None:
             launch_kernel(fn, meta, dev["x"][i], dev["w"][i], dev["scale"], dev["bias"], ys[i],
-                          ws, counters, dev["res"][i], dev["res_scale"], x1=dev["x1"][i])
+                          ws, counters, dev["res"][i], dev["res_scale"], x1=dev["x1"][i],
+                          chain=None if cref is None else (*c_args, y2s[i]))
 
         def check() -> tuple[bool, dict[str, Any]]:
             # Correctness: poisoned output, one launch, exact / tolerance compare.
             ys[0].fill(POISON)
+            if cref is not None:
+                y2s[0].fill(POISON)
             launch(0)
             cp.cuda.runtime.deviceSynchronize()
-            return check_buffer(prob, cp.asnumpy(ys[0]), epi["mode"], bool(epi["relu"]),
-                                residual, layout, out_bits)
+            ok, stats = check_buffer(prob, cp.asnumpy(ys[0]), epi["mode"], bool(epi["relu"]),
+                                     residual, layout, out_bits)
+            if cref is None or not ok:
+                return ok, stats
+            got = device_values(cp.asnumpy(y2s[0]), out_bits, prec)
+            ok, chained = verify_output(got.astype(np.float64 if out_bits == 16 else np.int64),
+                                        cref.expected.reshape(-1), prec, out_bits,
+                                        prob.shape.k)
+            return ok, {**stats, "chain": chained}
 
         kw = {"samples": samples} if samples else {}
         timer = (lambda: time_launches(launch, n_sets, api="cupy", **kw)) if time_it else None
@@ -197,7 +216,8 @@ class DeviceSession:
                    residual: bool = False) -> int:
         xb, wb = prob.device_inputs(layout, c_padded)
         x1b = 0 if prob.x1 is None else int(prob.x1.nbytes)
-        return int(xb.nbytes + wb.nbytes + y_bytes + x1b + (y_bytes if residual else 0))
+        y2b = y_bytes * prob.shape.chain // prob.shape.k  # a chained conv's output
+        return int(xb.nbytes + wb.nbytes + y_bytes + x1b + (y_bytes if residual else 0) + y2b)
 
 
 def trim_lru(cache: OrderedDict[Any, Any], size: Callable[[Any], int], budget: int,

@@ -54,6 +54,8 @@ from kernels.space import (
     WGMMA_M,
     Schedule,
     ScheduleSpace,
+    chain_mask,
+    chain_problems,
     channel_vector,
     concat_problems,
     fold_tap_bytes,
@@ -174,10 +176,12 @@ def _adapt(schedule: Mapping[str, Any], precision: Precision, target: Target) ->
 def _epilogue_smem_ok(shape: ConvShape, precision: Precision, target: Target,
                       cols: Mapping[str, np.ndarray], epilogue: Epilogue) -> np.ndarray:
     """`is_valid` sizes shared memory for the tuned (requantized) output; raw int32 output
-    stages wider tiles, and a residual with PACK_OUT a second tile, which must fit too."""
+    stages wider tiles, a residual with PACK_OUT a second tile, and a chained conv its
+    weights and output tile, which must fit too (and the chain its rule: chain_mask)."""
     g = geometry(shape, precision, target, cols, out_bits=epilogue.out_bits(precision),
-                 residual=epilogue.residual)
-    return np.asarray(g.smem_bytes <= target.smem_per_block_kib * 1024)
+                 residual=epilogue.residual, chain=epilogue.chain)
+    return np.asarray(g.smem_bytes <= target.smem_per_block_kib * 1024) & \
+        chain_mask(shape, precision, target.sm, cols, epilogue.chain, g)
 
 
 def schedule_fits(shape: ConvShape, precision: Precision, target: Target,
@@ -201,6 +205,11 @@ def schedule_fits(shape: ConvShape, precision: Precision, target: Target,
         return ("breaks a rule of kernels.space.validity (registers per thread, pipeline "
                 "stages on this arch, or NHWCnc needs N % 8 == 0 and whole channel vectors)")
     cols = space.columns(np.array([space.index_of(schedule)]))
+    epi = epilogue.resolved(p)
+    why = chain_problems(shape, p, target.sm, schedule, epi.chain, geometry(
+        shape, p, target, cols, residual=epi.residual, chain=epi.chain))
+    if why:
+        return why
     if not _stores_ok(cols, epilogue.resolved(p), p)[0]:
         return (f"PACK_OUT=2 (TMA stores) writes int8 or fp16 outputs, not the "
                 f"{epilogue.resolved(p).mode!r} epilogue's 32-bit values")
@@ -448,6 +457,11 @@ class Conv2d:
     relu       clamp at zero in the epilogue
     residual   add a tensor of the output's shape in the epilogue (int8 requant: times
                `res_scale`; fp16 bias): `conv(x, w, scale, bias, residual=r, res_scale=s)`
+               An `Epilogue` with `chain` = n > 0 also runs a 1x1 conv of n output channels
+               over the output in the same kernel (kernels/chain.cuh; int8 requant, fp16
+               bias; kernels.space.chain_problems says which schedules):
+               `y, y2 = conv(x, w, scale, bias, chain=(w2, scale2, bias2))`, w2 [n][K] of
+               x's type, scale2 (int8; None for fp16) and bias2 float32 [n], y2 [N][P][Q][n]
     pdl        launch with programmatic dependent launch (sm_90 targets): the kernel may be
                scheduled while the kernel before it on the stream finishes, and waits in its
                prologue for that kernel's writes; saves the launch gap between consecutive
@@ -556,6 +570,19 @@ class Conv2d:
                              in_dtypes, "NHWC at the output's resolution: the first "
                              f"{self.concat} channels"),
         }
+        n2 = self.epilogue.chain
+        if n2:
+            self.chain_output_shape = (sh.n, sh.p, sh.q, n2)
+            self.specs.update({
+                "chain_weight": TensorSpec("chain_weight", ((n2, sh.k),), (self.input_dtype,),
+                                           "the chained 1x1 conv's [n][K]"),
+                "chain_scale": TensorSpec("chain_scale", ((n2,),), ("float32",),
+                                          "one per chained output channel"),
+                "chain_bias": TensorSpec("chain_bias", ((n2,),), ("float32",),
+                                         "one per chained output channel"),
+                "chain_out": TensorSpec("chain_out", (self.chain_output_shape,),
+                                        (self.output_dtype,), "NHWC"),
+            })
 
     @property
     def needs_scale(self) -> bool:
@@ -567,9 +594,11 @@ class Conv2d:
 
     def validate(self, x: Any, weight: Any, scale: Any = None, bias: Any = None,
                  out: Any = None, residual: Any = None, res_scale: float | None = None,
-                 x1: Any = None) -> tuple[str, int]:
+                 x1: Any = None, chain: tuple[Any, Any, Any] | None = None,
+                 chain_out: Any = None) -> tuple[str, int]:
         """Check every argument of a call (no GPU work); returns (framework, device)."""
         fw, dev = check_tensor(x, self.specs["x"])
+        self._validate_chain(chain, chain_out, fw, dev)
         if self.concat:
             if x1 is None:
                 raise ValueError("x1 is required: this op reads two inputs "
@@ -610,6 +639,28 @@ class Conv2d:
         if out is not None:
             check_tensor(out, self.specs["out"], fw, dev)
         return fw, dev
+
+    def _validate_chain(self, chain: tuple[Any, Any, Any] | None, chain_out: Any, fw: str,
+                        dev: int) -> None:
+        if not self.epilogue.chain:
+            if chain is not None or chain_out is not None:
+                raise ValueError("this op chains no conv: build it with an Epilogue whose "
+                                 "chain is the chained conv's output channels")
+            return
+        if chain is None or len(chain) != 3:
+            raise ValueError("chain is required: (weight [n][K], scale [n] or None for fp16, "
+                             "bias [n]) of the chained 1x1 conv")
+        w2, s2, b2 = chain
+        check_tensor(w2, self.specs["chain_weight"], fw, dev)
+        if self.precision.is_integer:
+            if s2 is None:
+                raise ValueError("the chained int8 conv requantizes: its scale is required")
+            check_tensor(s2, self.specs["chain_scale"], fw, dev, align=4)
+        elif s2 is not None:
+            raise ValueError("the chained fp16 conv has no scale: pass None")
+        check_tensor(b2, self.specs["chain_bias"], fw, dev, align=4)
+        if chain_out is not None:
+            check_tensor(chain_out, self.specs["chain_out"], fw, dev)
 
     # ---- helpers for callers -------------------------------------------------------------
     def to_input_layout(self, x_nhwc: Any) -> Any:
@@ -683,7 +734,7 @@ class Conv2d:
 
     def _enqueue(self, dev: int, stream_ptr: int, x: Any, w: Any, scale: Any, bias: Any,
                  y: Any, res: Any = None, res_scale: float | None = None,
-                 x1: Any = None) -> None:
+                 x1: Any = None, chain: tuple[Any, Any, Any, Any] | None = None) -> None:
         """Launch on CuPy's current stream (the caller's), all arguments CuPy arrays."""
         from kernels.launch import launch
 
@@ -699,9 +750,12 @@ class Conv2d:
             import cupy
 
             scale = cupy.stack([cupy.abs(x).max(), cupy.abs(w).max()]).astype(cupy.float32)
+        if chain is not None and chain[1] is None:  # fp16: no scale is read
+            chain = (chain[0], chain[2], chain[2], chain[3])
         launch(fn, self.meta, x, w, zeros if scale is None else scale,
                zeros if bias is None else bias, y, sc["ws"], sc["counters"], res,
-               1.0 if res_scale is None else float(res_scale), pdl=self.pdl, x1=x1)
+               1.0 if res_scale is None else float(res_scale), pdl=self.pdl, x1=x1,
+               chain=chain)
 
     def _stream(self, ptr: int) -> Any:
         import cupy
@@ -718,8 +772,12 @@ class Conv2d:
 
     def __call__(self, x: Any, weight: Any, scale: Any = None, bias: Any = None, *,
                  residual: Any = None, res_scale: float | None = None, out: Any = None,
-                 x1: Any = None) -> Any:
-        fw, dev = self.validate(x, weight, scale, bias, out, residual, res_scale, x1)
+                 x1: Any = None, chain: tuple[Any, Any, Any] | None = None,
+                 chain_out: Any = None) -> Any:
+        """The output; with a chained conv (`chain`: its weight, scale, bias), the output and
+        the chained conv's output."""
+        fw, dev = self.validate(x, weight, scale, bias, out, residual, res_scale, x1, chain,
+                                chain_out)
         import cupy
 
         if fw == "cupy":
@@ -727,28 +785,40 @@ class Conv2d:
                 stream = cupy.cuda.get_current_stream()
                 y = out if out is not None else cupy.empty(self.output_shape,
                                                            dtype=self.output_dtype)
+                y2 = None
+                if chain is not None:
+                    y2 = chain_out if chain_out is not None else cupy.empty(
+                        self.chain_output_shape, dtype=self.output_dtype)
                 self._enqueue(dev, int(stream.ptr), x, weight, scale, bias, y, residual,
-                              res_scale, x1)
-            return y
+                              res_scale, x1, None if y2 is None else (*chain, y2))
+            return y if y2 is None else (y, y2)
         import torch
 
         with torch.cuda.device(dev):
             ptr = int(torch.cuda.current_stream(dev).cuda_stream)
-            y = out if out is not None else torch.empty(
-                self.output_shape, dtype=getattr(torch, self.output_dtype), device=x.device)
+            dtype = getattr(torch, self.output_dtype)
+            y = out if out is not None else torch.empty(self.output_shape, dtype=dtype,
+                                                        device=x.device)
+            y2 = None
+            if chain is not None:
+                y2 = chain_out if chain_out is not None else torch.empty(
+                    self.chain_output_shape, dtype=dtype, device=x.device)
             # CuPy's current stream = torch's: the DLPack exchange then inserts no
             # cross-stream wait, and the launch is ordered with the caller's torch work.
             with cupy.cuda.Device(dev), self._stream(ptr):
-                arrs = [None if a is None else cupy.from_dlpack(a.detach())
-                        for a in (x, weight, scale, bias, y, residual)]
-                x1c = None if x1 is None else cupy.from_dlpack(x1.detach())
-                self._enqueue(dev, ptr, *arrs, res_scale, x1c)
-        return y
+                def dl(a: Any) -> Any:
+                    return None if a is None else cupy.from_dlpack(a.detach())
+
+                arrs = [dl(a) for a in (x, weight, scale, bias, y, residual)]
+                ch = None if y2 is None else tuple(dl(a) for a in (*chain, y2))
+                self._enqueue(dev, ptr, *arrs, res_scale, dl(x1), ch)
+        return y if y2 is None else (y, y2)
 
     def __repr__(self) -> str:
         return (f"Conv2d({self.shape.key()}, {self.precision.value}, {self.target.name}, "
                 f"epilogue={self.epilogue.mode}{'+residual' if self.epilogue.residual else ''}"
-                f"{'+relu' if self.epilogue.relu else ''}, "
+                f"{'+relu' if self.epilogue.relu else ''}"
+                f"{f'+chain{self.epilogue.chain}' if self.epilogue.chain else ''}, "
                 f"layout={self.layout}{f', concat={self.concat}' if self.concat else ''}, "
                 f"schedule={self.schedule_source})")
 

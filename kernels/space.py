@@ -295,6 +295,55 @@ def concat_problems(shape: ConvShape, precision: Precision, sm: int,
     return None
 
 
+CHAIN_KNOBS = {"PACK_OUT": 1, "LAYOUT": "nhwc", "SPLIT_K": 1, "PERSIST": 0, "HALO": 0}
+
+
+def chain_problems(shape: ConvShape, precision: Precision, sm: int,
+                   schedule: Mapping[str, Any], chain: int, g: Geometry) -> str | None:
+    """Why a build with a chained 1x1 conv of `chain` output channels (Epilogue.chain)
+    cannot run this schedule, or None (also without one). The block stages its whole output
+    rows (one column tile, PACK_OUT=1) and reduces them in whole instruction k-steps
+    (conv.cu: CHAIN); `g` is the build's geometry."""
+    if not chain:
+        return None
+    p = Precision(precision)
+    if p not in (Precision.INT8, Precision.FP16):
+        return f"a chained conv is for int8 and fp16, not {p.value}"
+    sched = with_defaults(p, schedule)
+    for knob, want in CHAIN_KNOBS.items():
+        if sched.get(knob, want) != want:
+            return f"a chained conv needs {knob}={want}"
+    eb = p.input_bits // 8
+    kb = instruction_shape(p, sm).k * eb  # bytes of k per instruction (conv.cu: KB)
+    bn = int(g.block_n[0])
+    if bn < shape.k or (bn * eb) % 16:
+        return (f"a chained conv reads whole output rows: the block's {bn} columns must "
+                f"cover K = {shape.k} in 16-byte rows")
+    if (shape.k * eb) % kb:
+        return f"a chained conv reduces K = {shape.k} in whole steps of {kb // eb} channels"
+    if chain % 8 or (chain * eb) % 16:
+        return f"the chained conv's {chain} channels must fill 16-byte vectors of 8 channels"
+    return None
+
+
+def chain_mask(shape: ConvShape, precision: Precision, sm: int,
+               cols: Mapping[str, np.ndarray], chain: int, g: Geometry) -> np.ndarray:
+    """`chain_problems` over numpy columns of schedules (their geometry `g`): True where a
+    build with a chained conv of `chain` channels can run the schedule."""
+    p = Precision(precision)
+    n = np.broadcast_shapes(np.shape(g.block_m), *(np.shape(v) for v in cols.values()))
+    if not chain or p not in (Precision.INT8, Precision.FP16):
+        return np.full(n, not chain, dtype=bool)
+    eb = p.input_bits // 8
+    kb = instruction_shape(p, sm).k * eb
+    ok = (g.block_n >= shape.k) & ((g.block_n * eb) % 16 == 0)
+    for knob, want in CHAIN_KNOBS.items():
+        if knob in cols:  # (the columns broadcast together: `ok` takes their shape)
+            ok = ok & (np.asarray(cols[knob]) == want)
+    ok = ok & ((shape.k * eb) % kb == 0) & (chain % 8 == 0) & ((chain * eb) % 16 == 0)
+    return np.broadcast_to(ok, n)
+
+
 def int4_via_s8(precision: Precision, sm: int) -> bool:
     """int4 runs on the s8 m16n8k32 path (unpacked in shared memory) where instruction_shape
     says so (sm_90: no 4-bit Tensor Core unit)."""
@@ -415,7 +464,8 @@ def field_pixels(shape: ConvShape, cols: Mapping[str, np.ndarray], g: Geometry) 
 
 def geometry(shape: ConvShape, precision: Precision, target: Target,
              cols: Mapping[str, np.ndarray], out_bits: int | None = None,
-             int4_s8: bool | None = None, residual: bool = False) -> Geometry:
+             int4_s8: bool | None = None, residual: bool = False, chain: int = 0
+             ) -> Geometry:
     """Tile geometry of schedules given as numpy columns (knob -> array of values).
 
     Mirrors kernels/conv.cu exactly: the kernel static_asserts that its shared-memory size
@@ -423,10 +473,12 @@ def geometry(shape: ConvShape, precision: Precision, target: Target,
     requantized output, as tuned; 32: raw int32 accumulators). `int4_s8` overrides the int4
     path on sm_80+ (None: as instruction_shape says), for builds that compare the two.
     `residual`: the residual epilogue, which with PACK_OUT stages a residual tile too (also
-    where the shape says so: ConvShape.residual).
+    where the shape says so: ConvShape.residual). `chain`: a chained conv's output channels
+    (Epilogue.chain), whose weights and staged output take a region past the rest.
     """
     p = Precision(precision)
     residual = residual or shape.residual
+    chain = chain or shape.chain
     inst = instruction_shape(p, target.sm)
     s8 = int4_via_s8(p, target.sm) if int4_s8 is None else bool(int4_s8)
     if p is Precision.INT4 and target.sm >= 80:
@@ -529,6 +581,10 @@ def geometry(shape: ConvShape, precision: Precision, target: Target,
         smem = np.where(res_ahead, res_off + padded_tile, smem)
     else:
         res_ahead = np.zeros(np.shape(smem), dtype=bool)
+    if chain:  # conv.cu: W2_OFF, O2_OFF (rows padded by 16 bytes)
+        eb = elem_bits // 8
+        smem = -(-smem // 16) * 16 + chain * (shape.k * eb + EPILOGUE_ROW_PAD) + \
+            bm * (chain * eb + EPILOGUE_ROW_PAD)
 
     n_it = np.where(fold, -(-(r * s) // tps),
                     np.where(dup | halo, np.where(reorder | halo, n_cb, r * n_cb), r * s * n_cb))
@@ -629,6 +685,7 @@ class LayerTraits:
     nhwcnc: bool  # batch and channels fill the blocked layout's 8 x vector blocks
     concat: bool  # two inputs
     halo: bool  # the halo patch applies (HALO)
+    chain: bool = False  # a chained conv over the output (ConvShape.chain)
 
 
 def layer_traits(shape: ConvShape, precision: Precision) -> LayerTraits:
@@ -640,7 +697,8 @@ def layer_traits(shape: ConvShape, precision: Precision) -> LayerTraits:
         plain_matrix=is_plain_matrix(shape),
         nhwcnc=shape.n % NHWCNC_BATCH_BLOCK == 0 and shape.c % cv == 0 and shape.k % cv == 0,
         concat=bool(shape.concat),
-        halo=halo_applies(shape))
+        halo=halo_applies(shape),
+        chain=bool(shape.chain))
 
 
 def structural_validity(traits: LayerTraits, precision: Precision, target: Target,
@@ -711,6 +769,11 @@ def structural_validity(traits: LayerTraits, precision: Precision, target: Targe
     # them, or the layout does not exist (the kernel static_asserts).
     if not traits.nhwcnc:
         ok &= nhwc
+    # A chained conv (chain_problems) reads the block's staged output rows: PACK_OUT=1, NHWC,
+    # one block per tile, the halo's tiling aside.
+    if traits.chain:
+        ok &= (np.asarray(cols["PACK_OUT"]) == 1) & nhwc & split1 & (persist == 0) & \
+            (_knob(cols, "HALO", n) == 0)
     # Two inputs (concat_problems): the cp.async / register-staged loads of NHWC rows.
     if traits.concat:
         ok &= (tma_knob == 0) & ~fold & dup0 & nhwc
@@ -749,6 +812,9 @@ def tile_validity(shape: ConvShape, precision: Precision, target: Target,
     # Two inputs: each stage holds channels of one input (x1's fill whole stages).
     if shape.concat:
         ok &= shape.concat % (np.asarray(cols["CHUNK"]) * instruction_shape(p, target.sm).k) == 0
+    # A chained conv: the block's columns cover all K output channels (chain_mask).
+    if shape.chain:
+        ok &= chain_mask(shape, p, target.sm, cols, shape.chain, g)
     # Registers: a schedule whose accumulators and fragments do not fit under the cap spills
     # them, and the build treats spills as errors (ptxas --warn-on-spills -Werror): local-
     # memory traffic in the inner loop is never a schedule worth measuring.

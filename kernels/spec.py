@@ -15,7 +15,7 @@ from enum import StrEnum
 from typing import Any
 
 _KEY_RE = re.compile(r"n(\d+)_h(\d+)_w(\d+)_c(\d+)_k(\d+)_r(\d+)_s(\d+)_st(\d+)x(\d+)"
-                     r"_p(\d+)x(\d+)_d(\d+)x(\d+)(?:_cat(\d+))?(_res)?")
+                     r"_p(\d+)x(\d+)_d(\d+)x(\d+)(?:_cat(\d+))?(_res)?(?:_chain(\d+))?")
 
 
 class Precision(StrEnum):
@@ -188,6 +188,11 @@ class ConvShape:
     ReLU (a ResNet block's add; int8 and fp16, one input). It reads an output's worth of bytes
     more and stages them in shared memory, so it is a layer of its own to tune: deploy runs the
     conv before a block's add with it. Its key ends in `_res`.
+
+    `chain` > 0: the same kernel then runs a 1x1 conv of `chain` output channels over the
+    layer's output (kernels/chain.cuh: a ResNet bottleneck's last conv and the next block's
+    first), with weights [chain][k]; a second output [N][P][Q][chain]. Its tiles must cover all
+    k output channels, so it is a layer of its own to tune. Its key ends in `_chain{chain}`.
     """
 
     n: int
@@ -203,6 +208,7 @@ class ConvShape:
     groups: int = 1
     concat: int = 0
     residual: bool = False
+    chain: int = 0
 
     def __post_init__(self) -> None:
         for name in ("stride", "pad", "dilation"):
@@ -234,17 +240,18 @@ class ConvShape:
 
     @property
     def flops(self) -> int:
-        """Multiply-adds counted as two operations."""
-        return 2 * self.gemm_m * self.gemm_n * self.gemm_k
+        """Multiply-adds counted as two operations (a chained conv's too)."""
+        return 2 * self.gemm_m * (self.gemm_n * self.gemm_k + self.chain * self.k)
 
     def tensor_elements(self) -> dict[str, int]:
-        """Elements of each tensor the layer reads or writes ("residual": 0 without one)."""
+        """Elements of each tensor the layer reads or writes ("residual": 0 without one; a
+        chained conv's weights and output are counted with the weights and the output)."""
         out = self.n * self.p * self.q * self.k
         return {
             "input": self.n * self.h * self.w * (self.c - self.concat)
             + self.n * self.p * self.q * self.concat,
-            "weight": self.k * self.r * self.s * self.c,
-            "output": out,
+            "weight": self.k * self.r * self.s * self.c + self.chain * self.k,
+            "output": out + self.n * self.p * self.q * self.chain,
             "residual": out if self.residual else 0,
         }
 
@@ -264,6 +271,7 @@ class ConvShape:
             f"_d{self.dilation[0]}x{self.dilation[1]}"
             + (f"_cat{self.concat}" if self.concat else "")
             + ("_res" if self.residual else "")
+            + (f"_chain{self.chain}" if self.chain else "")
         )
 
     @classmethod
@@ -272,10 +280,10 @@ class ConvShape:
         m = _KEY_RE.fullmatch(key)
         if m is None:
             raise ValueError(f"not a layer key: {key!r}")
-        *nums, res = m.groups()
-        v = [int(x) for x in nums if x is not None]
+        *nums, cat, res, chain = m.groups()
+        v = [int(x) for x in nums]
         return cls(*v[:7], stride=(v[7], v[8]), pad=(v[9], v[10]), dilation=(v[11], v[12]),
-                   concat=v[13] if len(v) > 13 else 0, residual=res is not None)
+                   concat=int(cat or 0), residual=res is not None, chain=int(chain or 0))
 
     def short_hash(self) -> str:
         return hashlib.sha256(self.key().encode()).hexdigest()[:10]
@@ -287,6 +295,7 @@ class ConvShape:
             "stride": list(self.stride), "pad": list(self.pad), "dilation": list(self.dilation),
             **({"concat": self.concat} if self.concat else {}),
             **({"residual": True} if self.residual else {}),
+            **({"chain": self.chain} if self.chain else {}),
         }
 
     @classmethod
@@ -296,7 +305,7 @@ class ConvShape:
             r=int(d["r"]), s=int(d["s"]),
             stride=pair(d.get("stride", (1, 1))), pad=pair(d.get("pad", (0, 0))),
             dilation=pair(d.get("dilation", (1, 1))), concat=int(d.get("concat", 0)),
-            residual=bool(d.get("residual", False)),
+            residual=bool(d.get("residual", False)), chain=int(d.get("chain", 0)),
         )
 
     def problems(self, precision: Precision | None = None,
@@ -330,6 +339,13 @@ class ConvShape:
                                       "dilation"))
             elif other:
                 out.append(("concat", f"two inputs are for int8 and fp16, not {other}"))
+        if self.chain:
+            if self.chain < 0 or self.chain % 8 or self.chain > MAX_CHANNELS:
+                out.append(("chain", f"the chained conv's output channels must be a multiple "
+                                     f"of 8 up to {MAX_CHANNELS}, got {self.chain}"))
+            elif other:
+                out.append(("chain", f"a chained conv follows the int8 and fp16 epilogues, not "
+                                     f"{other}'s"))
         if self.residual:
             if self.concat:
                 out.append(("residual", "a layer over two inputs adds its shortcut itself "

@@ -1,0 +1,133 @@
+// Chain (CHAIN > 0): a 1x1 conv of CHAIN output channels over this layer's output, run by
+// the same block: once the epilogue has staged the block's BM output rows (PACK_OUT=1, the
+// whole K channels of each: one column tile), they are the chained GEMM's A operand, read
+// from shared memory with ldmatrix; its weights [CHAIN][K] were copied in while the main loop
+// ran. A ResNet bottleneck's last conv and the next block's first are such a pair: the second
+// layer then needs no launch, no wait for the first and no trip of its input through L2.
+//
+// Warp level: the block's math warps take items of one instruction-tile row (IM pixels) by
+// CW n8 tiles of output channels in turn, each reducing over the K channels in KB-byte
+// k-steps with the precision's mma.sync tile (instruction_tile.cuh), then requantizing (int8)
+// or biasing (fp16) with the chained conv's own per-channel values and ReLU into a staged
+// output tile, which the block writes in 16-byte vectors.
+#pragma once
+
+namespace cfg {
+constexpr int CW = CHAIN == 0 ? 1 : (CHAIN / 8) % 8 == 0 ? 8 : (CHAIN / 8) % 4 == 0 ? 4
+                  : (CHAIN / 8) % 2 == 0 ? 2 : 1;  // n8 tiles per item
+constexpr int C_ITEMS = (BM / IM) * (CHAIN / (8 * CW));
+constexpr int C_NB = CW * BMAT;          // B matrices per k-step of an item
+constexpr int C_KSTEPS = K * EB / KB;    // k-steps over the staged rows
+constexpr int C_GA = AM / 4 + ((AM % 4) >= 2) + (AM % 2);
+constexpr int C_GB = C_NB / 4 + ((C_NB % 4) >= 2) + (C_NB % 2);
+constexpr int C_VPR = CHAIN * EB / 16;   // 16-byte vectors per output row
+}  // namespace cfg
+
+// The chained conv's int8 requantize: requant_bits (epilogue.cuh) without a residual, with the
+// chained conv's ReLU; the int8 value is the low byte.
+__device__ __forceinline__ u32 chain_requant_bits(int a, float sc, float bi) {
+  float v = f_add_rn(f_mul_rn(s32_to_f32(a), sc), bi);
+  v = fminf(fmaxf(v, cfg::CHAIN_RELU ? 0.f : -128.f), 127.f);
+  return __float_as_uint(f_add_rn(v, ROUND_MAGIC));
+}
+
+// Before the main loop: the chained weights into their region (cp.async on sm_80+, one group
+// that the pipeline's first wait or chain_conv's covers; sm_75 copies them in chain_conv).
+__device__ __forceinline__ void chain_weights_ahead(u8* smem, const Chain& ch, int tid) {
+  using namespace cfg;
+  if constexpr (CHAIN > 0 && SM >= 80) {
+    if (tid >= THREADS) return;  // the producer warp
+    constexpr int VPR = K * EB / 16;
+#pragma unroll 1
+    for (int v = tid; v < CHAIN * VPR; v += THREADS) {
+      const int row = v / VPR, cv = v - row * VPR;
+      cp_async16(smem_addr(smem + W2_OFF + row * W2_ROW + cv * 16), ch.w + (long long)v * 16,
+                 true);
+    }
+    cp_async_commit();
+  }
+}
+
+// After the epilogue: the chained conv over the staged tile at smem (rows E_ROW apart).
+__device__ __forceinline__ void chain_conv(u8* smem, const Chain& ch, int m0, int tid) {
+  using namespace cfg;
+  if (tid >= THREADS) return;  // the producer warp
+  const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  if constexpr (SM >= 80) {
+    cp_async_wait<0>();
+  } else {
+    constexpr int VPR = K * EB / 16;
+#pragma unroll 1
+    for (int v = tid; v < CHAIN * VPR; v += THREADS) {
+      const int row = v / VPR, cv = v - row * VPR;
+      copy_vw<16>(smem + W2_OFF + row * W2_ROW + cv * 16, ch.w + (long long)v * 16);
+    }
+  }
+  block_sync();  // every thread's weights, and the staged tile, are in place
+  const u32 a_base = smem_addr(smem), b_base = smem_addr(smem + W2_OFF);
+  u8* const o2 = smem + O2_OFF;
+#pragma unroll 1
+  for (int item = warp; item < C_ITEMS; item += WARPS) {
+    constexpr int NGROUPS = CHAIN / (8 * CW);
+    const int r0 = (item / NGROUPS) * IM, c0 = (item % NGROUPS) * CW * 8;
+    acc_t acc[CW][ACC_T];
+#pragma unroll
+    for (int j = 0; j < CW; ++j)
+#pragma unroll
+      for (int c = 0; c < ACC_T; ++c) acc[j][c] = 0;
+    // This lane's row and 16-byte k chunk in each ldmatrix of A and of B (warp_tile.cuh's
+    // fragment order: A matrix e is row half e % (IM / 8), k chunk e / (IM / 8)).
+    u32 a_addr[C_GA], b_addr[C_GB];
+#pragma unroll
+    for (int q = 0; q < C_GA; ++q) {
+      const int e = lane_mat<AM>(q, lane);
+      a_addr[q] = a_base + (r0 + (e % (IM / 8)) * 8 + (lane & 7)) * E_ROW + (e / (IM / 8)) * 16;
+    }
+#pragma unroll
+    for (int q = 0; q < C_GB; ++q) {
+      const int mat = lane_mat<C_NB>(q, lane);
+      b_addr[q] = b_base + (c0 + (mat / BMAT) * 8 + (lane & 7)) * W2_ROW + (mat % BMAT) * 16;
+    }
+#pragma unroll 2
+    for (int ks = 0; ks < C_KSTEPS; ++ks) {
+      u32 afr[AM], bfr[C_NB];
+#pragma unroll
+      for (int q = 0; q < C_GA; ++q) ldsm_group<AM>(q, a_addr[q] + ks * KB, afr);
+#pragma unroll
+      for (int q = 0; q < C_GB; ++q) ldsm_group<C_NB>(q, b_addr[q] + ks * KB, bfr);
+#pragma unroll
+      for (int j = 0; j < CW; ++j) mma_tile(acc[j], afr, &bfr[j * BMAT]);
+    }
+    // Requantize / bias + ReLU, each value into the staged output tile.
+#pragma unroll
+    for (int j = 0; j < CW; ++j) {
+      const int col = c0 + j * 8 + 2 * t;
+      const float b0 = ch.bias[col], b1 = ch.bias[col + 1];
+      float s0 = 0.f, s1 = 0.f;
+      if constexpr (PREC == 1) { s0 = ch.scale[col]; s1 = ch.scale[col + 1]; }
+#pragma unroll
+      for (int rh = 0; rh < IM / 8; ++rh) {
+        const int row = r0 + rh * 8 + g;
+        u8* const dst = o2 + row * O2_ROW + col * EB;
+        const acc_t v0 = acc[j][2 * rh], v1 = acc[j][2 * rh + 1];
+        if constexpr (PREC == 1) {
+          const u32 q0 = chain_requant_bits((int)v0, s0, b0);
+          const u32 q1 = chain_requant_bits((int)v1, s1, b1);
+          *reinterpret_cast<unsigned short*>(dst) = (unsigned short)byte_perm(q0, q1, 0x0040);
+        } else {
+          const float f0 = f_add_rn((float)v0, b0), f1 = f_add_rn((float)v1, b1);
+          *reinterpret_cast<u32*>(dst) = pack_f16x2(CHAIN_RELU ? fmaxf(f0, 0.f) : f0,
+                                                    CHAIN_RELU ? fmaxf(f1, 0.f) : f1);
+        }
+      }
+    }
+  }
+  block_sync();
+#pragma unroll 1
+  for (int v = tid; v < BM * C_VPR; v += THREADS) {
+    const int row = v / C_VPR, cv = v - row * C_VPR;
+    if (m0 + row >= M) continue;
+    copy_vw<16>(ch.y + (long long)(m0 + row) * CHAIN * EB + cv * 16,
+                o2 + row * O2_ROW + cv * 16);
+  }
+}
