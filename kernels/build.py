@@ -27,7 +27,7 @@ from kernels.space import (
     WGMMA_N_PER_TILE,
     Geometry,
     HaloTiling,
-    chain_problems,
+    b2b_problems,
     channel_vector,
     concat_problems,
     geometry,
@@ -44,7 +44,7 @@ KERNEL_DIR = Path(__file__).resolve().parent
 SOURCES = ("conv.cu", "instruction_tile.cuh", "block_tile.cuh", "warp_tile.cuh",
            "warpgroup_tile.cuh", "wgmma.cuh", "tma.cuh", "epilogue.cuh", "pipeline.cuh",
            "pipeline_tma.cuh", "pipeline_split_async.cuh", "pipeline_multistage.cuh",
-           "pipeline_regstaged.cuh", "chain.cuh")
+           "pipeline_regstaged.cuh", "b2b.cuh")
 KERNEL_NAME = "tc_conv"
 PRECISION_CODE = {"fp16": 0, "int8": 1, "int4": 2, "fp32_tc": 3}
 LAYOUT_CODE = {"nhwc": 0, "nhwcnc": 1}
@@ -64,18 +64,18 @@ class Epilogue:
     residual: int8 requant and fp16 bias only: a tensor of the output's shape, layout and type
           is added before the ReLU and the rounding (int8: times its own scale, `res_scale`),
           so that a ResNet block's add needs no pass of its own.
-    chain: int8 requant and fp16 bias only: > 0 runs a 1x1 conv of `chain` output channels
-          over the output in the same kernel (kernels/chain.cuh), with weights [chain][K] of
+    b2b: int8 requant and fp16 bias only: > 0 runs a 1x1 conv of `b2b` output channels
+          over the output in the same kernel (kernels/b2b.cuh), with weights [b2b][K] of
           the layer's type, its own per-channel scale (int8) and bias, and ReLU where
-          `chain_relu`; its output [N][P][Q][chain] is the kernel's second (a ResNet
+          `b2b_relu`; its output [N][P][Q][b2b] is the kernel's second (a ResNet
           bottleneck's last conv and the next block's first as one kernel).
     """
 
     mode: str = "default"
     relu: bool = False
     residual: bool = False
-    chain: int = 0
-    chain_relu: bool = False
+    b2b: int = 0
+    b2b_relu: bool = False
 
     def resolved(self, precision: Precision) -> Epilogue:
         p = Precision(precision)
@@ -89,12 +89,12 @@ class Epilogue:
                                   (p is Precision.FP16 and mode == "bias")):
             raise ValueError("a residual is added by the int8 'requant' and the fp16 'bias' "
                              f"epilogues only, not by {p.value} {mode!r}")
-        if self.chain and not ((p is Precision.INT8 and mode == "requant") or
+        if self.b2b and not ((p is Precision.INT8 and mode == "requant") or
                                (p is Precision.FP16 and mode == "bias")):
-            raise ValueError("a chained conv follows the int8 'requant' and the fp16 'bias' "
+            raise ValueError("a back-to-back conv follows the int8 'requant' and the fp16 'bias' "
                              f"epilogues only, not {p.value} {mode!r}")
-        return Epilogue(mode, bool(self.relu), bool(self.residual), int(self.chain),
-                        bool(self.chain_relu) and bool(self.chain))
+        return Epilogue(mode, bool(self.relu), bool(self.residual), int(self.b2b),
+                        bool(self.b2b_relu) and bool(self.b2b))
 
     def out_bits(self, precision: Precision) -> int:
         p = Precision(precision)
@@ -107,8 +107,8 @@ class Epilogue:
         d: dict[str, Any] = {"mode": self.mode, "relu": self.relu}
         if self.residual:  # absent when off: earlier builds' metadata reads the same
             d["residual"] = True
-        if self.chain:
-            d.update(chain=self.chain, chain_relu=self.chain_relu)
+        if self.b2b:
+            d.update(b2b=self.b2b, b2b_relu=self.b2b_relu)
         return d
 
 
@@ -144,9 +144,9 @@ class BuildJob:
         # A layer tuned with its residual (ConvShape.residual) builds the residual epilogue.
         if self.shape.residual and not self.epilogue.residual:
             object.__setattr__(self, "epilogue", replace(self.epilogue, residual=True))
-        # A layer tuned with a chained conv (ConvShape.chain) builds it.
-        if self.shape.chain and self.epilogue.chain != self.shape.chain:
-            object.__setattr__(self, "epilogue", replace(self.epilogue, chain=self.shape.chain))
+        # A layer tuned with a back-to-back conv (ConvShape.b2b) builds it.
+        if self.shape.b2b and self.epilogue.b2b != self.shape.b2b:
+            object.__setattr__(self, "epilogue", replace(self.epilogue, b2b=self.shape.b2b))
 
 
 def _sources() -> dict[str, str]:
@@ -185,7 +185,7 @@ def _job_geometry(job: BuildJob, int4_s8: bool) -> tuple[dict[str, Any], Geometr
             for k, v in sched.items()}
     epi = job.epilogue.resolved(p)
     return sched, geometry(job.shape, p, _target_for_sm(job.sm), cols, out_bits=epi.out_bits(p),
-                           int4_s8=int4_s8, residual=epi.residual, chain=epi.chain)
+                           int4_s8=int4_s8, residual=epi.residual, b2b=epi.b2b)
 
 
 def defines(job: BuildJob) -> dict[str, int]:
@@ -201,7 +201,7 @@ def defines(job: BuildJob) -> dict[str, int]:
         raise ValueError("int4_s8 applies to int4 on sm_80+ only")
     sched, g = _job_geometry(job, s8)
     why = concat_problems(sh, p, job.sm, sched) or \
-        chain_problems(sh, p, job.sm, sched, epi.chain, g)  # two inputs; a chained conv
+        b2b_problems(sh, p, job.sm, sched, epi.b2b, g)  # two inputs; a back-to-back conv
     if why:
         raise ValueError(why)
     d: dict[str, int] = {
@@ -214,7 +214,7 @@ def defines(job: BuildJob) -> dict[str, int]:
         "TC_EPI": 0 if epi.mode == "acc" else 1, "TC_RELU": int(epi.relu),
         **({"TC_RES": 1, "TC_RES_AHEAD": int(g.res_ahead[0])} if epi.residual else {}),
         **({"TC_CAT": sh.concat} if sh.concat else {}),
-        **({"TC_CHAIN": epi.chain, "TC_CHAIN_RELU": int(epi.chain_relu)} if epi.chain else {}),
+        **({"TC_B2B": epi.b2b, "TC_B2B_RELU": int(epi.b2b_relu)} if epi.b2b else {}),
         "TC_SMEM_BYTES": int(g.smem_bytes[0]), "TC_K_ITERS": int(g.k_iters[0]),
     }
     for name in knobs_for(p):

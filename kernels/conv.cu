@@ -23,7 +23,7 @@
 //                         (SWAP_AB: the weights as the instruction's A, the pixels as its B)
 //   epilogue.cuh          split-K fix-up, requantize / bias / residual / ReLU, packing, stores
 //                         (16-byte vectors, or bulk tensor stores with PACK_OUT=2)
-//   chain.cuh             a chained 1x1 conv over the block's staged output tile (CHAIN)
+//   b2b.cuh               a back-to-back 1x1 conv over the block's staged output tile (B2B)
 //
 // Tensor contracts (kernels/reference.py builds them):
 //   x: NHWC [N][H][W][Cp] or NHWCnc [N/8][H][W][Cp/c][8][c]; Cp = C rounded up to the
@@ -36,9 +36,9 @@
 //   res, res_scale (residual builds only, after x1 or the counters): a tensor of y's shape, layout
 //      and type added in the epilogue, y = act(acc * scale + bias + res * res_scale) (int8;
 //      fp16: + res, res_scale unused).
-//   w2, scale2, bias2, y2 (CHAIN builds only, after res): a 1x1 conv of CHAIN output channels
-//      over y, run by the same block on its staged output rows: w2 [CHAIN][K] of x's type,
-//      y2 [N][P][Q][CHAIN] = act(acc2 * scale2 + bias2) as y's epilogue without a residual.
+//   w2, scale2, bias2, y2 (B2B builds only, after res): a 1x1 conv of B2B output channels
+//      over y, run by the same block on its staged output rows: w2 [B2B][K] of x's type,
+//      y2 [N][P][Q][B2B] = act(acc2 * scale2 + bias2) as y's epilogue without a residual.
 //   maps (TMA=1 builds only, by value after the other arguments): the tensor maps of x
 //      (im2col; tiled [N*H*W][Cp] with PLAIN_A) and w, and with PACK_OUT=2 of y (tiled,
 //      bytes), 128 bytes each
@@ -90,11 +90,11 @@
 #ifndef TC_CAT
 #define TC_CAT 0  // n > 0: the first n reduction channels come from a second input x1
 #endif
-#ifndef TC_CHAIN
-#define TC_CHAIN 0  // n > 0: a chained 1x1 conv of n output channels over y (chain.cuh)
+#ifndef TC_B2B
+#define TC_B2B 0  // n > 0: a back-to-back 1x1 conv of n output channels over y (b2b.cuh)
 #endif
-#ifndef TC_CHAIN_RELU
-#define TC_CHAIN_RELU 0  // the chained conv's ReLU
+#ifndef TC_B2B_RELU
+#define TC_B2B_RELU 0  // the back-to-back conv's ReLU
 #endif
 
 #include "instruction_tile.cuh"
@@ -277,14 +277,14 @@ constexpr int EPI_OFF = PERSIST ? PIPE_SMEM : 0;
 constexpr int RES_OFF = RES_AHEAD ? (cmax(PIPE_SMEM, STG_SMEM) + 15) / 16 * 16 : STG_SMEM;
 constexpr int BASE_SMEM = PERSIST ? PIPE_SMEM + CONSUMERS * EPI_SMEM
                         : RES_AHEAD ? RES_OFF + RES_SMEM : cmax(PIPE_SMEM, EPI_SMEM);
-// CHAIN (chain.cuh): the chained conv's weights [CHAIN][K] and its staged output tile, in
+// B2B (b2b.cuh): the back-to-back conv's weights [B2B][K] and its staged output tile, in
 // rows padded by 16 bytes (ldmatrix reads 8 rows in 8 different bank groups), past the rest.
-constexpr int CHAIN = TC_CHAIN;
-constexpr bool CHAIN_RELU = TC_CHAIN_RELU != 0;
-constexpr int EB = ELEM_BITS / 8;  // bytes per element of the chained conv (int8, fp16)
-constexpr int W2_ROW = K * EB + 16, O2_ROW = CHAIN * EB + 16;
-constexpr int W2_OFF = (BASE_SMEM + 15) / 16 * 16, O2_OFF = W2_OFF + CHAIN * W2_ROW;
-constexpr int SMEM = CHAIN ? O2_OFF + BM * O2_ROW : BASE_SMEM;
+constexpr int B2B = TC_B2B;
+constexpr bool B2B_RELU = TC_B2B_RELU != 0;
+constexpr int EB = ELEM_BITS / 8;  // bytes per element of the back-to-back conv (int8, fp16)
+constexpr int W2_ROW = K * EB + 16, O2_ROW = B2B * EB + 16;
+constexpr int W2_OFF = (BASE_SMEM + 15) / 16 * 16, O2_OFF = W2_OFF + B2B * W2_ROW;
+constexpr int SMEM = B2B ? O2_OFF + BM * O2_ROW : BASE_SMEM;
 constexpr int CVO = 128 / OUT_BITS;  // output channels per 16-byte vector (NHWCnc out)
 constexpr int gcd(int a, int b) { return b == 0 ? a : gcd(b, a % b); }
 constexpr int pow2_le16(int v) { return (v % 16 == 0) ? 16 : (v % 8 == 0) ? 8 : (v % 4 == 0) ? 4
@@ -312,11 +312,11 @@ static_assert(!RES_AHEAD || (RES && PACK && !DIRECT_OUT && !PERSIST && SPLITK ==
                              VW >= 4),
               "the residual tile is copied in ahead by cp.async (4-16 bytes) into a region of "
               "its own, for a block that runs one tile without split-K");
-static_assert(!CHAIN || ((PREC == 0 || PREC == 1) && EPI == 1 && PACK == 1 && !LAYOUT &&
-                         SPLITK == 1 && !PERSIST && !HALO && TILES_N == 1 &&
-                         (BN * EB) % 16 == 0 && (K * EB) % KB == 0 && CHAIN % 8 == 0 &&
-                         (CHAIN * EB) % 16 == 0),
-              "a chained 1x1 conv reads the block's whole staged output rows (one column "
+static_assert(!B2B || ((PREC == 0 || PREC == 1) && EPI == 1 && PACK == 1 && !LAYOUT &&
+                       SPLITK == 1 && !PERSIST && !HALO && TILES_N == 1 &&
+                       (BN * EB) % 16 == 0 && (K * EB) % KB == 0 && B2B % 8 == 0 &&
+                       (B2B * EB) % 16 == 0),
+              "a back-to-back 1x1 conv reads the block's whole staged output rows (one column "
               "tile, PACK_OUT=1, NHWC, int8 requant / fp16 bias) in whole instruction k-steps, "
               "and writes whole 16-byte vectors of its own output");
 static_assert(SMEM == TC_SMEM_BYTES, "kernels/space.py:geometry must equal what the kernel allocates");
@@ -363,9 +363,9 @@ static_assert(!TMA || (BM <= 1024 && SH <= 8 && SW <= 8 && PH <= 127 && PW <= 12
 
 // The layer's inputs: x (and with CAT, x1) and the weights.
 struct Inputs { const u8* x; const u8* x1; const u8* w; };
-// CHAIN: the chained 1x1 conv's weights [CHAIN][K], per-channel scale (int8) and bias, and
-// its output [N][P][Q][CHAIN].
-struct Chain { const u8* w; const float* scale; const float* bias; u8* y; };
+// B2B: the back-to-back 1x1 conv's weights [B2B][K], per-channel scale (int8) and bias, and
+// its output [N][P][Q][B2B].
+struct B2b { const u8* w; const float* scale; const float* bias; u8* y; };
 
 #include "block_tile.cuh"
 #include "tma.cuh"
@@ -377,7 +377,7 @@ struct Chain { const u8* w; const float* scale; const float* bias; u8* y; };
 #include "pipeline_split_async.cuh"
 #include "pipeline_multistage.cuh"
 #include "pipeline_regstaged.cuh"
-#include "chain.cuh"
+#include "b2b.cuh"
 
 template <bool C, class A, class B> struct Pick { typedef A T; };
 template <class A, class B> struct Pick<false, A, B> { typedef B T; };
@@ -389,7 +389,7 @@ __device__ __forceinline__ void conv_block(const Inputs in, const float* __restr
                                            const float* __restrict__ bias, u8* __restrict__ y,
                                            u32* __restrict__ ws, u32* __restrict__ counters,
                                            const Residual res, const TensorMaps* maps,
-                                           const Chain chain, u8* smem) {
+                                           const B2b b2b, u8* smem) {
   using namespace cfg;
   const int tid = threadIdx.x;
   const int tile = blockIdx.x;
@@ -415,7 +415,7 @@ __device__ __forceinline__ void conv_block(const Inputs in, const float* __restr
 
   const StageRing sr{sbase};
   residual_ahead(smem, res, m0, n0, tid);
-  chain_weights_ahead(smem, chain, tid);
+  b2b_weights_ahead(smem, b2b, tid);
   if constexpr (TMA) {
     if (!mainloop_tma(wt, sr, it0, nit, m0, n0, tid, maps)) return;  // the producer warp
   } else if constexpr (F32_ASYNC) mainloop_split_async(ld, wt, sr, it0, nit);
@@ -424,7 +424,7 @@ __device__ __forceinline__ void conv_block(const Inputs in, const float* __restr
   block_sync();  // shared memory is reused by the epilogue
   if constexpr (F32TC) wt.finalize(scale);  // the accumulator sets -> one fp32 value each
   epilogue(wt, smem, m0, n0, tid, tile, split, scale, bias, res, y, ws, counters, maps);
-  if constexpr (CHAIN) chain_conv(smem, chain, m0, tid);
+  if constexpr (B2B) b2b_conv(smem, b2b, m0, tid);
 }
 
 // PERSIST: one block walks the tiles blockIdx.x, + gridDim.x, ...; the next tile's first
@@ -509,7 +509,7 @@ tc_conv(const u8* __restrict__ x, const u8* __restrict__ w, const float* __restr
 #if TC_RES
         , const u8* __restrict__ res, float res_scale
 #endif
-#if TC_CHAIN
+#if TC_B2B
         , const u8* __restrict__ w2, const float* __restrict__ scale2,
         const float* __restrict__ bias2, u8* __restrict__ y2
 #endif
@@ -539,10 +539,10 @@ tc_conv(const u8* __restrict__ x, const u8* __restrict__ w, const float* __restr
 #if !TC_CAT
   const u8* x1 = nullptr;
 #endif
-#if TC_CHAIN
-  const Chain ch{w2, scale2, bias2, y2};
+#if TC_B2B
+  const B2b ch{w2, scale2, bias2, y2};
 #else
-  const Chain ch{nullptr, nullptr, nullptr, nullptr};
+  const B2b ch{nullptr, nullptr, nullptr, nullptr};
 #endif
   const Inputs in{x, x1, w};
   using Tile = Pick<cfg::WG, GroupTile, WarpTile>::T;

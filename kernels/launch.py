@@ -4,7 +4,7 @@ The build's launch metadata (`kernels.build.launch_meta`) says everything: kerne
 grid, block, dynamic shared memory, split-K workspace and counters, and for TMA builds the
 tensor maps' parameters. The kernel's arguments are `(x, w, scale, bias, y, workspace,
 counters)`, then for builds over two inputs `x1`, for residual builds `(res, res_scale)`,
-for builds with a chained conv `(w2, scale2, bias2, y2)` (kernels/chain.cuh), and for TMA
+for builds with a back-to-back conv `(w2, scale2, bias2, y2)` (kernels/b2b.cuh), and for TMA
 builds the tensor maps by value after them (x and w; y's too for TMA stores,
 PACK_OUT=2) (kernels/conv.cu).
 CuPy and the driver bindings are imported only inside functions, so `kernels` imports
@@ -212,12 +212,12 @@ def supports_pdl(sm: int) -> bool:
 
 def launch(fn: Any, meta: dict[str, Any], x: Any, w: Any, scale: Any, bias: Any, y: Any,
            ws: Any, counters: Any, res: Any = None, res_scale: float = 1.0,
-           pdl: bool = False, x1: Any = None, chain: tuple[Any, Any, Any, Any] | None = None
+           pdl: bool = False, x1: Any = None, b2b: tuple[Any, Any, Any, Any] | None = None
            ) -> None:
     """Enqueue one launch on CuPy's current stream. `res` (y's shape and type) and
     `res_scale` are the residual build's extra arguments, and only theirs; `x1` the second
-    input of a build over two (meta "concat"), and only its; `chain` the chained conv's
-    (w2, scale2, bias2, y2) of a build with one (its epilogue's "chain"), and only its.
+    input of a build over two (meta "concat"), and only its; `b2b` the back-to-back conv's
+    (w2, scale2, bias2, y2) of a build with one (its epilogue's "b2b"), and only its.
     `pdl`: allow programmatic dependent launch (sm_90 builds; `supports_pdl`)."""
     if has_residual(meta) != (res is not None):
         raise ValueError("a residual build takes a residual tensor, and only a residual build"
@@ -225,9 +225,10 @@ def launch(fn: Any, meta: dict[str, Any], x: Any, w: Any, scale: Any, bias: Any,
     if bool(meta.get("concat")) != (x1 is not None):
         raise ValueError("a build over two inputs takes x1, and only such a build"
                          if x1 is None else "this build has one input")
-    if bool(meta["epilogue"].get("chain")) != (chain is not None):
-        raise ValueError("a build with a chained conv takes its (w2, scale2, bias2, y2), and "
-                         "only such a build" if chain is None else "this build chains no conv")
+    if bool(meta["epilogue"].get("b2b")) != (b2b is not None):
+        raise ValueError("a build with a back-to-back conv takes its (w2, scale2, bias2, y2), "
+                         "and only such a build" if b2b is None
+                         else "this build runs no back-to-back conv")
     if pdl and not supports_pdl(meta["sm"]):
         raise ValueError(f"programmatic dependent launch needs an sm_90 build, not sm_{meta['sm']}")
     if meta.get("tma") or pdl:
@@ -237,8 +238,8 @@ def launch(fn: Any, meta: dict[str, Any], x: Any, w: Any, scale: Any, bias: Any,
             args.append(ctypes.c_void_p(x1.data.ptr))
         if res is not None:
             args += [ctypes.c_void_p(res.data.ptr), ctypes.c_float(float(res_scale))]
-        if chain is not None:
-            args += [ctypes.c_void_p(a.data.ptr) for a in chain]
+        if b2b is not None:
+            args += [ctypes.c_void_p(a.data.ptr) for a in b2b]
         if meta.get("tma"):
             args.append(tensor_maps(meta, ptrs[0], ptrs[1], ptrs[4]))
         _launch_driver(fn, meta, args, pdl)
@@ -249,6 +250,6 @@ def launch(fn: Any, meta: dict[str, Any], x: Any, w: Any, scale: Any, bias: Any,
         kargs += (x1,)
     if res is not None:
         kargs += (res, np.float32(res_scale))
-    if chain is not None:
-        kargs += tuple(chain)
+    if b2b is not None:
+        kargs += tuple(b2b)
     fn(grid, block, kargs, shared_mem=smem)

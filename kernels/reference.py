@@ -356,12 +356,12 @@ class Problem:
             self._memo[key] = (_frozen(xb), _frozen(wb))
         return self._memo[key]
 
-    def chained(self, relu: bool, residual: bool, chain_relu: bool) -> ChainRef:
-        """The chained conv of the layer (shape.chain) over its output with this epilogue:
-        its random weights and expected output (`make_chain`), once."""
-        key = ("chain", relu, residual, chain_relu)
+    def b2b_ref(self, relu: bool, residual: bool, b2b_relu: bool) -> B2bRef:
+        """The back-to-back conv of the layer (shape.b2b) over its output with this epilogue:
+        its random weights and expected output (`make_b2b`), once."""
+        key = ("b2b", relu, residual, b2b_relu)
         if key not in self._memo:
-            self._memo[key] = make_chain(self, self.shape.chain, relu, residual, chain_relu)
+            self._memo[key] = make_b2b(self, self.shape.b2b, relu, residual, b2b_relu)
         return self._memo[key]
 
     def device_x1(self) -> np.ndarray:
@@ -448,48 +448,48 @@ def make_problem(shape: ConvShape, precision: Precision, seed: int | None = None
 
 
 @dataclass(frozen=True)
-class ChainRef:
-    """A chained 1x1 conv over a layer's output (kernels/build.py: Epilogue.chain): its
+class B2bRef:
+    """A back-to-back 1x1 conv over a layer's output (kernels/build.py: Epilogue.b2b): its
     inputs as the kernel reads them and its expected output."""
 
-    w: np.ndarray  # [chain][K] int8 / fp16 values
-    scale: np.ndarray  # float32 [chain] (fp16: ones, unused)
-    bias: np.ndarray  # float32 [chain]
-    expected: np.ndarray  # NHWC [N][P][Q][chain]: int64 (int8) or float64 (fp16)
+    w: np.ndarray  # [b2b][K] int8 / fp16 values
+    scale: np.ndarray  # float32 [b2b] (fp16: ones, unused)
+    bias: np.ndarray  # float32 [b2b]
+    expected: np.ndarray  # NHWC [N][P][Q][b2b]: int64 (int8) or float64 (fp16)
 
     def device_weights(self) -> np.ndarray:
         return np.ascontiguousarray(self.w).reshape(-1).view(np.uint8)
 
 
-def make_chain(prob: Problem, chain: int, relu: bool, residual: bool, chain_relu: bool,
-               seed: int | None = None) -> ChainRef:
-    """Random weights of a chained conv of `chain` output channels over the output of
+def make_b2b(prob: Problem, b2b: int, relu: bool, residual: bool, b2b_relu: bool,
+               seed: int | None = None) -> B2bRef:
+    """Random weights of a back-to-back conv of `b2b` output channels over the output of
     `prob`'s layer with its epilogue (int8 requant / fp16 bias, `relu`, `residual`), and the
-    chained conv's exact output: int8 reduced in integers and requantized as the kernel does,
+    back-to-back conv's exact output: int8 reduced in integers and requantized as the kernel does,
     fp16 over the output rounded to fp16 (what the kernel stages), in float64."""
     p = prob.precision
     rng = np.random.default_rng(shape_seed(prob.shape, p, salt=2) if seed is None else seed)
     k = prob.shape.k
     if p is Precision.INT8:
         y = prob.expected("requant", relu, residual).reshape(-1, k)
-        w = rng.integers(-128, 128, size=(chain, k), dtype=np.int8)
+        w = rng.integers(-128, 128, size=(b2b, k), dtype=np.int8)
         # float64 products and sums are exact here (|acc| < 2^53), and BLAS-fast
         acc = np.rint(y.astype(np.float64) @ w.astype(np.float64).T).astype(np.int64)
         std = acc.astype(np.float64).std(axis=0) + 1.0
-        scale = (127 * 0.4 / std * rng.uniform(0.8, 1.25, size=chain)).astype(np.float32)
-        bias = rng.uniform(-38, 38, size=chain).astype(np.float32)
-        out = requantize(acc, scale, bias, 8, chain_relu)
+        scale = (127 * 0.4 / std * rng.uniform(0.8, 1.25, size=b2b)).astype(np.float32)
+        bias = rng.uniform(-38, 38, size=b2b).astype(np.float32)
+        out = requantize(acc, scale, bias, 8, b2b_relu)
     elif p is Precision.FP16:
         y = prob.expected("bias", relu, residual).astype(np.float16).reshape(-1, k)
-        w = rng.uniform(-1, 1, size=(chain, k)).astype(np.float16)
+        w = rng.uniform(-1, 1, size=(b2b, k)).astype(np.float16)
         acc = y.astype(np.float64) @ w.astype(np.float64).T
-        scale = np.ones(chain, dtype=np.float32)
-        bias = rng.uniform(-0.5, 0.5, size=chain).astype(np.float32)
-        out = fp_epilogue(acc, bias, chain_relu)
+        scale = np.ones(b2b, dtype=np.float32)
+        bias = rng.uniform(-0.5, 0.5, size=b2b).astype(np.float32)
+        out = fp_epilogue(acc, bias, b2b_relu)
     else:
-        raise ValueError(f"a chained conv is for int8 and fp16, not {p.value}")
+        raise ValueError(f"a back-to-back conv is for int8 and fp16, not {p.value}")
     sh = prob.shape
-    return ChainRef(w, scale, bias, out.reshape(sh.n, sh.p, sh.q, chain))
+    return B2bRef(w, scale, bias, out.reshape(sh.n, sh.p, sh.q, b2b))
 
 
 def check_output(got: np.ndarray, want: np.ndarray, precision: Precision,

@@ -159,10 +159,10 @@ class DeviceSession:
         dev = self.inputs(prob, layout, n_sets, c_padded, residual)
         ys = [cp.empty(y_bytes, dtype=cp.uint8) for _ in range(n_sets)]
         ws, counters = alloc_scratch(meta)
-        # A chained conv (ConvShape.chain): its weights, scale and bias, and an output per set.
-        chain = int(epi.get("chain", 0))
-        cref = prob.chained(bool(epi["relu"]), residual, bool(epi.get("chain_relu"))) \
-            if chain else None
+        # A back-to-back conv (ConvShape.b2b): its weights, scale and bias, and an output per set.
+        b2b = int(epi.get("b2b", 0))
+        cref = prob.b2b_ref(bool(epi["relu"]), residual, bool(epi.get("b2b_relu"))) \
+            if b2b else None
         if cref is not None:
             c_args = tuple(cp.asarray(a) for a in (cref.device_weights(), cref.scale,
                                                    cref.bias))
@@ -172,7 +172,7 @@ class DeviceSession:
         def launch(i: int) -> None:
             launch_kernel(fn, meta, dev["x"][i], dev["w"][i], dev["scale"], dev["bias"], ys[i],
                           ws, counters, dev["res"][i], dev["res_scale"], x1=dev["x1"][i],
-                          chain=None if cref is None else (*c_args, y2s[i]))
+                          b2b=None if cref is None else (*c_args, y2s[i]))
 
         def check() -> tuple[bool, dict[str, Any]]:
             # Correctness: poisoned output, one launch, exact / tolerance compare.
@@ -186,10 +186,10 @@ class DeviceSession:
             if cref is None or not ok:
                 return ok, stats
             got = device_values(cp.asnumpy(y2s[0]), out_bits, prec)
-            ok, chained = verify_output(got.astype(np.float64 if out_bits == 16 else np.int64),
+            ok, b2b_stats = verify_output(got.astype(np.float64 if out_bits == 16 else np.int64),
                                         cref.expected.reshape(-1), prec, out_bits,
                                         prob.shape.k)
-            return ok, {**stats, "chain": chained}
+            return ok, {**stats, "b2b": b2b_stats}
 
         kw = {"samples": samples} if samples else {}
         timer = (lambda: time_launches(launch, n_sets, api="cupy", **kw)) if time_it else None
@@ -216,7 +216,7 @@ class DeviceSession:
                    residual: bool = False) -> int:
         xb, wb = prob.device_inputs(layout, c_padded)
         x1b = 0 if prob.x1 is None else int(prob.x1.nbytes)
-        y2b = y_bytes * prob.shape.chain // prob.shape.k  # a chained conv's output
+        y2b = y_bytes * prob.shape.b2b // prob.shape.k  # a back-to-back conv's output
         return int(xb.nbytes + wb.nbytes + y_bytes + x1b + (y_bytes if residual else 0) + y2b)
 
 

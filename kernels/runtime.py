@@ -54,8 +54,8 @@ from kernels.space import (
     WGMMA_M,
     Schedule,
     ScheduleSpace,
-    chain_mask,
-    chain_problems,
+    b2b_mask,
+    b2b_problems,
     channel_vector,
     concat_problems,
     fold_tap_bytes,
@@ -176,12 +176,12 @@ def _adapt(schedule: Mapping[str, Any], precision: Precision, target: Target) ->
 def _epilogue_smem_ok(shape: ConvShape, precision: Precision, target: Target,
                       cols: Mapping[str, np.ndarray], epilogue: Epilogue) -> np.ndarray:
     """`is_valid` sizes shared memory for the tuned (requantized) output; raw int32 output
-    stages wider tiles, a residual with PACK_OUT a second tile, and a chained conv its
-    weights and output tile, which must fit too (and the chain its rule: chain_mask)."""
+    stages wider tiles, a residual with PACK_OUT a second tile, and a back-to-back conv its
+    weights and output tile, which must fit too (and the b2b its rule: b2b_mask)."""
     g = geometry(shape, precision, target, cols, out_bits=epilogue.out_bits(precision),
-                 residual=epilogue.residual, chain=epilogue.chain)
+                 residual=epilogue.residual, b2b=epilogue.b2b)
     return np.asarray(g.smem_bytes <= target.smem_per_block_kib * 1024) & \
-        chain_mask(shape, precision, target.sm, cols, epilogue.chain, g)
+        b2b_mask(shape, precision, target.sm, cols, epilogue.b2b, g)
 
 
 def schedule_fits(shape: ConvShape, precision: Precision, target: Target,
@@ -206,8 +206,8 @@ def schedule_fits(shape: ConvShape, precision: Precision, target: Target,
                 "stages on this arch, or NHWCnc needs N % 8 == 0 and whole channel vectors)")
     cols = space.columns(np.array([space.index_of(schedule)]))
     epi = epilogue.resolved(p)
-    why = chain_problems(shape, p, target.sm, schedule, epi.chain, geometry(
-        shape, p, target, cols, residual=epi.residual, chain=epi.chain))
+    why = b2b_problems(shape, p, target.sm, schedule, epi.b2b, geometry(
+        shape, p, target, cols, residual=epi.residual, b2b=epi.b2b))
     if why:
         return why
     if not _stores_ok(cols, epilogue.resolved(p), p)[0]:
@@ -457,10 +457,10 @@ class Conv2d:
     relu       clamp at zero in the epilogue
     residual   add a tensor of the output's shape in the epilogue (int8 requant: times
                `res_scale`; fp16 bias): `conv(x, w, scale, bias, residual=r, res_scale=s)`
-               An `Epilogue` with `chain` = n > 0 also runs a 1x1 conv of n output channels
-               over the output in the same kernel (kernels/chain.cuh; int8 requant, fp16
-               bias; kernels.space.chain_problems says which schedules):
-               `y, y2 = conv(x, w, scale, bias, chain=(w2, scale2, bias2))`, w2 [n][K] of
+               An `Epilogue` with `b2b` = n > 0 also runs a 1x1 conv of n output channels
+               over the output in the same kernel (kernels/b2b.cuh; int8 requant, fp16
+               bias; kernels.space.b2b_problems says which schedules):
+               `y, y2 = conv(x, w, scale, bias, b2b=(w2, scale2, bias2))`, w2 [n][K] of
                x's type, scale2 (int8; None for fp16) and bias2 float32 [n], y2 [N][P][Q][n]
     pdl        launch with programmatic dependent launch (sm_90 targets): the kernel may be
                scheduled while the kernel before it on the stream finishes, and waits in its
@@ -570,17 +570,17 @@ class Conv2d:
                              in_dtypes, "NHWC at the output's resolution: the first "
                              f"{self.concat} channels"),
         }
-        n2 = self.epilogue.chain
+        n2 = self.epilogue.b2b
         if n2:
-            self.chain_output_shape = (sh.n, sh.p, sh.q, n2)
+            self.b2b_output_shape = (sh.n, sh.p, sh.q, n2)
             self.specs.update({
-                "chain_weight": TensorSpec("chain_weight", ((n2, sh.k),), (self.input_dtype,),
-                                           "the chained 1x1 conv's [n][K]"),
-                "chain_scale": TensorSpec("chain_scale", ((n2,),), ("float32",),
-                                          "one per chained output channel"),
-                "chain_bias": TensorSpec("chain_bias", ((n2,),), ("float32",),
-                                         "one per chained output channel"),
-                "chain_out": TensorSpec("chain_out", (self.chain_output_shape,),
+                "b2b_weight": TensorSpec("b2b_weight", ((n2, sh.k),), (self.input_dtype,),
+                                           "the back-to-back 1x1 conv's [n][K]"),
+                "b2b_scale": TensorSpec("b2b_scale", ((n2,),), ("float32",),
+                                          "one per back-to-back output channel"),
+                "b2b_bias": TensorSpec("b2b_bias", ((n2,),), ("float32",),
+                                         "one per back-to-back output channel"),
+                "b2b_out": TensorSpec("b2b_out", (self.b2b_output_shape,),
                                         (self.output_dtype,), "NHWC"),
             })
 
@@ -594,11 +594,11 @@ class Conv2d:
 
     def validate(self, x: Any, weight: Any, scale: Any = None, bias: Any = None,
                  out: Any = None, residual: Any = None, res_scale: float | None = None,
-                 x1: Any = None, chain: tuple[Any, Any, Any] | None = None,
-                 chain_out: Any = None) -> tuple[str, int]:
+                 x1: Any = None, b2b: tuple[Any, Any, Any] | None = None,
+                 b2b_out: Any = None) -> tuple[str, int]:
         """Check every argument of a call (no GPU work); returns (framework, device)."""
         fw, dev = check_tensor(x, self.specs["x"])
-        self._validate_chain(chain, chain_out, fw, dev)
+        self._validate_b2b(b2b, b2b_out, fw, dev)
         if self.concat:
             if x1 is None:
                 raise ValueError("x1 is required: this op reads two inputs "
@@ -640,27 +640,27 @@ class Conv2d:
             check_tensor(out, self.specs["out"], fw, dev)
         return fw, dev
 
-    def _validate_chain(self, chain: tuple[Any, Any, Any] | None, chain_out: Any, fw: str,
+    def _validate_b2b(self, b2b: tuple[Any, Any, Any] | None, b2b_out: Any, fw: str,
                         dev: int) -> None:
-        if not self.epilogue.chain:
-            if chain is not None or chain_out is not None:
-                raise ValueError("this op chains no conv: build it with an Epilogue whose "
-                                 "chain is the chained conv's output channels")
+        if not self.epilogue.b2b:
+            if b2b is not None or b2b_out is not None:
+                raise ValueError("this op runs no back-to-back conv: build it with an Epilogue "
+                                 "whose b2b is the back-to-back conv's output channels")
             return
-        if chain is None or len(chain) != 3:
-            raise ValueError("chain is required: (weight [n][K], scale [n] or None for fp16, "
-                             "bias [n]) of the chained 1x1 conv")
-        w2, s2, b2 = chain
-        check_tensor(w2, self.specs["chain_weight"], fw, dev)
+        if b2b is None or len(b2b) != 3:
+            raise ValueError("b2b is required: (weight [n][K], scale [n] or None for fp16, "
+                             "bias [n]) of the back-to-back 1x1 conv")
+        w2, s2, b2 = b2b
+        check_tensor(w2, self.specs["b2b_weight"], fw, dev)
         if self.precision.is_integer:
             if s2 is None:
-                raise ValueError("the chained int8 conv requantizes: its scale is required")
-            check_tensor(s2, self.specs["chain_scale"], fw, dev, align=4)
+                raise ValueError("the back-to-back int8 conv requantizes: its scale is required")
+            check_tensor(s2, self.specs["b2b_scale"], fw, dev, align=4)
         elif s2 is not None:
-            raise ValueError("the chained fp16 conv has no scale: pass None")
-        check_tensor(b2, self.specs["chain_bias"], fw, dev, align=4)
-        if chain_out is not None:
-            check_tensor(chain_out, self.specs["chain_out"], fw, dev)
+            raise ValueError("the back-to-back fp16 conv has no scale: pass None")
+        check_tensor(b2, self.specs["b2b_bias"], fw, dev, align=4)
+        if b2b_out is not None:
+            check_tensor(b2b_out, self.specs["b2b_out"], fw, dev)
 
     # ---- helpers for callers -------------------------------------------------------------
     def to_input_layout(self, x_nhwc: Any) -> Any:
@@ -734,7 +734,7 @@ class Conv2d:
 
     def _enqueue(self, dev: int, stream_ptr: int, x: Any, w: Any, scale: Any, bias: Any,
                  y: Any, res: Any = None, res_scale: float | None = None,
-                 x1: Any = None, chain: tuple[Any, Any, Any, Any] | None = None) -> None:
+                 x1: Any = None, b2b: tuple[Any, Any, Any, Any] | None = None) -> None:
         """Launch on CuPy's current stream (the caller's), all arguments CuPy arrays."""
         from kernels.launch import launch
 
@@ -750,12 +750,12 @@ class Conv2d:
             import cupy
 
             scale = cupy.stack([cupy.abs(x).max(), cupy.abs(w).max()]).astype(cupy.float32)
-        if chain is not None and chain[1] is None:  # fp16: no scale is read
-            chain = (chain[0], chain[2], chain[2], chain[3])
+        if b2b is not None and b2b[1] is None:  # fp16: no scale is read
+            b2b = (b2b[0], b2b[2], b2b[2], b2b[3])
         launch(fn, self.meta, x, w, zeros if scale is None else scale,
                zeros if bias is None else bias, y, sc["ws"], sc["counters"], res,
                1.0 if res_scale is None else float(res_scale), pdl=self.pdl, x1=x1,
-               chain=chain)
+               b2b=b2b)
 
     def _stream(self, ptr: int) -> Any:
         import cupy
@@ -772,12 +772,12 @@ class Conv2d:
 
     def __call__(self, x: Any, weight: Any, scale: Any = None, bias: Any = None, *,
                  residual: Any = None, res_scale: float | None = None, out: Any = None,
-                 x1: Any = None, chain: tuple[Any, Any, Any] | None = None,
-                 chain_out: Any = None) -> Any:
-        """The output; with a chained conv (`chain`: its weight, scale, bias), the output and
-        the chained conv's output."""
-        fw, dev = self.validate(x, weight, scale, bias, out, residual, res_scale, x1, chain,
-                                chain_out)
+                 x1: Any = None, b2b: tuple[Any, Any, Any] | None = None,
+                 b2b_out: Any = None) -> Any:
+        """The output; with a back-to-back conv (`b2b`: its weight, scale, bias), the output and
+        the back-to-back conv's output."""
+        fw, dev = self.validate(x, weight, scale, bias, out, residual, res_scale, x1, b2b,
+                                b2b_out)
         import cupy
 
         if fw == "cupy":
@@ -786,11 +786,11 @@ class Conv2d:
                 y = out if out is not None else cupy.empty(self.output_shape,
                                                            dtype=self.output_dtype)
                 y2 = None
-                if chain is not None:
-                    y2 = chain_out if chain_out is not None else cupy.empty(
-                        self.chain_output_shape, dtype=self.output_dtype)
+                if b2b is not None:
+                    y2 = b2b_out if b2b_out is not None else cupy.empty(
+                        self.b2b_output_shape, dtype=self.output_dtype)
                 self._enqueue(dev, int(stream.ptr), x, weight, scale, bias, y, residual,
-                              res_scale, x1, None if y2 is None else (*chain, y2))
+                              res_scale, x1, None if y2 is None else (*b2b, y2))
             return y if y2 is None else (y, y2)
         import torch
 
@@ -800,9 +800,9 @@ class Conv2d:
             y = out if out is not None else torch.empty(self.output_shape, dtype=dtype,
                                                         device=x.device)
             y2 = None
-            if chain is not None:
-                y2 = chain_out if chain_out is not None else torch.empty(
-                    self.chain_output_shape, dtype=dtype, device=x.device)
+            if b2b is not None:
+                y2 = b2b_out if b2b_out is not None else torch.empty(
+                    self.b2b_output_shape, dtype=dtype, device=x.device)
             # CuPy's current stream = torch's: the DLPack exchange then inserts no
             # cross-stream wait, and the launch is ordered with the caller's torch work.
             with cupy.cuda.Device(dev), self._stream(ptr):
@@ -810,7 +810,7 @@ class Conv2d:
                     return None if a is None else cupy.from_dlpack(a.detach())
 
                 arrs = [dl(a) for a in (x, weight, scale, bias, y, residual)]
-                ch = None if y2 is None else tuple(dl(a) for a in (*chain, y2))
+                ch = None if y2 is None else tuple(dl(a) for a in (*b2b, y2))
                 self._enqueue(dev, ptr, *arrs, res_scale, dl(x1), ch)
         return y if y2 is None else (y, y2)
 
@@ -818,7 +818,7 @@ class Conv2d:
         return (f"Conv2d({self.shape.key()}, {self.precision.value}, {self.target.name}, "
                 f"epilogue={self.epilogue.mode}{'+residual' if self.epilogue.residual else ''}"
                 f"{'+relu' if self.epilogue.relu else ''}"
-                f"{f'+chain{self.epilogue.chain}' if self.epilogue.chain else ''}, "
+                f"{f'+b2b{self.epilogue.b2b}' if self.epilogue.b2b else ''}, "
                 f"layout={self.layout}{f', concat={self.concat}' if self.concat else ''}, "
                 f"schedule={self.schedule_source})")
 

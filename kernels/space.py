@@ -295,52 +295,52 @@ def concat_problems(shape: ConvShape, precision: Precision, sm: int,
     return None
 
 
-CHAIN_KNOBS = {"PACK_OUT": 1, "LAYOUT": "nhwc", "SPLIT_K": 1, "PERSIST": 0, "HALO": 0}
+B2B_KNOBS = {"PACK_OUT": 1, "LAYOUT": "nhwc", "SPLIT_K": 1, "PERSIST": 0, "HALO": 0}
 
 
-def chain_problems(shape: ConvShape, precision: Precision, sm: int,
-                   schedule: Mapping[str, Any], chain: int, g: Geometry) -> str | None:
-    """Why a build with a chained 1x1 conv of `chain` output channels (Epilogue.chain)
+def b2b_problems(shape: ConvShape, precision: Precision, sm: int,
+                   schedule: Mapping[str, Any], b2b: int, g: Geometry) -> str | None:
+    """Why a build with a back-to-back 1x1 conv of `b2b` output channels (Epilogue.b2b)
     cannot run this schedule, or None (also without one). The block stages its whole output
     rows (one column tile, PACK_OUT=1) and reduces them in whole instruction k-steps
-    (conv.cu: CHAIN); `g` is the build's geometry."""
-    if not chain:
+    (conv.cu: B2B); `g` is the build's geometry."""
+    if not b2b:
         return None
     p = Precision(precision)
     if p not in (Precision.INT8, Precision.FP16):
-        return f"a chained conv is for int8 and fp16, not {p.value}"
+        return f"a back-to-back conv is for int8 and fp16, not {p.value}"
     sched = with_defaults(p, schedule)
-    for knob, want in CHAIN_KNOBS.items():
+    for knob, want in B2B_KNOBS.items():
         if sched.get(knob, want) != want:
-            return f"a chained conv needs {knob}={want}"
+            return f"a back-to-back conv needs {knob}={want}"
     eb = p.input_bits // 8
     kb = instruction_shape(p, sm).k * eb  # bytes of k per instruction (conv.cu: KB)
     bn = int(g.block_n[0])
     if bn < shape.k or (bn * eb) % 16:
-        return (f"a chained conv reads whole output rows: the block's {bn} columns must "
+        return (f"a back-to-back conv reads whole output rows: the block's {bn} columns must "
                 f"cover K = {shape.k} in 16-byte rows")
     if (shape.k * eb) % kb:
-        return f"a chained conv reduces K = {shape.k} in whole steps of {kb // eb} channels"
-    if chain % 8 or (chain * eb) % 16:
-        return f"the chained conv's {chain} channels must fill 16-byte vectors of 8 channels"
+        return f"a back-to-back conv reduces K = {shape.k} in whole steps of {kb // eb} channels"
+    if b2b % 8 or (b2b * eb) % 16:
+        return f"the back-to-back conv's {b2b} channels must fill 16-byte vectors of 8 channels"
     return None
 
 
-def chain_mask(shape: ConvShape, precision: Precision, sm: int,
-               cols: Mapping[str, np.ndarray], chain: int, g: Geometry) -> np.ndarray:
-    """`chain_problems` over numpy columns of schedules (their geometry `g`): True where a
-    build with a chained conv of `chain` channels can run the schedule."""
+def b2b_mask(shape: ConvShape, precision: Precision, sm: int,
+               cols: Mapping[str, np.ndarray], b2b: int, g: Geometry) -> np.ndarray:
+    """`b2b_problems` over numpy columns of schedules (their geometry `g`): True where a
+    build with a back-to-back conv of `b2b` channels can run the schedule."""
     p = Precision(precision)
     n = np.broadcast_shapes(np.shape(g.block_m), *(np.shape(v) for v in cols.values()))
-    if not chain or p not in (Precision.INT8, Precision.FP16):
-        return np.full(n, not chain, dtype=bool)
+    if not b2b or p not in (Precision.INT8, Precision.FP16):
+        return np.full(n, not b2b, dtype=bool)
     eb = p.input_bits // 8
     kb = instruction_shape(p, sm).k * eb
     ok = (g.block_n >= shape.k) & ((g.block_n * eb) % 16 == 0)
-    for knob, want in CHAIN_KNOBS.items():
+    for knob, want in B2B_KNOBS.items():
         if knob in cols:  # (the columns broadcast together: `ok` takes their shape)
             ok = ok & (np.asarray(cols[knob]) == want)
-    ok = ok & ((shape.k * eb) % kb == 0) & (chain % 8 == 0) & ((chain * eb) % 16 == 0)
+    ok = ok & ((shape.k * eb) % kb == 0) & (b2b % 8 == 0) & ((b2b * eb) % 16 == 0)
     return np.broadcast_to(ok, n)
 
 
@@ -464,7 +464,7 @@ def field_pixels(shape: ConvShape, cols: Mapping[str, np.ndarray], g: Geometry) 
 
 def geometry(shape: ConvShape, precision: Precision, target: Target,
              cols: Mapping[str, np.ndarray], out_bits: int | None = None,
-             int4_s8: bool | None = None, residual: bool = False, chain: int = 0
+             int4_s8: bool | None = None, residual: bool = False, b2b: int = 0
              ) -> Geometry:
     """Tile geometry of schedules given as numpy columns (knob -> array of values).
 
@@ -473,12 +473,12 @@ def geometry(shape: ConvShape, precision: Precision, target: Target,
     requantized output, as tuned; 32: raw int32 accumulators). `int4_s8` overrides the int4
     path on sm_80+ (None: as instruction_shape says), for builds that compare the two.
     `residual`: the residual epilogue, which with PACK_OUT stages a residual tile too (also
-    where the shape says so: ConvShape.residual). `chain`: a chained conv's output channels
-    (Epilogue.chain), whose weights and staged output take a region past the rest.
+    where the shape says so: ConvShape.residual). `b2b`: a back-to-back conv's output channels
+    (Epilogue.b2b), whose weights and staged output take a region past the rest.
     """
     p = Precision(precision)
     residual = residual or shape.residual
-    chain = chain or shape.chain
+    b2b = b2b or shape.b2b
     inst = instruction_shape(p, target.sm)
     s8 = int4_via_s8(p, target.sm) if int4_s8 is None else bool(int4_s8)
     if p is Precision.INT4 and target.sm >= 80:
@@ -581,10 +581,10 @@ def geometry(shape: ConvShape, precision: Precision, target: Target,
         smem = np.where(res_ahead, res_off + padded_tile, smem)
     else:
         res_ahead = np.zeros(np.shape(smem), dtype=bool)
-    if chain:  # conv.cu: W2_OFF, O2_OFF (rows padded by 16 bytes)
+    if b2b:  # conv.cu: W2_OFF, O2_OFF (rows padded by 16 bytes)
         eb = elem_bits // 8
-        smem = -(-smem // 16) * 16 + chain * (shape.k * eb + EPILOGUE_ROW_PAD) + \
-            bm * (chain * eb + EPILOGUE_ROW_PAD)
+        smem = -(-smem // 16) * 16 + b2b * (shape.k * eb + EPILOGUE_ROW_PAD) + \
+            bm * (b2b * eb + EPILOGUE_ROW_PAD)
 
     n_it = np.where(fold, -(-(r * s) // tps),
                     np.where(dup | halo, np.where(reorder | halo, n_cb, r * n_cb), r * s * n_cb))
@@ -685,7 +685,7 @@ class LayerTraits:
     nhwcnc: bool  # batch and channels fill the blocked layout's 8 x vector blocks
     concat: bool  # two inputs
     halo: bool  # the halo patch applies (HALO)
-    chain: bool = False  # a chained conv over the output (ConvShape.chain)
+    b2b: bool = False  # a back-to-back conv over the output (ConvShape.b2b)
 
 
 def layer_traits(shape: ConvShape, precision: Precision) -> LayerTraits:
@@ -698,7 +698,7 @@ def layer_traits(shape: ConvShape, precision: Precision) -> LayerTraits:
         nhwcnc=shape.n % NHWCNC_BATCH_BLOCK == 0 and shape.c % cv == 0 and shape.k % cv == 0,
         concat=bool(shape.concat),
         halo=halo_applies(shape),
-        chain=bool(shape.chain))
+        b2b=bool(shape.b2b))
 
 
 def structural_validity(traits: LayerTraits, precision: Precision, target: Target,
@@ -769,9 +769,9 @@ def structural_validity(traits: LayerTraits, precision: Precision, target: Targe
     # them, or the layout does not exist (the kernel static_asserts).
     if not traits.nhwcnc:
         ok &= nhwc
-    # A chained conv (chain_problems) reads the block's staged output rows: PACK_OUT=1, NHWC,
+    # A back-to-back conv (b2b_problems) reads the block's staged output rows: PACK_OUT=1, NHWC,
     # one block per tile, the halo's tiling aside.
-    if traits.chain:
+    if traits.b2b:
         ok &= (np.asarray(cols["PACK_OUT"]) == 1) & nhwc & split1 & (persist == 0) & \
             (_knob(cols, "HALO", n) == 0)
     # Two inputs (concat_problems): the cp.async / register-staged loads of NHWC rows.
@@ -812,9 +812,9 @@ def tile_validity(shape: ConvShape, precision: Precision, target: Target,
     # Two inputs: each stage holds channels of one input (x1's fill whole stages).
     if shape.concat:
         ok &= shape.concat % (np.asarray(cols["CHUNK"]) * instruction_shape(p, target.sm).k) == 0
-    # A chained conv: the block's columns cover all K output channels (chain_mask).
-    if shape.chain:
-        ok &= chain_mask(shape, p, target.sm, cols, shape.chain, g)
+    # A back-to-back conv: the block's columns cover all K output channels (b2b_mask).
+    if shape.b2b:
+        ok &= b2b_mask(shape, p, target.sm, cols, shape.b2b, g)
     # Registers: a schedule whose accumulators and fragments do not fit under the cap spills
     # them, and the build treats spills as errors (ptxas --warn-on-spills -Werror): local-
     # memory traffic in the inner loop is never a schedule worth measuring.

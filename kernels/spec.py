@@ -15,7 +15,7 @@ from enum import StrEnum
 from typing import Any
 
 _KEY_RE = re.compile(r"n(\d+)_h(\d+)_w(\d+)_c(\d+)_k(\d+)_r(\d+)_s(\d+)_st(\d+)x(\d+)"
-                     r"_p(\d+)x(\d+)_d(\d+)x(\d+)(?:_cat(\d+))?(_res)?(?:_chain(\d+))?")
+                     r"_p(\d+)x(\d+)_d(\d+)x(\d+)(?:_cat(\d+))?(_res)?(?:_b2b(\d+))?")
 
 
 class Precision(StrEnum):
@@ -189,10 +189,10 @@ class ConvShape:
     more and stages them in shared memory, so it is a layer of its own to tune: deploy runs the
     conv before a block's add with it. Its key ends in `_res`.
 
-    `chain` > 0: the same kernel then runs a 1x1 conv of `chain` output channels over the
-    layer's output (kernels/chain.cuh: a ResNet bottleneck's last conv and the next block's
-    first), with weights [chain][k]; a second output [N][P][Q][chain]. Its tiles must cover all
-    k output channels, so it is a layer of its own to tune. Its key ends in `_chain{chain}`.
+    `b2b` > 0: the same kernel then runs a 1x1 conv of `b2b` output channels over the
+    layer's output (kernels/b2b.cuh: a ResNet bottleneck's last conv and the next block's
+    first), with weights [b2b][k]; a second output [N][P][Q][b2b]. Its tiles must cover all
+    k output channels, so it is a layer of its own to tune. Its key ends in `_b2b{b2b}`.
     """
 
     n: int
@@ -208,7 +208,7 @@ class ConvShape:
     groups: int = 1
     concat: int = 0
     residual: bool = False
-    chain: int = 0
+    b2b: int = 0
 
     def __post_init__(self) -> None:
         for name in ("stride", "pad", "dilation"):
@@ -240,18 +240,18 @@ class ConvShape:
 
     @property
     def flops(self) -> int:
-        """Multiply-adds counted as two operations (a chained conv's too)."""
-        return 2 * self.gemm_m * (self.gemm_n * self.gemm_k + self.chain * self.k)
+        """Multiply-adds counted as two operations (a back-to-back conv's too)."""
+        return 2 * self.gemm_m * (self.gemm_n * self.gemm_k + self.b2b * self.k)
 
     def tensor_elements(self) -> dict[str, int]:
         """Elements of each tensor the layer reads or writes ("residual": 0 without one; a
-        chained conv's weights and output are counted with the weights and the output)."""
+        back-to-back conv's weights and output are counted with the weights and the output)."""
         out = self.n * self.p * self.q * self.k
         return {
             "input": self.n * self.h * self.w * (self.c - self.concat)
             + self.n * self.p * self.q * self.concat,
-            "weight": self.k * self.r * self.s * self.c + self.chain * self.k,
-            "output": out + self.n * self.p * self.q * self.chain,
+            "weight": self.k * self.r * self.s * self.c + self.b2b * self.k,
+            "output": out + self.n * self.p * self.q * self.b2b,
             "residual": out if self.residual else 0,
         }
 
@@ -271,7 +271,7 @@ class ConvShape:
             f"_d{self.dilation[0]}x{self.dilation[1]}"
             + (f"_cat{self.concat}" if self.concat else "")
             + ("_res" if self.residual else "")
-            + (f"_chain{self.chain}" if self.chain else "")
+            + (f"_b2b{self.b2b}" if self.b2b else "")
         )
 
     @classmethod
@@ -280,10 +280,10 @@ class ConvShape:
         m = _KEY_RE.fullmatch(key)
         if m is None:
             raise ValueError(f"not a layer key: {key!r}")
-        *nums, cat, res, chain = m.groups()
+        *nums, cat, res, b2b = m.groups()
         v = [int(x) for x in nums]
         return cls(*v[:7], stride=(v[7], v[8]), pad=(v[9], v[10]), dilation=(v[11], v[12]),
-                   concat=int(cat or 0), residual=res is not None, chain=int(chain or 0))
+                   concat=int(cat or 0), residual=res is not None, b2b=int(b2b or 0))
 
     def short_hash(self) -> str:
         return hashlib.sha256(self.key().encode()).hexdigest()[:10]
@@ -295,7 +295,7 @@ class ConvShape:
             "stride": list(self.stride), "pad": list(self.pad), "dilation": list(self.dilation),
             **({"concat": self.concat} if self.concat else {}),
             **({"residual": True} if self.residual else {}),
-            **({"chain": self.chain} if self.chain else {}),
+            **({"b2b": self.b2b} if self.b2b else {}),
         }
 
     @classmethod
@@ -305,7 +305,7 @@ class ConvShape:
             r=int(d["r"]), s=int(d["s"]),
             stride=pair(d.get("stride", (1, 1))), pad=pair(d.get("pad", (0, 0))),
             dilation=pair(d.get("dilation", (1, 1))), concat=int(d.get("concat", 0)),
-            residual=bool(d.get("residual", False)), chain=int(d.get("chain", 0)),
+            residual=bool(d.get("residual", False)), b2b=int(d.get("b2b", 0)),
         )
 
     def problems(self, precision: Precision | None = None,
@@ -339,12 +339,12 @@ class ConvShape:
                                       "dilation"))
             elif other:
                 out.append(("concat", f"two inputs are for int8 and fp16, not {other}"))
-        if self.chain:
-            if self.chain < 0 or self.chain % 8 or self.chain > MAX_CHANNELS:
-                out.append(("chain", f"the chained conv's output channels must be a multiple "
-                                     f"of 8 up to {MAX_CHANNELS}, got {self.chain}"))
+        if self.b2b:
+            if self.b2b < 0 or self.b2b % 8 or self.b2b > MAX_CHANNELS:
+                out.append(("b2b", f"the back-to-back conv's output channels must be a multiple "
+                                     f"of 8 up to {MAX_CHANNELS}, got {self.b2b}"))
             elif other:
-                out.append(("chain", f"a chained conv follows the int8 and fp16 epilogues, not "
+                out.append(("b2b", f"a back-to-back conv follows the int8 and fp16 epilogues, not "
                                      f"{other}'s"))
         if self.residual:
             if self.concat:

@@ -3,13 +3,14 @@ through `deploy.optimize` (PDL), its forward timed whole and with the kernels of
 left out (their outputs computed once, then handed on without a launch), in turns.
 
 Every conv1 of a torchvision bottleneck but the first reads the block output the conv3 before
-it has just written, a 1x1 layer after a 1x1 layer: a kernel that ran both over one block tile
-of pixels (the second GEMM's A operand the first's staged output tile in shared memory) would
-save the second layer's launch, its wait on the layer before and its input's round trip. Left
-out entirely, those layers show what such a fusion could save at most: it still has to do their
-math. Not a valid model (the left-out layers' outputs are stale), a bound only.
+it has just written, a 1x1 layer after a 1x1 layer: the back-to-back conv (kernels/b2b.cuh,
+ConvShape.b2b) runs both over one block tile of pixels, the second GEMM's A operand the first's
+staged output tile in shared memory, and saves the second layer's launch, its wait on the layer
+before and its input's round trip. Left out entirely, those layers show what that could save at
+most: it still does their math. Not a valid model (the left-out layers' outputs are stale), a
+bound only.
 
-    python -m bench.gpu.chain_probe --cache C --schedules R.json --schedules-target h200 \\
+    python -m bench.gpu.b2b_probe --cache C --schedules R.json --schedules-target h200 \\
         --precisions int8,fp16 --out O.json                                   # GPU
 """
 

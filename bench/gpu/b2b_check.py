@@ -1,15 +1,15 @@
-"""The chained 1x1 conv (kernels/chain.cuh) on ResNet-50's bottleneck pairs at batch 8: every
-build checked on random inputs (the layer's output and the chained output), then timed against
-the same schedule without the chain and against the two layers alone, each on its record (the
+"""The back-to-back 1x1 conv (kernels/b2b.cuh) on ResNet-50's bottleneck pairs at batch 8: every
+build checked on random inputs (the layer's output and the back-to-back output), then timed against
+the same schedule without the b2b and against the two layers alone, each on its record (the
 pair's time today), in one process.
 
 A pair is a bottleneck's last conv (1x1, with the block's residual add and ReLU) and the next
 block's first (1x1, ReLU) over its output; where a block tile covers the whole K output
-channels, one kernel runs both (`Epilogue(chain=...)`). The sm_75 / sm_80 paths of mma.sync
+channels, one kernel runs both (`Epilogue(b2b=...)`). The sm_75 / sm_80 paths of mma.sync
 schedules are checked as PTX (the driver compiles them), not timed.
 
-    python -m bench.gpu.chain_check prebuild --cache C --per-case 6 --out J.json  # CPU
-    python -m bench.gpu.chain_check run --cache C --jobs J.json --out O.json      # GPU
+    python -m bench.gpu.b2b_check prebuild --cache C --per-case 6 --out J.json  # CPU
+    python -m bench.gpu.b2b_check run --cache C --jobs J.json --out O.json      # GPU
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import numpy as np
 from bench.cli import commands, log, read_json
 from kernels.spec import ConvShape, Precision, get_target, task_key
 
-# (name, the last conv's shape with its residual, the chained conv's output channels)
+# (name, the last conv's shape with its residual, the back-to-back conv's output channels)
 PAIRS = [
     ("layer1.x.conv3 -> layer1.y.conv1", ConvShape(8, 56, 56, 64, 256, 1, 1, residual=True), 64),
     ("layer1.2.conv3 -> layer2.0.conv1", ConvShape(8, 56, 56, 64, 256, 1, 1, residual=True), 128),
@@ -35,16 +35,16 @@ PAIRS = [
 RECORDS = "bench/data/model_e2e_records_r50_chosen_h200.json"
 
 
-def _epilogue(chain: int) -> Any:
+def _epilogue(b2b: int) -> Any:
     from kernels.build import Epilogue
 
-    return Epilogue(relu=True, residual=True, chain=chain, chain_relu=bool(chain))
+    return Epilogue(relu=True, residual=True, b2b=b2b, b2b_relu=bool(b2b))
 
 
-def _chained_schedules(shape: ConvShape, p: Precision, chain: int, count: int,
+def _b2b_schedules(shape: ConvShape, p: Precision, b2b: int, count: int,
                        rng: np.random.Generator) -> list[dict[str, Any]]:
-    """Up to `count` random valid schedules of the last conv that can chain (chain_problems),
-    half of them wgmma where there are any, whose shared memory with the chain fits."""
+    """Up to `count` random valid schedules of the last conv that can b2b (b2b_problems),
+    half of them wgmma where there are any, whose shared memory with the b2b fits."""
     from kernels.build import BuildJob, defines
 
     target = get_target("h200")
@@ -59,7 +59,7 @@ def _chained_schedules(shape: ConvShape, p: Precision, chain: int, count: int,
         if len(mine) >= count:
             continue
         try:
-            d = defines(BuildJob(shape, p, 90, s, _epilogue(chain)))
+            d = defines(BuildJob(shape, p, 90, s, _epilogue(b2b)))
         except ValueError:
             continue
         if d["TC_SMEM_BYTES"] <= target.smem_per_block_kib * 1024:
@@ -71,18 +71,18 @@ def _chained_schedules(shape: ConvShape, p: Precision, chain: int, count: int,
 
 
 def cmd_prebuild(a: argparse.Namespace) -> int:
-    """Build every job on the CPU (NVRTC): each chained schedule, its twin without the
-    chain, the chained layer on its record, and PTX of the mma.sync ones for sm_75 / 80."""
+    """Build every job on the CPU (NVRTC): each back-to-back schedule, its twin without the
+    b2b, the back-to-back layer on its record, and PTX of the mma.sync ones for sm_75 / 80."""
     from kernels.build import BuildJob, Epilogue, build
 
     rng = np.random.default_rng(a.seed)
     records = json.loads(Path(a.records).read_text())
     target = get_target("h200")
     jobs: list[dict[str, Any]] = []
-    for name, shape, chain in PAIRS:
-        second = ConvShape(shape.n, shape.p, shape.q, shape.k, chain, 1, 1)
+    for name, shape, b2b in PAIRS:
+        second = ConvShape(shape.n, shape.p, shape.q, shape.k, b2b, 1, 1)
         for p in (Precision.INT8, Precision.FP16):
-            row: dict[str, Any] = {"pair": name, "shape": shape.to_dict(), "chain": chain,
+            row: dict[str, Any] = {"pair": name, "shape": shape.to_dict(), "b2b": b2b,
                                    "precision": p.value, "builds": []}
             for label, layer, epi in (("first", shape, Epilogue(relu=True, residual=True)),
                                       ("second", second, Epilogue(relu=True))):
@@ -90,29 +90,29 @@ def cmd_prebuild(a: argparse.Namespace) -> int:
                 if rec:
                     r = build(BuildJob(layer, p, 90, rec["schedule"], epi), a.cache)
                     row[label] = {"schedule": rec["schedule"], "key": r.key, "status": r.status}
-            for s in _chained_schedules(shape, p, chain, a.per_case, rng):
+            for s in _b2b_schedules(shape, p, b2b, a.per_case, rng):
                 b: dict[str, Any] = {"schedule": s}
-                ptx = (("ptx75", chain, 75, True), ("ptx80", chain, 80, True)) \
+                ptx = (("ptx75", b2b, 75, True), ("ptx80", b2b, 80, True)) \
                     if s.get("MMA", "sync") == "sync" else ()
-                for label, ch, sm, as_ptx in (("chained", chain, 90, False),
+                for label, ch, sm, as_ptx in (("back-to-back", b2b, 90, False),
                                               ("twin", 0, 90, False), *ptx):
                     r = build(BuildJob(shape, p, sm, s, _epilogue(ch), ptx=as_ptx), a.cache)
                     b[label] = {"key": r.key, "status": r.status,
                                 **({"log": r.log[-800:]} if r.status != "ok" else {})}
                 row["builds"].append(b)
-                log(f"{name} {p.value}: {b['chained']['status']} {s}")
+                log(f"{name} {p.value}: {b['back-to-back']['status']} {s}")
             jobs.append(row)
     Path(a.out).write_text(json.dumps({"records": a.records, "jobs": jobs}, indent=1))
     return 0
 
 
 def _launcher(fn: Any, meta: dict[str, Any], args: tuple[Any, ...],
-              chain: tuple[Any, ...] | None) -> Any:
+              b2b: tuple[Any, ...] | None) -> Any:
     """launch(i) of one build on fixed arguments (x, w, scale, bias, y, ws, counters, res,
     res_scale), for kernels.timing."""
     from kernels.launch import launch
 
-    return lambda i: launch(fn, meta, *args, chain=chain)
+    return lambda i: launch(fn, meta, *args, b2b=b2b)
 
 
 def _check_job(job: dict[str, Any], fn_of: Any) -> list[dict[str, Any]]:
@@ -120,13 +120,13 @@ def _check_job(job: dict[str, Any], fn_of: Any) -> list[dict[str, Any]]:
     import cupy as cp
 
     from kernels.launch import alloc_scratch
-    from kernels.reference import check_output, make_chain, make_problem, to_device_bytes
+    from kernels.reference import check_output, make_b2b, make_problem, to_device_bytes
     from kernels.timing import time_launches
 
     shape, p = ConvShape.from_dict(job["shape"]), Precision(job["precision"])
-    chain = int(job["chain"])
+    b2b = int(job["b2b"])
     prob = make_problem(shape, p)
-    ref = make_chain(prob, chain, True, True, True)
+    ref = make_b2b(prob, b2b, True, True, True)
     xb, wb = prob.device_inputs("nhwc")
     res, res_scale = prob.residual()
     x, w = cp.asarray(xb), cp.asarray(wb)
@@ -135,7 +135,7 @@ def _check_job(job: dict[str, Any], fn_of: Any) -> list[dict[str, Any]]:
     w2, s2, b2 = (cp.asarray(ref.device_weights()), cp.asarray(ref.scale), cp.asarray(ref.bias))
     eb = p.input_bits // 8
     y = cp.empty(shape.gemm_m * shape.k * eb, dtype=cp.uint8)
-    y2 = cp.empty(shape.gemm_m * chain * eb, dtype=cp.uint8)
+    y2 = cp.empty(shape.gemm_m * b2b * eb, dtype=cp.uint8)
     want_y = prob.expected("requant" if p.is_integer else "bias", True, True)
     dt_out, dt_cmp = (np.int8, np.int64) if p is Precision.INT8 else (np.float16, np.float64)
     alone: dict[str, float | None] = {"first_us": None, "second_us": None}
@@ -143,17 +143,17 @@ def _check_job(job: dict[str, Any], fn_of: Any) -> list[dict[str, Any]]:
         fn1, meta1 = fn_of(job["first"]["key"])
         args1 = (x, w, sc, bi, cp.empty_like(y), *alloc_scratch(meta1), r, res_scale)
         alone["first_us"] = time_launches(_launcher(fn1, meta1, args1, None), 1).median_us
-    if job.get("second", {}).get("status") == "ok":  # the chained layer alone, on its record
+    if job.get("second", {}).get("status") == "ok":  # the back-to-back layer alone, on its record
         fn2, meta2 = fn_of(job["second"]["key"])
         y_in = cp.zeros(shape.gemm_m * shape.k * eb, dtype=cp.uint8)
-        w_in = cp.zeros(chain * shape.k * eb, dtype=cp.uint8)
+        w_in = cp.zeros(b2b * shape.k * eb, dtype=cp.uint8)
         args2 = (y_in, w_in, s2, b2, cp.empty_like(y2), *alloc_scratch(meta2))
         alone["second_us"] = time_launches(_launcher(fn2, meta2, args2, None), 1).median_us
     rows = []
     for b in job["builds"]:
-        out: dict[str, Any] = {"pair": job["pair"], "precision": p.value, "chain": chain,
+        out: dict[str, Any] = {"pair": job["pair"], "precision": p.value, "b2b": b2b,
                                "schedule": b["schedule"], **alone}
-        for label in ("chained", "ptx80", "ptx75"):
+        for label in ("back-to-back", "ptx80", "ptx75"):
             if label not in b:
                 continue
             if b[label]["status"] != "ok":
@@ -176,15 +176,15 @@ def _check_job(job: dict[str, Any], fn_of: Any) -> list[dict[str, Any]]:
             ok1, st1 = check_output(got_y, want_y, p, p.output_bits)
             ok2, st2 = check_output(got_2, ref.expected, p, p.output_bits)
             out[label] = {"ok": bool(ok1 and ok2), "y": st1, "y2": st2}
-            if label == "chained" and ok1 and ok2:
-                out["chained_us"] = time_launches(run, 1).median_us
-        if b.get("twin", {}).get("status") == "ok" and out.get("chained_us"):
+            if label == "back-to-back" and ok1 and ok2:
+                out["back-to-back_us"] = time_launches(run, 1).median_us
+        if b.get("twin", {}).get("status") == "ok" and out.get("back-to-back_us"):
             fn, meta = fn_of(b["twin"]["key"])
             args = (x, w, sc, bi, y, *alloc_scratch(meta), r, res_scale)
             out["twin_us"] = time_launches(_launcher(fn, meta, args, None), 1).median_us
         rows.append(out)
-        log(f"{job['pair']} {p.value}: ok={out['chained'].get('ok')} "
-            f"chained {out.get('chained_us')} twin {out.get('twin_us')} alone {alone} "
+        log(f"{job['pair']} {p.value}: ok={out['back-to-back'].get('ok')} "
+            f"back-to-back {out.get('back-to-back_us')} twin {out.get('twin_us')} alone {alone} "
             f"ptx {[out[k].get('ok') for k in ('ptx80', 'ptx75') if k in out]}")
     return rows
 
@@ -213,7 +213,7 @@ def cmd_run(a: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap, sub = commands("python -m bench.gpu.chain_check", __doc__)
+    ap, sub = commands("python -m bench.gpu.b2b_check", __doc__)
     s = sub.add_parser("prebuild")
     s.add_argument("--cache", required=True)
     s.add_argument("--records", default=RECORDS)

@@ -1,45 +1,45 @@
-// Chain (CHAIN > 0): a 1x1 conv of CHAIN output channels over this layer's output, run by
+// Back to back (B2B > 0): a 1x1 conv of B2B output channels over this layer's output, run by
 // the same block: once the epilogue has staged the block's BM output rows (PACK_OUT=1, the
-// whole K channels of each: one column tile), they are the chained GEMM's A operand, read
-// from shared memory with ldmatrix; its weights [CHAIN][K] were copied in while the main loop
+// whole K channels of each: one column tile), they are the second GEMM's A operand, read
+// from shared memory with ldmatrix; its weights [B2B][K] were copied in while the main loop
 // ran. A ResNet bottleneck's last conv and the next block's first are such a pair: the second
 // layer then needs no launch, no wait for the first and no trip of its input through L2.
 //
 // Warp level: the block's math warps take items of one instruction-tile row (IM pixels) by
 // CW n8 tiles of output channels in turn, each reducing over the K channels in KB-byte
 // k-steps with the precision's mma.sync tile (instruction_tile.cuh), then requantizing (int8)
-// or biasing (fp16) with the chained conv's own per-channel values and ReLU into a staged
+// or biasing (fp16) with the back-to-back conv's own per-channel values and ReLU into a staged
 // output tile, which the block writes in 16-byte vectors.
 #pragma once
 
 namespace cfg {
-constexpr int CW = CHAIN == 0 ? 1 : (CHAIN / 8) % 8 == 0 ? 8 : (CHAIN / 8) % 4 == 0 ? 4
-                  : (CHAIN / 8) % 2 == 0 ? 2 : 1;  // n8 tiles per item
-constexpr int C_ITEMS = (BM / IM) * (CHAIN / (8 * CW));
+constexpr int CW = B2B == 0 ? 1 : (B2B / 8) % 8 == 0 ? 8 : (B2B / 8) % 4 == 0 ? 4
+                  : (B2B / 8) % 2 == 0 ? 2 : 1;  // n8 tiles per item
+constexpr int C_ITEMS = (BM / IM) * (B2B / (8 * CW));
 constexpr int C_NB = CW * BMAT;          // B matrices per k-step of an item
 constexpr int C_KSTEPS = K * EB / KB;    // k-steps over the staged rows
 constexpr int C_GA = AM / 4 + ((AM % 4) >= 2) + (AM % 2);
 constexpr int C_GB = C_NB / 4 + ((C_NB % 4) >= 2) + (C_NB % 2);
-constexpr int C_VPR = CHAIN * EB / 16;   // 16-byte vectors per output row
+constexpr int C_VPR = B2B * EB / 16;   // 16-byte vectors per output row
 }  // namespace cfg
 
-// The chained conv's int8 requantize: requant_bits (epilogue.cuh) without a residual, with the
-// chained conv's ReLU; the int8 value is the low byte.
-__device__ __forceinline__ u32 chain_requant_bits(int a, float sc, float bi) {
+// The back-to-back conv's int8 requantize: requant_bits (epilogue.cuh) without a residual,
+// with that conv's ReLU; the int8 value is the low byte.
+__device__ __forceinline__ u32 b2b_requant_bits(int a, float sc, float bi) {
   float v = f_add_rn(f_mul_rn(s32_to_f32(a), sc), bi);
-  v = fminf(fmaxf(v, cfg::CHAIN_RELU ? 0.f : -128.f), 127.f);
+  v = fminf(fmaxf(v, cfg::B2B_RELU ? 0.f : -128.f), 127.f);
   return __float_as_uint(f_add_rn(v, ROUND_MAGIC));
 }
 
-// Before the main loop: the chained weights into their region (cp.async on sm_80+, one group
-// that the pipeline's first wait or chain_conv's covers; sm_75 copies them in chain_conv).
-__device__ __forceinline__ void chain_weights_ahead(u8* smem, const Chain& ch, int tid) {
+// Before the main loop: the back-to-back weights into their region (cp.async on sm_80+, one group
+// that the pipeline's first wait or b2b_conv's covers; sm_75 copies them in b2b_conv).
+__device__ __forceinline__ void b2b_weights_ahead(u8* smem, const B2b& ch, int tid) {
   using namespace cfg;
-  if constexpr (CHAIN > 0 && SM >= 80) {
+  if constexpr (B2B > 0 && SM >= 80) {
     if (tid >= THREADS) return;  // the producer warp
     constexpr int VPR = K * EB / 16;
 #pragma unroll 1
-    for (int v = tid; v < CHAIN * VPR; v += THREADS) {
+    for (int v = tid; v < B2B * VPR; v += THREADS) {
       const int row = v / VPR, cv = v - row * VPR;
       cp_async16(smem_addr(smem + W2_OFF + row * W2_ROW + cv * 16), ch.w + (long long)v * 16,
                  true);
@@ -48,8 +48,8 @@ __device__ __forceinline__ void chain_weights_ahead(u8* smem, const Chain& ch, i
   }
 }
 
-// After the epilogue: the chained conv over the staged tile at smem (rows E_ROW apart).
-__device__ __forceinline__ void chain_conv(u8* smem, const Chain& ch, int m0, int tid) {
+// After the epilogue: the back-to-back conv over the staged tile at smem (rows E_ROW apart).
+__device__ __forceinline__ void b2b_conv(u8* smem, const B2b& ch, int m0, int tid) {
   using namespace cfg;
   if (tid >= THREADS) return;  // the producer warp
   const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
@@ -58,7 +58,7 @@ __device__ __forceinline__ void chain_conv(u8* smem, const Chain& ch, int m0, in
   } else {
     constexpr int VPR = K * EB / 16;
 #pragma unroll 1
-    for (int v = tid; v < CHAIN * VPR; v += THREADS) {
+    for (int v = tid; v < B2B * VPR; v += THREADS) {
       const int row = v / VPR, cv = v - row * VPR;
       copy_vw<16>(smem + W2_OFF + row * W2_ROW + cv * 16, ch.w + (long long)v * 16);
     }
@@ -68,7 +68,7 @@ __device__ __forceinline__ void chain_conv(u8* smem, const Chain& ch, int m0, in
   u8* const o2 = smem + O2_OFF;
 #pragma unroll 1
   for (int item = warp; item < C_ITEMS; item += WARPS) {
-    constexpr int NGROUPS = CHAIN / (8 * CW);
+    constexpr int NGROUPS = B2B / (8 * CW);
     const int r0 = (item / NGROUPS) * IM, c0 = (item % NGROUPS) * CW * 8;
     acc_t acc[CW][ACC_T];
 #pragma unroll
@@ -111,13 +111,13 @@ __device__ __forceinline__ void chain_conv(u8* smem, const Chain& ch, int m0, in
         u8* const dst = o2 + row * O2_ROW + col * EB;
         const acc_t v0 = acc[j][2 * rh], v1 = acc[j][2 * rh + 1];
         if constexpr (PREC == 1) {
-          const u32 q0 = chain_requant_bits((int)v0, s0, b0);
-          const u32 q1 = chain_requant_bits((int)v1, s1, b1);
+          const u32 q0 = b2b_requant_bits((int)v0, s0, b0);
+          const u32 q1 = b2b_requant_bits((int)v1, s1, b1);
           *reinterpret_cast<unsigned short*>(dst) = (unsigned short)byte_perm(q0, q1, 0x0040);
         } else {
           const float f0 = f_add_rn((float)v0, b0), f1 = f_add_rn((float)v1, b1);
-          *reinterpret_cast<u32*>(dst) = pack_f16x2(CHAIN_RELU ? fmaxf(f0, 0.f) : f0,
-                                                    CHAIN_RELU ? fmaxf(f1, 0.f) : f1);
+          *reinterpret_cast<u32*>(dst) = pack_f16x2(B2B_RELU ? fmaxf(f0, 0.f) : f0,
+                                                    B2B_RELU ? fmaxf(f1, 0.f) : f1);
         }
       }
     }
@@ -127,7 +127,7 @@ __device__ __forceinline__ void chain_conv(u8* smem, const Chain& ch, int m0, in
   for (int v = tid; v < BM * C_VPR; v += THREADS) {
     const int row = v / C_VPR, cv = v - row * C_VPR;
     if (m0 + row >= M) continue;
-    copy_vw<16>(ch.y + (long long)(m0 + row) * CHAIN * EB + cv * 16,
+    copy_vw<16>(ch.y + (long long)(m0 + row) * B2B * EB + cv * 16,
                 o2 + row * O2_ROW + cv * 16);
   }
 }
