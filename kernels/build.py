@@ -90,7 +90,7 @@ class Epilogue:
             raise ValueError("a residual is added by the int8 'requant' and the fp16 'bias' "
                              f"epilogues only, not by {p.value} {mode!r}")
         if self.b2b and not ((p is Precision.INT8 and mode == "requant") or
-                               (p is Precision.FP16 and mode == "bias")):
+                             (p is Precision.FP16 and mode == "bias")):
             raise ValueError("a back-to-back conv follows the int8 'requant' and the fp16 'bias' "
                              f"epilogues only, not {p.value} {mode!r}")
         return Epilogue(mode, bool(self.relu), bool(self.residual), int(self.b2b),

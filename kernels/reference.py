@@ -462,11 +462,11 @@ class B2bRef:
 
 
 def make_b2b(prob: Problem, b2b: int, relu: bool, residual: bool, b2b_relu: bool,
-               seed: int | None = None) -> B2bRef:
+             seed: int | None = None) -> B2bRef:
     """Random weights of a back-to-back conv of `b2b` output channels over the output of
-    `prob`'s layer with its epilogue (int8 requant / fp16 bias, `relu`, `residual`), and the
-    back-to-back conv's exact output: int8 reduced in integers and requantized as the kernel does,
-    fp16 over the output rounded to fp16 (what the kernel stages), in float64."""
+    `prob`'s layer with its epilogue (int8 requant / fp16 bias, `relu`, `residual`), and its
+    exact output: int8 reduced in integers and requantized as the kernel does, fp16 over the
+    output rounded to fp16 (what the kernel stages), in float64."""
     p = prob.precision
     rng = np.random.default_rng(shape_seed(prob.shape, p, salt=2) if seed is None else seed)
     k = prob.shape.k

@@ -186,9 +186,9 @@ class DeviceSession:
             if cref is None or not ok:
                 return ok, stats
             got = device_values(cp.asnumpy(y2s[0]), out_bits, prec)
-            ok, b2b_stats = verify_output(got.astype(np.float64 if out_bits == 16 else np.int64),
-                                        cref.expected.reshape(-1), prec, out_bits,
-                                        prob.shape.k)
+            ok, b2b_stats = verify_output(
+                got.astype(np.float64 if out_bits == 16 else np.int64),
+                cref.expected.reshape(-1), prec, out_bits, prob.shape.k)
             return ok, {**stats, "b2b": b2b_stats}
 
         kw = {"samples": samples} if samples else {}

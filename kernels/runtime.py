@@ -575,13 +575,13 @@ class Conv2d:
             self.b2b_output_shape = (sh.n, sh.p, sh.q, n2)
             self.specs.update({
                 "b2b_weight": TensorSpec("b2b_weight", ((n2, sh.k),), (self.input_dtype,),
-                                           "the back-to-back 1x1 conv's [n][K]"),
+                                         "the back-to-back 1x1 conv's [n][K]"),
                 "b2b_scale": TensorSpec("b2b_scale", ((n2,),), ("float32",),
-                                          "one per back-to-back output channel"),
+                                        "one per back-to-back output channel"),
                 "b2b_bias": TensorSpec("b2b_bias", ((n2,),), ("float32",),
-                                         "one per back-to-back output channel"),
+                                       "one per back-to-back output channel"),
                 "b2b_out": TensorSpec("b2b_out", (self.b2b_output_shape,),
-                                        (self.output_dtype,), "NHWC"),
+                                      (self.output_dtype,), "NHWC"),
             })
 
     @property
@@ -641,7 +641,7 @@ class Conv2d:
         return fw, dev
 
     def _validate_b2b(self, b2b: tuple[Any, Any, Any] | None, b2b_out: Any, fw: str,
-                        dev: int) -> None:
+                      dev: int) -> None:
         if not self.epilogue.b2b:
             if b2b is not None or b2b_out is not None:
                 raise ValueError("this op runs no back-to-back conv: build it with an Epilogue "

@@ -299,7 +299,7 @@ B2B_KNOBS = {"PACK_OUT": 1, "LAYOUT": "nhwc", "SPLIT_K": 1, "PERSIST": 0, "HALO"
 
 
 def b2b_problems(shape: ConvShape, precision: Precision, sm: int,
-                   schedule: Mapping[str, Any], b2b: int, g: Geometry) -> str | None:
+                 schedule: Mapping[str, Any], b2b: int, g: Geometry) -> str | None:
     """Why a build with a back-to-back 1x1 conv of `b2b` output channels (Epilogue.b2b)
     cannot run this schedule, or None (also without one). The block stages its whole output
     rows (one column tile, PACK_OUT=1) and reduces them in whole instruction k-steps
@@ -327,7 +327,7 @@ def b2b_problems(shape: ConvShape, precision: Precision, sm: int,
 
 
 def b2b_mask(shape: ConvShape, precision: Precision, sm: int,
-               cols: Mapping[str, np.ndarray], b2b: int, g: Geometry) -> np.ndarray:
+             cols: Mapping[str, np.ndarray], b2b: int, g: Geometry) -> np.ndarray:
     """`b2b_problems` over numpy columns of schedules (their geometry `g`): True where a
     build with a back-to-back conv of `b2b` channels can run the schedule."""
     p = Precision(precision)
