@@ -16,7 +16,8 @@ from kernels.spec import ConvShape
 
 def _parse_shape(text: str) -> ConvShape:
     """'n=8,h=56,w=56,c=64,k=64,r=3,s=3,pad=1' (pairs as 1x2; concat=N for two inputs;
-    residual=1 for a residual added in the epilogue)."""
+    residual=1 for a residual added in the epilogue; b2b=N for a back-to-back 1x1 conv of N
+    output channels over the output)."""
     fields: dict[str, Any] = {}
     for part in text.split(","):
         if "=" not in part:
@@ -29,7 +30,7 @@ def _parse_shape(text: str) -> ConvShape:
                                      param_hint="--shape") from None
         if name in ("stride", "pad", "dilation"):
             fields[name] = (nums[0], nums[-1])
-        elif name in ("n", "h", "w", "c", "k", "r", "s", "concat") and len(nums) == 1:
+        elif name in ("n", "h", "w", "c", "k", "r", "s", "concat", "b2b") and len(nums) == 1:
             fields[name] = nums[0]
         elif name == "residual" and len(nums) == 1 and nums[0] in (0, 1):
             fields[name] = bool(nums[0])

@@ -23,7 +23,14 @@ from kernels.spec import (
     MAX_SPATIAL,
 )
 from search.registry import STRATEGIES
-from store.layer import RESIDUAL_DOC, PrecisionName, ShapeIn, TargetName, documented
+from store.layer import (
+    B2B_DOC,
+    RESIDUAL_DOC,
+    PrecisionName,
+    ShapeIn,
+    TargetName,
+    documented,
+)
 from store.repository import as_utc
 from workers.backends.simulated import prediction_note
 
@@ -166,6 +173,8 @@ class ScheduleQuery(BaseModel):
     dilation: str = _pair_query("1")
     concat: Annotated[int, documented(0, MAX_CHANNELS)] = 0
     residual: Annotated[bool, Field(description=RESIDUAL_DOC)] = False
+    b2b: Annotated[int, Field(description=B2B_DOC,
+                              json_schema_extra={"minimum": 0, "maximum": MAX_CHANNELS})] = 0
     precision: PrecisionName
     target: TargetName
 

@@ -148,11 +148,13 @@ def cudnn_baseline(shape: ConvShape, dtype: str, l2_bytes: int, device: int = 0)
     replaces: cuDNN's two 1x1 layers, x1's and x's, timed one after the other and summed
     (medians and IQRs). A layer with a residual (shape.residual) is what it replaces too:
     cuDNN's conv, then PyTorch's add of the residual (a random tensor of the output's shape
-    drawn after x and w) in place on its output, one after the other in each timed launch."""
+    drawn after x and w) in place on its output, one after the other in each timed launch.
+    A layer with a back-to-back conv (shape.b2b): the two layers it replaces, summed."""
     import torch
 
-    if shape.concat:
-        ts = [cudnn_baseline(part, dtype, l2_bytes, device) for part in shape.concat_parts()]
+    parts = shape.b2b_parts() if shape.b2b else shape.concat_parts() if shape.concat else ()
+    if parts:
+        ts = [cudnn_baseline(part, dtype, l2_bytes, device) for part in parts]
         return Timing(sum(t.median_us for t in ts), sum(t.iqr_us for t in ts))
 
     torch_dtype = getattr(torch, BASELINE_DTYPES[dtype])

@@ -10,7 +10,7 @@ import hashlib
 import json
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
@@ -378,6 +378,11 @@ class ConvShape:
                                          f"{target.name} has {target.mem_gib:g} GiB"))
         return out
 
+
+    def b2b_parts(self) -> tuple[ConvShape, ConvShape]:
+        """The two layers a layer with a back-to-back conv replaces: itself without it, and
+        the 1x1 conv of `b2b` output channels over its output."""
+        return (replace(self, b2b=0), ConvShape(self.n, self.p, self.q, self.k, self.b2b, 1, 1))
 
     def concat_parts(self) -> tuple[ConvShape, ConvShape]:
         """The two one-input 1x1 layers a layer over two inputs replaces: x1's (stride 1, at

@@ -60,6 +60,13 @@ Concat = Annotated[StrictInt, Field(
 RESIDUAL_DOC = ("the layer adds a tensor of its output's shape and type in its epilogue, "
                 "before the ReLU (a ResNet block's add; int8 and fp16, one input)")
 Residual = Annotated[StrictBool, Field(description=RESIDUAL_DOC)]
+# The kernel also runs a 1x1 conv of this many output channels over the output
+# (ConvShape.b2b); a layer of its own.
+B2B_DOC = ("the kernel also runs a 1x1 conv of this many output channels (a multiple of 8) over "
+           "the layer's output, back to back (a ResNet bottleneck's last conv and the next "
+           "block's first; int8 and fp16); 0: none")
+B2b = Annotated[StrictInt, Field(description=B2B_DOC,
+                                 json_schema_extra={"minimum": 0, "maximum": MAX_CHANNELS})]
 # One int for both axes, or [vertical, horizontal].
 Pair = Annotated[list[StrictInt], Field(min_length=2, max_length=2), BeforeValidator(_as_pair)]
 Stride = Annotated[Pair, _pair_schema(1, MAX_STRIDE)]
@@ -119,6 +126,7 @@ class ShapeIn(BaseModel):
     dilation: Dilation = [1, 1]
     concat: Concat = 0
     residual: Residual = False
+    b2b: B2b = 0
 
     def to_shape(self) -> ConvShape:
         return ConvShape.from_dict(self.model_dump())

@@ -58,10 +58,14 @@ def shape_distance(a: ConvShape, b: ConvShape) -> float:
     """How unlike two layers are for a kernel schedule: the implicit GEMM's sizes (output
     pixels, output channels, reduction) in octaves, plus a step for another filter size,
     stride or input channel class (few channels fold taps; wide ones do not), and a small one
-    for a residual on one of them (the same layer's best is a near neighbour either way)."""
+    for a residual on one of them (the same layer's best is a near neighbour either way); a
+    back-to-back conv on one of them is a larger one (its tiles must cover all K channels:
+    few of the other's bests run it)."""
     d = gemm_distance(a, b)
     if a.residual != b.residual:
         d += 0.5
+    if bool(a.b2b) != bool(b.b2b):
+        d += 2.0
     if (a.r, a.s, a.stride) != (b.r, b.s, b.stride):
         d += 4.0
     if (a.c < 16) != (b.c < 16):

@@ -75,7 +75,7 @@ def task_key_of(query: dict[str, str]) -> str:
     tgt = TARGETS[q.target]
     shape = ConvShape(q.n, q.h, q.w, q.c, q.k, q.r, q.s, stride=_pair("stride", q.stride),
                       pad=_pair("pad", q.pad), dilation=_pair("dilation", q.dilation),
-                      concat=q.concat, residual=q.residual)
+                      concat=q.concat, residual=q.residual, b2b=q.b2b)
     precision = Precision(q.precision)
     problems = shape.problems(precision, tgt)
     if problems:

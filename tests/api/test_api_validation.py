@@ -72,6 +72,12 @@ BAD_BODIES = [
      ("body", "shape", "residual"), "two inputs"),
     ("a residual as text", body(shape={"residual": "yes"}), ("body", "shape", "residual"),
      "boolean"),
+    ("a back-to-back conv of 12 channels", body(shape={"b2b": 12}), ("body", "shape", "b2b"),
+     "multiple of 8"),
+    ("a back-to-back conv in int4", body(precision="int4", shape={"b2b": 64}),
+     ("body", "shape", "b2b"), "int8 and fp16"),
+    ("a back-to-back conv as text", body(shape={"b2b": "64"}), ("body", "shape", "b2b"),
+     "integer"),
 ]
 
 
@@ -173,6 +179,25 @@ def test_a_layer_over_two_inputs_is_a_task_of_its_own(api: tuple[TestClient, str
     resp = client.get("/schedule", params=params)
     assert resp.status_code == 404 and resp.json()["running"] is True
     assert client.get(f"/jobs/{two.json()['job_id']}").json()["task"]["shape"]["concat"] == 128
+
+
+def test_a_layer_with_a_back_to_back_conv_is_a_task_of_its_own(
+        api: tuple[TestClient, str]) -> None:
+    """b2b makes a task apart from the layer alone (ConvShape.b2b), found by GET /schedule
+    with the same field; a b2b the kernel cannot run is refused there too."""
+    client, _ = api
+    shape = {"c": 64, "k": 256, "r": 1, "s": 1, "pad": 0, "residual": True, "b2b": 64}
+    res = client.post("/tune", json=body(shape=shape))
+    assert res.status_code == 202, res.json()
+    assert res.json()["task_key"].startswith("n8_h56_w56_c64_k256_r1_s1_st1x1_p0x0_d1x1_res_b2b64|")
+    params = dict(n=8, h=56, w=56, c=64, k=256, r=1, s=1, residual="true", precision="int8",
+                  target="h200")
+    alone = client.get("/schedule", params=params).json()  # the layer alone: another task
+    assert alone["running"] is False and alone["job"] is None
+    found = client.get("/schedule", params={**params, "b2b": 64})
+    assert found.status_code == 404 and found.json()["job"]["id"] == res.json()["job_id"]
+    assert client.get(f"/jobs/{res.json()['job_id']}").json()["task"]["shape"]["b2b"] == 64
+    assert ("query", "b2b") in _locs(client.get("/schedule", params={**params, "b2b": 12}))
 
 
 def test_a_layer_with_its_residual_is_a_task_of_its_own(api: tuple[TestClient, str]) -> None:

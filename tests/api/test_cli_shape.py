@@ -17,6 +17,7 @@ def test_fields_pairs_two_inputs_and_a_residual() -> None:
     res = _parse_shape("n=8,h=56,w=56,c=64,k=256,r=1,s=1,residual=1")
     assert res == ConvShape(8, 56, 56, 64, 256, 1, 1, residual=True)
     assert not _parse_shape("n=8,h=56,w=56,c=64,k=256,r=1,s=1,residual=0").residual
+    assert _parse_shape("n=8,h=56,w=56,c=64,k=256,r=1,s=1,residual=1,b2b=64").b2b == 64
 
 
 @pytest.mark.parametrize("text,words", [

@@ -239,6 +239,7 @@ def test_a_b2b_layer_is_a_layer_of_its_own() -> None:
     assert shape.tensor_elements()["output"] == LAST.tensor_elements()["output"] * 5 // 4
     assert [f for f, _ in ConvShape(8, 5, 5, 8, 16, 1, 1, b2b=12).problems()] == ["b2b"]
     assert "int8 and fp16" in shape.problems(Precision.INT4)[0][1]
+    assert shape.b2b_parts() == (LAST, ConvShape(8, 56, 56, 256, 64, 1, 1))
     job = BuildJob(shape, Precision.INT8, 90, WG)  # builds its b2b
     assert job.epilogue.b2b == 64 and defines(job)["TC_B2B"] == 64
 
@@ -276,3 +277,17 @@ def test_the_measuring_process_checks_both_outputs(tmp_path: Path) -> None:
         assert res.status == "ok", res.log
         out = sess.measure(str(tmp_path), res.key)
         assert out["status"] == "ok" and "b2b" in out["detail"]["check"], out
+
+
+@on_gpu
+def test_the_baseline_of_a_b2b_layer_is_its_two_layers() -> None:
+    """cuDNN's time for a layer with a back-to-back conv: the two layers it replaces."""
+    import torch
+
+    from kernels.cudnn import cudnn_baseline
+
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    shape = ConvShape.from_dict({**SMALL.to_dict(), "b2b": 32})
+    parts = [cudnn_baseline(part, "fp16", l2) for part in shape.b2b_parts()]
+    both = cudnn_baseline(shape, "fp16", l2)
+    assert 0.8 < both.median_us / sum(t.median_us for t in parts) < 1.25  # run to run
