@@ -75,8 +75,8 @@ def _apply(model: OptimizedModel, mods: Sequence[FusedConv], schedule: dict[str,
            source: str) -> None:
     for m in mods:
         m.set_schedule(schedule, source)
-        for lp in model.plan:  # a projection that runs in this layer's kernel
-            if lp.merged == m.layer.name and lp is not m.layer:
+        for lp in model.plan:  # a projection or a 1x1 conv that runs in this layer's kernel
+            if m.layer.name in (lp.merged, lp.back_to_back) and lp is not m.layer:
                 lp.schedule, lp.schedule_source = dict(schedule), source
 
 

@@ -76,6 +76,10 @@ class FusedConv(nn.Module):
     y = clamp(round(acc*scale[k] + bias[k] + residual*res_scale)) with
     scale[k] = s_in * s_w[k] / s_out, bias[k] = b[k] / s_out, res_scale = s_res / s_out
     (`set_scales`). fp16: y = fp16(acc + bias[k] (+ residual)), ReLU before the rounding.
+
+    `take_b2b(second)`: the layer's kernel also runs `second`, a 1x1 layer over its output,
+    back to back (kernels.spec.ConvShape's `b2b`); forward then returns (y, y2), y2 second's
+    output (its weights, bias, ReLU and, int8, its own requantize: `set_b2b_scale`).
     """
 
     def __init__(self, layer: LayerPlan, precision: Precision, weight: torch.Tensor,
@@ -96,6 +100,8 @@ class FusedConv(nn.Module):
         self.backend, self.target = backend, target
         self.schedule, self.cache_dir, self.pdl = dict(schedule), cache_dir, pdl
         self.epilogue = Epilogue("default", relu, residual).resolved(self.precision)
+        self.b2b, self.b2b_relu = 0, False  # take_b2b
+        self.b2b_out_scale: float | None = None
         self.res_scale: float | None = None
         if self.precision is Precision.INT8:
             if self.concat:  # quantized at set_scales, with the inputs' scales
@@ -153,7 +159,7 @@ class FusedConv(nn.Module):
         self.scale.copy_((in_scale * self.weight_scale / out_scale).to(torch.float32))
         self.bias.copy_((self.bias_real / out_scale).to(torch.float32))
         self.res_scale = None if residual_scale is None else _f32(residual_scale / out_scale)
-        self.calibrated = True
+        self.calibrated = not self.b2b  # then set_b2b_scale
         self.layer.in_scale, self.layer.out_scale = in_scale, out_scale
         self.layer.x1_scale = x1_scale
         self.layer.residual_scale = residual_scale
@@ -165,7 +171,7 @@ class FusedConv(nn.Module):
         _, _, r, s = self.weight.shape
         return ConvShape(n, h, w, self.in_channels, self.out_channels, int(r), int(s),
                          stride=self.stride, pad=self.padding, dilation=self.dilation,
-                         concat=self.concat)
+                         concat=self.concat, b2b=self.b2b)
 
     def set_input_channels(self, channels: int) -> None:
         """Take inputs padded with zero channels to `channels` (the kernel's padded count,
@@ -178,8 +184,66 @@ class FusedConv(nn.Module):
     def record_key(self) -> str:
         """The task key of the record this layer's schedule answers to (kernels.spec.task_key;
         the layers of one model that share it share their schedule)."""
-        return task_key(replace(self.shape, residual=self.residual), self.precision,
-                        self.target)
+        return task_key(replace(self.shape, residual=self.residual, b2b=self.b2b),
+                        self.precision, self.target)
+
+    def take_b2b(self, second: FusedConv, schedule: dict[str, Any], source: str) -> None:
+        """Run `second` (a 1x1, stride-1, unpadded layer of one input over this layer's
+        output) in this layer's kernel from now on, on `schedule` (the record of the layer
+        with it: ConvShape.b2b). Raises ValueError, the layer unchanged, where it cannot."""
+        sh = second.shape
+        if (sh.r, sh.s, sh.stride, sh.pad, sh.concat, second.residual) != \
+                (1, 1, (1, 1), (0, 0), 0, False) or second.in_channels != self.out_channels \
+                or second.precision is not self.precision:
+            raise ValueError(f"{second.layer.name} is no 1x1 layer over {self.layer.name}'s "
+                             "output alone")
+        n2 = second.out_channels
+        epi = replace(self.epilogue, b2b=n2, b2b_relu=second.relu).resolved(self.precision)
+        shape = replace(self.shape, b2b=n2)
+        why = schedule_fits(shape, self.precision, self.target, schedule, epi)
+        if why is not None:
+            raise ValueError(f"{self.layer.name} with {second.layer.name}: {why}")
+        op = None
+        if self.planned_x_shape is not None:  # the input as the layer before writes it
+            from kernels.runtime import Conv2d
+
+            n, _, h, w = self.planned_x_shape
+            op = Conv2d(replace(shape, n=n, h=h, w=w), self.precision, schedule, self.target,
+                        epilogue=epi, pdl=self.pdl, cache_dir=self.cache_dir)
+            if op.padded_channels - self.concat != self.input_channels:
+                raise ValueError(f"{self.layer.name} with {second.layer.name}: the schedule "
+                                 f"reads {op.padded_channels - self.concat} input channels, "
+                                 f"the layer's input has {self.input_channels}")
+            op.schedule_source = source
+        self.b2b, self.b2b_relu, self.epilogue, self.shape = n2, second.relu, epi, shape
+        self.register_buffer("b2b_weight", second.weight.reshape(n2, -1).clone())
+        if self.precision is Precision.INT8:  # requantized by set_b2b_scale
+            self.register_buffer("b2b_weight_scale", second.weight_scale.clone())
+            self.register_buffer("b2b_bias_real", second.bias_real.clone())
+            self.register_buffer("b2b_scale", torch.zeros_like(second.scale))
+            self.register_buffer("b2b_bias", torch.zeros_like(second.bias))
+            self.calibrated = False
+        else:
+            self.register_buffer("b2b_bias", second.bias.clone())
+        self.schedule, self.layer.schedule_source = dict(schedule), source
+        self.layer.schedule = dict(schedule)
+        self._ops, self._weights = {}, {}
+        if op is not None:
+            self._ops[self.shape_for(self.planned_x_shape)] = op  # type: ignore[arg-type]
+
+    def set_b2b_scale(self, out_scale: float) -> None:
+        """int8: the back-to-back conv's requantize from its output's activation scale (its
+        input's is this layer's output scale: `set_scales` first)."""
+        if self.precision is not Precision.INT8 or not self.b2b:
+            raise ValueError("a back-to-back scale is for int8 layers that run one")
+        if not (math.isfinite(out_scale) and out_scale > 0) or self.layer.out_scale is None:
+            raise ValueError(f"{self.layer.name}: set_scales first, and a positive finite "
+                             f"scale (got {out_scale})")
+        self.b2b_scale.copy_((self.layer.out_scale * self.b2b_weight_scale / out_scale)
+                             .to(torch.float32))
+        self.b2b_bias.copy_((self.b2b_bias_real / out_scale).to(torch.float32))
+        self.b2b_out_scale = out_scale
+        self.calibrated = True
 
     # ---- the kernel --------------------------------------------------------------------
     def take_planned_input(self, x_shape: tuple[int, ...] | torch.Size) -> None:
@@ -256,8 +320,14 @@ class FusedConv(nn.Module):
         return op, (xin, self._weight_for(op), self.scale if int8 else None, self.bias), kw
 
     def _run_cuda(self, x: torch.Tensor, residual: torch.Tensor | None,
-                  x1: torch.Tensor | None = None) -> torch.Tensor:
+                  x1: torch.Tensor | None = None) -> Any:
         op, args, kwargs = self.kernel_call(x, residual, x1)
+        if self.b2b:
+            kwargs["b2b"] = (self.b2b_weight,
+                             self.b2b_scale if self.precision is Precision.INT8 else None,
+                             self.b2b_bias)
+            y, y2 = op(*args, **kwargs)
+            return op.from_output_layout(y).permute(0, 3, 1, 2), y2.permute(0, 3, 1, 2)
         y = op(*args, **kwargs)
         return op.from_output_layout(y).permute(0, 3, 1, 2)
 
@@ -297,13 +367,31 @@ class FusedConv(nn.Module):
             y = v.to(torch.float16)
         return y.contiguous(memory_format=torch.channels_last)
 
+    def _b2b_reference(self, y: torch.Tensor) -> torch.Tensor:
+        """The back-to-back conv over this layer's output y, as the kernel computes it."""
+        k = (1, -1, 1, 1)
+        w2 = self.b2b_weight.to(torch.float64)[:, :, None, None]
+        with torch.backends.cudnn.flags(enabled=False):
+            acc = F.conv2d(y.to(torch.float64), w2)
+        if self.precision is Precision.INT8:
+            v = acc.round().to(torch.int32).to(torch.float32) * self.b2b_scale.view(k)
+            v = (v + self.b2b_bias.view(k)).clamp(
+                0.0 if self.b2b_relu else float(calibrate.QMIN_ACT), float(calibrate.QMAX))
+            y2 = torch.round(v).to(torch.int8)
+        else:
+            v = acc.to(torch.float32) + self.b2b_bias.view(k)
+            y2 = (torch.clamp_min(v, 0.0) if self.b2b_relu else v).to(torch.float16)
+        return y2.contiguous(memory_format=torch.channels_last)
+
     def reference(self, x: torch.Tensor, residual: torch.Tensor | None = None,
-                  x1: torch.Tensor | None = None) -> torch.Tensor:
+                  x1: torch.Tensor | None = None) -> Any:
         """The reference executor's output, whatever the backend (to check the kernel)."""
-        return self._run_reference(x, residual, x1)
+        y = self._run_reference(x, residual, x1)
+        return (y, self._b2b_reference(y)) if self.b2b else y
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None,
-                x1: torch.Tensor | None = None) -> torch.Tensor:
+                x1: torch.Tensor | None = None) -> Any:
+        """The layer's output; with a back-to-back conv (take_b2b), (output, its output)."""
         want = self.out_dtype
         for name, t in (("x", x), ("residual", residual), ("x1", x1)):
             if t is not None and t.dtype != want:
@@ -321,6 +409,8 @@ class FusedConv(nn.Module):
             # NHWC with zero channels appended; compiled, one kernel with the op before it
             x = F.pad(x.permute(0, 2, 3, 1), (0, self.input_channels - x.shape[1]))
             x = x.permute(0, 3, 1, 2)
+        if self.b2b:
+            return torch_op.fused_conv_b2b(x, residual, x1, self.uid)
         return torch_op.fused_conv(x, residual, x1, self.uid)
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -333,6 +423,13 @@ class FusedConv(nn.Module):
         if self.backend == "cuda":
             return self._run_cuda(x, residual, x1)
         return self._run_reference(x, residual, x1)
+
+    def execute_b2b(self, x: torch.Tensor, residual: torch.Tensor | None,
+                    x1: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer and its back-to-back conv on its executor (torch_op.fused_conv_b2b)."""
+        if self.backend == "cuda":
+            return self._run_cuda(x, residual, x1)  # type: ignore[no-any-return]
+        return self.reference(x, residual, x1)  # type: ignore[no-any-return]
 
     def extra_repr(self) -> str:
         return (f"{self.layer.name}, {self.precision.value}, fused={self.layer.fused}, "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import operator
 import re
 import warnings
 from collections.abc import Iterable
@@ -199,7 +200,8 @@ def optimize(model: nn.Module, example_inputs: Any, precision: str = "fp16",
                       f"them (tctune plan / POST /tune) for their best", DefaultScheduleWarning,
                       stacklevel=2)
 
-    _place_conversions(gm, fused, p)
+    b2b_outputs = _back_to_back(gm, fused, schedules, p, tgt)
+    _place_conversions(gm, fused, p, b2b_outputs)
     _run_rest_in_fp16(gm, float_dtype)
     _kernel_quantizes(gm, fused)
     gm.delete_all_unused_submodules()
@@ -318,6 +320,69 @@ def _concat_layer(gm: fx.GraphModule, chain: graph.Chain, proj: graph.Chain,
     return mod
 
 
+def _back_to_back(gm: fx.GraphModule, fused: dict[fx.Node, FusedConv], schedules: Any,
+                  p: Precision, tgt: Target) -> dict[fx.Node, fx.Node]:
+    """Run a fused 1x1 layer in the kernel of the fused layer whose output it reads
+    (ConvShape.b2b: a ResNet bottleneck's last conv and the next block's first) where the
+    record of the two as one layer is faster than their two records; the pairs' records come
+    in one lookup. The first layer's node then yields (its output, the second's): each use
+    reads one of them (getitem nodes). Returns {first layer's node: the second's output}."""
+    found: list[tuple[fx.Node, fx.Node, ConvShape]] = []
+    taken: set[fx.Node] = set()
+    for node, mod in fused.items():
+        if node in taken or mod.b2b:
+            continue
+        for user in node.users:
+            second = fused.get(user)
+            if second is None or user in taken or user.args[0] is not node or \
+                    len(user.args) > 1 and any(a is not None for a in user.args[1:]):
+                continue
+            sh = second.shape
+            if (sh.r, sh.s, sh.stride, sh.pad, sh.concat) == (1, 1, (1, 1), (0, 0), 0) and \
+                    second.in_channels == mod.out_channels:
+                found.append((node, user, replace(mod.shape, residual=mod.residual,
+                                                  b2b=second.out_channels)))
+                taken.update((node, user))
+                break
+    if not found:
+        return {}
+    recs = planning.lookup_records(
+        schedules, [(f"{fused[a].layer.name}+{fused[b].layer.name}", shape)
+                    for a, b, shape in found], p, tgt)
+    out: dict[fx.Node, fx.Node] = {}
+    for (a, b, shape), rec in zip(found, recs, strict=True):
+        first, second = fused[a], fused[b]
+        alone = [first.layer.latency_us, second.layer.latency_us]
+        if rec is None or not rec.latency_us or None in alone or \
+                rec.latency_us >= sum(t for t in alone if t is not None):
+            continue
+        try:
+            first.take_b2b(second, dict(rec.schedule), rec.source)
+        except ValueError as exc:
+            first.layer.notes.append(f"not back to back with {second.layer.name}: {exc}")
+            continue
+        lp, lp_b = first.layer, second.layer
+        lp.latency_us, lp.baseline_us, lp.speedup = rec.latency_us, rec.baseline_us, rec.speedup
+        lp.back_to_back, lp_b.back_to_back = lp_b.name, lp.name
+        lp.notes.append(f"runs {lp_b.name} back to back ({shape.key()})")
+        lp_b.schedule, lp_b.schedule_source = dict(rec.schedule), rec.source
+        lp_b.latency_us = lp_b.baseline_us = lp_b.speedup = None
+        lp_b.notes.append(f"runs in {lp.name}'s kernel (back to back)")
+        g = gm.graph
+        with g.inserting_after(a):
+            y = g.call_function(operator.getitem, (a, 0))
+        with g.inserting_after(y):
+            y2 = g.call_function(operator.getitem, (a, 1))
+        y.meta.update({k: v for k, v in a.meta.items() if k.startswith("deploy_")})
+        y2.meta.update({k: v for k, v in b.meta.items() if k.startswith("deploy_")})
+        a.replace_all_uses_with(y, delete_user_cb=lambda u, ends=(y, y2): u not in ends)
+        b.replace_all_uses_with(y2)
+        g.erase_node(b)
+        del fused[b]
+        out[a] = y2
+    return out
+
+
 def _conv_and_bn(gm: fx.GraphModule, chain: graph.Chain
                  ) -> tuple[torch.Tensor, torch.Tensor | None, nn.BatchNorm2d | None]:
     conv = gm.get_submodule(str(chain.conv.target))
@@ -363,8 +428,8 @@ def _candidates(gm: fx.GraphModule, p: Precision, tgt: Target
     return layers, out
 
 
-def _place_conversions(gm: fx.GraphModule, fused: dict[fx.Node, FusedConv], p: Precision
-                       ) -> None:
+def _place_conversions(gm: fx.GraphModule, fused: dict[fx.Node, FusedConv], p: Precision,
+                       b2b_outputs: dict[fx.Node, fx.Node]) -> None:
     """Give every value a domain (the kernel's, or float); max-pools of kernel values stay in
     the kernel's domain. int8: insert one Quantize per float value a fused layer reads and one
     Dequantize (to fp16, the dtype of what stays in PyTorch) per kernel value a PyTorch op
@@ -383,7 +448,7 @@ def _place_conversions(gm: fx.GraphModule, fused: dict[fx.Node, FusedConv], p: P
         return calibrate.activation_scale(float(amax))
 
     for node in list(g.nodes):
-        if node in fused:
+        if node in fused or _output_of_fused(node, fused):
             kernel[node] = scale_of(node)
         elif graph.is_max_pool(gm, node) and node.args[0] in kernel:
             src = kernel[node.args[0]]  # type: ignore[index]
@@ -435,6 +500,14 @@ def _place_conversions(gm: fx.GraphModule, fused: dict[fx.Node, FusedConv], p: P
             mod.set_scales(kernel[x], kernel[node],  # type: ignore[index, arg-type]
                            None if res is None else kernel[res],  # type: ignore[index]
                            None if x1 is None else kernel[x1])  # type: ignore[index]
+            if node in b2b_outputs:
+                mod.set_b2b_scale(kernel[b2b_outputs[node]])  # type: ignore[arg-type]
+
+
+def _output_of_fused(node: fx.Node, fused: dict[fx.Node, FusedConv]) -> bool:
+    """One of the outputs of a fused layer with a back-to-back conv (a getitem of it)."""
+    return node.op == "call_function" and node.target is operator.getitem and \
+        node.args[0] in fused
 
 
 def _run_rest_in_fp16(gm: fx.GraphModule, float_dtype: torch.dtype) -> None:
@@ -483,6 +556,9 @@ def _describe(gm: fx.GraphModule, v: fx.Node, fused: dict[fx.Node, FusedConv]) -
         v = v.args[0]  # type: ignore[assignment]
     if v in fused:
         return fused[v].layer.name
+    if _output_of_fused(v, fused):  # one of the outputs of a layer with a back-to-back conv
+        mod = fused[v.args[0]]  # type: ignore[index]
+        return mod.layer.name if v.args[1] == 0 else str(mod.layer.back_to_back)
     return str(v.meta.get("deploy_origin", v.name))
 
 

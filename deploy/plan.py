@@ -137,6 +137,9 @@ class LayerPlan:
     # the projection conv whose GEMM runs in this layer's kernel (two inputs), or, on the
     # projection's plan, the layer that runs it
     merged: str | None = None
+    # the 1x1 conv this layer's kernel runs back to back over its output (ConvShape.b2b), or,
+    # on that conv's plan, the layer whose kernel runs it
+    back_to_back: str | None = None
     schedule: dict[str, Any] | None = None
     schedule_source: str = ""
     default_schedule: bool = False
@@ -156,7 +159,8 @@ class LayerPlan:
     @property
     def fused(self) -> str:
         parts = (["bn"] if self.bn else []) + (["+residual"] if self.residual else []) + \
-            ([f"+{self.merged}"] if self.merged else []) + (["relu"] if self.relu else [])
+            ([f"+{self.merged}"] if self.merged else []) + (["relu"] if self.relu else []) + \
+            ([f"then {self.back_to_back}"] if self.back_to_back else [])
         return ",".join(parts) or "-"
 
 

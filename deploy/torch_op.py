@@ -1,6 +1,6 @@
 """The tctune kernels as PyTorch custom ops, `torch.ops.tctune.fused_conv` (the fused
-layers), `torch.ops.tctune.max_pool` and `torch.ops.tctune.quantize` (KernelMaxPool2d and
-Quantize on the GPU), so that
+layers; `fused_conv_b2b` those with a back-to-back 1x1 conv), `torch.ops.tctune.max_pool`
+and `torch.ops.tctune.quantize` (KernelMaxPool2d and Quantize on the GPU), so that
 `torch.compile` sees each tctune kernel as one opaque call with a known output (shape, dtype,
 channels_last strides) and compiles the PyTorch ops around it (casts, the ops a fused layer
 could not absorb) instead of breaking its graph at every layer.
@@ -61,6 +61,23 @@ def _(x: torch.Tensor, residual: torch.Tensor | None, x1: torch.Tensor | None,
     layer = _layer(uid)
     s = layer.shape_for(x.shape)
     return _channels_last_like(x, (s.n, layer.out_channels, s.p, s.q), layer.out_dtype)
+
+
+@torch.library.custom_op("tctune::fused_conv_b2b", mutates_args=())
+def fused_conv_b2b(x: torch.Tensor, residual: torch.Tensor | None, x1: torch.Tensor | None,
+                   uid: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(y, y2) = the fused layer `uid` with its back-to-back 1x1 conv (FusedConv.take_b2b):
+    its output and that conv's, channels_last."""
+    return _layer(uid).execute_b2b(x, residual, x1)
+
+
+@fused_conv_b2b.register_fake
+def _(x: torch.Tensor, residual: torch.Tensor | None, x1: torch.Tensor | None,
+      uid: int) -> tuple[torch.Tensor, torch.Tensor]:
+    layer = _layer(uid)
+    s = layer.shape_for(x.shape)
+    return (_channels_last_like(x, (s.n, layer.out_channels, s.p, s.q), layer.out_dtype),
+            _channels_last_like(x, (s.n, layer.b2b, s.p, s.q), layer.out_dtype))
 
 
 @torch.library.custom_op("tctune::max_pool", mutates_args=())

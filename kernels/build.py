@@ -19,8 +19,6 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from kernels.space import (
     NHWCNC_BATCH_BLOCK,
     TMA_STORE_BOX_ROWS,
@@ -35,6 +33,7 @@ from kernels.space import (
     int4_via_s8,
     knobs_for,
     padded_channels,
+    schedule_columns,
     schedule_problems,
     with_defaults,
 )
@@ -181,10 +180,9 @@ def _job_geometry(job: BuildJob, int4_s8: bool) -> tuple[dict[str, Any], Geometr
     """The job's schedule (later knobs at their defaults) and its tile geometry."""
     p = Precision(job.precision)
     sched = with_defaults(p, job.schedule)
-    cols = {k: np.array([v], dtype=object if isinstance(v, str) else np.int64)
-            for k, v in sched.items()}
     epi = job.epilogue.resolved(p)
-    return sched, geometry(job.shape, p, _target_for_sm(job.sm), cols, out_bits=epi.out_bits(p),
+    return sched, geometry(job.shape, p, _target_for_sm(job.sm), schedule_columns(sched),
+                           out_bits=epi.out_bits(p),
                            int4_s8=int4_s8, residual=epi.residual, b2b=epi.b2b)
 
 

@@ -62,7 +62,9 @@ from kernels.space import (
     geometry,
     int4_via_s8,
     knobs_for,
+    schedule_columns,
     schedule_problems,
+    with_defaults,
 )
 from kernels.spec import (
     RESNET50_3X3,
@@ -195,6 +197,14 @@ def schedule_fits(shape: ConvShape, precision: Precision, target: Target,
     why = concat_problems(shape, p, target.sm, schedule)  # two inputs: the clearer reason
     if why:
         return why
+    epi = epilogue.resolved(p)
+    b2b = epi.b2b or shape.b2b
+    if b2b:  # a back-to-back conv: the clearer reason too
+        s = with_defaults(p, schedule)
+        why = b2b_problems(shape, p, target.sm, s, b2b, geometry(
+            shape, p, target, schedule_columns(s), residual=epi.residual, b2b=b2b))
+        if why:
+            return why
     space = ScheduleSpace(shape, p, target)
     if not space.is_valid(schedule):
         cols = space.columns(np.array([space.index_of(schedule)]))
@@ -205,11 +215,6 @@ def schedule_fits(shape: ConvShape, precision: Precision, target: Target,
         return ("breaks a rule of kernels.space.validity (registers per thread, pipeline "
                 "stages on this arch, or NHWCnc needs N % 8 == 0 and whole channel vectors)")
     cols = space.columns(np.array([space.index_of(schedule)]))
-    epi = epilogue.resolved(p)
-    why = b2b_problems(shape, p, target.sm, schedule, epi.b2b, geometry(
-        shape, p, target, cols, residual=epi.residual, b2b=epi.b2b))
-    if why:
-        return why
     if not _stores_ok(cols, epilogue.resolved(p), p)[0]:
         return (f"PACK_OUT=2 (TMA stores) writes int8 or fp16 outputs, not the "
                 f"{epilogue.resolved(p).mode!r} epilogue's 32-bit values")

@@ -295,6 +295,12 @@ def concat_problems(shape: ConvShape, precision: Precision, sm: int,
     return None
 
 
+def schedule_columns(schedule: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """One schedule as the one-row knob columns `geometry` and the rules read."""
+    return {k: np.array([v], dtype=object if isinstance(v, str) else np.int64)
+            for k, v in schedule.items()}
+
+
 B2B_KNOBS = {"PACK_OUT": 1, "LAYOUT": "nhwc", "SPLIT_K": 1, "PERSIST": 0, "HALO": 0}
 
 

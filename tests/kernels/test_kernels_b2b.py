@@ -15,7 +15,14 @@ from kernels import reference as ref
 from kernels.build import BuildJob, Epilogue, build, defines
 from kernels.launch import launch
 from kernels.runtime import Conv2d, DefaultScheduleWarning, schedule_fits
-from kernels.space import ScheduleSpace, b2b_mask, b2b_problems, geometry, with_defaults
+from kernels.space import (
+    ScheduleSpace,
+    b2b_mask,
+    b2b_problems,
+    geometry,
+    schedule_columns,
+    with_defaults,
+)
 from kernels.spec import ConvShape, Precision, get_target
 from tests.kernels.builds import sass_of
 from tests.kernels.test_runtime import FakeCupy, on_gpu
@@ -42,9 +49,7 @@ def _problem(schedule: dict, precision: Precision = Precision.INT8, b2b: int = 6
              sm: int = 90, shape: ConvShape = LAST) -> str | None:
     p = Precision(precision)
     s = with_defaults(p, schedule)
-    cols = {k: np.array([v], dtype=object if isinstance(v, str) else np.int64)
-            for k, v in s.items()}
-    g = geometry(shape, p, get_target("h200"), cols, residual=True, b2b=b2b)
+    g = geometry(shape, p, get_target("h200"), schedule_columns(s), residual=True, b2b=b2b)
     return b2b_problems(shape, p, sm, s, b2b, g)
 
 

@@ -15,7 +15,13 @@ from kernels import reference as ref
 from kernels.build import BuildJob, Epilogue, build, defines
 from kernels.launch import launch
 from kernels.runtime import Conv2d
-from kernels.space import ScheduleSpace, fold_tap_bytes, geometry, padded_channels
+from kernels.space import (
+    ScheduleSpace,
+    fold_tap_bytes,
+    geometry,
+    padded_channels,
+    schedule_columns,
+)
 from kernels.spec import RESNET50_3X3, ConvShape, Precision, get_target
 from tests.kernels.builds import assert_all_compile, assert_mma_and_copy, sass_of
 
@@ -34,8 +40,7 @@ def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def cols_of(schedule: dict) -> dict[str, np.ndarray]:
-    return {k: np.array([v], dtype=object if isinstance(v, str) else np.int64)
-            for k, v in schedule.items()}
+    return schedule_columns(schedule)
 
 
 # ---- FOLD_TAPS ---------------------------------------------------------------------------
