@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from kernels.spec import ConvShape, Precision, get_target, two_input_shape
 
@@ -127,42 +127,52 @@ def build_module(spec: str) -> Any:
 
 
 def load_module_model(spec: str, input_shape: tuple[int, ...], precision: str,
-                      target: str) -> list[Layer]:
+                      target: str, b2b: bool = False) -> list[Layer]:
     """The Conv2d layers of a module model (build_module), traced with an input of
     `input_shape` (N, C, H, W): on the meta device, where only shapes are computed
     (DenseNet-121 at batch 32: 1.3 s on two cores, against 5.5 s for the two passes on the
     CPU, and more for larger inputs), or, where the model does not run there (an op without
     a meta kernel, a value read in forward, an input that does not fit), on the CPU with a
-    random input, whose errors say why."""
+    random input, whose errors say why. `b2b`: also the layers that may run the 1x1 conv
+    reading their output back to back (fused_layers), where some schedule runs them on
+    `target`."""
     import torch
 
     # deploy.optimize runs int8 and fp16 models: only their convs fuse an add.
     fuses = str(precision).lower() in ("int8", "fp16")
 
-    def traced(module: Any, example: Any) -> tuple[list[dict[str, Any]],
-                                                    list[dict[str, Any]], set[str]]:
+    def traced(module: Any, example: Any) -> tuple[list[dict[str, Any]], FusedLayers]:
         found = conv_layers(module, example)
-        pairs, residual = fused_layers(module, example, found) if found and fuses \
-            else ([], set())
-        return found, pairs, residual
+        return found, fused_layers(module, example, found) if found and fuses \
+            else FusedLayers([], set(), [])
 
     module = build_module(spec)
     try:
-        found, pairs, residual = traced(module.to("meta"),
-                                        torch.empty(*input_shape, device="meta"))
+        found, fl = traced(module.to("meta"), torch.empty(*input_shape, device="meta"))
     except Exception:  # noqa: BLE001 - any failure on meta: the CPU run below says what
         example = torch.randn(*input_shape, generator=torch.Generator().manual_seed(0))
         try:
-            found, pairs, residual = traced(build_module(spec), example)  # weights again
+            found, fl = traced(build_module(spec), example)  # weights again
         except RuntimeError as exc:  # the input does not fit the model (channels, size)
             raise ValueError(f"{spec} does not run on an input of {input_shape}: "
                              f"{_first_line(exc)}") from None
     if not found:
         raise ValueError(f"{spec} has no Conv2d layer with groups=1")
+    extra = fl.pairs + ([f for f in fl.b2b if _runs_b2b(f["shape"], precision, target)]
+                        if b2b else [])
     return [Layer(f["name"], replace(ConvShape.from_dict(f["shape"]),
-                                     residual=f["name"] in residual), precision, target)
+                                     residual=f["name"] in fl.residual), precision, target)
             for f in found] + \
-        [Layer(f["name"], ConvShape.from_dict(f["shape"]), precision, target) for f in pairs]
+        [Layer(f["name"], ConvShape.from_dict(f["shape"]), precision, target) for f in extra]
+
+
+def _runs_b2b(shape: dict[str, Any], precision: str, target: str) -> bool:
+    """Some schedule of the kernel runs this layer with its back-to-back conv on `target`
+    (the block's tiles must hold all its output channels, and the weights of both)."""
+    from kernels.space import ScheduleSpace
+
+    return len(ScheduleSpace(ConvShape.from_dict(shape), Precision(precision),
+                             get_target(target)).valid_indices) > 0
 
 
 def conv_layers(module: Any, example_input: Any) -> list[dict[str, Any]]:
@@ -210,6 +220,21 @@ def add_operands(node: Any) -> tuple[Any, Any] | None:
     return None
 
 
+def is_relu(gm: Any, node: Any) -> bool:
+    """A ReLU of one tensor in a torch.fx graph of module `gm` (module, function or method):
+    what a conv's epilogue clamps; here and in deploy.graph."""
+    import torch
+    import torch.nn.functional as F
+
+    if node.op == "call_module":
+        return type(gm.get_submodule(str(node.target))) is torch.nn.ReLU
+    if node.op == "call_function":
+        return node.target in (F.relu, torch.relu, torch.relu_) and len(node.args) == 1
+    if node.op == "call_method":
+        return node.target in ("relu", "relu_") and len(node.args) == 1 and not node.kwargs
+    return False
+
+
 def foldable_bn(bn: Any, channels: int) -> bool:
     """A module deploy folds into the conv before it (deploy.fold): exactly BatchNorm2d, in
     eval mode, with running statistics, over the conv's `channels`; here and in deploy.graph."""
@@ -225,17 +250,29 @@ def single_user(node: Any) -> Any:
     return users[0] if len(users) == 1 else None
 
 
-def fused_layers(module: Any, example_input: Any, found: list[dict[str, Any]]
-                 ) -> tuple[list[dict[str, Any]], set[str]]:
+class FusedLayers(NamedTuple):
+    """`fused_layers`' answer: the layers over two inputs and the layers with a back-to-back
+    conv as `conv_layers`' entries, the names of the convs whose epilogue adds a residual."""
+
+    pairs: list[dict[str, Any]]
+    residual: set[str]
+    b2b: list[dict[str, Any]]
+
+
+def fused_layers(module: Any, example_input: Any, found: list[dict[str, Any]]) -> FusedLayers:
     """What deploy.optimize runs a module's convs as where an add follows them: (the layers
     over two inputs (ConvShape.concat) as `conv_layers`' entries, the names of the convs
-    whose epilogue adds the add's other operand (ConvShape.residual)). Two inputs: each add
+    whose epilogue adds the add's other operand (ConvShape.residual), the layers that may
+    run the 1x1 conv reading their output back to back (ConvShape.b2b)). Two inputs: each add
     of two convs' outputs (each through at most one BatchNorm2d, the add's only users) whose
     shapes are one GEMM over both inputs (kernels.spec.two_input_shape: a ResNet
     bottleneck's last 1x1 conv and its projection shortcut). A residual: deploy.graph's
     rule, conv -> [BatchNorm2d it folds] -> add of a value of the same shape (on `example_input`),
     each the only user of the one before, the first such conv in graph order taking the
-    add. `found`: conv_layers' entries of the module, for the shapes."""
+    add. Back to back: a layer (a conv, with its residual or as a layer over two inputs)
+    whose value after its BatchNorm, add and ReLU a 1x1, stride-1, unpadded conv without a
+    residual reads as its input (deploy.optimize's `_back_to_back`), named "first+second".
+    `found`: conv_layers' entries of the module, for the shapes."""
     import torch
     from torch import fx
     from torch.fx.passes.shape_prop import ShapeProp
@@ -245,7 +282,7 @@ def fused_layers(module: Any, example_input: Any, found: list[dict[str, Any]]
         with torch.no_grad():
             ShapeProp(gm).propagate(example_input)
     except Exception:  # noqa: BLE001 - an untraceable model has no such layers for deploy
-        return [], set()
+        return FusedLayers([], set(), [])
     shapes = {f["name"]: ConvShape.from_dict(f["shape"]) for f in found}
 
     def is_conv(v: Any) -> bool:
@@ -299,7 +336,40 @@ def fused_layers(module: Any, example_input: Any, found: list[dict[str, Any]]
                 value_shape(nxt):
             taken.add(nxt)
             residual.add(str(node.target))
-    return pairs, residual
+    return FusedLayers(pairs, residual, _back_to_back(gm, shapes, pairs, residual, is_conv,
+                                                      bn_after))
+
+
+def _back_to_back(gm: Any, shapes: dict[str, ConvShape], pairs: list[dict[str, Any]],
+                  residual: set[str], is_conv: Callable[[Any], bool],
+                  bn_after: Callable[[Any, Any], bool]) -> list[dict[str, Any]]:
+    """fused_layers' back-to-back layers: each conv's value at the end of what its epilogue
+    takes (BatchNorm, its residual's or its pair's add, ReLU), and the 1x1 conv reading it."""
+    pair_of = {p["name"].split("+")[0]: ConvShape.from_dict(p["shape"]) for p in pairs}
+    adds = residual | set(pair_of)  # convs whose epilogue takes the add after them
+    out = []
+    for node in gm.graph.nodes:
+        if not is_conv(node):
+            continue
+        name = str(node.target)
+        cur, nxt = node, single_user(node)
+        if nxt is not None and bn_after(nxt, node):
+            cur, nxt = nxt, single_user(nxt)
+        if nxt is not None and name in adds and add_operands(nxt) is not None:
+            cur, nxt = nxt, single_user(nxt)
+        if nxt is not None and is_relu(gm, nxt):
+            cur = nxt
+        for user in cur.users:
+            second = shapes.get(str(user.target)) if is_conv(user) else None
+            if second is None or user.args[0] is not cur or str(user.target) in adds or \
+                    (second.r, second.s, second.stride, second.pad, second.dilation) != \
+                    (1, 1, (1, 1), (0, 0), (1, 1)):
+                continue
+            first = pair_of.get(name) or replace(shapes[name], residual=name in residual)
+            out.append({"name": f"{name}+{user.target}",
+                        "shape": replace(first, b2b=second.k).to_dict()})
+            break
+    return out
 
 
 # Spreading a plan's trials ------------------------------------------------------------------

@@ -10,19 +10,15 @@ its residual input (added before the ReLU), the ReLU its clamp. conv -> bn -> re
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 
-import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
-from api.plan import add_operands, single_user
+from api.plan import add_operands, is_relu, single_user
 from api.plan import foldable_bn as bn_folds
 from kernels.spec import ConvShape, Precision, Target
-
-_RELU_FUNCS: set[Callable[..., object]] = {F.relu, torch.relu, torch.relu_}
-_RELU_METHODS = {"relu", "relu_"}
 
 
 def trace(model: nn.Module) -> fx.GraphModule:
@@ -44,16 +40,6 @@ def is_conv(gm: fx.GraphModule, node: fx.Node) -> bool:
     # Exactly nn.Conv2d's forward: a subclass may compute something else (weight
     # standardization, a quantized conv); those stay in PyTorch.
     return isinstance(m, nn.Conv2d) and type(m).forward is nn.Conv2d.forward
-
-
-def is_relu(gm: fx.GraphModule, node: fx.Node) -> bool:
-    if node.op == "call_module":
-        return type(module_of(gm, node)) is nn.ReLU
-    if node.op == "call_function":
-        return node.target in _RELU_FUNCS and len(node.args) == 1
-    if node.op == "call_method":
-        return node.target in _RELU_METHODS and len(node.args) == 1 and not node.kwargs
-    return False
 
 
 def foldable_bn(gm: fx.GraphModule, node: fx.Node, channels: int) -> bool:

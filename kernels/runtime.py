@@ -180,10 +180,11 @@ def _epilogue_smem_ok(shape: ConvShape, precision: Precision, target: Target,
     """`is_valid` sizes shared memory for the tuned (requantized) output; raw int32 output
     stages wider tiles, a residual with PACK_OUT a second tile, and a back-to-back conv its
     weights and output tile, which must fit too (and the b2b its rule: b2b_mask)."""
+    b2b = epilogue.b2b or shape.b2b
     g = geometry(shape, precision, target, cols, out_bits=epilogue.out_bits(precision),
-                 residual=epilogue.residual, b2b=epilogue.b2b)
+                 residual=epilogue.residual, b2b=b2b)
     return np.asarray(g.smem_bytes <= target.smem_per_block_kib * 1024) & \
-        b2b_mask(shape, precision, target.sm, cols, epilogue.b2b, g)
+        b2b_mask(shape, precision, target.sm, cols, b2b, g)
 
 
 def schedule_fits(shape: ConvShape, precision: Precision, target: Target,

@@ -10,7 +10,8 @@
 #   TARGET=h200 on an H200; E2E=0 skips the model's run; TCTUNE_BUILD_PROCESSES sets the
 #   service's build processes; the service measures on every GPU of the host's model;
 #   CHOOSE=N then also runs tctune-deploy --choose-in-model N per precision: each record's
-#   schedule chosen among its N runners-up in the service by timing the model)
+#   schedule chosen among its N runners-up in the service by timing the model; B2B=1 plans
+#   the back-to-back layers too, `tctune plan --b2b`)
 # Then, on any machine: python -m bench.service_tuning summarize $OUT --out F.
 set -uo pipefail
 out=${OUT:-/tmp/tune_model}; mkdir -p "$out"
@@ -27,6 +28,7 @@ t0=$(date +%s.%N); pids=""
 for p in int8 fp16; do
     python3 -m api.cli plan "$model" --input-shape "$shape" --precision $p --target "${TARGET:-h100}" \
         --trials "$trials" --wait --timeout "$wait_s" --server http://127.0.0.1:8000 \
+        $([ "${B2B:-0}" = 1 ] && echo --b2b) \
         > "$out/plan_$p.json" 2> "$out/plan_$p.log" &
     pids="$pids $!"
 done

@@ -339,7 +339,7 @@ def test_a_module_is_planned_on_the_meta_device_as_on_the_cpu(
 
     cpu, x = build_module(spec), torch.randn(*shape)
     found = conv_layers(cpu, x)
-    pairs, residual = fused_layers(cpu, x, found)
+    pairs, residual, _ = fused_layers(cpu, x, found)
     assert [(la.name, la.shape) for la in layers] == \
         [(f["name"], replace(ConvShape.from_dict(f["shape"]), residual=f["name"] in residual))
          for f in found] + [(f["name"], ConvShape.from_dict(f["shape"])) for f in pairs]
@@ -348,3 +348,13 @@ def test_a_module_is_planned_on_the_meta_device_as_on_the_cpu(
     [layer] = load_module_model("tests.models:reads_a_value", shape, "int8", "h100")
     assert devices == ["meta", "cpu"]
     assert layer.shape == ConvShape(8, 64, 64, 3, 16, 3, 3, pad=(1, 1))
+
+
+def test_plan_with_b2b_adds_the_back_to_back_layers(make_service: Callable[..., Service]) -> None:
+    """--b2b: the layers that may run the next 1x1 conv in their kernel are planned too."""
+    svc = make_service().start()
+    args = ("plan", "tests.deploy_nets:small_resnet", "--input-shape", "2,3,32,32",
+            "--precision", "int8", "--target", "h100", "--dry-run")
+    plain, b2b = _cli(svc, *args), _cli(svc, *args, "--b2b")
+    assert plain.returncode == b2b.returncode == 0, (plain.stderr, b2b.stderr)
+    assert json.loads(b2b.stdout)["distinct"] == json.loads(plain.stdout)["distinct"] + 2

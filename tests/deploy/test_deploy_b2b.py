@@ -95,3 +95,36 @@ def test_a_layer_that_runs_a_back_to_back_conv_refuses_what_it_cannot() -> None:
         f["0.conv3"].take_b2b(f["1.conv2"], SCHEDULE, "test")  # a 3x3 layer
     with pytest.raises(ValueError, match="set_scales first|back-to-back scale"):
         f["0.conv1"].set_b2b_scale(0.1)
+
+
+def test_a_plan_tunes_the_pairs_deploy_runs_back_to_back() -> None:
+    """`tctune plan --b2b` (api.plan.fused_layers) and the rewrite agree on the pairs: given
+    a record of every planned layer (the runtime's default schedule; each pair faster than
+    its two layers), deploy runs exactly the planned pairs back to back."""
+    from api.plan import load_module_model
+    from kernels.build import Epilogue
+    from kernels.runtime import default_schedule
+
+    h100 = get_target("h100")
+    spec, shape = "tests.deploy_nets:small_resnet", (2, 3, 32, 32)
+    layers = load_module_model(spec, shape, "int8", "h100", b2b=True)
+    pairs = {la.name: la.shape for la in layers if la.shape.b2b}
+    assert set(pairs) == {"layer1.1.conv2+layer2.0.conv1",
+                          "layer2.0.conv3+layer2.1.conv1"}, set(pairs)
+    assert pairs["layer2.0.conv3+layer2.1.conv1"].concat  # the layer over two inputs, + b2b
+    assert pairs["layer1.1.conv2+layer2.0.conv1"].residual
+    assert not any(la.shape.b2b for la in load_module_model(spec, shape, "int8", "h100"))
+    recs = {}
+    for la in layers:
+        sched, _ = default_schedule(la.shape, Precision.INT8, h100,
+                                    Epilogue(residual=la.shape.residual, b2b=la.shape.b2b))
+        recs[task_key(la.shape, Precision.INT8, h100)] = {
+            "schedule": sched, "latency_us": 1.0 if la.shape.b2b else 5.0}
+    from tests.deploy_nets import small_resnet
+
+    torch.manual_seed(22)
+    m = small_resnet()
+    o = opt(m, torch.randn(*shape), "int8", recs)
+    ran = {f"{lp.name}+{lp.back_to_back}" for lp in o.plan
+           if lp.back_to_back and fused(o).get(lp.name) is not None}
+    assert ran == set(pairs)

@@ -455,7 +455,7 @@ def test_a_plan_tunes_with_its_residual_every_conv_deploy_runs_with_one() -> Non
             (randomize_bn(nn.Sequential(Bottleneck(64, 32, stride=2), Bottleneck(128, 32))).eval(),
              torch.randn(2, 64, 10, 10))]
     for m, x in nets:
-        _, residual = fused_layers(m, x, conv_layers(m, x))
+        residual = fused_layers(m, x, conv_layers(m, x)).residual
         want = {lp.name for lp in opt(m, x, "int8").plan if lp.residual}
         assert residual == want and len(want) >= 2
     # A BatchNorm deploy does not fold (no running statistics) ends conv3's chain before the
@@ -465,7 +465,7 @@ def test_a_plan_tunes_with_its_residual_every_conv_deploy_runs_with_one() -> Non
     m[0].bn3 = nn.BatchNorm2d(128, track_running_stats=False)
     m.eval()
     x = torch.randn(2, 64, 10, 10)
-    pairs, residual = fused_layers(m, x, conv_layers(m, x))
+    pairs, residual, _ = fused_layers(m, x, conv_layers(m, x))
     want = {lp.name for lp in opt(m, x, "int8").plan if lp.residual}
     assert residual == want and "0.conv3" not in want and "0.downsample.0" in want
     assert pairs == []
