@@ -15,12 +15,14 @@
 namespace cfg {
 constexpr int CW = B2B == 0 ? 1 : (B2B / 8) % 8 == 0 ? 8 : (B2B / 8) % 4 == 0 ? 4
                   : (B2B / 8) % 2 == 0 ? 2 : 1;  // n8 tiles per item
-constexpr int C_ITEMS = (BM / IM) * (B2B / (8 * CW));
+constexpr int C_ITEMS = (BM / IM) * (B2B / (8 * CW));  // items of the block tile
 constexpr int C_NB = CW * BMAT;          // B matrices per k-step of an item
 constexpr int C_KSTEPS = K * EB / KB;    // k-steps over the staged rows
 constexpr int C_GA = AM / 4 + ((AM % 4) >= 2) + (AM % 2);
 constexpr int C_GB = C_NB / 4 + ((C_NB % 4) >= 2) + (C_NB % 2);
-constexpr int C_VPR = B2B * EB / 16;   // 16-byte vectors per output row
+// (1, not 0, without a back-to-back conv: b2b_conv is compiled, never run, in every build)
+constexpr int C_VPR = B2B ? B2B * EB / 16 : 1;  // 16-byte vectors per output row
+constexpr int C_GROUPS = B2B ? B2B / (8 * CW) : 1;  // column groups of CW n8 tiles
 }  // namespace cfg
 
 // The back-to-back conv's int8 requantize: requant_bits (epilogue.cuh) without a residual,
@@ -68,8 +70,7 @@ __device__ __forceinline__ void b2b_conv(u8* smem, const B2b& ch, int m0, int ti
   u8* const o2 = smem + O2_OFF;
 #pragma unroll 1
   for (int item = warp; item < C_ITEMS; item += WARPS) {
-    constexpr int NGROUPS = B2B / (8 * CW);
-    const int r0 = (item / NGROUPS) * IM, c0 = (item % NGROUPS) * CW * 8;
+    const int r0 = (item / C_GROUPS) * IM, c0 = (item % C_GROUPS) * CW * 8;
     acc_t acc[CW][ACC_T];
 #pragma unroll
     for (int j = 0; j < CW; ++j)
