@@ -207,9 +207,9 @@ class FusedConv(nn.Module):
         if self.planned_x_shape is not None:  # the input as the layer before writes it
             from kernels.runtime import Conv2d
 
-            n, _, h, w = self.planned_x_shape
-            op = Conv2d(replace(shape, n=n, h=h, w=w), self.precision, schedule, self.target,
-                        epilogue=epi, pdl=self.pdl, cache_dir=self.cache_dir)
+            planned = replace(self.shape_for(self.planned_x_shape), b2b=n2)  # as `build`
+            op = Conv2d(planned, self.precision, schedule, self.target, epilogue=epi,
+                        pdl=self.pdl, cache_dir=self.cache_dir)
             if op.padded_channels - self.concat != self.input_channels:
                 raise ValueError(f"{self.layer.name} with {second.layer.name}: the schedule "
                                  f"reads {op.padded_channels - self.concat} input channels, "
@@ -229,7 +229,7 @@ class FusedConv(nn.Module):
         self.layer.schedule = dict(schedule)
         self._ops, self._weights = {}, {}
         if op is not None:
-            self._ops[self.shape_for(self.planned_x_shape)] = op  # type: ignore[arg-type]
+            self._ops[planned] = op
 
     def set_b2b_scale(self, out_scale: float) -> None:
         """int8: the back-to-back conv's requantize from its output's activation scale (its

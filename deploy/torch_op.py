@@ -59,8 +59,14 @@ def fused_conv(x: torch.Tensor, residual: torch.Tensor | None, x1: torch.Tensor 
 def _(x: torch.Tensor, residual: torch.Tensor | None, x1: torch.Tensor | None,
       uid: int) -> torch.Tensor:
     layer = _layer(uid)
+    return _conv_output_like(x, layer, layer.out_channels)
+
+
+def _conv_output_like(x: torch.Tensor, layer: Any, channels: int) -> torch.Tensor:
+    """An empty output of the fused layer for input x, of `channels` channels (the layer's,
+    or its back-to-back conv's)."""
     s = layer.shape_for(x.shape)
-    return _channels_last_like(x, (s.n, layer.out_channels, s.p, s.q), layer.out_dtype)
+    return _channels_last_like(x, (s.n, channels, s.p, s.q), layer.out_dtype)
 
 
 @torch.library.custom_op("tctune::fused_conv_b2b", mutates_args=())
@@ -75,9 +81,8 @@ def fused_conv_b2b(x: torch.Tensor, residual: torch.Tensor | None, x1: torch.Ten
 def _(x: torch.Tensor, residual: torch.Tensor | None, x1: torch.Tensor | None,
       uid: int) -> tuple[torch.Tensor, torch.Tensor]:
     layer = _layer(uid)
-    s = layer.shape_for(x.shape)
-    return (_channels_last_like(x, (s.n, layer.out_channels, s.p, s.q), layer.out_dtype),
-            _channels_last_like(x, (s.n, layer.b2b, s.p, s.q), layer.out_dtype))
+    return _conv_output_like(x, layer, layer.out_channels), \
+        _conv_output_like(x, layer, layer.b2b)
 
 
 @torch.library.custom_op("tctune::max_pool", mutates_args=())

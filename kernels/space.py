@@ -778,8 +778,8 @@ def structural_validity(traits: LayerTraits, precision: Precision, target: Targe
     # A back-to-back conv (b2b_problems) reads the block's staged output rows: PACK_OUT=1, NHWC,
     # one block per tile, the halo's tiling aside.
     if traits.b2b:
-        ok &= (np.asarray(cols["PACK_OUT"]) == 1) & nhwc & split1 & (persist == 0) & \
-            (_knob(cols, "HALO", n) == 0)
+        for knob, want in B2B_KNOBS.items():
+            ok &= _knob(cols, knob, n) == want
     # Two inputs (concat_problems): the cp.async / register-staged loads of NHWC rows.
     if traits.concat:
         ok &= (tma_knob == 0) & ~fold & dup0 & nhwc
