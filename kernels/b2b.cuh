@@ -13,8 +13,14 @@
 #pragma once
 
 namespace cfg {
-constexpr int CW = B2B == 0 ? 1 : (B2B / 8) % 8 == 0 ? 8 : (B2B / 8) % 4 == 0 ? 4
-                  : (B2B / 8) % 2 == 0 ? 2 : 1;  // n8 tiles per item
+// n8 tiles per item: the widest that divides B2B / 8 and still leaves an item for every
+// math warp (the second GEMM runs after the block's main loop: idle warps lengthen it).
+constexpr int b2b_cw() {
+  for (int cw = 8; cw > 1; cw /= 2)
+    if (B2B > 0 && (B2B / 8) % cw == 0 && (BM / IM) * (B2B / (8 * cw)) >= WARPS) return cw;
+  return 1;
+}
+constexpr int CW = b2b_cw();
 constexpr int C_ITEMS = (BM / IM) * (B2B / (8 * CW));  // items of the block tile
 constexpr int C_NB = CW * BMAT;          // B matrices per k-step of an item
 constexpr int C_KSTEPS = K * EB / KB;    // k-steps over the staged rows
@@ -33,20 +39,27 @@ __device__ __forceinline__ u32 b2b_requant_bits(int a, float sc, float bi) {
   return __float_as_uint(f_add_rn(v, ROUND_MAGIC));
 }
 
-// Before the main loop: the back-to-back weights into their region (cp.async on sm_80+, one group
-// that the pipeline's first wait or b2b_conv's covers; sm_75 copies them in b2b_conv).
-__device__ __forceinline__ void b2b_weights_ahead(u8* smem, const B2b& ch, int tid) {
+// The back-to-back weights into their region by cp.async (sm_80+; sm_75: plain copies),
+// one group.
+__device__ __forceinline__ void b2b_copy_weights(u8* smem, const B2b& ch, int tid) {
   using namespace cfg;
-  if constexpr (B2B > 0 && SM >= 80) {
-    if (tid >= THREADS) return;  // the producer warp
-    constexpr int VPR = K * EB / 16;
+  constexpr int VPR = K * EB / 16;
 #pragma unroll 1
-    for (int v = tid; v < B2B * VPR; v += THREADS) {
-      const int row = v / VPR, cv = v - row * VPR;
-      cp_async16(smem_addr(smem + W2_OFF + row * W2_ROW + cv * 16), ch.w + (long long)v * 16,
-                 true);
-    }
-    cp_async_commit();
+  for (int v = tid; v < B2B * VPR; v += THREADS) {
+    const int row = v / VPR, cv = v - row * VPR;
+    u8* const dst = smem + W2_OFF + row * W2_ROW + cv * 16;
+    if constexpr (SM >= 80) cp_async16(smem_addr(dst), ch.w + (long long)v * 16, true);
+    else copy_vw<16>(dst, ch.w + (long long)v * 16);
+  }
+  if constexpr (SM >= 80) cp_async_commit();
+}
+
+// Before the main loop (B2B_AHEAD): one group that the pipeline's first wait or b2b_conv's
+// covers.
+__device__ __forceinline__ void b2b_weights_ahead(u8* smem, const B2b& ch, int tid) {
+  if constexpr (cfg::B2B > 0 && cfg::B2B_AHEAD) {
+    if (tid >= cfg::THREADS) return;  // the producer warp
+    b2b_copy_weights(smem, ch, tid);
   }
 }
 
@@ -55,16 +68,11 @@ __device__ __forceinline__ void b2b_conv(u8* smem, const B2b& ch, int m0, int ti
   using namespace cfg;
   if (tid >= THREADS) return;  // the producer warp
   const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-  if constexpr (SM >= 80) {
-    cp_async_wait<0>();
-  } else {
-    constexpr int VPR = K * EB / 16;
-#pragma unroll 1
-    for (int v = tid; v < B2B * VPR; v += THREADS) {
-      const int row = v / VPR, cv = v - row * VPR;
-      copy_vw<16>(smem + W2_OFF + row * W2_ROW + cv * 16, ch.w + (long long)v * 16);
-    }
+  if constexpr (!B2B_AHEAD) {
+    block_sync();  // the epilogue is done with the region the weights take
+    b2b_copy_weights(smem, ch, tid);
   }
+  if constexpr (SM >= 80) cp_async_wait<0>();
   block_sync();  // every thread's weights, and the staged tile, are in place
   const u32 a_base = smem_addr(smem), b_base = smem_addr(smem + W2_OFF);
   u8* const o2 = smem + O2_OFF;

@@ -212,7 +212,8 @@ def defines(job: BuildJob) -> dict[str, int]:
         "TC_EPI": 0 if epi.mode == "acc" else 1, "TC_RELU": int(epi.relu),
         **({"TC_RES": 1, "TC_RES_AHEAD": int(g.res_ahead[0])} if epi.residual else {}),
         **({"TC_CAT": sh.concat} if sh.concat else {}),
-        **({"TC_B2B": epi.b2b, "TC_B2B_RELU": int(epi.b2b_relu)} if epi.b2b else {}),
+        **({"TC_B2B": epi.b2b, "TC_B2B_RELU": int(epi.b2b_relu),
+            "TC_B2B_AHEAD": int(g.b2b_ahead[0])} if epi.b2b else {}),
         "TC_SMEM_BYTES": int(g.smem_bytes[0]), "TC_K_ITERS": int(g.k_iters[0]),
     }
     for name in knobs_for(p):

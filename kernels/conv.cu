@@ -96,6 +96,9 @@
 #ifndef TC_B2B_RELU
 #define TC_B2B_RELU 0  // the back-to-back conv's ReLU
 #endif
+#ifndef TC_B2B_AHEAD
+#define TC_B2B_AHEAD 0  // 1: its weights are copied in while the main loop runs (kernels/space.py)
+#endif
 
 #include "instruction_tile.cuh"
 
@@ -278,13 +281,22 @@ constexpr int RES_OFF = RES_AHEAD ? (cmax(PIPE_SMEM, STG_SMEM) + 15) / 16 * 16 :
 constexpr int BASE_SMEM = PERSIST ? PIPE_SMEM + CONSUMERS * EPI_SMEM
                         : RES_AHEAD ? RES_OFF + RES_SMEM : cmax(PIPE_SMEM, EPI_SMEM);
 // B2B (b2b.cuh): the back-to-back conv's weights [B2B][K] and its staged output tile, in
-// rows padded by 16 bytes (ldmatrix reads 8 rows in 8 different bank groups), past the rest.
+// rows padded by 16 bytes (ldmatrix reads 8 rows in 8 different bank groups). B2B_AHEAD:
+// the weights are copied in while the main loop runs, into a region past the rest; else
+// after the epilogue, past the staged output tile (at 0) in the pipeline's dead region.
+// The output tile goes past the staged one where that fits, else after the weights.
 constexpr int B2B = TC_B2B;
 constexpr bool B2B_RELU = TC_B2B_RELU != 0;
+constexpr bool B2B_AHEAD = TC_B2B_AHEAD != 0 && SM >= 80;  // (sm_75: no cp.async)
 constexpr int EB = ELEM_BITS / 8;  // bytes per element of the back-to-back conv (int8, fp16)
 constexpr int W2_ROW = K * EB + 16, O2_ROW = B2B * EB + 16;
-constexpr int W2_OFF = (BASE_SMEM + 15) / 16 * 16, O2_OFF = W2_OFF + B2B * W2_ROW;
-constexpr int SMEM = B2B ? O2_OFF + BM * O2_ROW : BASE_SMEM;
+constexpr int W2_BYTES = B2B * W2_ROW, O2_BYTES = BM * O2_ROW;
+constexpr int STG_END = (STG_SMEM + 15) / 16 * 16;
+constexpr int W2_OFF = B2B_AHEAD ? (BASE_SMEM + 15) / 16 * 16 : STG_END;
+constexpr int O2_OFF = !B2B_AHEAD ? STG_END + W2_BYTES
+                     : STG_END + O2_BYTES <= W2_OFF ? STG_END : W2_OFF + W2_BYTES;
+constexpr int SMEM = B2B ? cmax(BASE_SMEM, cmax(W2_OFF + W2_BYTES, O2_OFF + O2_BYTES))
+                         : BASE_SMEM;
 constexpr int CVO = 128 / OUT_BITS;  // output channels per 16-byte vector (NHWCnc out)
 constexpr int gcd(int a, int b) { return b == 0 ? a : gcd(b, a % b); }
 constexpr int pow2_le16(int v) { return (v % 16 == 0) ? 16 : (v % 8 == 0) ? 8 : (v % 4 == 0) ? 4

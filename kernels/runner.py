@@ -181,14 +181,16 @@ class DeviceSession:
                 y2s[0].fill(POISON)
             launch(0)
             cp.cuda.runtime.deviceSynchronize()
-            ok, stats = check_buffer(prob, cp.asnumpy(ys[0]), epi["mode"], bool(epi["relu"]),
-                                     residual, layout, out_bits)
+            y_buf = cp.asnumpy(ys[0])
+            ok, stats = check_buffer(prob, y_buf, epi["mode"], bool(epi["relu"]), residual,
+                                     layout, out_bits)
             if cref is None or not ok:
                 return ok, stats
             got = device_values(cp.asnumpy(y2s[0]), out_bits, prec)
+            want = cref.over(device_values(y_buf, out_bits, prec))  # (b2b builds are NHWC)
             ok, b2b_stats = verify_output(
                 got.astype(np.float64 if out_bits == 16 else np.int64),
-                cref.expected.reshape(-1), prec, out_bits, prob.shape.k)
+                want.reshape(-1), prec, out_bits, prob.shape.k)
             return ok, {**stats, "b2b": b2b_stats}
 
         kw = {"samples": samples} if samples else {}

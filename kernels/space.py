@@ -417,6 +417,7 @@ class Geometry:
     block_threads: np.ndarray | None = None
     taps: np.ndarray | None = None  # filter taps of a stage (DUP_AWARE, HALO: several)
     res_ahead: np.ndarray | None = None  # the residual tile is copied in during the main loop
+    b2b_ahead: np.ndarray | None = None  # a back-to-back conv's weights too (else after it)
 
 
 def dup_field_rows(shape: ConvShape, bm: np.ndarray, blocked: np.ndarray,
@@ -587,10 +588,22 @@ def geometry(shape: ConvShape, precision: Precision, target: Target,
         smem = np.where(res_ahead, res_off + padded_tile, smem)
     else:
         res_ahead = np.zeros(np.shape(smem), dtype=bool)
+    b2b_ahead = np.zeros(np.shape(smem), dtype=bool)
     if b2b:  # conv.cu: W2_OFF, O2_OFF (rows padded by 16 bytes)
         eb = elem_bits // 8
-        smem = -(-smem // 16) * 16 + b2b * (shape.k * eb + EPILOGUE_ROW_PAD) + \
-            bm * (b2b * eb + EPILOGUE_ROW_PAD)
+        w2 = b2b * (shape.k * eb + EPILOGUE_ROW_PAD)
+        o2 = bm * (b2b * eb + EPILOGUE_ROW_PAD)
+        stg_end = -(-padded_tile // 16) * 16  # the staged output tile, at 0
+        base = -(-smem // 16) * 16
+        # Ahead: the weights copied in while the main loop runs, into a region past the rest;
+        # taken where it leaves as many blocks per SM as copying them after the loop into the
+        # pipeline's dead region does (the second GEMM's output tile goes there either way).
+        ahead = base + w2 + np.where(stg_end + o2 <= base, 0, o2)
+        late = np.maximum(smem, stg_end + w2 + o2)
+        if target.sm >= 80:
+            b2b_ahead = blocks_per_sm(target, ahead, block_threads) >= \
+                blocks_per_sm(target, late, block_threads)
+        smem = np.where(b2b_ahead, ahead, late)
 
     n_it = np.where(fold, -(-(r * s) // tps),
                     np.where(dup | halo, np.where(reorder | halo, n_cb, r * n_cb), r * s * n_cb))
@@ -608,7 +621,7 @@ def geometry(shape: ConvShape, precision: Precision, target: Target,
         smem_bytes=smem, grid_blocks=tiles * split_k, k_iters=-(-n_it // split_k),
         footprint_pixels=footprint, frag_regs=frag, stage_vectors=stage_vec,
         row_loads=gvec, block_threads=block_threads,
-        taps=taps, res_ahead=res_ahead,
+        taps=taps, res_ahead=res_ahead, b2b_ahead=b2b_ahead,
     )
 
 

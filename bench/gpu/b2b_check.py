@@ -8,8 +8,14 @@ block's first (1x1, ReLU) over its output; where a block tile covers the whole K
 channels, one kernel runs both (`Epilogue(b2b=...)`). The sm_75 / sm_80 paths of mma.sync
 schedules are checked as PTX (the driver compiles them), not timed.
 
-    python -m bench.gpu.b2b_check prebuild --cache C --per-case 6 --out J.json  # CPU
-    python -m bench.gpu.b2b_check run --cache C --jobs J.json --out O.json      # GPU
+    python -m bench.gpu.b2b_check prebuild --cache C --per-case 8 --near 40 --out J.json  # CPU
+    python -m bench.gpu.b2b_check run --cache C --jobs J.json --out O.json                # GPU
+    python -m bench.gpu.b2b_check table O.json
+
+`--near N` also times the N schedules of the b2b layer's space nearest the first layer's record
+(the search's neighbourhood of today's best). `table` ends with the fit of the b2b's time over
+its twin's on the second weights its grid reads, and the twin's time when launched with the b2b
+build's shared memory (occupancy's part).
 """
 
 from __future__ import annotations
@@ -59,14 +65,29 @@ def _b2b_schedules(shape: ConvShape, p: Precision, b2b: int, count: int,
     return (wg + picked["sync"])[:count]
 
 
+def _near_schedules(shape: ConvShape, p: Precision, b2b: int, record: dict[str, Any],
+                    count: int, rng: np.random.Generator) -> list[dict[str, Any]]:
+    """The `count` schedules of the b2b layer's space fewest knobs away from the layer's
+    record (ties in random order): the search's neighbourhood of today's best."""
+    from kernels.space import ScheduleSpace
+
+    space = ScheduleSpace(replace(shape, b2b=b2b), p, get_target("h200"))
+    idx = space.valid_indices[rng.permutation(len(space.valid_indices))]
+    cols = space.columns(idx)
+    apart = sum((np.asarray(cols[k], dtype=object) != v).astype(int)
+                for k, v in record.items() if k in cols)
+    return [dict(space.schedule_at(int(idx[i]))) for i in np.argsort(apart, kind="stable")[:count]]
+
+
 def cmd_prebuild(a: argparse.Namespace) -> int:
     """Build every job on the CPU (NVRTC): each back-to-back schedule, its twin without the
     b2b, the back-to-back layer on its record, and PTX of the mma.sync ones for sm_75 / 80."""
-    from kernels.build import BuildJob, Epilogue, build
+    from kernels.build import BuildJob, Epilogue, build, load_meta
 
     rng = np.random.default_rng(a.seed)
     records = json.loads(Path(a.records).read_text())
     target = get_target("h200")
+    smem_limit = target.smem_per_block_kib * 1024
     jobs: list[dict[str, Any]] = []
     for name, shape, b2b in PAIRS:
         second = ConvShape(shape.n, shape.p, shape.q, shape.k, b2b, 1, 1)
@@ -79,13 +100,26 @@ def cmd_prebuild(a: argparse.Namespace) -> int:
                 if rec:
                     r = build(BuildJob(layer, p, 90, rec["schedule"], epi), a.cache)
                     row[label] = {"schedule": rec["schedule"], "key": r.key, "status": r.status}
+            near = _near_schedules(shape, p, b2b, row["first"]["schedule"], a.near, rng) \
+                if "first" in row and a.near else []
+            for s in near:  # timed only: the random ones below check the paths
+                r = build(BuildJob(shape, p, 90, s, _epilogue(b2b)), a.cache)
+                row["builds"].append({"schedule": s, "near": True,
+                                      "b2b": {"key": r.key, "status": r.status}})
+            log(f"{name} {p.value}: {len(near)} near the record")
             for s in _b2b_schedules(shape, p, b2b, a.per_case, rng):
                 b: dict[str, Any] = {"schedule": s}
-                ptx = (("ptx75", b2b, 75, True), ("ptx80", b2b, 80, True)) \
+                # sm_75's register-staged pipeline is double-buffered at most (conv.cu)
+                s75 = {**s, "STAGES": min(int(s.get("STAGES", 2)), 2)}
+                ptx = (("ptx75", s75, 75, True), ("ptx80", s, 80, True)) \
                     if s.get("MMA", "sync") == "sync" else ()
-                for label, ch, sm, as_ptx in (("b2b", b2b, 90, False),
-                                              ("twin", 0, 90, False), *ptx):
-                    r = build(BuildJob(shape, p, sm, s, _epilogue(ch), ptx=as_ptx), a.cache)
+                for label, sched, sm, as_ptx in (("b2b", s, 90, False), ("twin", s, 90, False),
+                                                 *ptx):
+                    ch = 0 if label == "twin" else b2b
+                    r = build(BuildJob(shape, p, sm, sched, _epilogue(ch), ptx=as_ptx), a.cache)
+                    if r.status == "ok" and \
+                            int(load_meta(a.cache, r.key)["smem_bytes"]) > smem_limit:
+                        continue  # an sm_75 / sm_80 layout this GPU cannot hold (nor theirs)
                     b[label] = {"key": r.key, "status": r.status,
                                 **({"log": r.log[-800:]} if r.status != "ok" else {})}
                 row["builds"].append(b)
@@ -141,7 +175,7 @@ def _check_job(job: dict[str, Any], fn_of: Any) -> list[dict[str, Any]]:
     rows = []
     for b in job["builds"]:
         out: dict[str, Any] = {"pair": job["pair"], "precision": p.value, "b2b": b2b,
-                               "schedule": b["schedule"], **alone}
+                               "schedule": b["schedule"], "near": bool(b.get("near")), **alone}
         for label in ("b2b", "ptx80", "ptx75"):
             if label not in b:
                 continue
@@ -163,14 +197,22 @@ def _check_job(job: dict[str, Any], fn_of: Any) -> list[dict[str, Any]]:
             got_y = cp.asnumpy(y).view(dt_out).reshape(want_y.shape).astype(dt_cmp)
             got_2 = cp.asnumpy(y2).view(dt_out).reshape(ref.expected.shape).astype(dt_cmp)
             ok1, st1 = check_output(got_y, want_y, p, p.output_bits)
-            ok2, st2 = check_output(got_2, ref.expected, p, p.output_bits)
+            ok2, st2 = check_output(got_2, ref.over(got_y), p, p.output_bits)
             out[label] = {"ok": bool(ok1 and ok2), "y": st1, "y2": st2}
             if label == "b2b" and ok1 and ok2:
                 out["b2b_us"] = time_launches(run, 1).median_us
+                out["smem_bytes"] = int(meta["smem_bytes"])
         if b.get("twin", {}).get("status") == "ok" and out.get("b2b_us"):
             fn, meta = fn_of(b["twin"]["key"])
             args = (x, w, sc, bi, y, *alloc_scratch(meta), r, res_scale)
             out["twin_us"] = time_launches(_launcher(fn, meta, args, None), 1).median_us
+            # The twin launched with the b2b build's shared memory (as few blocks per SM):
+            # what of the difference is occupancy, what the second conv's work.
+            if out["smem_bytes"] > int(meta["smem_bytes"]):
+                fn.max_dynamic_shared_size_bytes = out["smem_bytes"]
+                padded = {**meta, "smem_bytes": out["smem_bytes"]}
+                out["twin_b2b_smem_us"] = time_launches(
+                    _launcher(fn, padded, args, None), 1).median_us
         rows.append(out)
         log(f"{job['pair']} {p.value}: ok={out['b2b'].get('ok')} "
             f"b2b {out.get('b2b_us')} twin {out.get('twin_us')} alone {alone} "
@@ -201,20 +243,92 @@ def cmd_run(a: argparse.Namespace) -> int:
     return 0
 
 
+def _cell(v: float | None) -> str:
+    return f"{v:.2f}" if v else "-"
+
+
+def table(doc: dict[str, Any]) -> str:
+    """Per pair and precision: the builds checked and right (sm_90, and the PTX paths), the
+    fastest back-to-back kernel against the two layers on their records, and its twin."""
+    lines = ["| pair | precision | right / checked | b2b µs | twin µs | two layers µs "
+             "(first + second) | b2b / two layers |", "|---|---|---|---|---|---|---|"]
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in doc["rows"]:
+        groups.setdefault((r["pair"], r["precision"]), []).append(r)
+    for (pair, prec), rows in groups.items():
+        checks = [r[k] for r in rows for k in ("b2b", "ptx80", "ptx75")
+                  if k in r and (k != "b2b" or not r.get("near"))]
+        timed = [r for r in rows if r.get("b2b_us")]
+        best = min(timed, key=lambda r: r["b2b_us"], default=None)
+        twins = [r["twin_us"] for r in rows if r.get("twin_us")]
+        first, second = rows[0].get("first_us"), rows[0].get("second_us")
+        both = first + second if first and second else None
+        b2b_us = best["b2b_us"] if best else None
+        ratio = b2b_us / both if b2b_us and both else None
+        lines.append(
+            f"| {pair} | {prec} | {sum(bool(c.get('ok')) for c in checks)} / {len(checks)} | "
+            f"{_cell(b2b_us)} | {_cell(min(twins, default=None))} | "
+            f"{_cell(both)} ({_cell(first)} + {_cell(second)}) | {_cell(ratio)} |")
+    fit = _overhead_fit(doc["rows"])
+    if fit:
+        lines.append(f"\nThe b2b kernel's time over its twin's: {fit[1]:.2f} µs + {fit[0]:.3f} µs "
+                     f"per MB of second-conv weights its blocks read (blocks x n x K bytes), "
+                     f"r = {fit[2]:.2f} over {fit[3]} schedules.")
+    padded = sorted(r["twin_b2b_smem_us"] / r["twin_us"] for r in doc["rows"]
+                    if r.get("twin_b2b_smem_us"))
+    if padded:
+        lines.append(f"The twin launched with the b2b build's shared memory: "
+                     f"{padded[len(padded) // 2]:.3f}x its time (median), up to {padded[-1]:.2f}x, "
+                     f"over {len(padded)} schedules.")
+    return "\n".join(lines)
+
+
+def _overhead_fit(rows: list[dict[str, Any]]) -> tuple[float, float, float, int] | None:
+    """Least squares of (b2b - twin) µs on the MB of second weights the grid reads (each
+    block reads them all): slope, intercept, correlation, count."""
+    from kernels.space import geometry
+
+    names = {name: (shape, b2b) for name, shape, b2b in PAIRS}
+    xs, ys = [], []
+    for r in rows:
+        if not r.get("twin_us") or r["pair"] not in names:
+            continue
+        shape, b2b = names[r["pair"]]
+        p = Precision(r["precision"])
+        g = geometry(shape, p, get_target("h200"),
+                     {k: np.array([v]) for k, v in r["schedule"].items()}, residual=True, b2b=b2b)
+        xs.append(int(g.grid_blocks[0]) * b2b * shape.k * p.input_bits // 8 / 1e6)
+        ys.append(r["b2b_us"] - r["twin_us"])
+    if len(xs) < 3:
+        return None
+    slope, icept = np.polyfit(xs, ys, 1)
+    return float(slope), float(icept), float(np.corrcoef(xs, ys)[0, 1]), len(xs)
+
+
+def cmd_table(a: argparse.Namespace) -> int:
+    print(table(read_json(a.data)))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap, sub = commands("python -m bench.gpu.b2b_check", __doc__)
     s = sub.add_parser("prebuild")
     s.add_argument("--cache", required=True)
     s.add_argument("--records", default=RECORDS)
-    s.add_argument("--per-case", type=int, default=6)
+    s.add_argument("--per-case", type=int, default=6, help="random schedules, each checked "
+                   "on sm_90 (and as sm_75 / sm_80 PTX), timed with its twin")
+    s.add_argument("--near", type=int, default=0,
+                   help="also time the N schedules nearest the layer's record")
     s.add_argument("--seed", type=int, default=5)
     s.add_argument("--out", required=True)
     s = sub.add_parser("run")
     s.add_argument("--cache", required=True)
     s.add_argument("--jobs", required=True)
     s.add_argument("--out", required=True)
+    s = sub.add_parser("table")
+    s.add_argument("data")
     a = ap.parse_args(argv)
-    return {"prebuild": cmd_prebuild, "run": cmd_run}[a.cmd](a)
+    return {"prebuild": cmd_prebuild, "run": cmd_run, "table": cmd_table}[a.cmd](a)
 
 
 if __name__ == "__main__":

@@ -83,11 +83,20 @@ def test_the_build_refuses_what_the_rule_refuses() -> None:
         defines(BuildJob(LAST, Precision.INT8, 90, {**WG, "WARP_COL_TILES": 4}, with_b2b()))
     d = defines(BuildJob(LAST, Precision.INT8, 90, WG, with_b2b()))
     assert d["TC_B2B"] == 64 and d["TC_B2B_RELU"] == 1
-    # the b2b's region past the rest: its weights and staged output, rows padded by 16
+    # Rows padded by 16: weights 64 x (256 + 16), output 128 x (64 + 16), the staged tile
+    # 128 x (256 + 16) at 0. Copied after the loop, the weights and the output fit in the
+    # dead pipeline past the staged tile; copied ahead they would cost a block per SM.
     plain = defines(BuildJob(LAST, Precision.INT8, 90, WG, Epilogue(relu=True, residual=True)))
     assert "TC_B2B" not in plain
-    assert d["TC_SMEM_BYTES"] == -(-plain["TC_SMEM_BYTES"] // 16) * 16 + 64 * (256 + 16) + \
-        128 * (64 + 16)
+    assert d["TC_SMEM_BYTES"] == plain["TC_SMEM_BYTES"] >= 128 * 272 + 64 * 272 + 128 * 80
+    assert d["TC_B2B_AHEAD"] == 0
+    # A deep pipeline (one block per SM either way): the weights ahead, past the rest; the
+    # output past the staged tile.
+    deep = {**WG, "STAGES": 3, "CHUNK": 4}
+    d = defines(BuildJob(LAST, Precision.INT8, 90, deep, with_b2b()))
+    plain = defines(BuildJob(LAST, Precision.INT8, 90, deep, Epilogue(relu=True, residual=True)))
+    assert d["TC_B2B_AHEAD"] == 1
+    assert d["TC_SMEM_BYTES"] == -(-plain["TC_SMEM_BYTES"] // 16) * 16 + 64 * (256 + 16)
 
 
 @pytest.mark.usefixtures("sass_tools")
@@ -96,6 +105,7 @@ def test_the_build_refuses_what_the_rule_refuses() -> None:
     ("int8", 80, SYNC, ("IMMA",)),
     ("fp16", 80, SYNC, ("HMMA",)),
     ("int8", 90, WG, ("IGMMA", "IMMA")),  # the main loop's wgmma, the b2b's mma.sync
+    ("int8", 90, {**WG, "STAGES": 3, "CHUNK": 4}, ("IGMMA", "IMMA")),  # weights ahead
     ("fp16", 90, {**WG, "TMA": 1}, ("HGMMA", "HMMA")),
 ])
 def test_b2b_builds_hold_the_intended_instructions(precision: str, sm: int, schedule: dict,
@@ -147,6 +157,13 @@ def test_the_b2b_reference_is_the_second_conv_over_the_first_output(precision: s
     np.testing.assert_array_equal(c.expected, want)
     assert c.expected.min() >= 0  # the back-to-back ReLU
     assert c.device_weights().nbytes == 16 * 48 * p.input_bits // 8
+    # The check's expected output over the kernel's own y: fp16 follows y (an ulp of y moves
+    # it), int8's y is exact.
+    np.testing.assert_array_equal(c.over(x2), c.expected)
+    y_off = x2.copy().reshape(-1)
+    i = int(np.argmax(np.abs(y_off)))
+    y_off[i] = np.nextafter(y_off[i], np.float16(np.inf)) if p is Precision.FP16 else 0
+    assert (not np.array_equal(c.over(y_off), c.expected)) == (p is Precision.FP16)
 
 
 # ---- the runtime op ----------------------------------------------------------------------
@@ -228,7 +245,8 @@ def test_b2b_ops_match_the_reference(precision: str, cache: Path) -> None:
         op = Conv2d(SMALL, p, sched, "h100", epilogue=with_b2b(32), cache_dir=cache)
         y, y2 = op(x, w, **args, b2b=b2b)
         ok1, st1 = ref.check_output(cp.asnumpy(y).astype(cmp), want_y, p, p.output_bits)
-        ok2, st2 = ref.check_output(cp.asnumpy(y2).astype(cmp), c.expected, p, p.output_bits)
+        ok2, st2 = ref.check_output(cp.asnumpy(y2).astype(cmp), c.over(cp.asnumpy(y)), p,
+                                    p.output_bits)
         assert ok1 and ok2, (sched["MMA"], st1, st2)
 
 
