@@ -5,12 +5,14 @@
   python -m bench.model_select prebuild --cache D --schedules R.json --candidates C.json  # CPU
       [--schedules-target T] [--models ...] [--batches ...] [--precisions ...]
   python -m bench.model_select run (the same options) --out OUT.json --records-out R2.json
+      [--compiled]
 
 `candidates`: per task key the K fastest distinct schedules measured right in the files
 (bench/layer_search.py's rows and bench/concat_check.py's tuned rows), with their latencies.
 `run` (GPU): per (model, batch, precision) the model through `deploy.optimize` with
 programmatic dependent launch, each forward timed as one CUDA graph of back-to-back forwards
-(deploy.measure.forward_us, over two input sets); then `choose_in_model`; OUT.json holds
+(deploy.measure.forward_us, over two input sets; `--compiled`: the model compiled with inference
+freezing, as bench/model_e2e.py's compiled variant runs it); then `choose_in_model`; OUT.json holds
 every timing, R2.json the records with the schedules chosen (each with its latency measured
 alone, from the candidates), both written after each record. bench/model_e2e.py then times
 the models on both records files.
@@ -120,7 +122,7 @@ def _log_choice(c: Any) -> None:
 def cmd_run(a: argparse.Namespace) -> int:
     import torch
 
-    from deploy.measure import forward_us
+    from deploy.measure import model_ruler
     from deploy.model_select import choose_in_model
 
     cands = _candidates(a)
@@ -130,15 +132,13 @@ def cmd_run(a: argparse.Namespace) -> int:
     doc: dict[str, Any] = {"gpu": torch.cuda.get_device_name(0),
                            "date": dt.date.today().isoformat(), "schedules": a.schedules,
                            "candidates": a.candidates, "margin": a.margin,
-                           "confirm": a.confirm, "rows": []}
+                           "confirm": a.confirm, "compiled": a.compiled, "rows": []}
     for name, n, p, opt, x in _models(a):
         xin = x.float().contiguous(memory_format=torch.channels_last)
         # Two input sets: what stays in L2 between layers is the model's own activations;
         # the input only feeds the first kernel, the same whatever the layers' schedules.
         inputs = [xin.clone() for _ in range(2)]
-
-        def timed(opt: Any = opt, inputs: list[Any] = inputs) -> float:
-            return forward_us(opt, inputs)
+        timed = model_ruler(opt, inputs, a.compiled)
 
         row: dict[str, Any] = {"model": name, "n": n, "precision": p,
                                "before_us": timed(), "choices": []}
@@ -189,6 +189,10 @@ def main(argv: list[str] | None = None) -> int:
         if cmd == "run":
             s.add_argument("--margin", type=float, default=0.003)
             s.add_argument("--confirm", type=int, default=3)
+            s.add_argument("--compiled", action="store_true",
+                           help="time the forward compiled (deploy.measure.model_ruler), as "
+                                "the model runs compiled; PyTorch's ops around the kernels "
+                                "then weigh what they do compiled, not eager")
             s.add_argument("--out", required=True)
             s.add_argument("--records-out", required=True)
     a = ap.parse_args(argv)

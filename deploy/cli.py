@@ -59,21 +59,24 @@ def run_and_compare(model: Any, fast: Any, x: Any, compile_: bool) -> dict[str, 
     return out
 
 
-def choose_in_model(fast: Any, client: Any, x: Any, runners_up: int) -> dict[str, Any]:
+def choose_in_model(fast: Any, client: Any, x: Any, runners_up: int,
+                    compile_: bool) -> dict[str, Any]:
     """Each record's schedule chosen among its best and runners-up by timing the model on the
-    GPU (deploy.model_select), with a progress bar on stderr; what changed."""
+    GPU as it will run (compiled or not: deploy.measure.model_ruler; deploy.model_select),
+    with a progress bar on stderr; what changed."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from deploy import model_select
-    from deploy.measure import forward_us
+    from deploy.measure import model_ruler
 
     candidates = model_select.candidates_from_service(client, fast, runners_up)
     inputs = [x.clone() for _ in range(2)]
+    forward_us = model_ruler(fast, inputs, compile_)
     with Progress(TextColumn("[bold]schedules in the model"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=Console(stderr=True)) as bar:
         tid = bar.add_task("choose", total=len(model_select.layer_groups(fast)))
-        choices = model_select.choose_in_model(fast, candidates, lambda: forward_us(fast, inputs),
+        choices = model_select.choose_in_model(fast, candidates, forward_us,
                                                progress=lambda _: bar.advance(tid))
     return {"records": len(choices), "schedules_tried": sum(len(c.tried) for c in choices),
             "changed": [{"key": c.key, "layers": c.layers, "schedule": c.schedule}
@@ -96,7 +99,7 @@ def choose_in_model(fast: Any, client: Any, x: Any, runners_up: int) -> dict[str
 @click.option("--choose-in-model", "runners_up", default=0, show_default=True,
               type=click.IntRange(min=0), metavar="N",
               help="time the whole model with each layer's next N fastest schedules in the "
-                   "service and keep the fastest (GPU)")
+                   "service and keep the fastest (GPU; the model compiled, as --compile runs it)")
 def main(model: str, input_shape: str, precision: str, target: str | None, server: str | None,
          token: str | None, compile_: bool, report_only: bool, runners_up: int) -> None:
     """Run MODEL (torchvision:NAME or module.path:factory, random weights) on the tuned
@@ -134,7 +137,7 @@ def main(model: str, input_shape: str, precision: str, target: str | None, serve
             warnings.simplefilter("ignore", DefaultScheduleWarning)  # the plan says which
             fast = optimize(module, x, precision, target, client,
                             backend="cuda" if gpu else "reference")
-        chosen = choose_in_model(fast, client, x, runners_up) if runners_up else None
+        chosen = choose_in_model(fast, client, x, runners_up, compile_) if runners_up else None
     except TctuneError as err:
         raise click.ClickException(f"the service at {url}: {err}") from None
     except httpx.HTTPError as err:

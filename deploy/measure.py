@@ -5,6 +5,7 @@ logits in float64."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 
@@ -34,6 +35,15 @@ def forward_us(fn: Any, inputs: list[Any]) -> float:
 
     with torch.no_grad():
         return time_launches(launch, len(inputs), api="torch").median_us
+
+
+def model_ruler(fast: Any, inputs: list[Any], compiled: bool) -> Callable[[], float]:
+    """The forward's time (µs, `forward_us`) that deploy.model_select compares a model's
+    schedules by: the optimized model as it will run, compiled (`compile_for_inference`, once)
+    or eager. Compiled once is enough: a fused layer's op finds its module when it runs
+    (deploy.torch_op), so a schedule set afterwards is the one the compiled forward runs."""
+    fn = compile_for_inference(fast, inputs[0]) if compiled else fast
+    return lambda: forward_us(fn, inputs)
 
 
 def compile_for_inference(model: Any, example: Any) -> Any:

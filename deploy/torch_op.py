@@ -7,7 +7,7 @@ could not absorb) instead of breaking its graph at every layer.
 
 An op takes the activations and the module's id; the module (its weights, scales, executor)
 is looked up in a registry of live modules, so its buffers never become graph inputs and a
-layer's int8 scales set after compilation are the ones it runs with.
+layer's int8 scales and schedule set after compilation are the ones it runs with.
 """
 
 from __future__ import annotations

@@ -219,3 +219,40 @@ def test_the_candidates_are_each_records_runners_up_in_the_service(
     assert got == want  # the stem's record is not in the service: no candidates
     assert stem.record_key() not in got and second.record_key().split("|")[0].endswith("_res")
     assert candidates_from_service(client, opt, 1) == {k: v[:1] for k, v in want.items()}
+
+
+def test_the_compiled_forward_runs_a_schedule_set_after_compiling() -> None:
+    """deploy.measure.model_ruler compiles the model once (inference freezing) and times it
+    after each schedule change: the compiled graph's op finds the layer when it runs
+    (deploy.torch_op), so the schedule set after compiling is the one it runs."""
+    from deploy import torch_op
+    from deploy.measure import compile_for_inference
+
+    opt = optimized()
+    fn = compile_for_inference(opt, X)
+    mod = opt.modules_of(FusedConv)[0]
+    assert isinstance(mod, FusedConv)
+    ran: list[dict[str, Any]] = []
+
+    class Watched:  # the registry's entry for the layer: records the schedule each run uses
+        def __getattr__(self, name: str) -> Any:
+            return getattr(mod, name)
+
+        def execute(self, *args: Any) -> torch.Tensor:
+            ran.append(dict(mod.schedule))
+            return mod.execute(*args)
+
+    watched = Watched()  # (the registry holds it weakly)
+    torch_op._LAYERS[mod.uid] = watched
+    try:
+        want = opt(X)
+        new = alternatives(mod, 1)[0]
+        mod.set_schedule(new, "chosen in the model")
+        with torch.no_grad():
+            got = fn(X)
+        assert ran and ran[-1] == new
+        # the reference executor gives any schedule's result; compiling moves the float ops
+        # around the layers by a rounding or two
+        torch.testing.assert_close(got, want, rtol=2e-3, atol=2e-3)
+    finally:
+        torch_op._LAYERS[mod.uid] = mod
