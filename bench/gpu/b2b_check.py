@@ -80,8 +80,9 @@ def _near_schedules(shape: ConvShape, p: Precision, b2b: int, record: dict[str, 
 
 
 def cmd_prebuild(a: argparse.Namespace) -> int:
-    """Build every job on the CPU (NVRTC): each back-to-back schedule, its twin without the
-    b2b, the back-to-back layer on its record, and PTX of the mma.sync ones for sm_75 / 80."""
+    """Build every job on the CPU (NVRTC): the schedules near the record (`--near`), each
+    random back-to-back schedule, its twin without the b2b and PTX of the mma.sync ones for
+    sm_75 / 80, and the two layers on their records."""
     from kernels.build import BuildJob, Epilogue, build, load_meta
 
     rng = np.random.default_rng(a.seed)
