@@ -173,8 +173,7 @@ class ScheduleQuery(BaseModel):
     dilation: str = _pair_query("1")
     concat: Annotated[int, documented(0, MAX_CHANNELS)] = 0
     residual: Annotated[bool, Field(description=RESIDUAL_DOC)] = False
-    b2b: Annotated[int, Field(description=B2B_DOC,
-                              json_schema_extra={"minimum": 0, "maximum": MAX_CHANNELS})] = 0
+    b2b: Annotated[int, Field(description=B2B_DOC), documented(0, MAX_CHANNELS)] = 0
     precision: PrecisionName
     target: TargetName
 

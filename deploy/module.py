@@ -198,24 +198,17 @@ class FusedConv(nn.Module):
             raise ValueError(f"{second.layer.name} is no 1x1 layer over {self.layer.name}'s "
                              "output alone")
         n2 = second.out_channels
-        epi = replace(self.epilogue, b2b=n2, b2b_relu=second.relu).resolved(self.precision)
-        shape = replace(self.shape, b2b=n2)
-        why = schedule_fits(shape, self.precision, self.target, schedule, epi)
-        if why is not None:
-            raise ValueError(f"{self.layer.name} with {second.layer.name}: {why}")
-        op = None
-        if self.planned_x_shape is not None:  # the input as the layer before writes it
-            from kernels.runtime import Conv2d
-
-            planned = replace(self.shape_for(self.planned_x_shape), b2b=n2)  # as `build`
-            op = Conv2d(planned, self.precision, schedule, self.target, epilogue=epi,
-                        pdl=self.pdl, cache_dir=self.cache_dir)
-            if op.padded_channels - self.concat != self.input_channels:
-                raise ValueError(f"{self.layer.name} with {second.layer.name}: the schedule "
-                                 f"reads {op.padded_channels - self.concat} input channels, "
-                                 f"the layer's input has {self.input_channels}")
-            op.schedule_source = source
-        self.b2b, self.b2b_relu, self.epilogue, self.shape = n2, second.relu, epi, shape
+        kept = self.b2b, self.b2b_relu, self.epilogue, self.shape
+        self.b2b, self.b2b_relu = n2, second.relu
+        self.epilogue = replace(self.epilogue, b2b=n2, b2b_relu=second.relu).resolved(
+            self.precision)
+        self.shape = replace(self.shape, b2b=n2)
+        try:  # valid for the layer with it, built for the planned input, reading its channels
+            self.set_schedule(schedule, source)
+        except ValueError as exc:
+            self.b2b, self.b2b_relu, self.epilogue, self.shape = kept
+            why = str(exc).removeprefix(f"{self.layer.name}: ")
+            raise ValueError(f"{self.layer.name} with {second.layer.name}: {why}") from None
         self.register_buffer("b2b_weight", second.weight.reshape(n2, -1).clone())
         if self.precision is Precision.INT8:  # requantized by set_b2b_scale
             self.register_buffer("b2b_weight_scale", second.weight_scale.clone())
@@ -225,11 +218,6 @@ class FusedConv(nn.Module):
             self.calibrated = False
         else:
             self.register_buffer("b2b_bias", second.bias.clone())
-        self.schedule, self.layer.schedule_source = dict(schedule), source
-        self.layer.schedule = dict(schedule)
-        self._ops, self._weights = {}, {}
-        if op is not None:
-            self._ops[planned] = op
 
     def set_b2b_scale(self, out_scale: float) -> None:
         """int8: the back-to-back conv's requantize from its output's activation scale (its
@@ -418,18 +406,12 @@ class FusedConv(nn.Module):
         self.uid = torch_op.register(self)  # a copy is a layer of its own
 
     def execute(self, x: torch.Tensor, residual: torch.Tensor | None,
-                x1: torch.Tensor | None = None) -> torch.Tensor:
-        """The layer on its executor (deploy.torch_op's custom op calls this)."""
+                x1: torch.Tensor | None = None) -> Any:
+        """The layer on its executor (deploy.torch_op's custom ops call this); with a
+        back-to-back conv, (output, its output)."""
         if self.backend == "cuda":
             return self._run_cuda(x, residual, x1)
-        return self._run_reference(x, residual, x1)
-
-    def execute_b2b(self, x: torch.Tensor, residual: torch.Tensor | None,
-                    x1: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """The layer and its back-to-back conv on its executor (torch_op.fused_conv_b2b)."""
-        if self.backend == "cuda":
-            return self._run_cuda(x, residual, x1)  # type: ignore[no-any-return]
-        return self.reference(x, residual, x1)  # type: ignore[no-any-return]
+        return self.reference(x, residual, x1)
 
     def extra_repr(self) -> str:
         return (f"{self.layer.name}, {self.precision.value}, fused={self.layer.fused}, "

@@ -74,7 +74,7 @@ def fused_conv_b2b(x: torch.Tensor, residual: torch.Tensor | None, x1: torch.Ten
                    uid: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(y, y2) = the fused layer `uid` with its back-to-back 1x1 conv (FusedConv.take_b2b):
     its output and that conv's, channels_last."""
-    return _layer(uid).execute_b2b(x, residual, x1)
+    return _layer(uid).execute(x, residual, x1)
 
 
 @fused_conv_b2b.register_fake

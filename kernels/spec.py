@@ -378,7 +378,6 @@ class ConvShape:
                                          f"{target.name} has {target.mem_gib:g} GiB"))
         return out
 
-
     def b2b_parts(self) -> tuple[ConvShape, ConvShape]:
         """The two layers a layer with a back-to-back conv replaces: itself without it, and
         the 1x1 conv of `b2b` output channels over its output."""

@@ -65,8 +65,7 @@ Residual = Annotated[StrictBool, Field(description=RESIDUAL_DOC)]
 B2B_DOC = ("the kernel also runs a 1x1 conv of this many output channels (a multiple of 8) over "
            "the layer's output, back to back (a ResNet bottleneck's last conv and the next "
            "block's first; int8 and fp16); 0: none")
-B2b = Annotated[StrictInt, Field(description=B2B_DOC,
-                                 json_schema_extra={"minimum": 0, "maximum": MAX_CHANNELS})]
+B2b = Annotated[StrictInt, Field(description=B2B_DOC), documented(0, MAX_CHANNELS)]
 # One int for both axes, or [vertical, horizontal].
 Pair = Annotated[list[StrictInt], Field(min_length=2, max_length=2), BeforeValidator(_as_pair)]
 Stride = Annotated[Pair, _pair_schema(1, MAX_STRIDE)]
