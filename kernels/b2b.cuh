@@ -2,8 +2,9 @@
 // the same block: once the epilogue has staged the block's BM output rows (PACK_OUT=1, the
 // whole K channels of each: one column tile), they are the second GEMM's A operand, read
 // from shared memory with ldmatrix; its weights [B2B][K] were copied in while the main loop
-// ran. A ResNet bottleneck's last conv and the next block's first are such a pair: the second
-// layer then needs no launch, no wait for the first and no trip of its input through L2.
+// ran (B2B_AHEAD) or are copied after the epilogue (conv.cu says where). A ResNet bottleneck's
+// last conv and the next block's first are such a pair: the second layer then needs no launch,
+// no wait for the first and no trip of its input through L2.
 //
 // Warp level: the block's math warps take items of one instruction-tile row (IM pixels) by
 // CW n8 tiles of output channels in turn, each reducing over the K channels in KB-byte
