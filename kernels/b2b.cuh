@@ -32,14 +32,6 @@ constexpr int C_VPR = B2B ? B2B * EB / 16 : 1;  // 16-byte vectors per output ro
 constexpr int C_GROUPS = B2B ? B2B / (8 * CW) : 1;  // column groups of CW n8 tiles
 }  // namespace cfg
 
-// The back-to-back conv's int8 requantize: requant_bits (epilogue.cuh) without a residual,
-// with that conv's ReLU; the int8 value is the low byte.
-__device__ __forceinline__ u32 b2b_requant_bits(int a, float sc, float bi) {
-  float v = f_add_rn(f_mul_rn(s32_to_f32(a), sc), bi);
-  v = fminf(fmaxf(v, cfg::B2B_RELU ? 0.f : -128.f), 127.f);
-  return __float_as_uint(f_add_rn(v, ROUND_MAGIC));
-}
-
 // The back-to-back weights into their region by cp.async (sm_80+; sm_75: plain copies),
 // one group.
 __device__ __forceinline__ void b2b_copy_weights(u8* smem, const B2b& ch, int tid) {
@@ -120,14 +112,14 @@ __device__ __forceinline__ void b2b_conv(u8* smem, const B2b& ch, int m0, int ti
         const int row = r0 + rh * 8 + g;
         u8* const dst = o2 + row * O2_ROW + col * EB;
         const acc_t v0 = acc[j][2 * rh], v1 = acc[j][2 * rh + 1];
+        // The epilogue's arithmetic (epilogue.cuh) with this conv's ReLU and no residual.
         if constexpr (PREC == 1) {
-          const u32 q0 = b2b_requant_bits((int)v0, s0, b0);
-          const u32 q1 = b2b_requant_bits((int)v1, s1, b1);
+          const u32 q0 = requant_bits<B2B_RELU, false>((int)v0, s0, b0);
+          const u32 q1 = requant_bits<B2B_RELU, false>((int)v1, s1, b1);
           *reinterpret_cast<unsigned short*>(dst) = (unsigned short)byte_perm(q0, q1, 0x0040);
         } else {
-          const float f0 = f_add_rn((float)v0, b0), f1 = f_add_rn((float)v1, b1);
-          *reinterpret_cast<u32*>(dst) = pack_f16x2(B2B_RELU ? fmaxf(f0, 0.f) : f0,
-                                                    B2B_RELU ? fmaxf(f1, 0.f) : f1);
+          *reinterpret_cast<u32*>(dst) = pack_f16x2(fp_epi<B2B_RELU, false>((float)v0, b0),
+                                                    fp_epi<B2B_RELU, false>((float)v1, b1));
         }
       }
     }

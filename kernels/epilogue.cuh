@@ -134,24 +134,28 @@ __device__ __forceinline__ int stg_off(int row, int colb) {
 // even integer (as cvt.rni) and leaves it in the low mantissa bits, so its low 8 (4) bits are
 // the int8 (int4) value. A float -> int conversion runs 16 per clock per SM against 128 adds,
 // and output-bound layers do one per output element.
+// The ReLU and residual flags are the layer's unless given (b2b.cuh: the back-to-back conv's
+// own ReLU, no residual).
 constexpr float ROUND_MAGIC = 12582912.f;  // 1.5 * 2^23
 constexpr int ROUND_MAGIC_BITS = 0x4B400000;
+template <bool RELU_ = cfg::RELU != 0, bool RES_ = cfg::RES>
 __device__ __forceinline__ u32 requant_bits(int a, float sc, float bi, float rv = 0.f) {
   using namespace cfg;
   constexpr float LO = ELEM_BITS == 8 ? -128.f : -8.f, HI = ELEM_BITS == 8 ? 127.f : 7.f;
   float v = f_add_rn(f_mul_rn(s32_to_f32(a), sc), bi);
-  if constexpr (RES) v = f_add_rn(v, rv);
-  v = fminf(fmaxf(v, RELU ? 0.f : LO), HI);
+  if constexpr (RES_) v = f_add_rn(v, rv);
+  v = fminf(fmaxf(v, RELU_ ? 0.f : LO), HI);
   return __float_as_uint(f_add_rn(v, ROUND_MAGIC));
 }
 __device__ __forceinline__ int requant(int a, float sc, float bi, float rv = 0.f) {
   return (int)requant_bits(a, sc, bi, rv) - ROUND_MAGIC_BITS;
 }
+template <bool RELU_ = cfg::RELU != 0, bool RES_ = cfg::RES>
 __device__ __forceinline__ float fp_epi(float a, float bi, float rv = 0.f) {
   using namespace cfg;
   float v = EPI ? f_add_rn(a, bi) : a;
-  if constexpr (RES) v = f_add_rn(v, rv);
-  return RELU ? fmaxf(v, 0.f) : v;
+  if constexpr (RES_) v = f_add_rn(v, rv);
+  return RELU_ ? fmaxf(v, 0.f) : v;
 }
 
 // Half `h` of a warp row tile: which tile column and which row half (g or g+8).
