@@ -204,6 +204,7 @@ def optimize(model: nn.Module, example_inputs: Any, precision: str = "fp16",
     _place_conversions(gm, fused, p, b2b_outputs)
     _run_rest_in_fp16(gm, float_dtype)
     _kernel_quantizes(gm, fused)
+    _residual_ready(fused)
     gm.delete_all_unused_submodules()
     gm.graph.lint()
     gm.recompile()
@@ -502,6 +503,35 @@ def _place_conversions(gm: fx.GraphModule, fused: dict[fx.Node, FusedConv], p: P
                            None if x1 is None else kernel[x1])  # type: ignore[index]
             if node in b2b_outputs:
                 mod.set_b2b_scale(kernel[b2b_outputs[node]])  # type: ignore[arg-type]
+
+
+def _residual_ready(fused: dict[fx.Node, FusedConv]) -> None:
+    """Mark the fused layers whose residual is complete before the kernel just before theirs
+    starts: their input comes from another fused layer's kernel (one launch on the stream, in
+    graph order, which data order keeps) that itself depends on the residual. Every kernel of
+    the model waits for the one before it before it lets the next be scheduled (PDL), so when
+    such a layer's kernel starts, everything that ran before its input's kernel has finished:
+    the residual's writer among it (a ResNet block's input, two or three convs back)."""
+    for node, mod in fused.items():
+        x, res = (list(node.args) + [None])[:2]
+        src = x.args[0] if isinstance(x, fx.Node) and _output_of_fused(x, fused) else x
+        ready = isinstance(res, fx.Node) and src in fused and \
+            _depends_on(src, res)  # type: ignore[arg-type]
+        mod.set_residual_ready(ready)
+
+
+def _depends_on(node: fx.Node, value: fx.Node) -> bool:
+    """Whether `value` is among the inputs of `node`, directly or through other nodes."""
+    seen: set[fx.Node] = set()
+    todo = list(node.all_input_nodes)
+    while todo:
+        v = todo.pop()
+        if v is value:
+            return True
+        if v not in seen:
+            seen.add(v)
+            todo.extend(v.all_input_nodes)
+    return False
 
 
 def _output_of_fused(node: fx.Node, fused: dict[fx.Node, FusedConv]) -> bool:

@@ -3,7 +3,8 @@
 The build's launch metadata (`kernels.build.launch_meta`) says everything: kernel name,
 grid, block, dynamic shared memory, split-K workspace and counters, and for TMA builds the
 tensor maps' parameters. The kernel's arguments are `(x, w, scale, bias, y, workspace,
-counters)`, then for builds over two inputs `x1`, for residual builds `(res, res_scale)`,
+counters)`, then for builds over two inputs `x1`, for residual builds `(res, res_scale,
+res_ready)`,
 for builds with a back-to-back conv `(w2, scale2, bias2, y2)` (kernels/b2b.cuh), and for TMA
 builds the tensor maps by value after them (x and w; y's too for TMA stores,
 PACK_OUT=2) (kernels/conv.cu).
@@ -212,16 +213,22 @@ def supports_pdl(sm: int) -> bool:
 
 def launch(fn: Any, meta: dict[str, Any], x: Any, w: Any, scale: Any, bias: Any, y: Any,
            ws: Any, counters: Any, res: Any = None, res_scale: float = 1.0,
-           pdl: bool = False, x1: Any = None, b2b: tuple[Any, Any, Any, Any] | None = None
-           ) -> None:
+           pdl: bool = False, x1: Any = None, b2b: tuple[Any, Any, Any, Any] | None = None,
+           res_ready: bool = False) -> None:
     """Enqueue one launch on CuPy's current stream. `res` (y's shape and type) and
     `res_scale` are the residual build's extra arguments, and only theirs; `x1` the second
     input of a build over two (meta "concat"), and only its; `b2b` the back-to-back conv's
     (w2, scale2, bias2, y2) of a build with one (its epilogue's "b2b"), and only its.
-    `pdl`: allow programmatic dependent launch (sm_90 builds; `supports_pdl`)."""
+    `pdl`: allow programmatic dependent launch (sm_90 builds; `supports_pdl`).
+    `res_ready` (with `pdl`): `res` was complete before this launch, written by no kernel
+    after the one two launches back on the stream, so the kernel reads its residual tile
+    while it waits for the kernel just before (conv.cu)."""
     if has_residual(meta) != (res is not None):
         raise ValueError("a residual build takes a residual tensor, and only a residual build"
                          if res is None else "this build has no residual epilogue")
+    if res_ready and not (pdl and res is not None):
+        raise ValueError("res_ready says when a residual build's residual may be read under "
+                         "programmatic dependent launch: it needs both")
     if bool(meta.get("concat")) != (x1 is not None):
         raise ValueError("a build over two inputs takes x1, and only such a build"
                          if x1 is None else "this build has one input")
@@ -237,7 +244,8 @@ def launch(fn: Any, meta: dict[str, Any], x: Any, w: Any, scale: Any, bias: Any,
         if x1 is not None:
             args.append(ctypes.c_void_p(x1.data.ptr))
         if res is not None:
-            args += [ctypes.c_void_p(res.data.ptr), ctypes.c_float(float(res_scale))]
+            args += [ctypes.c_void_p(res.data.ptr), ctypes.c_float(float(res_scale)),
+                     ctypes.c_int(int(res_ready))]
         if b2b is not None:
             args += [ctypes.c_void_p(a.data.ptr) for a in b2b]
         if meta.get("tma"):
@@ -249,7 +257,7 @@ def launch(fn: Any, meta: dict[str, Any], x: Any, w: Any, scale: Any, bias: Any,
     if x1 is not None:
         kargs += (x1,)
     if res is not None:
-        kargs += (res, np.float32(res_scale))
+        kargs += (res, np.float32(res_scale), np.int32(0))
     if b2b is not None:
         kargs += tuple(b2b)
     fn(grid, block, kargs, shared_mem=smem)

@@ -472,6 +472,9 @@ class Conv2d:
                scheduled while the kernel before it on the stream finishes, and waits in its
                prologue for that kernel's writes; saves the launch gap between consecutive
                kernels (a whole model's convs), changes nothing else
+    residual_ready  (with pdl and a residual) every call's residual was complete before the
+               kernel just before this one on the stream started (a ResNet block's input, two
+               convs back): the kernel reads its residual tile while it waits for that kernel
     cache_dir  where cubins are built and kept (default $TCTUNE_KERNEL_CACHE or
                ~/.cache/tctune/kernels)
     """
@@ -479,7 +482,7 @@ class Conv2d:
     def __init__(self, shape: ConvShape, precision: Precision | str,
                  schedule: Mapping[str, Any] | None = None, target: Target | str | None = None,
                  *, epilogue: Epilogue | str = "default", relu: bool = False,
-                 residual: bool = False, pdl: bool = False,
+                 residual: bool = False, pdl: bool = False, residual_ready: bool = False,
                  cache_dir: str | os.PathLike[str] | None = None) -> None:
         self.shape = shape
         self.concat = shape.concat
@@ -494,6 +497,10 @@ class Conv2d:
         if pdl and not supports_pdl(t.sm):
             raise ValueError(f"pdl (programmatic dependent launch) needs an sm_90 target, not "
                              f"sm_{t.sm}")
+        if residual_ready and not (pdl and self.epilogue.residual):
+            raise ValueError("residual_ready says when the residual may be read under "
+                             "programmatic dependent launch: it needs pdl=True and a residual "
+                             "epilogue")
         problems = shape.problems(p, t)
         if problems:
             raise ValueError(f"layer {shape.key()} cannot run as {p.value}: "
@@ -521,7 +528,7 @@ class Conv2d:
         self.build_result = res
         self.key = res.key
         self.meta = res.meta
-        self.pdl = pdl
+        self.pdl, self.residual_ready = pdl, residual_ready
         self.layout: str = self.schedule["LAYOUT"]
         self._init_contract()
         self._fns: dict[int, tuple[Any, Any]] = {}
@@ -761,6 +768,7 @@ class Conv2d:
         launch(fn, self.meta, x, w, zeros if scale is None else scale,
                zeros if bias is None else bias, y, sc["ws"], sc["counters"], res,
                1.0 if res_scale is None else float(res_scale), pdl=self.pdl, x1=x1,
+               res_ready=self.residual_ready,
                b2b=b2b)
 
     def _stream(self, ptr: int) -> Any:

@@ -111,6 +111,51 @@ def test_identity_residual_block() -> None:
     assert o.conversions() == {"quantize": 1, "dequantize": 1}
 
 
+class AddOwnInput(nn.Module):
+    """b adds its own input, which a's kernel has just written."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Conv2d(16, 16, 3, padding=1)
+        self.b = nn.Conv2d(16, 16, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.a(x)
+        return torch.relu(self.b(y) + y)
+
+
+def test_a_residual_is_read_early_only_where_its_writer_ran_before_the_input_s() -> None:
+    """With PDL a kernel may read its residual before it waits for the kernel before it
+    where that residual's writer ran before the kernel of its input: a block's last conv
+    adding the block's input (two convs back), not a downsample conv that runs beside the
+    main path (its kernel may be the one just before), nor its own input."""
+    torch.manual_seed(5)
+    x = torch.randn(2, 64, 8, 8).relu()
+    identity = fused(opt(randomize_bn(Bottleneck(64, 16)).eval(), x, "int8"))
+    assert identity["conv3"].residual_ready
+    assert not identity["conv1"].residual_ready and not identity["conv2"].residual_ready
+    down = fused(opt(randomize_bn(Bottleneck(32, 16, stride=2)).eval(),
+                     torch.randn(2, 32, 10, 10), "int8"))
+    assert down["conv3"].residual and not down["conv3"].residual_ready
+    own = fused(opt(AddOwnInput().eval(), torch.randn(2, 16, 8, 8)))
+    assert own["b"].residual and not own["b"].residual_ready
+    identity["conv1"].set_residual_ready(True)  # no residual: nothing to read early
+    assert not identity["conv1"].residual_ready
+
+
+def test_the_runtime_op_reads_the_residual_early_only_with_pdl(tmp_path: Any) -> None:
+    torch.manual_seed(6)
+    x = torch.randn(2, 64, 8, 8).relu()
+    m = randomize_bn(Bottleneck(64, 16)).eval()
+    for pdl in (False, True):
+        conv3 = fused(opt(m, x, "int8", pdl=pdl, cache_dir=tmp_path))["conv3"]
+        assert conv3.residual_ready and conv3.pdl == pdl
+        op = conv3.build((2, 16, 8, 8))
+        assert op.residual_ready == pdl
+        conv3.set_residual_ready(False)
+        assert conv3.build((2, 16, 8, 8)).residual_ready is False  # rebuilt without it
+
+
 class Odd(nn.Module):
     """Layers the kernel cannot run next to ones it can, and non-conv ops."""
 
