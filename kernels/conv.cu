@@ -37,7 +37,8 @@
 //      shape, layout and type added in the epilogue, y = act(acc * scale + bias + res *
 //      res_scale) (int8; fp16: + res, res_scale unused); res_ready != 0 says res was complete
 //      before this launch (its writer is not the kernel just before this one on the stream),
-//      so with PDL the block reads its residual tile before the grid-dependency wait.
+//      so with PDL a block that copies its residual tile ahead (RES_EARLY) does so before the
+//      grid-dependency wait.
 //   w2, scale2, bias2, y2 (B2B builds only, after res): a 1x1 conv of B2B output channels
 //      over y, run by the same block on its staged output rows: w2 [B2B][K] of x's type,
 //      y2 [N][P][Q][B2B] = act(acc2 * scale2 + bias2) as y's epilogue without a residual.
@@ -67,9 +68,6 @@
 #endif
 #ifndef TC_RES_AHEAD
 #define TC_RES_AHEAD 0  // 1: its tile is copied in while the main loop runs (kernels/space.py)
-#endif
-#ifndef TC_RES_REG
-#define TC_RES_REG 0  // 1: its tile is held in registers through the main loop (kernels/space.py)
 #endif
 #ifndef TC_FOLD_TAPS
 #define TC_FOLD_TAPS 0  // 1: few channels, (r, s, c) packed densely (block_tile.cuh: fold)
@@ -311,13 +309,10 @@ constexpr int VW = pow2_le16(gcd(K * OUT_BITS / 8, TB));  // bytes per output st
 // where the pipeline has no cp.async groups of its own in flight behind the epilogue's back
 // (all but the persistent multistage one, whose next tile's first stages are).
 constexpr bool RES_ASYNC = RES && PACK && !DIRECT_OUT && SM >= 80 && VW >= 4 && (!PERSIST || TMA);
-// RES_REG: where RES_AHEAD's region would cost blocks per SM, each math thread loads its
-// RES_NV vectors of the residual tile into registers before the main loop and stores them
-// into the epilogue's region after it (kernels/space.py: geometry takes it where the register
-// model has room for them): the tile's latency hides behind the loop as RES_AHEAD's does.
-constexpr bool RES_REG = TC_RES_REG != 0;
-constexpr int RES_NV = RES_REG ? (BM * (TB / VW) + THREADS - 1) / THREADS : 0;
-constexpr int RES_WORDS = RES_NV * VW / 4;  // registers
+// RES_EARLY: with PDL and res_ready, RES_AHEAD's copies are issued before the grid-dependency
+// wait; 16-byte copies only (cp.async.cg, through L2: the residual is another kernel's output,
+// read while the kernel before this one may still run).
+constexpr bool RES_EARLY = RES_AHEAD && VW == 16;
 constexpr int ACC_N = WRT * EWCT * ACC_T;
 
 // ---- what cannot be built, each with its reason (kernels/space.py:validity mirrors these)
@@ -336,10 +331,6 @@ static_assert(!RES_AHEAD || (RES && PACK && !DIRECT_OUT && !PERSIST && SPLITK ==
                              VW >= 4),
               "the residual tile is copied in ahead by cp.async (4-16 bytes) into a region of "
               "its own, for a block that runs one tile without split-K");
-static_assert(!RES_REG || (RES && PACK && !DIRECT_OUT && !PERSIST && SPLITK == 1 && !RES_AHEAD &&
-                           SM >= 80 && VW >= 4),
-              "the residual tile is held in registers (4-16-byte vectors) by a block that runs "
-              "one tile without split-K, where it has no region of its own");
 static_assert(!B2B || ((PREC == 0 || PREC == 1) && EPI == 1 && PACK == 1 && !LAYOUT &&
                        SPLITK == 1 && !PERSIST && !HALO && TILES_N == 1 &&
                        (BN * EB) % 16 == 0 && (K * EB) % KB == 0 && B2B % 8 == 0 &&
@@ -442,7 +433,7 @@ __device__ __forceinline__ void conv_block(const Inputs in, const float* __restr
   if constexpr (WG) asm volatile("" : "+r"(nit));
 
   const StageRing sr{sbase};
-  b2b_weights_ahead(smem, b2b, tid);  // (the residual tile's reads: tc_conv)
+  b2b_weights_ahead(smem, b2b, tid);  // (the residual tile's copies ahead: tc_conv)
   if constexpr (TMA) {
     if (!mainloop_tma(wt, sr, it0, nit, m0, n0, tid, maps)) return;  // the producer warp
   } else if constexpr (F32_ASYNC) mainloop_split_async(ld, wt, sr, it0, nit);
@@ -546,25 +537,24 @@ tc_conv(const u8* __restrict__ x, const u8* __restrict__ w, const float* __restr
 ) {
   extern __shared__ __align__(128) u8 smem[];
 #if TC_RES
-  Residual r = {res, res_scale};
+  const Residual r = {res, res_scale};
+  const bool early = cfg::RES_EARLY && res_ready;
 #else
-  Residual r = {nullptr, 0.f};
-  const int res_ready = 0;
+  const Residual r = {nullptr, 0.f};
+  const bool early = false;
 #endif
 #if TC_SM >= 90
   // Programmatic dependent launch (kernels/launch.py, pdl): a launch with the attribute may
   // start while the kernel before it on the stream still runs, so nothing global is read or
   // written before that kernel has finished (a no-op for launches without it), but a
-  // residual that was complete before this launch (res_ready): its tile's reads go first.
+  // residual that was complete before this launch (res_ready): its tile's copies go first.
   // Dependents may be scheduled once every block of this one has started: they wait here in
   // turn.
-  if (res_ready) residual_prefetch(r, smem, threadIdx.x);
+  if (early) residual_ahead(smem, r, threadIdx.x);
   asm volatile("griddepcontrol.wait;" ::: "memory");
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  if (!res_ready) residual_prefetch(r, smem, threadIdx.x);
-#else
-  residual_prefetch(r, smem, threadIdx.x);
 #endif
+  if (!early) residual_ahead(smem, r, threadIdx.x);
 #if TC_TMA
   const TensorMaps* m = &maps;
 #else

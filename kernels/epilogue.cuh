@@ -24,9 +24,8 @@ constexpr int EV = VW * 8 / OUT_BITS;        // elements per store vector
 constexpr bool SWAP_STSM = SWAP && PACK && PREC == 0 && SM >= 90 && K % 8 == 0;
 }  // namespace cfg
 
-// The residual epilogue's input (conv.cu's tensor contract): y's shape, layout and type; with
-// RES_REG, this thread's vectors of the block's tile.
-struct Residual { const u8* p; float scale; u32 reg[cfg::RES_WORDS > 0 ? cfg::RES_WORDS : 1]; };
+// The residual epilogue's input (conv.cu's tensor contract): y's shape, layout and type.
+struct Residual { const u8* p; float scale; };
 
 // Byte offset of output element (m, n) in y (n must start a vector for int4).
 __device__ __forceinline__ long long out_off(int m, int n) {
@@ -99,38 +98,17 @@ __device__ __forceinline__ void residual_copies(u8* rs, const Residual& res, int
   if constexpr (ASYNC) cp_async_commit();
 }
 
-// Before the main loop (tc_conv: before or after the grid-dependency wait), the math threads
-// issue the reads of the block's residual tile:
-// - RES_AHEAD: its copies into its region (RES_OFF of the epilogue's, which the main loop does
-//   not touch); the epilogue waits for them. The multistage pipeline's first wait covers them
-//   too (the oldest group), while the tile's first stage is in flight beside them.
-// - RES_REG: each thread's RES_NV vectors into registers (through L2 only: with res_ready
-//   they are another kernel's output, read while the kernel before this one may still run);
-//   the epilogue stores them into the tile (residual_store_regs).
-__device__ __forceinline__ void residual_prefetch(Residual& res, u8* smem, int tid) {
+// RES_AHEAD: the math threads issue the block's residual tile's copies into its region
+// (RES_OFF of the epilogue's, which the main loop does not touch) before the main loop (tc_conv:
+// before or after the grid-dependency wait); the epilogue waits for them. The multistage
+// pipeline's first wait covers them too (the oldest group), while the tile's first stage is in
+// flight beside them.
+__device__ __forceinline__ void residual_ahead(u8* smem, const Residual& res, int tid) {
   using namespace cfg;
-  if constexpr (RES_AHEAD || RES_REG) {
+  if constexpr (RES_AHEAD) {
     if (tid >= THREADS) return;  // the producer warp
-    const int m0 = tile_m0(blockIdx.x), n0 = tile_n0(blockIdx.x);  // (one tile a block)
-    if constexpr (RES_AHEAD) {
-      residual_copies<true>(smem + RES_OFF, res, m0, n0, tid);
-    } else {
-#pragma unroll
-      for (int i = 0; i < RES_NV; ++i) {
-        const int v = tid + i * THREADS, row = v / VPRO, cv = v - row * VPRO;
-        const int m = out_row(m0, row), n = n0 + cv * EV;
-        if (v < BM * VPRO && m >= 0 && n < K)
-          ldcg_words<VW>(res.reg + i * (VW / 4), res.p + out_off(m, n));
-      }
-    }
-  }
-}
-__device__ __forceinline__ void residual_store_regs(u8* rs, const Residual& res, int tid) {
-  using namespace cfg;
-#pragma unroll
-  for (int i = 0; i < RES_NV; ++i) {
-    const int v = tid + i * THREADS, row = v / VPRO, cv = v - row * VPRO;
-    if (v < BM * VPRO) sts_words<VW>(rs + row * E_ROW + cv * VW, res.reg + i * (VW / 4));
+    const int tile = blockIdx.x;  // (one tile a block)
+    residual_copies<true>(smem + RES_OFF, res, tile_m0(tile), tile_n0(tile), tid);
   }
 }
 
@@ -341,12 +319,11 @@ __device__ __forceinline__ void epilogue(WT& wt, u8* smem, int m0, int n0, int t
   }
 
   // ---- residual tile (PACK_OUT): rows of the output tile's layout, at RES_OFF (RES_AHEAD: in
-  // flight since before the main loop; RES_REG: in registers since then).
+  // flight since before the main loop).
   u8* const rs = smem + RES_OFF;
   if constexpr (RES && PACK) {
-    if constexpr (RES_REG) residual_store_regs(rs, res, tid);
-    else if constexpr (!RES_AHEAD) residual_copies<RES_ASYNC>(rs, res, m0, n0, tid);
-    if constexpr (RES_AHEAD || (RES_ASYNC && !RES_REG)) cp_async_wait<0>();
+    if constexpr (!RES_AHEAD) residual_copies<RES_ASYNC>(rs, res, m0, n0, tid);
+    if constexpr (RES_AHEAD || RES_ASYNC) cp_async_wait<0>();
     block_sync();
   }
 

@@ -220,23 +220,6 @@ __device__ __forceinline__ u32 ldg_u8(const void* p) {
 __device__ __forceinline__ u32 ldcg_u32(const u32* p) {  // L2 only: other blocks' partials
   u32 d; asm volatile("ld.global.cg.u32 %0, [%1];" : "=r"(d) : "l"(p)); return d;
 }
-// BYTES (4, 8, 16) from global memory into words, through L2 only; and words into shared.
-template <int BYTES>
-__device__ __forceinline__ void ldcg_words(u32* d, const void* p) {
-  if constexpr (BYTES == 16)
-    asm volatile("ld.global.cg.v4.u32 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3]) : "l"(p));
-  else if constexpr (BYTES == 8)
-    asm volatile("ld.global.cg.v2.u32 {%0,%1}, [%2];" : "=r"(d[0]), "=r"(d[1]) : "l"(p));
-  else
-    asm volatile("ld.global.cg.u32 %0, [%1];" : "=r"(d[0]) : "l"(p));
-}
-template <int BYTES>
-__device__ __forceinline__ void sts_words(void* dst, const u32* w) {
-  if constexpr (BYTES == 16) *reinterpret_cast<V4*>(dst) = V4{w[0], w[1], w[2], w[3]};
-  else if constexpr (BYTES == 8) *reinterpret_cast<u64*>(dst) = w[0] | ((u64)w[1] << 32);
-  else *reinterpret_cast<u32*>(dst) = w[0];
-}
 
 #if TC_PREC == 3
 // ---- fp32_tc ------------------------------------------------------------------------------

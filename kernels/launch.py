@@ -220,9 +220,9 @@ def launch(fn: Any, meta: dict[str, Any], x: Any, w: Any, scale: Any, bias: Any,
     input of a build over two (meta "concat"), and only its; `b2b` the back-to-back conv's
     (w2, scale2, bias2, y2) of a build with one (its epilogue's "b2b"), and only its.
     `pdl`: allow programmatic dependent launch (sm_90 builds; `supports_pdl`).
-    `res_ready` (with `pdl`): `res` was complete before this launch, written by no kernel
-    after the one two launches back on the stream, so the kernel reads its residual tile
-    while it waits for the kernel just before (conv.cu)."""
+    `res_ready` (with `pdl`): `res` was complete before the kernel just before this one on
+    the stream started, so a build that copies its residual tile ahead copies it while it
+    waits for that kernel (conv.cu: RES_EARLY)."""
     if has_residual(meta) != (res is not None):
         raise ValueError("a residual build takes a residual tensor, and only a residual build"
                          if res is None else "this build has no residual epilogue")

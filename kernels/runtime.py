@@ -474,7 +474,8 @@ class Conv2d:
                kernels (a whole model's convs), changes nothing else
     residual_ready  (with pdl and a residual) every call's residual was complete before the
                kernel just before this one on the stream started (a ResNet block's input, two
-               convs back): the kernel reads its residual tile while it waits for that kernel
+               convs back): a kernel that copies its residual tile ahead of its main loop
+               copies it while it waits for that kernel
     cache_dir  where cubins are built and kept (default $TCTUNE_KERNEL_CACHE or
                ~/.cache/tctune/kernels)
     """

@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
@@ -161,9 +161,6 @@ REG_TMA_HELD = 32
 REG_HALO = 8
 REG_HALO_ONE_STAGE = 16
 HALO_ONE_STAGE_MAX_MMAS = 36
-# A residual tile held in registers through the main loop (conv.cu: RES_REG): at most this many
-# vectors a thread (16 registers of 16-byte vectors), each counted by the register model.
-RES_REG_MAX_VECTORS = 4
 # 128 accumulators split over several 64-row tiles (WARP_ROW_TILES >= 2) spilled a few bytes
 # in 2 of ~40 builds (an epilogue or split-K sum holding every tile at once): left out.
 WGMMA_MAX_MULTI_TILE_ACC = 96
@@ -420,9 +417,6 @@ class Geometry:
     block_threads: np.ndarray | None = None
     taps: np.ndarray | None = None  # filter taps of a stage (DUP_AWARE, HALO: several)
     res_ahead: np.ndarray | None = None  # the residual tile is copied in during the main loop
-    # registers a math thread holds the residual tile's vectors in through the main loop
-    # (conv.cu: RES_REG; 0 where it does not)
-    res_regs: np.ndarray | None = None
     b2b_ahead: np.ndarray | None = None  # a back-to-back conv's weights too (else after it)
 
 
@@ -584,22 +578,14 @@ def geometry(shape: ConvShape, precision: Precision, target: Target,
     # past the pipeline's: taken where it leaves as many blocks per SM (blocks_per_sm) as
     # copying it in after the loop does. Its copies are the epilogue's store vectors
     # (conv.cu: VW), cp.async's 4, 8 or 16 bytes.
-    # Where that region would cost blocks per SM, each math thread holds its vectors of the
-    # tile in registers through the loop instead (conv.cu: RES_REG), at most
-    # RES_REG_MAX_VECTORS of them and where the register model has room (below).
-    res_early = np.zeros(np.shape(smem), dtype=bool)
-    res_reg_count = np.zeros(np.shape(smem), dtype=np.int64)
     if residual and target.sm >= 80:
         res_off = -(-np.maximum(pipeline, staging) // 16) * 16
         row_gcd = np.gcd(shape.k * ob // 8, bn * ob // 8)
         res_vector = np.minimum(row_gcd & -row_gcd, 16)
-        res_early = pack & (ob != 32) & ~persist & (split_k == 1) & (res_vector >= 4)
-        res_ahead = res_early & (blocks_per_sm(target, res_off + padded_tile, block_threads) >=
-                                 blocks_per_sm(target, smem, block_threads))
+        res_ahead = (pack & (ob != 32) & ~persist & (split_k == 1) & (res_vector >= 4) &
+                     (blocks_per_sm(target, res_off + padded_tile, block_threads) >=
+                      blocks_per_sm(target, smem, block_threads)))
         smem = np.where(res_ahead, res_off + padded_tile, smem)
-        vectors = -(-(bm * (bn * ob // 8 // res_vector)) // (warps * 32))
-        res_early = res_early & ~res_ahead & (vectors <= RES_REG_MAX_VECTORS)
-        res_reg_count = np.where(res_early, vectors * (res_vector // 4), 0)
     else:
         res_ahead = np.zeros(np.shape(smem), dtype=bool)
     b2b_ahead = np.zeros(np.shape(smem), dtype=bool)
@@ -630,18 +616,13 @@ def geometry(shape: ConvShape, precision: Precision, target: Target,
                   threads) + -(-(bn * taps * gvec) // threads)
     footprint = np.where(dup, a_rows * np.where(reorder, 1, r), bm * r * s)
     footprint = np.where(halo, hal["box_pixels"], footprint)
-    g = Geometry(
+    return Geometry(
         block_m=bm, block_n=bn, block_k=bk, warps=warps, threads=threads, acc_regs=acc,
         smem_bytes=smem, grid_blocks=tiles * split_k, k_iters=-(-n_it // split_k),
         footprint_pixels=footprint, frag_regs=frag, stage_vectors=stage_vec,
         row_loads=gvec, block_threads=block_threads,
         taps=taps, res_ahead=res_ahead, b2b_ahead=b2b_ahead,
-        res_regs=np.zeros(np.shape(smem), dtype=np.int64),
     )
-    if res_early.any():  # the registers where the model has room for them
-        room = register_slack(shape, p, target, cols, g) >= res_reg_count
-        g = replace(g, res_regs=np.where(room, res_reg_count, 0))
-    return g
 
 
 def _halo_columns(shape: ConvShape, bm: np.ndarray, halo: np.ndarray) -> dict[str, np.ndarray]:
@@ -695,8 +676,7 @@ def register_slack(shape: ConvShape, precision: Precision, target: Target,
     one_stage = np.asarray(cols["STAGES"]) == 1
     fixed = fixed + np.where(_knob(cols, "HALO", np.shape(g.block_m)) == 1,
                              REG_HALO + np.where(one_stage, REG_HALO_ONE_STAGE, 0), 0)
-    res_held = 0 if g.res_regs is None else g.res_regs  # the residual tile's (RES_REG)
-    return cap - (g.acc_regs + 2 * g.frag_regs + fixed + res_held)
+    return cap - (g.acc_regs + 2 * g.frag_regs + fixed)
 
 
 # The knobs that shape the tiles (block, warp and instruction tile counts, stage depth in
