@@ -101,7 +101,7 @@ class FusedConv(nn.Module):
         self.schedule, self.cache_dir, self.pdl = dict(schedule), cache_dir, pdl
         self.epilogue = Epilogue("default", relu, residual).resolved(self.precision)
         self.b2b, self.b2b_relu = 0, False  # take_b2b
-        self.residual_ready = False  # set_residual_ready
+        self.residual_ready = self.x_ready = False  # set_ready
         self.b2b_out_scale: float | None = None
         self.res_scale: float | None = None
         if self.precision is Precision.INT8:
@@ -234,15 +234,16 @@ class FusedConv(nn.Module):
         self.b2b_out_scale = out_scale
         self.calibrated = True
 
-    def set_residual_ready(self, ready: bool) -> None:
-        """Whether the residual was complete before the kernel just before this layer's on
-        the stream started (its writer ran before that one: deploy.optimize's
-        `_residual_ready`), so that with PDL the kernel reads its residual tile while it waits
-        for that kernel (kernels.runtime.Conv2d's `residual_ready`)."""
-        ready = bool(ready) and self.residual
-        if ready != self.residual_ready:
-            self.residual_ready = ready
-            self._ops = {}  # rebuilt (from the build cache) with it
+    def set_ready(self, residual: bool, x: bool) -> None:
+        """Which inputs were complete before the kernel just before this layer's on the stream
+        started (their writers ran before that one: deploy.optimize's `_ready_inputs`): the
+        residual, and of a layer over two inputs x (not x1), so that with PDL the kernel reads
+        them while it waits for that kernel (kernels.runtime.Conv2d's `residual_ready`,
+        `x_ready`)."""
+        ready = (bool(residual) and self.residual, bool(x) and self.concat > 0)
+        if ready != (self.residual_ready, self.x_ready):
+            self.residual_ready, self.x_ready = ready
+            self._ops = {}  # rebuilt (from the build cache) with them
 
     # ---- the kernel --------------------------------------------------------------------
     def take_planned_input(self, x_shape: tuple[int, ...] | torch.Size) -> None:
@@ -286,6 +287,7 @@ class FusedConv(nn.Module):
             op = Conv2d(shape, self.precision, self.schedule if fits else None, self.target,
                         epilogue=self.epilogue, pdl=self.pdl,
                         residual_ready=self.pdl and self.residual_ready,
+                        x_ready=self.pdl and self.x_ready,
                         cache_dir=self.cache_dir)
             if fits:
                 op.schedule_source = self.layer.schedule_source

@@ -204,7 +204,7 @@ def optimize(model: nn.Module, example_inputs: Any, precision: str = "fp16",
     _place_conversions(gm, fused, p, b2b_outputs)
     _run_rest_in_fp16(gm, float_dtype)
     _kernel_quantizes(gm, fused)
-    _residual_ready(fused)
+    _ready_inputs(fused)
     gm.delete_all_unused_submodules()
     gm.graph.lint()
     gm.recompile()
@@ -505,19 +505,25 @@ def _place_conversions(gm: fx.GraphModule, fused: dict[fx.Node, FusedConv], p: P
                 mod.set_b2b_scale(kernel[b2b_outputs[node]])  # type: ignore[arg-type]
 
 
-def _residual_ready(fused: dict[fx.Node, FusedConv]) -> None:
-    """Mark the fused layers whose residual is complete before the kernel just before theirs
-    starts: their input comes from another fused layer's kernel (one launch on the stream, in
-    graph order, which data order keeps) that itself depends on the residual. Every kernel of
-    the model waits for the one before it before it lets the next be scheduled (PDL), so when
-    such a layer's kernel starts, everything that ran before its input's kernel has finished:
-    the residual's writer among it (a ResNet block's input, two or three convs back)."""
+def _ready_inputs(fused: dict[fx.Node, FusedConv]) -> None:
+    """Mark the inputs of fused layers that are complete before the kernel just before theirs
+    starts: the layer's main input (x1 of a layer over two inputs, else x) comes from another
+    fused layer's kernel (one launch on the stream, in graph order, which data order keeps)
+    that itself depends on them. Every kernel of the model waits for the one before it before
+    it lets the next be scheduled (PDL), so when such a layer's kernel starts, everything that
+    ran before its main input's kernel has finished: the writers of the residual (a ResNet
+    block's input, two or three convs back) and of a bottleneck's input that its last conv and
+    projection read as x among it."""
     for node, mod in fused.items():
-        x, res = (list(node.args) + [None])[:2]
-        src = x.args[0] if isinstance(x, fx.Node) and _output_of_fused(x, fused) else x
-        ready = isinstance(res, fx.Node) and src in fused and \
-            _depends_on(src, res)  # type: ignore[arg-type]
-        mod.set_residual_ready(ready)
+        x, res, x1 = (list(node.args) + [None, None])[:3]
+        main = x1 if mod.concat else x
+        src = main.args[0] if isinstance(main, fx.Node) and _output_of_fused(main, fused) \
+            else main
+        if src not in fused:
+            mod.set_ready(residual=False, x=False)
+            continue
+        mod.set_ready(residual=isinstance(res, fx.Node) and _depends_on(src, res),
+                      x=bool(mod.concat) and isinstance(x, fx.Node) and _depends_on(src, x))
 
 
 def _depends_on(node: fx.Node, value: fx.Node) -> bool:

@@ -104,12 +104,15 @@ __device__ __forceinline__ StageIdx stage_idx(int it) {
   } else {  // filter outer: (r, s, cb)
     st.cb = it % NCB; const int rs = it / NCB; st.r = rs / S; st.s = rs % S;
   }
+  // CAT (1x1): x's channel blocks first, then x1's (conv.cu: CAT_EARLY)
+  if constexpr (CAT) st.cb = st.cb < IT_X1 ? st.cb + CAT / BKC : st.cb - IT_X1;
   return st;
 }
 
 struct BlockLoader {
   const u8* x;
   const u8* x1;  // CAT: the input of the first CAT channels
+  bool x_early;  // CAT_EARLY: wait for the kernel before ahead of x1's first stage
   const u8* w;
   int m0, n0, tid;
   // duplicate-aware block origin: first output row (linear over images) and its column
@@ -223,7 +226,7 @@ struct BlockLoader {
 
   __device__ __forceinline__ void init(const Inputs& in, int m0_, int n0_, int tid_) {
     using namespace cfg;
-    x = in.x; x1 = in.x1; w = in.w; m0 = m0_; n0 = n0_; tid = tid_;
+    x = in.x; x1 = in.x1; w = in.w; x_early = in.x_early; m0 = m0_; n0 = n0_; tid = tid_;
     const int mp0 = m0 / NB;
     L0 = mp0 / Q; q0 = mp0 - L0 * Q; nb0 = L0 / P; p0 = L0 - nb0 * P;
     if constexpr (FOLD) {
@@ -384,6 +387,9 @@ struct BlockLoader {
   // ---- cp.async path: the whole stage
   __device__ __forceinline__ void load_stage(int it, u32 abuf, u32 bbuf) {
     using namespace cfg;
+    if constexpr (CAT_EARLY) {
+      if (x_early && it == IT_X1) grid_dependency_wait();
+    }
     if constexpr (FOLD) {
       load_stage_fold(it, abuf, bbuf);
       return;

@@ -31,8 +31,11 @@
 //      FOLD_TAPS, C rounded up to one tap vector of 4, 8 or 16 bytes (the stem's 3 -> 4).
 //   w: KRSC [K][R][S][Cp].  int4 is packed two per byte, element 2i in the low nibble.
 //   y: NHWC [N][P][Q][K] or NHWCnc [N/8][P][Q][K/co][8][co] of the epilogue's output type.
-//   x1 (CAT builds only, after the counters): [N][P][Q][CAT], the first CAT reduction channels;
-//      x then holds the other C - CAT, read at the layer's stride (a 1x1 unpadded NHWC layer).
+//   x1, x_ready (CAT builds only, after the counters): [N][P][Q][CAT], the first CAT reduction
+//      channels; x then holds the other C - CAT, read at the layer's stride (a 1x1 unpadded
+//      NHWC layer). x_ready != 0 says x was complete before this launch (its writer is not the
+//      kernel just before this one on the stream), so with PDL the block reduces over x's
+//      channels before the grid-dependency wait (CAT_EARLY).
 //   res, res_scale, res_ready (residual builds only, after x1 or the counters): a tensor of y's
 //      shape, layout and type added in the epilogue, y = act(acc * scale + bias + res *
 //      res_scale) (int8; fp16: + res, res_scale unused); res_ready != 0 says res was complete
@@ -313,6 +316,12 @@ constexpr bool RES_ASYNC = RES && PACK && !DIRECT_OUT && SM >= 80 && VW >= 4 && 
 // wait; 16-byte copies only (cp.async.cg, through L2: the residual is another kernel's output,
 // read while the kernel before this one may still run).
 constexpr bool RES_EARLY = RES_AHEAD && VW == 16;
+// CAT_EARLY: with PDL and x_ready, a CAT build's reduction takes x's channels first, before
+// the grid-dependency wait, and x1's (the kernel before's output) after it: the stages are
+// x's channel blocks, then x1's (block_tile.cuh: stage_idx), and the loader waits before
+// x1's first (IT_X1). One tile a block, without split-K, on the cp.async pipeline.
+constexpr bool CAT_EARLY = CAT && SM >= 90 && !REGPATH && !PERSIST && SPLITK == 1 && !RES;
+constexpr int IT_X1 = NCB - CAT / BKC;
 constexpr int ACC_N = WRT * EWCT * ACC_T;
 
 // ---- what cannot be built, each with its reason (kernels/space.py:validity mirrors these)
@@ -381,7 +390,9 @@ static_assert(!TMA || (BM <= 1024 && SH <= 8 && SW <= 8 && PH <= 127 && PW <= 12
 }  // namespace cfg
 
 // The layer's inputs: x (and with CAT, x1) and the weights.
-struct Inputs { const u8* x; const u8* x1; const u8* w; };
+// x_early (CAT_EARLY): the grid-dependency wait comes before the first stage of x1's channels
+// (the loader's), not at the kernel's start.
+struct Inputs { const u8* x; const u8* x1; const u8* w; bool x_early; };
 // B2B: the back-to-back 1x1 conv's weights [B2B][K], per-channel scale (int8) and bias, and
 // its output [N][P][Q][B2B].
 struct B2b { const u8* w; const float* scale; const float* bias; u8* y; };
@@ -522,7 +533,7 @@ tc_conv(const u8* __restrict__ x, const u8* __restrict__ w, const float* __restr
         const float* __restrict__ bias, u8* __restrict__ y, u32* __restrict__ ws,
         u32* __restrict__ counters
 #if TC_CAT
-        , const u8* __restrict__ x1
+        , const u8* __restrict__ x1, int x_ready
 #endif
 #if TC_RES
         , const u8* __restrict__ res, float res_scale, int res_ready
@@ -543,16 +554,20 @@ tc_conv(const u8* __restrict__ x, const u8* __restrict__ w, const float* __restr
   const Residual r = {nullptr, 0.f};
   const bool early = false;
 #endif
+#if TC_CAT
+  const bool x_early = cfg::CAT_EARLY && x_ready;
+#else
+  const bool x_early = false;
+#endif
 #if TC_SM >= 90
   // Programmatic dependent launch (kernels/launch.py, pdl): a launch with the attribute may
   // start while the kernel before it on the stream still runs, so nothing global is read or
-  // written before that kernel has finished (a no-op for launches without it), but a
-  // residual that was complete before this launch (res_ready): its tile's copies go first.
-  // Dependents may be scheduled once every block of this one has started: they wait here in
-  // turn.
+  // written before that kernel has finished (a no-op for launches without it), but inputs
+  // that were complete before this launch: a residual (res_ready), whose tile's copies go
+  // first, and a CAT build's x (x_ready), whose stages come first and are reduced before the
+  // wait (the loader waits before x1's first stage: BlockLoader::load_stage).
   if (early) residual_ahead(smem, r, threadIdx.x);
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  if (!x_early) grid_dependency_wait();
 #endif
   if (!early) residual_ahead(smem, r, threadIdx.x);
 #if TC_TMA
@@ -563,12 +578,12 @@ tc_conv(const u8* __restrict__ x, const u8* __restrict__ w, const float* __restr
 #if !TC_CAT
   const u8* x1 = nullptr;
 #endif
+  const Inputs in{x, x1, w, x_early};
 #if TC_B2B
   const B2b ch{w2, scale2, bias2, y2};
 #else
   const B2b ch{nullptr, nullptr, nullptr, nullptr};
 #endif
-  const Inputs in{x, x1, w};
   using Tile = Pick<cfg::WG, GroupTile, WarpTile>::T;
   if constexpr (cfg::PERSIST) conv_persistent<Tile>(in, scale, bias, y, ws, counters, r, m, smem);
   else conv_block<Tile>(in, scale, bias, y, ws, counters, r, m, ch, smem);

@@ -220,6 +220,15 @@ __device__ __forceinline__ u32 ldg_u8(const void* p) {
 __device__ __forceinline__ u32 ldcg_u32(const u32* p) {  // L2 only: other blocks' partials
   u32 d; asm volatile("ld.global.cg.u32 %0, [%1];" : "=r"(d) : "l"(p)); return d;
 }
+// Programmatic dependent launch (kernels/launch.py, pdl): wait for the kernel before this one
+// on the stream to finish (its writes visible), then let the next be scheduled; a no-op for
+// launches without the attribute. conv.cu: where it is called.
+__device__ __forceinline__ void grid_dependency_wait() {
+#if TC_SM >= 90
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
 
 #if TC_PREC == 3
 // ---- fp32_tc ------------------------------------------------------------------------------

@@ -3,8 +3,8 @@
 The build's launch metadata (`kernels.build.launch_meta`) says everything: kernel name,
 grid, block, dynamic shared memory, split-K workspace and counters, and for TMA builds the
 tensor maps' parameters. The kernel's arguments are `(x, w, scale, bias, y, workspace,
-counters)`, then for builds over two inputs `x1`, for residual builds `(res, res_scale,
-res_ready)`,
+counters)`, then for builds over two inputs `(x1, x_ready)`, for residual builds `(res,
+res_scale, res_ready)`,
 for builds with a back-to-back conv `(w2, scale2, bias2, y2)` (kernels/b2b.cuh), and for TMA
 builds the tensor maps by value after them (x and w; y's too for TMA stores,
 PACK_OUT=2) (kernels/conv.cu).
@@ -214,7 +214,7 @@ def supports_pdl(sm: int) -> bool:
 def launch(fn: Any, meta: dict[str, Any], x: Any, w: Any, scale: Any, bias: Any, y: Any,
            ws: Any, counters: Any, res: Any = None, res_scale: float = 1.0,
            pdl: bool = False, x1: Any = None, b2b: tuple[Any, Any, Any, Any] | None = None,
-           res_ready: bool = False) -> None:
+           res_ready: bool = False, x_ready: bool = False) -> None:
     """Enqueue one launch on CuPy's current stream. `res` (y's shape and type) and
     `res_scale` are the residual build's extra arguments, and only theirs; `x1` the second
     input of a build over two (meta "concat"), and only its; `b2b` the back-to-back conv's
@@ -222,12 +222,16 @@ def launch(fn: Any, meta: dict[str, Any], x: Any, w: Any, scale: Any, bias: Any,
     `pdl`: allow programmatic dependent launch (sm_90 builds; `supports_pdl`).
     `res_ready` (with `pdl`): `res` was complete before the kernel just before this one on
     the stream started, so a build that copies its residual tile ahead copies it while it
-    waits for that kernel (conv.cu: RES_EARLY)."""
+    waits for that kernel (conv.cu: RES_EARLY). `x_ready` (with `pdl`) the same of a build
+    over two inputs' `x`: its part of the reduction runs while the kernel waits (CAT_EARLY)."""
     if has_residual(meta) != (res is not None):
         raise ValueError("a residual build takes a residual tensor, and only a residual build"
                          if res is None else "this build has no residual epilogue")
     if res_ready and not (pdl and res is not None):
         raise ValueError("res_ready says when a residual build's residual may be read under "
+                         "programmatic dependent launch: it needs both")
+    if x_ready and not (pdl and x1 is not None):
+        raise ValueError("x_ready says when a build over two inputs may read x under "
                          "programmatic dependent launch: it needs both")
     if bool(meta.get("concat")) != (x1 is not None):
         raise ValueError("a build over two inputs takes x1, and only such a build"
@@ -242,7 +246,7 @@ def launch(fn: Any, meta: dict[str, Any], x: Any, w: Any, scale: Any, bias: Any,
         ptrs = [a.data.ptr for a in (x, w, scale, bias, y, ws, counters)]
         args: list[Any] = [ctypes.c_void_p(p) for p in ptrs]
         if x1 is not None:
-            args.append(ctypes.c_void_p(x1.data.ptr))
+            args += [ctypes.c_void_p(x1.data.ptr), ctypes.c_int(int(x_ready))]
         if res is not None:
             args += [ctypes.c_void_p(res.data.ptr), ctypes.c_float(float(res_scale)),
                      ctypes.c_int(int(res_ready))]
@@ -255,7 +259,7 @@ def launch(fn: Any, meta: dict[str, Any], x: Any, w: Any, scale: Any, bias: Any,
     grid, block, smem = launch_dims(meta)
     kargs: tuple[Any, ...] = (x, w, scale, bias, y, ws, counters)
     if x1 is not None:
-        kargs += (x1,)
+        kargs += (x1, np.int32(0))
     if res is not None:
         kargs += (res, np.float32(res_scale), np.int32(0))
     if b2b is not None:

@@ -476,6 +476,9 @@ class Conv2d:
                kernel just before this one on the stream started (a ResNet block's input, two
                convs back): a kernel that copies its residual tile ahead of its main loop
                copies it while it waits for that kernel
+    x_ready    (with pdl and two inputs) the same of every call's x (a bottleneck's input,
+               three convs back, beside the conv before's output as x1): the kernel reduces
+               over x's channels while it waits for the kernel before
     cache_dir  where cubins are built and kept (default $TCTUNE_KERNEL_CACHE or
                ~/.cache/tctune/kernels)
     """
@@ -484,7 +487,7 @@ class Conv2d:
                  schedule: Mapping[str, Any] | None = None, target: Target | str | None = None,
                  *, epilogue: Epilogue | str = "default", relu: bool = False,
                  residual: bool = False, pdl: bool = False, residual_ready: bool = False,
-                 cache_dir: str | os.PathLike[str] | None = None) -> None:
+                 x_ready: bool = False, cache_dir: str | os.PathLike[str] | None = None) -> None:
         self.shape = shape
         self.concat = shape.concat
         self.precision = Precision(precision)
@@ -502,6 +505,9 @@ class Conv2d:
             raise ValueError("residual_ready says when the residual may be read under "
                              "programmatic dependent launch: it needs pdl=True and a residual "
                              "epilogue")
+        if x_ready and not (pdl and shape.concat):
+            raise ValueError("x_ready says when x may be read under programmatic dependent "
+                             "launch: it needs pdl=True and a layer over two inputs")
         problems = shape.problems(p, t)
         if problems:
             raise ValueError(f"layer {shape.key()} cannot run as {p.value}: "
@@ -529,7 +535,7 @@ class Conv2d:
         self.build_result = res
         self.key = res.key
         self.meta = res.meta
-        self.pdl, self.residual_ready = pdl, residual_ready
+        self.pdl, self.residual_ready, self.x_ready = pdl, residual_ready, x_ready
         self.layout: str = self.schedule["LAYOUT"]
         self._init_contract()
         self._fns: dict[int, tuple[Any, Any]] = {}
@@ -769,7 +775,7 @@ class Conv2d:
         launch(fn, self.meta, x, w, zeros if scale is None else scale,
                zeros if bias is None else bias, y, sc["ws"], sc["counters"], res,
                1.0 if res_scale is None else float(res_scale), pdl=self.pdl, x1=x1,
-               res_ready=self.residual_ready,
+               res_ready=self.residual_ready, x_ready=self.x_ready,
                b2b=b2b)
 
     def _stream(self, ptr: int) -> Any:

@@ -132,15 +132,15 @@ def test_a_residual_is_read_early_only_where_its_writer_ran_before_the_input_s()
     torch.manual_seed(5)
     x = torch.randn(2, 64, 8, 8).relu()
     identity = fused(opt(randomize_bn(Bottleneck(64, 16)).eval(), x, "int8"))
-    assert identity["conv3"].residual_ready
+    assert identity["conv3"].residual_ready and not identity["conv3"].x_ready
     assert not identity["conv1"].residual_ready and not identity["conv2"].residual_ready
     down = fused(opt(randomize_bn(Bottleneck(32, 16, stride=2)).eval(),
                      torch.randn(2, 32, 10, 10), "int8"))
     assert down["conv3"].residual and not down["conv3"].residual_ready
     own = fused(opt(AddOwnInput().eval(), torch.randn(2, 16, 8, 8)))
     assert own["b"].residual and not own["b"].residual_ready
-    identity["conv1"].set_residual_ready(True)  # no residual: nothing to read early
-    assert not identity["conv1"].residual_ready
+    identity["conv1"].set_ready(residual=True, x=True)  # no residual, one input: nothing
+    assert not identity["conv1"].residual_ready and not identity["conv1"].x_ready
 
 
 def test_the_runtime_op_reads_the_residual_early_only_with_pdl(tmp_path: Any) -> None:
@@ -152,7 +152,7 @@ def test_the_runtime_op_reads_the_residual_early_only_with_pdl(tmp_path: Any) ->
         assert conv3.residual_ready and conv3.pdl == pdl
         op = conv3.build((2, 16, 8, 8))
         assert op.residual_ready == pdl
-        conv3.set_residual_ready(False)
+        conv3.set_ready(residual=False, x=False)
         assert conv3.build((2, 16, 8, 8)).residual_ready is False  # rebuilt without it
 
 
@@ -432,6 +432,10 @@ def test_last_conv_and_projection_run_as_one_layer_over_both_inputs(precision: s
     node = next(n for n in two.graph_module.graph.nodes
                 if n.op == "call_module" and n.target == "tctune_conv3")
     assert node.args[1] is None and len(node.args) == 3
+    # x, written before conv1's kernel (which conv2's depends on), is read before the wait
+    # for conv2's (with PDL); x1, conv2's output, after it; the convs before read nothing early
+    assert layer.x_ready and not layer.residual_ready
+    assert not any(f[n].x_ready or f[n].residual_ready for n in ("conv1", "conv2"))
     with torch.no_grad():
         want = m(x)
     got, got_one = two(x), one(x)

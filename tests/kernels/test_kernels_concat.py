@@ -2,7 +2,8 @@
 on a CPU: where it applies (the shape's problems, kernels.space's rules and the kernel's
 static_assert agree), its builds for sm_75 / sm_80 / sm_90 with the Tensor Core instructions
 they should hold, the runtime's contract for x1, and the reference's problems of such layers.
-The GPU checks are in test_runtime.py (`on_gpu`) and bench/concat_check.py."""
+The GPU checks are in test_runtime.py (`on_gpu`), bench/concat_check.py and below (x read
+before the grid-dependency wait)."""
 
 from __future__ import annotations
 
@@ -13,12 +14,13 @@ import pytest
 
 from kernels import reference as ref
 from kernels.build import BuildJob, Epilogue, build, defines
+from kernels.launch import launch
 from kernels.runtime import Conv2d, DefaultScheduleWarning
 from kernels.sass import cuobjdump_path
 from kernels.space import ScheduleSpace, concat_problems
 from kernels.spec import ConvShape, Precision, get_target, two_input_shape
 from tests.kernels.builds import assert_mma_and_copy, sass_of
-from tests.kernels.test_runtime import FakeCupy
+from tests.kernels.test_runtime import FakeCupy, on_gpu
 
 # ResNet-50 layer2's last conv (128 channels at 28x28) and its projection (256 at 56x56, /2)
 BOTTLENECK = ConvShape(8, 56, 56, 384, 512, 1, 1, stride=2, concat=128)
@@ -134,6 +136,100 @@ def test_runtime_contract_of_the_second_input(cache: Path) -> None:
     with pytest.warns(DefaultScheduleWarning):  # a default valid for two inputs
         default = Conv2d(BOTTLENECK, "fp16", None, "h100", cache_dir=cache)
     assert concat_problems(BOTTLENECK, Precision.FP16, 90, default.schedule) is None
+    # x read before the grid-dependency wait is for PDL launches of layers over two inputs
+    with pytest.raises(ValueError, match="pdl=True and a layer over two inputs"):
+        Conv2d(BOTTLENECK, "int8", WG, "h100", x_ready=True, cache_dir=cache)
+    with pytest.raises(ValueError, match="pdl=True and a layer over two inputs"):
+        Conv2d(with_concat(BOTTLENECK, 0), "int8", WG, "h100", pdl=True, x_ready=True,
+               cache_dir=cache)
+    ready = Conv2d(BOTTLENECK, "int8", WG, "h100", relu=True, pdl=True, x_ready=True,
+                   cache_dir=cache)
+    assert ready.x_ready and ready.key == op.key  # the same build, launched otherwise
+    with pytest.raises(ValueError, match="needs both"):
+        launch(None, op.meta, x, w, s, b, FakeCupy(op.output_shape, "int8"), None, None,
+               x1=FakeCupy((8, 28, 28, 128), "int8"), x_ready=True)
+
+
+@pytest.mark.skipif(cuobjdump_path() is None, reason="cuobjdump not installed")
+def test_sm90_two_input_builds_wait_before_x1s_first_stage(cache: Path) -> None:
+    """x's channel blocks come first; the grid-dependency wait is at the start (x not
+    ready) and in the loader, before x1's first stage (x ready: in each of the loader's
+    inlined copies); sm_80 builds have none (no PDL), one-input builds the one at the
+    start."""
+    def waits(shape: ConvShape, sm: int) -> int:
+        text = sass_of(BuildJob(shape, Precision.INT8, sm, WG if sm >= 90 else SYNC,
+                                Epilogue(relu=True)), cache).text
+        return sum(" ACQBULK" in ln for ln in text.splitlines())
+
+    assert waits(BOTTLENECK, 90) >= 2
+    assert waits(with_concat(BOTTLENECK, 0), 90) == 1
+    assert waits(BOTTLENECK, 80) == 0
+
+
+# A chain of layers over two inputs: y[i+1] = conv(x1 = y[i], x = y[i-1]), 1x1 at stride 1.
+CHAIN2 = ConvShape(8, 14, 14, 128, 64, 1, 1, concat=64)
+
+
+@on_gpu
+@pytest.mark.parametrize("precision,schedule", [
+    ("int8", {**WG, "CHUNK": 2}), ("fp16", {**WG, "CHUNK": 4}), ("int8", SYNC)])
+def test_on_gpu_x_reduced_before_the_wait_equals_plain_launches(
+        precision: str, schedule: dict, cache: Path) -> None:
+    """Each layer's x (written two launches back) reduced while the kernel waits for the
+    one before (x_ready, PDL), eagerly and replayed from a CUDA graph, every output poisoned
+    before each run: the plain launches' bytes, and the first against the reference."""
+    import torch
+
+    p = Precision(precision)
+    plain, early = (Conv2d(CHAIN2, precision, schedule, "h100", relu=True, pdl=pdl,
+                           x_ready=pdl, cache_dir=cache) for pdl in (False, True))
+    prob = ref.make_problem(CHAIN2, p, seed=5)
+    dt = torch.int8 if p is Precision.INT8 else torch.float16
+
+    def dev(a: np.ndarray, shape: tuple[int, ...]) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(a).reshape(shape)).cuda()
+
+    w = dev(prob.w, plain.weight_shape)
+    sc = dev(prob.scale, (64,)) if p is Precision.INT8 else None
+    b = dev(prob.bias, (64,))
+    x0 = dev(prob.x, plain.input_shape)
+    x10 = dev(prob.x1, plain.specs["x1"].shapes[0])
+    outs = [torch.empty(plain.output_shape, dtype=dt, device="cuda") for _ in range(6)]
+
+    def chain(op: Conv2d) -> None:
+        prev, h = x0, x10
+        for y in outs:
+            op(prev, w, sc, b, x1=h, out=y)
+            prev, h = h, y
+
+    def run(op: Conv2d, graph: bool) -> list[np.ndarray]:
+        st = torch.cuda.Stream()
+        with torch.cuda.stream(st):
+            for y in outs:
+                y.fill_(-91)
+            chain(op)
+            if graph:
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g, stream=st):
+                    chain(op)
+                for _ in range(3):
+                    for y in outs:
+                        y.fill_(-91)
+                    g.replay()
+        st.synchronize()
+        return [y.cpu().numpy() for y in outs]
+
+    want = run(plain, graph=False)
+    first = prob.expected("requant" if p is Precision.INT8 else "bias", True)
+    if p is Precision.INT8:
+        assert np.array_equal(want[0].astype(np.int64), first)
+    else:
+        assert np.allclose(want[0].astype(np.float64), first, rtol=1e-2, atol=1e-2)
+    assert len(np.unique(want[-1])) > 32, "the chain carries information to its end"
+    for graph in (False, True):
+        got = run(early, graph)
+        for i, (g, wv) in enumerate(zip(got, want, strict=True)):
+            assert np.array_equal(g, wv), f"conv {i} of the chain differs (graph={graph})"
 
 
 def test_the_reference_problem_of_two_inputs() -> None:
