@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -543,6 +544,40 @@ def _gpu() -> bool:
         return False
 
 
+def chain_outputs(chain: Callable[[], None], outs: list[Any], graph: bool) -> list[np.ndarray]:
+    """The outputs of a chain of launches on a stream of its own, every output poisoned
+    first: run once (which allocates the ops' scratch on that stream before any capture),
+    then with `graph` captured in a CUDA graph and replayed three times, poisoned before each."""
+    import torch
+
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        for y in outs:
+            y.fill_(-91)
+        chain()
+        if graph:
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, stream=s):
+                chain()
+            for _ in range(3):
+                for y in outs:
+                    y.fill_(-91)
+                g.replay()
+    s.synchronize()
+    return [y.cpu().numpy() for y in outs]
+
+
+def assert_chain_equal(chain: Callable[[], None], outs: list[Any],
+                       want: list[np.ndarray]) -> None:
+    """The chain gives `want` (a plain launch's outputs, which carry information to the end)
+    eagerly and replayed from a CUDA graph."""
+    assert len(np.unique(want[-1])) > 32, "the chain carries information to its end"
+    for graph in (False, True):
+        got = chain_outputs(chain, outs, graph)
+        for i, (g, wv) in enumerate(zip(got, want, strict=True)):
+            assert np.array_equal(g, wv), f"conv {i} of the chain differs (graph={graph})"
+
+
 def on_gpu(test: Any) -> Any:
     """Marked `gpu`; skipped here too, because the GPU run may go without the conftest."""
     return pytest.mark.gpu(pytest.mark.skipif(not _gpu(), reason="needs CuPy and a CUDA GPU")(test))
@@ -742,27 +777,6 @@ def test_on_gpu_pdl_chains_equal_plain_launches_eager_and_in_a_graph(
             op(h, dev[1], dev[2], dev[3], out=y)
             h = y
 
-    def run(op: Conv2d, graph: bool) -> list[np.ndarray]:
-        s = torch.cuda.Stream()
-        with torch.cuda.stream(s):
-            for y in outs:
-                y.fill_(-91)  # poisoned
-            chain(op)  # allocates the op's scratch on this stream (before any capture)
-            if graph:
-                g = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g, stream=s):
-                    chain(op)
-                for _ in range(3):
-                    for y in outs:
-                        y.fill_(-91)
-                    g.replay()
-        s.synchronize()
-        return [y.cpu().numpy() for y in outs]
-
-    want = run(plain, graph=False)
+    want = chain_outputs(lambda: chain(plain), outs, graph=False)
     _assert_matches(plain, _got(plain, want[0]), _want(plain, prob))
-    assert len(np.unique(want[-1])) > 32, "the chain carries information to its end"
-    for graph in (False, True):
-        got = run(pdl, graph)
-        for i, (g, wv) in enumerate(zip(got, want, strict=True)):
-            assert np.array_equal(g, wv), f"conv {i} of the chain differs (graph={graph})"
+    assert_chain_equal(lambda: chain(pdl), outs, want)
