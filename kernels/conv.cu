@@ -315,7 +315,7 @@ constexpr bool RES_ASYNC = RES && PACK && !DIRECT_OUT && SM >= 80 && VW >= 4 && 
 // RES_EARLY: with PDL and res_ready, RES_AHEAD's copies are issued before the grid-dependency
 // wait; 16-byte copies only (cp.async.cg, through L2: the residual is another kernel's output,
 // read while the kernel before this one may still run).
-constexpr bool RES_EARLY = RES_AHEAD && VW == 16;
+constexpr bool RES_EARLY = SM >= 90 && RES_AHEAD && VW == 16;
 // CAT_EARLY: with PDL and x_ready, a CAT build's reduction takes x's channels first, before
 // the grid-dependency wait, and x1's (the kernel before's output) after it: the stages are
 // x's channel blocks, then x1's (block_tile.cuh: stage_idx), and the loader waits before

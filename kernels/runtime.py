@@ -760,8 +760,10 @@ class Conv2d:
 
         fn = self._function(dev)
         sc = self._scratch_for(dev, stream_ptr)
+        given_x = x
         x = self._padded(sc, "x_pad", x, self.input_shape)
         w = self._padded(sc, "w_pad", w, self.weight_shape)
+        x_ready = self.x_ready and x is given_x  # (a padded copy is written just before)
         zeros = sc["zeros_k"]
         if scale is None and self.precision is Precision.FP32_TC:
             # The kernel scales both operands by powers of two from {max|x|, max|w|}: without
@@ -775,7 +777,7 @@ class Conv2d:
         launch(fn, self.meta, x, w, zeros if scale is None else scale,
                zeros if bias is None else bias, y, sc["ws"], sc["counters"], res,
                1.0 if res_scale is None else float(res_scale), pdl=self.pdl, x1=x1,
-               res_ready=self.residual_ready, x_ready=self.x_ready,
+               res_ready=self.residual_ready, x_ready=x_ready,
                b2b=b2b)
 
     def _stream(self, ptr: int) -> Any:

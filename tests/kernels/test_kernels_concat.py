@@ -150,6 +150,31 @@ def test_runtime_contract_of_the_second_input(cache: Path) -> None:
                x1=FakeCupy((8, 28, 28, 128), "int8"), x_ready=True)
 
 
+def test_x_is_ready_only_where_the_op_reads_it_as_given(cache: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """An x narrower than the kernel's channels is copied into the op's padded buffer just
+    before the launch: that copy is not ready, so the launch says x is not (the GPU parts of
+    the call stubbed: the launch's arguments are what is checked)."""
+    import kernels.launch
+
+    shape = ConvShape(8, 28, 28, 104, 64, 1, 1, concat=64)  # x: 40 channels, padded to 48
+    op = Conv2d(shape, "int8", WG, "h100", relu=True, pdl=True, x_ready=True, cache_dir=cache)
+    assert op.input_shape[-1] == 48
+    seen: list[dict] = []
+    monkeypatch.setattr(kernels.launch, "launch", lambda *a, **kw: seen.append(kw))
+    monkeypatch.setattr(op, "_function", lambda dev: None)
+    monkeypatch.setattr(op, "_scratch_for", lambda dev, ptr: {"zeros_k": None, "ws": None,
+                                                              "counters": None})
+    monkeypatch.setattr(op, "_padded", lambda sc, name, a, full: a if tuple(a.shape) == full
+                        else FakeCupy(full, "int8"))
+    x1, w = FakeCupy((8, 28, 28, 64), "int8"), FakeCupy(op.weight_shape, "int8")
+    y = FakeCupy(op.output_shape, "int8")
+    for x in (FakeCupy(op.input_shape, "int8"), FakeCupy((8, 28, 28, 40), "int8")):
+        op._enqueue(0, 0, x, w, None, None, y, x1=x1)
+    assert [kw["x_ready"] for kw in seen] == [True, False]
+    assert all(kw["pdl"] for kw in seen)
+
+
 @pytest.mark.skipif(cuobjdump_path() is None, reason="cuobjdump not installed")
 def test_sm90_two_input_builds_wait_before_x1s_first_stage(cache: Path) -> None:
     """x's channel blocks come first; the grid-dependency wait is at the start (x not
