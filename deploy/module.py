@@ -307,6 +307,9 @@ class FusedConv(nn.Module):
         NHWC views (NHWCnc where the schedule says so), the prepared weight, the epilogue's
         scale / bias / res_scale."""
         op = self.build(x.shape)
+        # The weight as the kernel reads it is prepared (a copy on this stream) at its first
+        # call: ready at the next ones (Conv2d's `weight_ready`).
+        prepared = (str(op.key), str(self.weight.device)) in self._weights
         if x.shape[1] not in (self.x_channels, op.padded_channels - self.concat):
             x = x[:, : self.x_channels]  # padded for another shape's op: the op pads itself
         xin = op.to_input_layout(nhwc_view(x))
@@ -316,7 +319,8 @@ class FusedConv(nn.Module):
             if op.layout == "nhwcnc":
                 res = _to_blocked(res, op.output_shape[-1])
         int8 = self.precision is Precision.INT8
-        kw = {"residual": res, "res_scale": self.res_scale if int8 else None}
+        kw = {"residual": res, "res_scale": self.res_scale if int8 else None,
+              "weight_ready": prepared}
         if self.concat:
             assert x1 is not None
             kw["x1"] = nhwc_view(x1)

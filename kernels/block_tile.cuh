@@ -109,10 +109,14 @@ __device__ __forceinline__ StageIdx stage_idx(int it) {
   return st;
 }
 
+// A stage's operands, apart (W_EARLY: the weights before the grid-dependency wait).
+constexpr int PART_A = 1, PART_B = 2, PART_AB = 3;
+
 struct BlockLoader {
   const u8* x;
   const u8* x1;  // CAT: the input of the first CAT channels
   bool x_early;  // CAT_EARLY: wait for the kernel before ahead of x1's first stage
+  bool w_early;  // W_EARLY: the prologue's weights before that wait (multistage_prologue)
   const u8* w;
   int m0, n0, tid;
   // duplicate-aware block origin: first output row (linear over images) and its column
@@ -226,7 +230,8 @@ struct BlockLoader {
 
   __device__ __forceinline__ void init(const Inputs& in, int m0_, int n0_, int tid_) {
     using namespace cfg;
-    x = in.x; x1 = in.x1; w = in.w; x_early = in.x_early; m0 = m0_; n0 = n0_; tid = tid_;
+    x = in.x; x1 = in.x1; w = in.w; x_early = in.x_early; w_early = in.w_early;
+    m0 = m0_; n0 = n0_; tid = tid_;
     const int mp0 = m0 / NB;
     L0 = mp0 / Q; q0 = mp0 - L0 * Q; nb0 = L0 / P; p0 = L0 - nb0 * P;
     if constexpr (FOLD) {
@@ -384,9 +389,13 @@ struct BlockLoader {
     }
   }
 
-  // ---- cp.async path: the whole stage
+  // ---- cp.async path: the whole stage; with incremental addressing PART says which
+  // operands (W_EARLY's prologue issues B first)
+  template <int PART = PART_AB>
   __device__ __forceinline__ void load_stage(int it, u32 abuf, u32 bbuf) {
     using namespace cfg;
+    static_assert(PART == PART_AB || INCR,
+                  "the operands of a stage apart: incremental addressing");
     if constexpr (CAT_EARLY) {
       if (x_early && it == IT_X1) grid_dependency_wait();
     }
@@ -404,7 +413,8 @@ struct BlockLoader {
       const int woff = tap * CB + st.cb * GB;
       const bool a_c = C % BKC == 0 || st.cb * BKC + a_ch * CV16 < C;
       const bool b_c = C % BKC == 0 || st.cb * BKC + b_ch * CV16 < C;
-      if (CAT && st.cb < CAT / BKC) {
+      if constexpr (!(PART & PART_A)) {
+      } else if (CAT && st.cb < CAT / BKC) {
         // x1's rows are RPP pixels apart as the jobs' shared rows are
         const u8* s1 = x1 + (long long)(m0 + tid / VPR) * CAT_B + (st.cb * VPR + a_ch) * 16;
 #pragma unroll
@@ -419,11 +429,13 @@ struct BlockLoader {
             cp_async16(abuf + a_dst + (u32)(i * RPP * SB), a_ptr[i] + xoff,
                        a_c && ((a_taps[i] >> tap) & 1u));
       }
+      if constexpr ((PART & PART_B) != 0) {
 #pragma unroll
-      for (int i = 0; i < B_IT; ++i)
-        if (B_VECS % THREADS == 0 || tid + i * THREADS < B_VECS)
-          cp_async16(bbuf + b_dst + (u32)(i * RPP * SB),
-                     b_src + woff + (long long)i * RPP * R * S * CB, b_c && b_n + i * RPP < K);
+        for (int i = 0; i < B_IT; ++i)
+          if (B_VECS % THREADS == 0 || tid + i * THREADS < B_VECS)
+            cp_async16(bbuf + b_dst + (u32)(i * RPP * SB),
+                       b_src + woff + (long long)i * RPP * R * S * CB, b_c && b_n + i * RPP < K);
+      }
       return;
     }
     const u8* src; int row, ch;

@@ -31,17 +31,16 @@
 //      FOLD_TAPS, C rounded up to one tap vector of 4, 8 or 16 bytes (the stem's 3 -> 4).
 //   w: KRSC [K][R][S][Cp].  int4 is packed two per byte, element 2i in the low nibble.
 //   y: NHWC [N][P][Q][K] or NHWCnc [N/8][P][Q][K/co][8][co] of the epilogue's output type.
-//   x1, x_ready (CAT builds only, after the counters): [N][P][Q][CAT], the first CAT reduction
-//      channels; x then holds the other C - CAT, read at the layer's stride (a 1x1 unpadded
-//      NHWC layer). x_ready != 0 says x was complete before this launch (its writer is not the
-//      kernel just before this one on the stream), so with PDL the block reduces over x's
-//      channels before the grid-dependency wait (CAT_EARLY).
-//   res, res_scale, res_ready (residual builds only, after x1 or the counters): a tensor of y's
-//      shape, layout and type added in the epilogue, y = act(acc * scale + bias + res *
-//      res_scale) (int8; fp16: + res, res_scale unused); res_ready != 0 says res was complete
-//      before this launch (its writer is not the kernel just before this one on the stream),
-//      so with PDL a block that copies its residual tile ahead (RES_EARLY) does so before the
-//      grid-dependency wait.
+//   ready (after the counters): which inputs were complete before the kernel just before this
+//      one on the stream started (their writers ran before it), so that with PDL the block
+//      reads them before its grid-dependency wait: READY_W the weights (the first stages'
+//      weights: W_EARLY), READY_X a CAT build's x (x's channels are reduced first: CAT_EARLY),
+//      READY_RES the residual (a residual tile copied ahead: RES_EARLY). 0: none.
+//   x1 (CAT builds only, after `ready`): [N][P][Q][CAT], the first CAT reduction channels;
+//      x then holds the other C - CAT, read at the layer's stride (a 1x1 unpadded NHWC layer).
+//   res, res_scale (residual builds only, after x1 or `ready`): a tensor of y's shape, layout
+//      and type added in the epilogue, y = act(acc * scale + bias + res * res_scale) (int8;
+//      fp16: + res, res_scale unused).
 //   w2, scale2, bias2, y2 (B2B builds only, after res): a 1x1 conv of B2B output channels
 //      over y, run by the same block on its staged output rows: w2 [B2B][K] of x's type,
 //      y2 [N][P][Q][B2B] = act(acc2 * scale2 + bias2) as y's epilogue without a residual.
@@ -390,9 +389,12 @@ static_assert(!TMA || (BM <= 1024 && SH <= 8 && SW <= 8 && PH <= 127 && PW <= 12
 }  // namespace cfg
 
 // The layer's inputs: x (and with CAT, x1) and the weights.
-// x_early (CAT_EARLY): the grid-dependency wait comes before the first stage of x1's channels
-// (the loader's), not at the kernel's start.
-struct Inputs { const u8* x; const u8* x1; const u8* w; bool x_early; };
+// The launch's `ready` bits (the tensor contract above).
+constexpr int READY_W = 1, READY_X = 2, READY_RES = 4;
+// Where the grid-dependency wait is when not at the kernel's start: x_early (CAT_EARLY), before
+// the first stage of x1's channels (the loader's); w_early (W_EARLY), after the first stages'
+// weights are issued (the pipeline's prologue).
+struct Inputs { const u8* x; const u8* x1; const u8* w; bool x_early, w_early; };
 // B2B: the back-to-back 1x1 conv's weights [B2B][K], per-channel scale (int8) and bias, and
 // its output [N][P][Q][B2B].
 struct B2b { const u8* w; const float* scale; const float* bias; u8* y; };
@@ -446,11 +448,15 @@ __device__ __forceinline__ void conv_block(const Inputs in, const float* __restr
   const StageRing sr{sbase};
   b2b_weights_ahead(smem, b2b, tid);  // (the residual tile's copies ahead: tc_conv)
   if constexpr (TMA) {
-    if (!mainloop_tma(wt, sr, it0, nit, m0, n0, tid, maps)) return;  // the producer warp
+    // (false: the producer warp)
+    if (!mainloop_tma(wt, sr, it0, nit, m0, n0, tid, maps, in.w_early)) return;
   } else if constexpr (F32_ASYNC) mainloop_split_async(ld, wt, sr, it0, nit);
   else if constexpr (!REGPATH) mainloop_multistage(ld, wt, sr, it0, nit);
   else mainloop_regstaged(ld, wt, sr, it0, nit);
   block_sync();  // shared memory is reused by the epilogue
+  if constexpr (W_EARLY) {
+    if (in.w_early) grid_dependency_wait();  // every thread's, before any global write
+  }
   if constexpr (F32TC) wt.finalize(scale);  // the accumulator sets -> one fp32 value each
   epilogue(wt, smem, m0, n0, tid, tile, split, scale, bias, res, y, ws, counters, maps);
   if constexpr (B2B) b2b_conv(smem, b2b, m0, tid);
@@ -531,12 +537,12 @@ extern "C" __global__ void __launch_bounds__(cfg::BLOCK_THREADS,
                                              cfg::PERSIST > 0 ? cfg::PERSIST : 1)
 tc_conv(const u8* __restrict__ x, const u8* __restrict__ w, const float* __restrict__ scale,
         const float* __restrict__ bias, u8* __restrict__ y, u32* __restrict__ ws,
-        u32* __restrict__ counters
+        u32* __restrict__ counters, int ready
 #if TC_CAT
-        , const u8* __restrict__ x1, int x_ready
+        , const u8* __restrict__ x1
 #endif
 #if TC_RES
-        , const u8* __restrict__ res, float res_scale, int res_ready
+        , const u8* __restrict__ res, float res_scale
 #endif
 #if TC_B2B
         , const u8* __restrict__ w2, const float* __restrict__ scale2,
@@ -549,25 +555,23 @@ tc_conv(const u8* __restrict__ x, const u8* __restrict__ w, const float* __restr
   extern __shared__ __align__(128) u8 smem[];
 #if TC_RES
   const Residual r = {res, res_scale};
-  const bool early = cfg::RES_EARLY && res_ready;
 #else
   const Residual r = {nullptr, 0.f};
-  const bool early = false;
 #endif
-#if TC_CAT
-  const bool x_early = cfg::CAT_EARLY && x_ready;
-#else
-  const bool x_early = false;
-#endif
+  const bool early = cfg::RES_EARLY && (ready & READY_RES);
+  const bool x_early = cfg::CAT_EARLY && (ready & READY_X);
+  // (a residual tile copied ahead goes before the weights' wait only where it is ready too)
+  const bool w_early = cfg::W_EARLY && (ready & READY_W) && (!cfg::RES_AHEAD || early);
 #if TC_SM >= 90
   // Programmatic dependent launch (kernels/launch.py, pdl): a launch with the attribute may
   // start while the kernel before it on the stream still runs, so nothing global is read or
   // written before that kernel has finished (a no-op for launches without it), but inputs
-  // that were complete before this launch: a residual (res_ready), whose tile's copies go
-  // first, and a CAT build's x (x_ready), whose stages come first and are reduced before the
-  // wait (the loader waits before x1's first stage: BlockLoader::load_stage).
+  // that were complete before this launch (`ready`): a residual, whose tile's copies go
+  // first; a CAT build's x, whose stages come first and are reduced before the wait (the
+  // loader waits before x1's first stage: BlockLoader::load_stage); the weights, whose first
+  // stages are issued before it (the pipeline's prologue waits after them).
   if (early) residual_ahead(smem, r, threadIdx.x);
-  if (!x_early) grid_dependency_wait();
+  if (!x_early && !w_early) grid_dependency_wait();
 #endif
   if (!early) residual_ahead(smem, r, threadIdx.x);
 #if TC_TMA
@@ -578,7 +582,7 @@ tc_conv(const u8* __restrict__ x, const u8* __restrict__ w, const float* __restr
 #if !TC_CAT
   const u8* x1 = nullptr;
 #endif
-  const Inputs in{x, x1, w, x_early};
+  const Inputs in{x, x1, w, x_early, w_early};
 #if TC_B2B
   const B2b ch{w2, scale2, bias2, y2};
 #else

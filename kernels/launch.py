@@ -3,11 +3,11 @@
 The build's launch metadata (`kernels.build.launch_meta`) says everything: kernel name,
 grid, block, dynamic shared memory, split-K workspace and counters, and for TMA builds the
 tensor maps' parameters. The kernel's arguments are `(x, w, scale, bias, y, workspace,
-counters)`, then for builds over two inputs `(x1, x_ready)`, for residual builds `(res,
-res_scale, res_ready)`,
-for builds with a back-to-back conv `(w2, scale2, bias2, y2)` (kernels/b2b.cuh), and for TMA
-builds the tensor maps by value after them (x and w; y's too for TMA stores,
-PACK_OUT=2) (kernels/conv.cu).
+counters, ready)` (`ready`: the inputs that a launch with programmatic dependent launch may
+read before its wait for the kernel before: READY_* below), then for builds over two inputs
+`x1`, for residual builds `(res, res_scale)`, for builds with a back-to-back conv `(w2,
+scale2, bias2, y2)` (kernels/b2b.cuh), and for TMA builds the tensor maps by value after
+them (x and w; y's too for TMA stores, PACK_OUT=2) (kernels/conv.cu).
 CuPy and the driver bindings are imported only inside functions, so `kernels` imports
 without a GPU.
 """
@@ -20,6 +20,9 @@ from collections import OrderedDict
 from typing import Any
 
 import numpy as np
+
+# conv.cu's `ready` bits: the weights, x of a build over two inputs, the residual.
+READY_W, READY_X, READY_RES = 1, 2, 4
 
 # Above this much dynamic shared memory a kernel must opt in (cudaFuncSetAttribute).
 DEFAULT_SMEM_LIMIT = 48 * 1024
@@ -214,25 +217,30 @@ def supports_pdl(sm: int) -> bool:
 def launch(fn: Any, meta: dict[str, Any], x: Any, w: Any, scale: Any, bias: Any, y: Any,
            ws: Any, counters: Any, res: Any = None, res_scale: float = 1.0,
            pdl: bool = False, x1: Any = None, b2b: tuple[Any, Any, Any, Any] | None = None,
-           res_ready: bool = False, x_ready: bool = False) -> None:
+           w_ready: bool = False, res_ready: bool = False, x_ready: bool = False) -> None:
     """Enqueue one launch on CuPy's current stream. `res` (y's shape and type) and
     `res_scale` are the residual build's extra arguments, and only theirs; `x1` the second
     input of a build over two (meta "concat"), and only its; `b2b` the back-to-back conv's
     (w2, scale2, bias2, y2) of a build with one (its epilogue's "b2b"), and only its.
     `pdl`: allow programmatic dependent launch (sm_90 builds; `supports_pdl`).
-    `res_ready` (with `pdl`): `res` was complete before the kernel just before this one on
-    the stream started, so a build that copies its residual tile ahead copies it while it
-    waits for that kernel (conv.cu: RES_EARLY). `x_ready` (with `pdl`) the same of a build
-    over two inputs' `x`: its part of the reduction runs while the kernel waits (CAT_EARLY)."""
+    `w_ready` (with `pdl`): `w` was complete before the kernel just before this one on the
+    stream started, so the kernel copies its first stages' weights while it waits for that
+    kernel (conv.cu: W_EARLY); `res_ready` the same of `res` (a residual tile copied ahead is
+    copied then: RES_EARLY), `x_ready` of a build over two inputs' `x` (its part of the
+    reduction runs then: CAT_EARLY)."""
     if has_residual(meta) != (res is not None):
         raise ValueError("a residual build takes a residual tensor, and only a residual build"
                          if res is None else "this build has no residual epilogue")
+    if w_ready and not pdl:
+        raise ValueError("w_ready says when the weights may be read under programmatic "
+                         "dependent launch: it needs pdl")
     if res_ready and not (pdl and res is not None):
         raise ValueError("res_ready says when a residual build's residual may be read under "
                          "programmatic dependent launch: it needs both")
     if x_ready and not (pdl and x1 is not None):
         raise ValueError("x_ready says when a build over two inputs may read x under "
                          "programmatic dependent launch: it needs both")
+    ready = READY_W * bool(w_ready) | READY_X * bool(x_ready) | READY_RES * bool(res_ready)
     if bool(meta.get("concat")) != (x1 is not None):
         raise ValueError("a build over two inputs takes x1, and only such a build"
                          if x1 is None else "this build has one input")
@@ -244,12 +252,11 @@ def launch(fn: Any, meta: dict[str, Any], x: Any, w: Any, scale: Any, bias: Any,
         raise ValueError(f"programmatic dependent launch needs an sm_90 build, not sm_{meta['sm']}")
     if meta.get("tma") or pdl:
         ptrs = [a.data.ptr for a in (x, w, scale, bias, y, ws, counters)]
-        args: list[Any] = [ctypes.c_void_p(p) for p in ptrs]
+        args: list[Any] = [ctypes.c_void_p(p) for p in ptrs] + [ctypes.c_int(ready)]
         if x1 is not None:
-            args += [ctypes.c_void_p(x1.data.ptr), ctypes.c_int(int(x_ready))]
+            args.append(ctypes.c_void_p(x1.data.ptr))
         if res is not None:
-            args += [ctypes.c_void_p(res.data.ptr), ctypes.c_float(float(res_scale)),
-                     ctypes.c_int(int(res_ready))]
+            args += [ctypes.c_void_p(res.data.ptr), ctypes.c_float(float(res_scale))]
         if b2b is not None:
             args += [ctypes.c_void_p(a.data.ptr) for a in b2b]
         if meta.get("tma"):
@@ -257,11 +264,11 @@ def launch(fn: Any, meta: dict[str, Any], x: Any, w: Any, scale: Any, bias: Any,
         _launch_driver(fn, meta, args, pdl)
         return
     grid, block, smem = launch_dims(meta)
-    kargs: tuple[Any, ...] = (x, w, scale, bias, y, ws, counters)
+    kargs: tuple[Any, ...] = (x, w, scale, bias, y, ws, counters, np.int32(ready))
     if x1 is not None:
-        kargs += (x1, np.int32(0))
+        kargs += (x1,)
     if res is not None:
-        kargs += (res, np.float32(res_scale), np.int32(0))
+        kargs += (res, np.float32(res_scale))
     if b2b is not None:
         kargs += tuple(b2b)
     fn(grid, block, kargs, shared_mem=smem)

@@ -4,11 +4,27 @@
 
 // The first STAGES-1 stages' loads (a persistent block issues the next tile's before the
 // current tile's epilogue). A template, like every entry point: only the pipeline a build
-// uses is instantiated.
+// uses is instantiated. W_EARLY (ld.w_early): their weights first, then the wait for the
+// kernel before (pipeline.cuh), then their activations; the weights join the first stage's
+// copy group.
 template <class Loader>
 __device__ __forceinline__ void multistage_prologue(Loader& ld, const StageRing sr,
                                                     const int it0, const int nit) {
   using namespace cfg;
+  if constexpr (W_EARLY) {
+    if (ld.w_early) {
+#pragma unroll
+      for (int s = 0; s < STAGES - 1; ++s)
+        if (s < nit) ld.template load_stage<PART_B>(it0 + s, sr.a(s), sr.b(s));
+      grid_dependency_wait();
+#pragma unroll
+      for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < nit) ld.template load_stage<PART_A>(it0 + s, sr.a(s), sr.b(s));
+        cp_async_commit();
+      }
+      return;
+    }
+  }
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
     if (s < nit) ld.load_stage(it0 + s, sr.a(s), sr.b(s));

@@ -66,65 +66,96 @@ struct TmaRing {
     produce(st, origin(tile_m0(tile), tile_n0(tile)), j - k * nit);
   }
   // Stage `it` of the tile at `o` into slot st: per swizzle atom, the im2col rows of A and
-  // the weight rows of B (HALO: the patch and the weight rows of every tap).
-  __device__ __forceinline__ void produce(int st, const Origin o, int it) const {
+  // the weight rows of B (HALO: the patch and the weight rows of every tap). `part`: both
+  // (PART_AB), or the stage's weights with its byte count first (PART_B) and its
+  // activations later (PART_A: W_EARLY, start_ring).
+  __device__ __forceinline__ void produce(int st, const Origin o, int it,
+                                          int part = PART_AB) const {
     using namespace cfg;
     const int img = o.img, h0 = o.h0, w0 = o.w0, n0 = o.n0;
     const StageIdx sx = stage_idx(it);
-    mbar_arrive_expect_tx(full(st), (u32)(A_TX + B_STAGE));
+    if (part & PART_B) mbar_arrive_expect_tx(full(st), (u32)(A_TX + B_STAGE));
     if constexpr (HALO) {  // per atom: the patch, then the weight rows of every tap
 #pragma unroll
       for (int a = 0; a < NATOM; ++a) {
         const int c = sx.cb * BKC + a * (ATOM * 8 / ELEM_BITS);
-        tma_tile4(sr.a(st) + (u32)(a * A_ROWS * ATOM), xmap, full(st), c, w0, h0, img);
+        if (part & PART_A)
+          tma_tile4(sr.a(st) + (u32)(a * A_ROWS * ATOM), xmap, full(st), c, w0, h0, img);
+        if (part & PART_B) {
 #pragma unroll
-        for (int t = 0; t < R * S; ++t)
-          tma_tile3(sr.b(st) + (u32)((a * TAPS + t) * BN * ATOM), wmap, full(st), c, t, n0);
+          for (int t = 0; t < R * S; ++t)
+            tma_tile3(sr.b(st) + (u32)((a * TAPS + t) * BN * ATOM), wmap, full(st), c, t, n0);
+        }
       }
     } else {
 #pragma unroll
       for (int a = 0; a < NATOM; ++a) {
         const int c = sx.cb * BKC + a * (ATOM * 8 / ELEM_BITS);
-        if constexpr (PLAIN_A) tma_tile2(sr.a(st) + (u32)(a * BM * ATOM), xmap, full(st), c, o.m0);
-        else tma_im2col(sr.a(st) + (u32)(a * BM * ATOM), xmap, full(st), c, w0, h0, img,
-                        (unsigned short)(sx.s * DW), (unsigned short)(sx.r * DH));
-        tma_tile3(sr.b(st) + (u32)(a * BN * ATOM), wmap, full(st), c, sx.r * S + sx.s, n0);
+        if (part & PART_A) {
+          if constexpr (PLAIN_A) {
+            tma_tile2(sr.a(st) + (u32)(a * BM * ATOM), xmap, full(st), c, o.m0);
+          } else {
+            tma_im2col(sr.a(st) + (u32)(a * BM * ATOM), xmap, full(st), c, w0, h0, img,
+                       (unsigned short)(sx.s * DW), (unsigned short)(sx.r * DH));
+          }
+        }
+        if (part & PART_B)
+          tma_tile3(sr.b(st) + (u32)(a * BN * ATOM), wmap, full(st), c, sx.r * S + sx.s, n0);
       }
     }
   }
 };
 
+// The ring's first stages (`produce(j, slot, part)`): W_EARLY (`w_early`), their weights, the
+// wait for the kernel before (pipeline.cuh), then their activations; else whole.
+template <class Produce>
+__device__ __forceinline__ int first_stages(const int total, const bool w_early,
+                                            Produce&& produce) {
+  const int first = total < cfg::STAGES ? total : cfg::STAGES;
+  if (cfg::W_EARLY && w_early) {
+#pragma unroll 1
+    for (int s = 0; s < first; ++s) produce(s, s, PART_B);
+    grid_dependency_wait();
+#pragma unroll 1
+    for (int s = 0; s < first; ++s) produce(s, s, PART_A);
+  } else {
+#pragma unroll 1
+    for (int s = 0; s < first; ++s) produce(s, s, PART_AB);
+  }
+  return first;
+}
+
 // TMA=2: the producer thread fills stage j (of `total`) into slot j % STAGES once the math
 // warps have released the slot's previous stage (the empty barrier's phase of the round
-// before).
+// before); the first STAGES without waiting.
 template <class Produce>
 __device__ __forceinline__ void producer_loop(const TmaRing& ring, const int total,
-                                              Produce&& produce) {
+                                              const bool w_early, Produce&& produce) {
   int st = 0;
-  u32 ph = 0;
+  u32 ph = 1;  // (the first round's slots were filled without waiting)
 #pragma unroll 1
-  for (int j = 0; j < total; ++j) {
-    if (j >= cfg::STAGES) mbar_wait(ring.empty(st), ph ^ 1u);
-    produce(j, st);
+  for (int j = first_stages(total, w_early, produce); j < total; ++j) {
+    mbar_wait(ring.empty(st), ph ^ 1u);
+    produce(j, st, PART_AB);
     if (++st == cfg::STAGES) { st = 0; ph ^= 1u; }
   }
 }
 
 // The ring's start: thread 0 initializes the barriers; then with a producer warp (TMA=2) its
 // first lane issues all `total` stages and the warp is done (false), else thread 0 issues the
-// first STAGES of them (`produce(j, slot)`) and the refills come with the releases.
+// first STAGES of them (`produce(j, slot, part)`) and the refills come with the releases.
 template <class Produce>
 __device__ __forceinline__ bool start_ring(const TmaRing& ring, const int tid, const int total,
-                                           Produce&& produce) {
+                                           const bool w_early, Produce&& produce) {
   if (tid == 0) ring.init();
   __syncthreads();  // the whole block, the producer warp included
   if constexpr (cfg::WS) {
     if (tid >= cfg::MATH_THREADS) {
-      if (tid == cfg::MATH_THREADS) producer_loop(ring, total, produce);
+      if (tid == cfg::MATH_THREADS) producer_loop(ring, total, w_early, produce);
       return false;
     }
   } else if (tid == 0) {
-    for (int s = 0; s < cfg::STAGES && s < total; ++s) produce(s, s);
+    first_stages(total, w_early, produce);
   }
   return true;
 }
@@ -171,14 +202,16 @@ __device__ __forceinline__ void consume_stage(Tile& wt, const StageRing sr, cons
 template <class Tile>
 __device__ __forceinline__ bool mainloop_tma(Tile& wt, const StageRing sr, const int it0,
                                              const int nit, const int m0, const int n0,
-                                             const int tid, const TensorMaps* maps) {
+                                             const int tid, const TensorMaps* maps,
+                                             const bool w_early) {
   using namespace cfg;
   // The issuing thread runs STAGES stages ahead; every math warp waits on the stage's full
   // barrier, runs its MMAs, and releases the slot on its empty barrier (one arrival per
   // warp); the issuing thread refills a slot once all math warps have released it.
   const TmaRing ring(sr, maps);
   const TmaRing::Origin at = TmaRing::origin(m0, n0);
-  if (!start_ring(ring, tid, nit, [&](int j, int st) { ring.produce(st, at, it0 + j); }))
+  if (!start_ring(ring, tid, nit, w_early,
+                  [&](int j, int st, int part) { ring.produce(st, at, it0 + j, part); }))
     return false;
   // A stage's slot is released once its MMAs are done; thread 0 then refills it with the
   // stage STAGES later.
@@ -213,8 +246,8 @@ __device__ __forceinline__ void persistent_tma(Tile& wt, const StageRing sr, con
   const TmaRing ring(sr, maps);
   const int total = block_tiles() * nit;
   auto tile_of = [&](int j) { return block_tile(j / nit); };
-  auto produce = [&](int j, int st) { ring.produce_stream(st, j, nit); };
-  if (!start_ring(ring, tid, total, produce)) return;
+  auto produce = [&](int j, int st, int = PART_AB) { ring.produce_stream(st, j, nit); };
+  if (!start_ring(ring, tid, total, false, produce)) return;
   auto release = [&](int s, u32 p, int j) {  // as in mainloop_tma, over the whole stream
     __syncwarp();
     if ((tid & 31) == 0) mbar_arrive(ring.empty(s));
@@ -259,8 +292,8 @@ __device__ __forceinline__ void pingpong_tma(Tile& wt, const StageRing sr, const
   using namespace cfg;
   const TmaRing ring(sr, maps);
   const int ntiles = block_tiles();
-  if (!start_ring(ring, tid, ntiles * nit,
-                  [&](int j, int st) { ring.produce_stream(st, j, nit); }))
+  if (!start_ring(ring, tid, ntiles * nit, false,
+                  [&](int j, int st, int) { ring.produce_stream(st, j, nit); }))
     return;  // the producer warp (PINGPONG implies TMA=2)
   const int g = __shfl_sync(0xffffffffu, tid / THREADS, 0);  // warp-uniform, as ptxas sees
   const int ctid = tid - g * THREADS;

@@ -754,16 +754,19 @@ class Conv2d:
 
     def _enqueue(self, dev: int, stream_ptr: int, x: Any, w: Any, scale: Any, bias: Any,
                  y: Any, res: Any = None, res_scale: float | None = None,
-                 x1: Any = None, b2b: tuple[Any, Any, Any, Any] | None = None) -> None:
+                 x1: Any = None, b2b: tuple[Any, Any, Any, Any] | None = None,
+                 weight_ready: bool = False) -> None:
         """Launch on CuPy's current stream (the caller's), all arguments CuPy arrays."""
         from kernels.launch import launch
 
         fn = self._function(dev)
         sc = self._scratch_for(dev, stream_ptr)
-        given_x = x
+        given = (x, w)
         x = self._padded(sc, "x_pad", x, self.input_shape)
         w = self._padded(sc, "w_pad", w, self.weight_shape)
-        x_ready = self.x_ready and x is given_x  # (a padded copy is written just before)
+        # A padded copy is written just before the launch: not ready then.
+        x_ready, w_ready = (self.x_ready and x is given[0],
+                            self.pdl and weight_ready and w is given[1])
         zeros = sc["zeros_k"]
         if scale is None and self.precision is Precision.FP32_TC:
             # The kernel scales both operands by powers of two from {max|x|, max|w|}: without
@@ -777,8 +780,7 @@ class Conv2d:
         launch(fn, self.meta, x, w, zeros if scale is None else scale,
                zeros if bias is None else bias, y, sc["ws"], sc["counters"], res,
                1.0 if res_scale is None else float(res_scale), pdl=self.pdl, x1=x1,
-               res_ready=self.residual_ready, x_ready=x_ready,
-               b2b=b2b)
+               w_ready=w_ready, res_ready=self.residual_ready, x_ready=x_ready, b2b=b2b)
 
     def _stream(self, ptr: int) -> Any:
         import cupy
@@ -796,9 +798,12 @@ class Conv2d:
     def __call__(self, x: Any, weight: Any, scale: Any = None, bias: Any = None, *,
                  residual: Any = None, res_scale: float | None = None, out: Any = None,
                  x1: Any = None, b2b: tuple[Any, Any, Any] | None = None,
-                 b2b_out: Any = None) -> Any:
+                 b2b_out: Any = None, weight_ready: bool = False) -> Any:
         """The output; with a back-to-back conv (`b2b`: its weight, scale, bias), the output and
-        the back-to-back conv's output."""
+        the back-to-back conv's output. `weight_ready` (with pdl; else it changes nothing):
+        `weight`, as the kernel reads it (`prepare_weight`'s), was complete before the kernel
+        just before this one on the stream started (not written just before this call): the
+        kernel copies its first stages' weights while it waits for that kernel."""
         fw, dev = self.validate(x, weight, scale, bias, out, residual, res_scale, x1, b2b,
                                 b2b_out)
         import cupy
@@ -813,7 +818,7 @@ class Conv2d:
                     y2 = b2b_out if b2b_out is not None else cupy.empty(
                         self.b2b_output_shape, dtype=self.output_dtype)
                 self._enqueue(dev, int(stream.ptr), x, weight, scale, bias, y, residual,
-                              res_scale, x1, None if y2 is None else (*b2b, y2))
+                              res_scale, x1, None if y2 is None else (*b2b, y2), weight_ready)
             return y if y2 is None else (y, y2)
         import torch
 
@@ -834,7 +839,7 @@ class Conv2d:
 
                 arrs = [dl(a) for a in (x, weight, scale, bias, y, residual)]
                 ch = None if y2 is None else tuple(dl(a) for a in (*b2b, y2))
-                self._enqueue(dev, ptr, *arrs, res_scale, dl(x1), ch)
+                self._enqueue(dev, ptr, *arrs, res_scale, dl(x1), ch, weight_ready)
         return y if y2 is None else (y, y2)
 
     def __repr__(self) -> str:

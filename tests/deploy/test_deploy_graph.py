@@ -154,6 +154,12 @@ def test_the_runtime_op_reads_the_residual_early_only_with_pdl(tmp_path: Any) ->
         assert op.residual_ready == pdl
         conv3.set_ready(residual=False, x=False)
         assert conv3.build((2, 16, 8, 8)).residual_ready is False  # rebuilt without it
+    # the weight as the kernel reads it is prepared at the layer's first call (a copy just
+    # before the launch): ready from the second call on
+    calls = [conv3.kernel_call(torch.zeros(2, 16, 8, 8, dtype=torch.int8),
+                               torch.zeros(2, 64, 8, 8, dtype=torch.int8)) for _ in range(2)]
+    assert [kw["weight_ready"] for _, _, kw in calls] == [False, True]
+    assert calls[0][1][1] is calls[1][1][1]  # the same prepared weight
 
 
 class Odd(nn.Module):

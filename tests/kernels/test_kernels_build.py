@@ -301,8 +301,9 @@ def test_tma_builds_load_with_tma(precision: str, chunk: int, boxes: int, cache:
     assert any("GMMA" in m for m in summary.mma) and not summary.spills
     lines = summary.text.splitlines()
     assert not any("LDGSTS" in line for line in lines)
-    # two copies (A and B) per box, in the prologue and in the refill
-    assert sum("UTMALDG" in line for line in lines) == 4 * boxes
+    # two copies (A and B) per box in the prologue, or the weights' before the wait for the
+    # kernel before and the activations' after it (W_EARLY), and two in the refill
+    assert sum("UTMALDG" in line for line in lines) == 6 * boxes
 
 
 def test_tma_maps_describe_the_im2col_walk() -> None:
@@ -392,3 +393,25 @@ def test_sm90_builds_wait_for_their_predecessor_and_older_ones_have_no_such_wait
     meta = build(BuildJob(RESNET50_3X3["stage3"], Precision.INT8, 80, BASE), cache).meta
     with pytest.raises(ValueError, match="needs an sm_90 build"):
         launch(None, meta, *[None] * 7, pdl=True)
+    with pytest.raises(ValueError, match="w_ready says"):
+        launch(None, meta, *[None] * 7, w_ready=True)
+
+
+@needs_sass
+@pytest.mark.parametrize("schedule,early", [
+    (WG, True), ({**WG, "TMA": 1}, True), ({**WG, "TMA": 2}, True), (BASE, True),
+    ({**WG, "SPLIT_K": 2}, False), ({**WG, "TMA": 2, "PERSIST": 1}, False),
+    ({**BASE, "STAGES": 1}, False)])
+def test_sm90_builds_copy_their_first_weights_before_the_wait(
+        cache: Path, schedule: dict, early: bool) -> None:
+    """W_EARLY (pipeline.cuh): where the launch says the weights are ready, the first stages'
+    weight copies (cp.async or bulk tensor copies) come before a wait for the kernel before
+    (ACQBULK); without the flag the wait comes first (the code holds both orders). Not with
+    split-K, a persistent grid or one stage."""
+    res = build(BuildJob(RESNET50_3X3["stage3"], Precision.INT8, 90, schedule), cache)
+    assert res.status == "ok", res.log
+    lines = summarize(cubin_path(cache, res.key)).text.splitlines()
+    copies = [i for i, ln in enumerate(lines) if " LDGSTS" in ln or " UTMALDG" in ln]
+    waits = [i for i, ln in enumerate(lines) if " ACQBULK" in ln]
+    assert copies and waits
+    assert (copies[0] < waits[-1]) == early, (copies[0], waits)

@@ -179,15 +179,13 @@ def test_x_is_ready_only_where_the_op_reads_it_as_given(cache: Path,
 def test_sm90_two_input_builds_wait_before_x1s_first_stage(cache: Path) -> None:
     """x's channel blocks come first; the grid-dependency wait is at the start (x not
     ready) and in the loader, before x1's first stage (x ready: in each of the loader's
-    inlined copies); sm_80 builds have none (no PDL), one-input builds the one at the
-    start."""
+    inlined copies); sm_80 builds have none (no PDL)."""
     def waits(shape: ConvShape, sm: int) -> int:
         text = sass_of(BuildJob(shape, Precision.INT8, sm, WG if sm >= 90 else SYNC,
                                 Epilogue(relu=True)), cache).text
         return sum(" ACQBULK" in ln for ln in text.splitlines())
 
     assert waits(BOTTLENECK, 90) >= 2
-    assert waits(with_concat(BOTTLENECK, 0), 90) == 1
     assert waits(BOTTLENECK, 80) == 0
 
 

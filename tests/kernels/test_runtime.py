@@ -760,7 +760,8 @@ def test_on_gpu_pdl_chains_equal_plain_launches_eager_and_in_a_graph(
         cases: dict[str, Conv2d], name: str) -> None:
     """Six convs, each reading the one before's output: launched with programmatic dependent
     launch they must wait for it (poisoned outputs would leak through a missing wait), eagerly
-    and replayed from a CUDA graph, and give the plain launches' bytes."""
+    and replayed from a CUDA graph, and give the plain launches' bytes; so too with the
+    weights ready (copied before the wait where the build does: W_EARLY)."""
     import torch
 
     plain, pdl = cases[f"chain_{name}"], cases[f"chain_{name}_pdl"]
@@ -771,12 +772,13 @@ def test_on_gpu_pdl_chains_equal_plain_launches_eager_and_in_a_graph(
            for a in (x, w, prob.scale, prob.bias)]
     outs = [torch.empty(plain.output_shape, dtype=torch.int8, device="cuda") for _ in range(6)]
 
-    def chain(op: Conv2d) -> None:
+    def chain(op: Conv2d, weight_ready: bool = False) -> None:
         h = dev[0]
         for y in outs:
-            op(h, dev[1], dev[2], dev[3], out=y)
+            op(h, dev[1], dev[2], dev[3], out=y, weight_ready=weight_ready)
             h = y
 
     want = chain_outputs(lambda: chain(plain), outs, graph=False)
     _assert_matches(plain, _got(plain, want[0]), _want(plain, prob))
     assert_chain_equal(lambda: chain(pdl), outs, want)
+    assert_chain_equal(lambda: chain(pdl, weight_ready=True), outs, want)
