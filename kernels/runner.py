@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from kernels.build import cubin_path, load_meta
-from kernels.launch import alloc_scratch, has_residual, load_function
+from kernels.launch import alloc_scratch, has_residual, load_function, supports_pdl
 from kernels.launch import launch as launch_kernel
 from kernels.reference import (
     Problem,
@@ -58,6 +58,24 @@ START_TIMEOUT_S = 120.0
 # at every switch took longer than the measurement itself.
 HOST_PROBLEM_BYTES = 4 << 30
 DEVICE_INPUT_BYTES = 4 << 30
+# The ready check's predecessor (`DeviceSession.measure`): it lets the next kernel on the
+# stream start at once (programmatic dependent launch), spins for `spin` clocks, then writes
+# its output: a kernel that read that output before its grid-dependency wait reads the poison
+# left there. The spin (about 2 ms) outlasts the host's enqueueing of the kernel after it, so
+# that kernel is waiting when the copy starts.
+LATE_COPY_SRC = r'''
+extern "C" __global__ void late_copy(const unsigned char* src, unsigned char* dst,
+                                     long long n, long long spin) {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  const long long t0 = clock64();
+  while (clock64() - t0 < spin) {}
+  const long long step = (long long)gridDim.x * blockDim.x;
+  const long long i0 = blockIdx.x * (long long)blockDim.x + threadIdx.x, n16 = n / 16;
+  for (long long i = i0; i < n16; i += step)
+    reinterpret_cast<uint4*>(dst)[i] = reinterpret_cast<const uint4*>(src)[i];
+  for (long long i = n16 * 16 + i0; i < n; i += step) dst[i] = src[i];
+}'''
+LATE_COPY_SPIN = 4_000_000
 
 
 class DeviceSession:
@@ -81,6 +99,7 @@ class DeviceSession:
         self._problems: OrderedDict[tuple[str, str, int], Problem] = OrderedDict()
         self._dev: OrderedDict[tuple[Any, ...], dict[str, Any]] = OrderedDict()
         self._host_budget, self._device_budget = host_problem_bytes, device_input_bytes
+        self._late_copy: Any = None  # ready_launch's kernel, compiled at its first use
 
     # ---- caches -------------------------------------------------------------------------
     def function(self, cache_dir: str, key: str, meta: dict[str, Any]) -> Any:
@@ -174,13 +193,7 @@ class DeviceSession:
                           ws, counters, dev["res"][i], dev["res_scale"], x1=dev["x1"][i],
                           b2b=None if cref is None else (*c_args, y2s[i]))
 
-        def check() -> tuple[bool, dict[str, Any]]:
-            # Correctness: poisoned output, one launch, exact / tolerance compare.
-            ys[0].fill(POISON)
-            if cref is not None:
-                y2s[0].fill(POISON)
-            launch(0)
-            cp.cuda.runtime.deviceSynchronize()
+        def check_outputs() -> tuple[bool, dict[str, Any]]:
             y_buf = cp.asnumpy(ys[0])
             ok, stats = check_buffer(prob, y_buf, epi["mode"], bool(epi["relu"]), residual,
                                      layout, out_bits)
@@ -193,9 +206,52 @@ class DeviceSession:
                 want.reshape(-1), prec, out_bits, prob.shape.k)
             return ok, {**stats, "b2b": b2b_stats}
 
+        def poison_outputs() -> None:
+            ys[0].fill(POISON)
+            if cref is not None:
+                y2s[0].fill(POISON)
+
+        def check() -> tuple[bool, dict[str, Any]]:
+            # Correctness: poisoned output, one launch, exact / tolerance compare.
+            poison_outputs()
+            launch(0)
+            cp.cuda.runtime.deviceSynchronize()
+            ok, stats = check_outputs()
+            if not ok or not supports_pdl(meta["sm"]):
+                return ok, stats
+            # Then as a network launches it (kernels.runtime's pdl): after a kernel that
+            # writes one input late, every other input ready (launch's *_ready).
+            first = [ys[0].copy()] + ([] if cref is None else [y2s[0].copy()])
+            poison_outputs()
+            late = "x1" if meta.get("concat") else "x"
+            self.ready_launch(dev[late][0], lambda: launch_kernel(
+                fn, meta, dev["x"][0], dev["w"][0], dev["scale"], dev["bias"], ys[0], ws,
+                counters, dev["res"][0], dev["res_scale"], pdl=True, x1=dev["x1"][0],
+                b2b=None if cref is None else (*c_args, y2s[0]), w_ready=True,
+                res_ready=residual, x_ready=late == "x1"))
+            again = [ys[0]] + ([] if cref is None else [y2s[0]])
+            if all(bool(cp.array_equal(a, b)) for a, b in zip(first, again, strict=True)):
+                return ok, {**stats, "ready": "same"}
+            # (split-K's partial sums may add up in another order)
+            ok, ready_stats = check_outputs()
+            return ok, {**stats, "ready": ready_stats}
+
         kw = {"samples": samples} if samples else {}
         timer = (lambda: time_launches(launch, n_sets, api="cupy", **kw)) if time_it else None
         return check_then_time(check, timer, {"gpu": self.gpu_name, "n_sets": n_sets})
+
+    def ready_launch(self, late: Any, launch: Callable[[], None]) -> None:
+        """Poison `late` (a device buffer), enqueue a kernel that restores it late
+        (LATE_COPY_SRC) and `launch` right behind it, and wait for both."""
+        cp = self.cp
+        if self._late_copy is None:
+            self._late_copy = cp.RawKernel(LATE_COPY_SRC, "late_copy")
+        keep = late.copy()
+        late.fill(POISON)
+        self._late_copy((32,), (256,), (keep, late, np.int64(late.nbytes),
+                                        np.int64(LATE_COPY_SPIN)))
+        launch()
+        cp.cuda.runtime.deviceSynchronize()
 
     def baseline(self, shape: ConvShape, dtype: str) -> dict[str, Any]:
         """cuDNN's latency of the layer in `dtype` ('fp16' or 'fp32', TF32 off) on this

@@ -3,7 +3,7 @@ on a CPU: where it applies (the shape's problems, kernels.space's rules and the 
 static_assert agree), its builds for sm_75 / sm_80 / sm_90 with the Tensor Core instructions
 they should hold, the runtime's contract for x1, and the reference's problems of such layers.
 The GPU checks are in test_runtime.py (`on_gpu`), bench/concat_check.py and below (x read
-before the grid-dependency wait)."""
+before the grid-dependency wait, and the measuring process's check of it)."""
 
 from __future__ import annotations
 
@@ -232,6 +232,43 @@ def test_on_gpu_x_reduced_before_the_wait_equals_plain_launches(
     else:
         assert np.allclose(want[0].astype(np.float64), first, rtol=1e-2, atol=1e-2)
     assert_chain_equal(lambda: chain(early), outs, want)
+
+
+@on_gpu
+@pytest.mark.parametrize("precision", ["int8", "fp16"])
+def test_on_gpu_the_ready_check_catches_an_input_read_before_the_wait(
+        precision: str, cache: Path) -> None:
+    """The measuring process's check of an sm_90 build runs it again behind a kernel that
+    writes one input late (x1 here), every other input ready: a right build passes. Told that
+    the late input is ready (x_ready while x is the one written late), the kernel reads x's
+    poison before its wait and the check's comparison fails."""
+    import cupy
+
+    from kernels import runner
+    from kernels.build import load_meta
+    from kernels.launch import alloc_scratch
+
+    sess = runner.DeviceSession()
+    p = Precision(precision)
+    res = build(BuildJob(CHAIN2, p, 90, {**WG, "CHUNK": 2 if p is Precision.INT8 else 4}),
+                cache)
+    assert res.status == "ok", res.log[-500:]
+    out = sess.measure(str(cache), res.key, time_it=False)
+    assert out["status"] == "ok" and out["detail"]["check"]["ready"] == "same", out
+    meta = load_meta(str(cache), res.key)
+    prob = sess.problem(CHAIN2, p, None)
+    dev = sess.inputs(prob, meta["layout"], 1, int(meta["c_padded"]))
+    y = cupy.full(runner.output_bytes(CHAIN2, int(meta["out_bits"])), runner.POISON,
+                  dtype=cupy.uint8)
+    ws, counters = alloc_scratch(meta)
+    fn = sess.function(str(cache), res.key, meta)
+    sess.ready_launch(dev["x"][0], lambda: launch(
+        fn, meta, dev["x"][0], dev["w"][0], dev["scale"], dev["bias"], y, ws, counters,
+        pdl=True, x1=dev["x1"][0], x_ready=True))
+    ok, _ = runner.check_buffer(prob, cupy.asnumpy(y), meta["epilogue"]["mode"],
+                                bool(meta["epilogue"]["relu"]), False, meta["layout"],
+                                int(meta["out_bits"]))
+    assert not ok
 
 
 def test_the_reference_problem_of_two_inputs() -> None:
