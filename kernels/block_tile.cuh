@@ -188,6 +188,7 @@ struct BlockLoader {
       cp_async_tv<TV>(dst, valid ? (const void*)src : (const void*)x, valid);
     }
   }
+  template <int PART>
   __device__ __forceinline__ void load_stage_fold(int it, u32 abuf, u32 bbuf) {
     using namespace cfg;
     const int j = tid % TPS, tap = it * TPS + j, row0 = tid / TPS;
@@ -204,7 +205,8 @@ struct BlockLoader {
                       (unsigned)(iw0 + s * DW) < (unsigned)W;
       if (A_VECS % THREADS == 0 || tid + i * THREADS < A_VECS) fold_put(abuf + dst, ptr + xoff, ok);
     };
-    if constexpr (A_PRE) {
+    if constexpr (!(PART & PART_A)) {
+    } else if constexpr (A_PRE) {
 #pragma unroll
       for (int i = 0; i < A_IT; ++i) a_one(i, a_ptr[i], a_ih[i], a_iw[i]);
     } else {
@@ -215,6 +217,7 @@ struct BlockLoader {
         a_one(i, ptr, ih0, iw0);
       }
     }
+    if constexpr (!(PART & PART_B)) return;
     // Weights: row n holds the R*S taps of TV bytes back to back (KRSC, C padded to TV).
     const u8* wsrc = w + ((long long)(n0 + row0) * (R * S) + tap) * TV;
 #pragma unroll 4
@@ -389,18 +392,18 @@ struct BlockLoader {
     }
   }
 
-  // ---- cp.async path: the whole stage; with incremental addressing PART says which
-  // operands (W_EARLY's prologue issues B first)
+  // ---- cp.async path: the whole stage; with incremental addressing or folded taps PART says
+  // which operands (W_EARLY's prologue issues B first)
   template <int PART = PART_AB>
   __device__ __forceinline__ void load_stage(int it, u32 abuf, u32 bbuf) {
     using namespace cfg;
-    static_assert(PART == PART_AB || INCR,
-                  "the operands of a stage apart: incremental addressing");
+    static_assert(PART == PART_AB || INCR || FOLD,
+                  "the operands of a stage apart: incremental addressing or folded taps");
     if constexpr (CAT_EARLY) {
       if (x_early && it == IT_X1) grid_dependency_wait();
     }
     if constexpr (FOLD) {
-      load_stage_fold(it, abuf, bbuf);
+      load_stage_fold<PART>(it, abuf, bbuf);
       return;
     }
     const StageIdx st = stage_idx(it);
@@ -624,7 +627,7 @@ struct BlockLoader {
   }
   __device__ __forceinline__ void load_stage_sync(int it, u32 abuf, u32 bbuf) {
     if constexpr (cfg::FOLD) {
-      load_stage_fold(it, abuf, bbuf);
+      load_stage_fold<PART_AB>(it, abuf, bbuf);
       return;
     }
     const StageIdx st = stage_idx(it);
@@ -650,7 +653,7 @@ struct BlockLoader {
   __device__ __forceinline__ void finish_regs(int it, u32 abuf, u32 bbuf) {
     using namespace cfg;
     if constexpr (FOLD) {  // no register prefetch: the next stage's taps load after the math
-      load_stage_fold(it, abuf, bbuf);
+      load_stage_fold<PART_AB>(it, abuf, bbuf);
       return;
     }
     const StageIdx st = stage_idx(it);

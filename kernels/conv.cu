@@ -414,6 +414,14 @@ struct B2b { const u8* w; const float* scale; const float* bias; u8* y; };
 template <bool C, class A, class B> struct Pick { typedef A T; };
 template <class A, class B> struct Pick<false, A, B> { typedef B T; };
 
+// W_EARLY: every thread waits before its epilogue's global reads and writes (on the TMA
+// pipelines only the issuing thread waited, in first_stages; a no-op once it has waited).
+__device__ __forceinline__ void w_early_wait(const Inputs& in) {
+  if constexpr (cfg::W_EARLY) {
+    if (in.w_early) grid_dependency_wait();
+  }
+}
+
 // One block's work; a template over the tile below the block so that each path's calls
 // (if constexpr) are only instantiated for the tile that has them.
 template <class Tile>
@@ -454,9 +462,7 @@ __device__ __forceinline__ void conv_block(const Inputs in, const float* __restr
   else if constexpr (!REGPATH) mainloop_multistage(ld, wt, sr, it0, nit);
   else mainloop_regstaged(ld, wt, sr, it0, nit);
   block_sync();  // shared memory is reused by the epilogue
-  if constexpr (W_EARLY) {
-    if (in.w_early) grid_dependency_wait();  // every thread's, before any global write
-  }
+  w_early_wait(in);
   if constexpr (F32TC) wt.finalize(scale);  // the accumulator sets -> one fp32 value each
   epilogue(wt, smem, m0, n0, tid, tile, split, scale, bias, res, y, ws, counters, maps);
   if constexpr (B2B) b2b_conv(smem, b2b, m0, tid);
@@ -486,8 +492,9 @@ __device__ __forceinline__ void conv_persistent(const Inputs in,
     BlockLoader ld;  // unused by the wgmma tile
     const int g0 = tid / THREADS;  // consumer g takes the block's tiles g, g + 2, ...
     wt.init(tile_m0(block_tile(g0)), tid % THREADS, ld);
-    pingpong_tma(wt, sr, nit, tid, maps, [&](int tile, int g, int ctid) {
+    pingpong_tma(wt, sr, nit, tid, maps, in.w_early, [&](int tile, int g, int ctid) {
       const int m0 = tile_m0(tile), n0 = tile_n0(tile);
+      w_early_wait(in);
       epilogue(wt, smem + EPI_OFF + g * EPI_SMEM, m0, n0, ctid, tile, 0, scale, bias, res, y,
                ws, counters, maps);
       block_sync();  // the consumer's epilogue region is free for its next tile's
@@ -499,8 +506,9 @@ __device__ __forceinline__ void conv_persistent(const Inputs in,
     Tile wt;
     BlockLoader ld;  // unused by the wgmma tile
     wt.init(tile_m0(blockIdx.x), tid, ld);
-    persistent_tma(wt, sr, nit, tid, maps, [&](int tile) {
+    persistent_tma(wt, sr, nit, tid, maps, in.w_early, [&](int tile) {
       const int m0 = tile_m0(tile), n0 = tile_n0(tile);
+      w_early_wait(in);
       epilogue(wt, smem + EPI_OFF, m0, n0, tid, tile, 0, scale, bias, res, y, ws, counters,
                maps);
       block_sync();  // the epilogue's region is free for the next tile's
@@ -511,7 +519,9 @@ __device__ __forceinline__ void conv_persistent(const Inputs in,
   int tile = blockIdx.x;
   BlockLoader ld;
   ld.init(in, tile_m0(tile), tile_n0(tile), tid);
-  multistage_prologue(ld, sr, 0, nit);
+  multistage_prologue(ld, sr, 0, nit);  // (W_EARLY: every thread waits in it)
+  Inputs later = in;
+  later.w_early = false;  // the wait is behind: the next tiles' prologues issue stages whole
 #pragma unroll 1
   for (; tile < TILES; tile += gridDim.x) {
     const int m0 = tile_m0(tile), n0 = tile_n0(tile);
@@ -521,7 +531,7 @@ __device__ __forceinline__ void conv_persistent(const Inputs in,
     __syncthreads();  // every warp is done with the stages the next prologue overwrites
     const int next = tile + gridDim.x;
     if (next < TILES) {
-      ld.init(in, tile_m0(next), tile_n0(next), tid);
+      ld.init(later, tile_m0(next), tile_n0(next), tid);
       multistage_prologue(ld, sr, 0, nit);
     }
     epilogue(wt, smem + EPI_OFF, m0, n0, tid, tile, 0, scale, bias, res, y, ws, counters,

@@ -11,7 +11,7 @@ template <class Loader>
 __device__ __forceinline__ void multistage_prologue(Loader& ld, const StageRing sr,
                                                     const int it0, const int nit) {
   using namespace cfg;
-  if constexpr (W_EARLY) {
+  if constexpr (W_EARLY && !TMA) {  // (a TMA build instantiates this unused: conv_persistent)
     if (ld.w_early) {
 #pragma unroll
       for (int s = 0; s < STAGES - 1; ++s)

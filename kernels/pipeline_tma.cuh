@@ -61,9 +61,10 @@ struct TmaRing {
     return {img, (pq / Q) * SH - PH, (pq % Q) * SW - PW, n0, m0};
   }
   // Stage j of a persistent block's stream of tiles (nit stages each) into slot st.
-  __device__ __forceinline__ void produce_stream(int st, int j, int nit) const {
+  __device__ __forceinline__ void produce_stream(int st, int j, int nit,
+                                                 int part = PART_AB) const {
     const int k = j / nit, tile = block_tile(k);
-    produce(st, origin(tile_m0(tile), tile_n0(tile)), j - k * nit);
+    produce(st, origin(tile_m0(tile), tile_n0(tile)), j - k * nit, part);
   }
   // Stage `it` of the tile at `o` into slot st: per swizzle atom, the im2col rows of A and
   // the weight rows of B (HALO: the patch and the weight rows of every tap). `part`: both
@@ -241,13 +242,15 @@ __device__ __forceinline__ bool mainloop_tma(Tile& wt, const StageRing sr, const
 template <class Tile, class Finish>
 __device__ __forceinline__ void persistent_tma(Tile& wt, const StageRing sr, const int nit,
                                                const int tid, const TensorMaps* maps,
-                                               Finish&& finish_tile) {
+                                               const bool w_early, Finish&& finish_tile) {
   using namespace cfg;
   const TmaRing ring(sr, maps);
   const int total = block_tiles() * nit;
   auto tile_of = [&](int j) { return block_tile(j / nit); };
-  auto produce = [&](int j, int st, int = PART_AB) { ring.produce_stream(st, j, nit); };
-  if (!start_ring(ring, tid, total, false, produce)) return;
+  auto produce = [&](int j, int st, int part = PART_AB) {
+    ring.produce_stream(st, j, nit, part);
+  };
+  if (!start_ring(ring, tid, total, w_early, produce)) return;
   auto release = [&](int s, u32 p, int j) {  // as in mainloop_tma, over the whole stream
     __syncwarp();
     if ((tid & 31) == 0) mbar_arrive(ring.empty(s));
@@ -288,12 +291,12 @@ __device__ __forceinline__ void persistent_tma(Tile& wt, const StageRing sr, con
 template <class Tile, class Finish>
 __device__ __forceinline__ void pingpong_tma(Tile& wt, const StageRing sr, const int nit,
                                              const int tid, const TensorMaps* maps,
-                                             Finish&& finish_tile) {
+                                             const bool w_early, Finish&& finish_tile) {
   using namespace cfg;
   const TmaRing ring(sr, maps);
   const int ntiles = block_tiles();
-  if (!start_ring(ring, tid, ntiles * nit, false,
-                  [&](int j, int st, int) { ring.produce_stream(st, j, nit); }))
+  if (!start_ring(ring, tid, ntiles * nit, w_early,
+                  [&](int j, int st, int part) { ring.produce_stream(st, j, nit, part); }))
     return;  // the producer warp (PINGPONG implies TMA=2)
   const int g = __shfl_sync(0xffffffffu, tid / THREADS, 0);  // warp-uniform, as ptxas sees
   const int ctid = tid - g * THREADS;

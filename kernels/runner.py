@@ -58,24 +58,31 @@ START_TIMEOUT_S = 120.0
 # at every switch took longer than the measurement itself.
 HOST_PROBLEM_BYTES = 4 << 30
 DEVICE_INPUT_BYTES = 4 << 30
-# The ready check's predecessor (`DeviceSession.measure`): it lets the next kernel on the
-# stream start at once (programmatic dependent launch), spins for `spin` clocks, then writes
-# its output: a kernel that read that output before its grid-dependency wait reads the poison
-# left there. The spin (about 2 ms) outlasts the host's enqueueing of the kernel after it, so
-# that kernel is waiting when the copy starts.
+# The ready check's predecessor (`DeviceSession.ready_launch`): it lets the next kernel on the
+# stream start at once (programmatic dependent launch), waits until the host says that kernel
+# is enqueued (`go`, in pinned host memory: a launch's host-side cost varies, any fixed spin
+# can be too short), spins a little longer for the GPU to start it, then writes its output: a
+# kernel that read that output before its grid-dependency wait reads the poison left there.
 LATE_COPY_SRC = r'''
 extern "C" __global__ void late_copy(const unsigned char* src, unsigned char* dst,
-                                     long long n, long long spin) {
+                                     long long n, const volatile int* go, long long spin,
+                                     long long spin_max) {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  const long long t0 = clock64();
-  while (clock64() - t0 < spin) {}
+  if (threadIdx.x == 0) {
+    const long long t0 = clock64();
+    long long t = t0;
+    while (*go == 0 && t - t0 < spin_max) t = clock64();
+    while (clock64() - t < spin) {}
+  }
+  __syncthreads();
   const long long step = (long long)gridDim.x * blockDim.x;
   const long long i0 = blockIdx.x * (long long)blockDim.x + threadIdx.x, n16 = n / 16;
   for (long long i = i0; i < n16; i += step)
     reinterpret_cast<uint4*>(dst)[i] = reinterpret_cast<const uint4*>(src)[i];
   for (long long i = n16 * 16 + i0; i < n; i += step) dst[i] = src[i];
 }'''
-LATE_COPY_SPIN = 4_000_000
+# Clocks after `go` (about 50 us), and at most in all (about 50 ms: a host that never says go).
+LATE_COPY_SPIN, LATE_COPY_SPIN_MAX = 100_000, 100_000_000
 
 
 class DeviceSession:
@@ -99,7 +106,10 @@ class DeviceSession:
         self._problems: OrderedDict[tuple[str, str, int], Problem] = OrderedDict()
         self._dev: OrderedDict[tuple[Any, ...], dict[str, Any]] = OrderedDict()
         self._host_budget, self._device_budget = host_problem_bytes, device_input_bytes
-        self._late_copy: Any = None  # ready_launch's kernel, compiled at its first use
+        # ready_launch's kernel and its go flag, made at its first use
+        self._late_copy: Any = None
+        self._go_mem: Any = None
+        self._go: Any = None
 
     # ---- caches -------------------------------------------------------------------------
     def function(self, cache_dir: str, key: str, meta: dict[str, Any]) -> Any:
@@ -245,13 +255,21 @@ class DeviceSession:
         (LATE_COPY_SRC) and `launch` right behind it, and wait for both."""
         cp = self.cp
         if self._late_copy is None:
+            # (pinned host memory is mapped at the same address on the device: UVA)
+            self._go_mem = cp.cuda.alloc_pinned_memory(4)
+            self._go = np.frombuffer(self._go_mem, np.int32, 1)
             self._late_copy = cp.RawKernel(LATE_COPY_SRC, "late_copy")
         keep = late.copy()
         late.fill(POISON)
+        self._go[0] = 0
         self._late_copy((32,), (256,), (keep, late, np.int64(late.nbytes),
-                                        np.int64(LATE_COPY_SPIN)))
-        launch()
-        cp.cuda.runtime.deviceSynchronize()
+                                        np.uintp(self._go_mem.ptr), np.int64(LATE_COPY_SPIN),
+                                        np.int64(LATE_COPY_SPIN_MAX)))
+        try:
+            launch()
+        finally:
+            self._go[0] = 1
+            cp.cuda.runtime.deviceSynchronize()
 
     def baseline(self, shape: ConvShape, dtype: str) -> dict[str, Any]:
         """cuDNN's latency of the layer in `dtype` ('fp16' or 'fp32', TF32 off) on this

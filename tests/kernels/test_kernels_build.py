@@ -397,18 +397,25 @@ def test_sm90_builds_wait_for_their_predecessor_and_older_ones_have_no_such_wait
         launch(None, meta, *[None] * 7, w_ready=True)
 
 
+# ResNet-50's stem with folded taps (FOLD_TAPS)
+STEM = ConvShape(8, 224, 224, 3, 64, 7, 7, stride=2, pad=3)
+STEM_FOLD = {**WG, "FOLD_TAPS": 1}
+
+
 @needs_sass
 @pytest.mark.parametrize("schedule,early", [
     (WG, True), ({**WG, "TMA": 1}, True), ({**WG, "TMA": 2}, True), (BASE, True),
-    ({**WG, "SPLIT_K": 2}, False), ({**WG, "TMA": 2, "PERSIST": 1}, False),
-    ({**BASE, "STAGES": 1}, False)])
+    ({**WG, "PERSIST": 1}, True), ({**WG, "TMA": 2, "PERSIST": 1}, True),
+    ({**WG, "TMA": 2, "PERSIST": 1, "PINGPONG": 1}, True), (STEM_FOLD, True),
+    ({**WG, "SPLIT_K": 2}, False), ({**BASE, "STAGES": 1}, False)])
 def test_sm90_builds_copy_their_first_weights_before_the_wait(
         cache: Path, schedule: dict, early: bool) -> None:
     """W_EARLY (pipeline.cuh): where the launch says the weights are ready, the first stages'
     weight copies (cp.async or bulk tensor copies) come before a wait for the kernel before
-    (ACQBULK); without the flag the wait comes first (the code holds both orders). Not with
-    split-K, a persistent grid or one stage."""
-    res = build(BuildJob(RESNET50_3X3["stage3"], Precision.INT8, 90, schedule), cache)
+    (ACQBULK); without the flag the wait comes first (the code holds both orders). Persistent
+    grids too (their first tile's), and folded taps; not with split-K or one stage."""
+    shape = STEM if schedule is STEM_FOLD else RESNET50_3X3["stage3"]
+    res = build(BuildJob(shape, Precision.INT8, 90, schedule), cache)
     assert res.status == "ok", res.log
     lines = summarize(cubin_path(cache, res.key)).text.splitlines()
     copies = [i for i, ln in enumerate(lines) if " LDGSTS" in ln or " UTMALDG" in ln]

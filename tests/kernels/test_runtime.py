@@ -524,7 +524,10 @@ def device_cases() -> dict[str, Conv2d]:
                 CHAIN, "int8", sched, "h100", relu=True, pdl=pdl)
                for name, sched in (("default", None), ("tma", tma),
                                    ("split_k", {**tma, "SPLIT_K": 2}),
-                                   ("sync", {**wg, "MMA": "sync", "BLK_COL_WARPS": 2, "STAGES": 3}))
+                                   ("sync", {**wg, "MMA": "sync", "BLK_COL_WARPS": 2, "STAGES": 3}),
+                                   ("persist", {**wg, "PERSIST": 1}),
+                                   ("persist_tma", {**tma, "TMA": 2, "PERSIST": 1}),
+                                   ("pingpong", {**tma, "TMA": 2, "PERSIST": 1, "PINGPONG": 1}))
                for pdl in (False, True)},
         }
 
@@ -755,7 +758,8 @@ def test_on_gpu_refuses_host_tensors_and_wrong_device_order(cases: dict[str, Con
 
 
 @on_gpu
-@pytest.mark.parametrize("name", ["default", "tma", "split_k", "sync"])
+@pytest.mark.parametrize("name", ["default", "tma", "split_k", "sync", "persist", "persist_tma",
+                                  "pingpong"])
 def test_on_gpu_pdl_chains_equal_plain_launches_eager_and_in_a_graph(
         cases: dict[str, Conv2d], name: str) -> None:
     """Six convs, each reading the one before's output: launched with programmatic dependent
