@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -16,6 +17,12 @@ import pytest
 from bench._procs import PG_ADMIN_URL, free_port, kill, scratch_database, start, stop, wait_http
 
 REPO = Path(__file__).resolve().parent.parent
+
+# PyTorch before CuPy in the test process, as in the measuring child (kernels/runner.py): on a
+# fresh GPU machine torch's import failed once CuPy was loaded, failing every GPU test that
+# uses torch after one that loaded CuPy first.
+with contextlib.suppress(ImportError):  # (the service's tests need no torch)
+    import torch  # noqa: F401
 
 __all__ = ["PG_ADMIN_URL", "REPO", "Service", "free_port", "has_gpu"]
 
