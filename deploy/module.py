@@ -294,11 +294,15 @@ class FusedConv(nn.Module):
             self._ops[shape] = op
         return op
 
-    def _weight_for(self, op: Any) -> torch.Tensor:
+    def _weight_for(self, op: Any) -> tuple[torch.Tensor, bool]:
+        """The weight as `op` reads it, prepared (a copy on this stream) at the op's first
+        call, and whether it was prepared before this call: then it is ready (Conv2d's
+        `weight_ready`)."""
         k = (str(op.key), str(self.weight.device))
-        if k not in self._weights:
+        ready = k in self._weights
+        if not ready:
             self._weights[k] = op.prepare_weight(self.weight, layout="kcrs")
-        return self._weights[k]
+        return self._weights[k], ready
 
     def kernel_call(self, x: torch.Tensor, residual: torch.Tensor | None = None,
                     x1: torch.Tensor | None = None
@@ -307,9 +311,7 @@ class FusedConv(nn.Module):
         NHWC views (NHWCnc where the schedule says so), the prepared weight, the epilogue's
         scale / bias / res_scale."""
         op = self.build(x.shape)
-        # The weight as the kernel reads it is prepared (a copy on this stream) at its first
-        # call: ready at the next ones (Conv2d's `weight_ready`).
-        prepared = (str(op.key), str(self.weight.device)) in self._weights
+        weight, weight_ready = self._weight_for(op)
         if x.shape[1] not in (self.x_channels, op.padded_channels - self.concat):
             x = x[:, : self.x_channels]  # padded for another shape's op: the op pads itself
         xin = op.to_input_layout(nhwc_view(x))
@@ -320,11 +322,11 @@ class FusedConv(nn.Module):
                 res = _to_blocked(res, op.output_shape[-1])
         int8 = self.precision is Precision.INT8
         kw = {"residual": res, "res_scale": self.res_scale if int8 else None,
-              "weight_ready": prepared}
+              "weight_ready": weight_ready}
         if self.concat:
             assert x1 is not None
             kw["x1"] = nhwc_view(x1)
-        return op, (xin, self._weight_for(op), self.scale if int8 else None, self.bias), kw
+        return op, (xin, weight, self.scale if int8 else None, self.bias), kw
 
     def _run_cuda(self, x: torch.Tensor, residual: torch.Tensor | None,
                   x1: torch.Tensor | None = None) -> Any:

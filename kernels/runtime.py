@@ -761,12 +761,12 @@ class Conv2d:
 
         fn = self._function(dev)
         sc = self._scratch_for(dev, stream_ptr)
-        given = (x, w)
-        x = self._padded(sc, "x_pad", x, self.input_shape)
-        w = self._padded(sc, "w_pad", w, self.weight_shape)
+        xp = self._padded(sc, "x_pad", x, self.input_shape)
+        wp = self._padded(sc, "w_pad", w, self.weight_shape)
         # A padded copy is written just before the launch: not ready then.
-        x_ready, w_ready = (self.x_ready and x is given[0],
-                            self.pdl and weight_ready and w is given[1])
+        x_ready = self.x_ready and xp is x
+        w_ready = self.pdl and weight_ready and wp is w
+        x, w = xp, wp
         zeros = sc["zeros_k"]
         if scale is None and self.precision is Precision.FP32_TC:
             # The kernel scales both operands by powers of two from {max|x|, max|w|}: without
