@@ -259,7 +259,13 @@ constexpr int E_ROW = BN * STAGE_BITS / 8 + 16;      // staging row (+16 B again
 constexpr bool TMA_ST = PACK == 2;
 constexpr int SWB = TB % 128 == 0 ? 128 : TB % 64 == 0 ? 64 : 32;
 constexpr int NBOX = TB / SWB, BOX_ROWS = 64;
-constexpr int STG_SMEM = TMA_ST ? BM * TB + 1024 : BM * E_ROW;
+// B2B_WG: a back-to-back conv (B2B, below) of a wgmma build runs on wgmma too, its A operand
+// the staged tile itself: the tile is then staged in TMA_ST's swizzled boxes, which are
+// wgmma's K-major operand layout, whatever stores it.
+constexpr int B2B = TC_B2B;
+constexpr bool B2B_WG = B2B > 0 && WG;
+constexpr bool SWZ_STG = TMA_ST || B2B_WG;
+constexpr int STG_SMEM = SWZ_STG ? BM * TB + 1024 : BM * E_ROW;
 // The residual epilogue with PACK_OUT stages the block's residual tile beside the output tile
 // (coalesced loads; the register epilogue then reads it from shared memory). RES_AHEAD: the
 // tile's copies are issued before the main loop into a region past the pipeline's and
@@ -286,20 +292,23 @@ constexpr int RES_OFF = RES_AHEAD ? (cmax(PIPE_SMEM, STG_SMEM) + 15) / 16 * 16 :
 constexpr int BASE_SMEM = PERSIST ? PIPE_SMEM + CONSUMERS * EPI_SMEM
                         : RES_AHEAD ? RES_OFF + RES_SMEM : cmax(PIPE_SMEM, EPI_SMEM);
 // B2B (b2b.cuh): the back-to-back conv's weights [B2B][K] and its staged output tile, in
-// rows padded by 16 bytes (ldmatrix reads 8 rows in 8 different bank groups). B2B_AHEAD:
-// the weights are copied in while the main loop runs, into a region past the rest; else
-// after the epilogue, past the staged output tile (at 0) in the pipeline's dead region.
-// The output tile goes past the staged one where that fits, else after the weights.
-constexpr int B2B = TC_B2B;
+// rows padded by 16 bytes (ldmatrix reads 8 rows in 8 different bank groups); B2B_WG: the
+// weights dense in swizzled planes of W2_SW-byte atoms (wgmma's B operand) from a
+// 1024-byte-aligned base (the slack is part of the region). B2B_AHEAD: the weights are
+// copied in while the main loop runs, into a region past the rest; else after the epilogue,
+// past the staged output tile (at 0) in the pipeline's dead region. The output tile goes
+// past the staged one where that fits, else after the weights.
 constexpr bool B2B_RELU = TC_B2B_RELU != 0;
 constexpr bool B2B_AHEAD = TC_B2B_AHEAD != 0 && SM >= 80;  // (sm_75: no cp.async)
 constexpr int EB = ELEM_BITS / 8;  // bytes per element of the back-to-back conv (int8, fp16)
-constexpr int W2_ROW = K * EB + 16, O2_ROW = B2B * EB + 16;
-constexpr int W2_BYTES = B2B * W2_ROW, O2_BYTES = BM * O2_ROW;
+constexpr int W2_SW = (K * EB) % 128 == 0 ? 128 : (K * EB) % 64 == 0 ? 64 : 32;
+constexpr int W2_ROW = B2B_WG ? W2_SW : K * EB + 16, O2_ROW = B2B * EB + 16;
+constexpr int W2_BYTES = B2B_WG ? B2B * K * EB + 1024 : B2B * W2_ROW, O2_BYTES = BM * O2_ROW;
 constexpr int STG_END = (STG_SMEM + 15) / 16 * 16;
 constexpr int W2_OFF = B2B_AHEAD ? (BASE_SMEM + 15) / 16 * 16 : STG_END;
+// (PERSIST: the next tile's stages land at 0 meanwhile: the output tile past the weights)
 constexpr int O2_OFF = !B2B_AHEAD ? STG_END + W2_BYTES
-                     : STG_END + O2_BYTES <= W2_OFF ? STG_END : W2_OFF + W2_BYTES;
+                     : !PERSIST && STG_END + O2_BYTES <= W2_OFF ? STG_END : W2_OFF + W2_BYTES;
 constexpr int SMEM = B2B ? cmax(BASE_SMEM, cmax(W2_OFF + W2_BYTES, O2_OFF + O2_BYTES))
                          : BASE_SMEM;
 constexpr int CVO = 128 / OUT_BITS;  // output channels per 16-byte vector (NHWCnc out)
@@ -339,13 +348,18 @@ static_assert(!RES_AHEAD || (RES && PACK && !DIRECT_OUT && !PERSIST && SPLITK ==
                              VW >= 4),
               "the residual tile is copied in ahead by cp.async (4-16 bytes) into a region of "
               "its own, for a block that runs one tile without split-K");
-static_assert(!B2B || ((PREC == 0 || PREC == 1) && EPI == 1 && PACK == 1 && !LAYOUT &&
-                       SPLITK == 1 && !PERSIST && !HALO && TILES_N == 1 &&
+static_assert(!B2B || ((PREC == 0 || PREC == 1) && EPI == 1 && (PACK == 1 || B2B_WG) &&
+                       !LAYOUT && SPLITK == 1 && (!PERSIST || (B2B_WG && B2B_AHEAD && !PP)) &&
+                       !HALO && TILES_N == 1 &&
                        (BN * EB) % 16 == 0 && (K * EB) % KB == 0 && B2B % 8 == 0 &&
                        (B2B * EB) % 16 == 0),
               "a back-to-back 1x1 conv reads the block's whole staged output rows (one column "
-              "tile, PACK_OUT=1, NHWC, int8 requant / fp16 bias) in whole instruction k-steps, "
-              "and writes whole 16-byte vectors of its own output");
+              "tile, PACK_OUT=1 (wgmma: or 2), NHWC, int8 requant / fp16 bias) in whole "
+              "instruction k-steps, and writes whole 16-byte vectors of its own output; a "
+              "persistent block (wgmma, one consumer) keeps its weights, copied ahead");
+static_assert(!B2B_WG || (B2B % 32 == 0 && TB % 32 == 0 && VW == 16),
+              "a back-to-back conv on wgmma is n32 tiles wide and reads 32-byte k-steps of "
+              "the swizzled staged tile");
 static_assert(SMEM == TC_SMEM_BYTES, "kernels/space.py:geometry must equal what the kernel allocates");
 static_assert(PREC != 2 || K % 2 == 0, "int4 output packs two channels per byte");
 static_assert(!RES || ((PREC == 0 || PREC == 1) && EPI == 1),
@@ -465,22 +479,26 @@ __device__ __forceinline__ void conv_block(const Inputs in, const float* __restr
   w_early_wait(in);
   if constexpr (F32TC) wt.finalize(scale);  // the accumulator sets -> one fp32 value each
   epilogue(wt, smem, m0, n0, tid, tile, split, scale, bias, res, y, ws, counters, maps);
-  if constexpr (B2B) b2b_conv(smem, b2b, m0, tid);
+  if constexpr (B2B_WG) b2b_conv_wg<B2B_N>(smem, smem, b2b, m0, tid);
+  else if constexpr (B2B) b2b_conv(smem, b2b, m0, tid);
 }
 
 // PERSIST: one block walks the tiles blockIdx.x, + gridDim.x, ...; the next tile's first
 // stages are issued before this tile's epilogue, which stages its output in a region of its
 // own, so the loads are in flight while the tile is stored (TMA: pipeline_tma.cuh's
 // persistent_tma; cp.async: the multistage prologue of the next tile, then the epilogue).
+// B2B_WG: the back-to-back conv after each tile's epilogue, its weights copied once.
 template <class Tile>
 __device__ __forceinline__ void conv_persistent(const Inputs in,
                                                 const float* __restrict__ scale,
                                                 const float* __restrict__ bias,
                                                 u8* __restrict__ y, u32* __restrict__ ws,
                                                 u32* __restrict__ counters, const Residual res,
-                                                const TensorMaps* maps, u8* smem) {
+                                                const TensorMaps* maps, const B2b b2b,
+                                                u8* smem) {
   using namespace cfg;
   const int tid = threadIdx.x;
+  b2b_weights_ahead(smem, b2b, tid);  // (B2B_WG builds only: B2B_AHEAD)
   const u32 sbase = WG ? (smem_addr(smem) + SMEM_ALIGN - 1) & ~(u32)(SMEM_ALIGN - 1)
                        : smem_addr(smem);
   const StageRing sr{sbase};
@@ -511,6 +529,8 @@ __device__ __forceinline__ void conv_persistent(const Inputs in,
       w_early_wait(in);
       epilogue(wt, smem + EPI_OFF, m0, n0, tid, tile, 0, scale, bias, res, y, ws, counters,
                maps);
+      if constexpr (B2B_WG)
+        b2b_conv_wg<B2B_N>(smem, smem + EPI_OFF, b2b, m0, tid, tile == (int)blockIdx.x);
       block_sync();  // the epilogue's region is free for the next tile's
       wt.init(tile_m0(tile + (int)gridDim.x), tid, ld);
     });
@@ -536,6 +556,8 @@ __device__ __forceinline__ void conv_persistent(const Inputs in,
     }
     epilogue(wt, smem + EPI_OFF, m0, n0, tid, tile, 0, scale, bias, res, y, ws, counters,
              maps);
+    if constexpr (B2B_WG)
+      b2b_conv_wg<B2B_N>(smem, smem + EPI_OFF, b2b, m0, tid, tile == (int)blockIdx.x);
     __syncthreads();  // the epilogue's region is free for the next tile's
   }
   cp_async_wait<0>();
@@ -599,7 +621,7 @@ tc_conv(const u8* __restrict__ x, const u8* __restrict__ w, const float* __restr
   const B2b ch{nullptr, nullptr, nullptr, nullptr};
 #endif
   using Tile = Pick<cfg::WG, GroupTile, WarpTile>::T;
-  if constexpr (cfg::PERSIST) conv_persistent<Tile>(in, scale, bias, y, ws, counters, r, m, smem);
+  if constexpr (cfg::PERSIST) conv_persistent<Tile>(in, scale, bias, y, ws, counters, r, m, ch, smem);
   else conv_block<Tile>(in, scale, bias, y, ws, counters, r, m, ch, smem);
   // The block's shared memory must outlive the reads of its last bulk stores (each
   // consumer's first thread issued its own).

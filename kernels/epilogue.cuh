@@ -112,15 +112,16 @@ __device__ __forceinline__ void residual_ahead(u8* smem, const Residual& res, in
   }
 }
 
-// Byte offset of (row, byte column) in the staging tile. PACK_OUT=2: column boxes of SWB
-// bytes x BM rows, each row's 16-byte chunks permuted as the tensor map's SWB-byte swizzle
-// expects (chunk ^ address bits 7.., relative to the 1024-byte-aligned base).
+// Byte offset of (row, byte column) in the staging tile. PACK_OUT=2 (and B2B_WG): column
+// boxes of SWB bytes x BM rows, each row's 16-byte chunks permuted as the tensor map's (and
+// wgmma's) SWB-byte swizzle expects (chunk ^ address bits 7.., relative to the
+// 1024-byte-aligned base).
 // Rows 8 apart share their swizzle (r0 is a multiple of 8): stg_off(row + 8i, c) =
 // stg_off(row, c) + 8i * STG_ROW.
-constexpr int STG_ROW = cfg::TMA_ST ? cfg::SWB : cfg::E_ROW;
+constexpr int STG_ROW = cfg::SWZ_STG ? cfg::SWB : cfg::E_ROW;
 __device__ __forceinline__ int stg_off(int row, int colb) {
   using namespace cfg;
-  if constexpr (TMA_ST) {
+  if constexpr (SWZ_STG) {
     const int box = colb / SWB, inb = colb % SWB;
     const int swz = SWB == 128 ? (row & 7) : SWB == 64 ? ((row >> 1) & 3) : ((row >> 2) & 1);
     return box * (BM * SWB) + row * SWB + ((((inb >> 4) ^ swz)) << 4) + (inb & 15);
@@ -373,8 +374,8 @@ __device__ __forceinline__ void epilogue(WT& wt, u8* smem, int m0, int n0, int t
   // ---- stage the tile in shared memory
   // PACK_OUT=2: the 1024-byte-aligned staging tile, once the previous tile's bulk stores
   // (this block's, PERSIST) have read it.
-  u8* const stg = TMA_ST ? smem + ((((smem_addr(smem) + 1023u) & ~1023u)) - smem_addr(smem))
-                         : smem;
+  u8* const stg = SWZ_STG ? smem + ((((smem_addr(smem) + 1023u) & ~1023u)) - smem_addr(smem))
+                          : smem;
   if constexpr (TMA_ST) {
     if (tid == 0) bulk_wait_read();
     block_sync();
@@ -526,6 +527,7 @@ __device__ __forceinline__ void epilogue(WT& wt, u8* smem, int m0, int n0, int t
 #endif
     return;
   }
+  if constexpr (B2B_WG) fence_proxy_async();  // the back-to-back wgmma reads the staged tile
   block_sync();
 
   // ---- second pass: shared -> global in VW-byte vectors (coalesced along the rows)
@@ -536,7 +538,7 @@ __device__ __forceinline__ void epilogue(WT& wt, u8* smem, int m0, int n0, int t
     if (m < 0 || n >= K) continue;
     u8* dst = y + out_off(m, n);
     if constexpr (PACK) {
-      copy_vw<VW>(dst, smem + row * E_ROW + cv * VW);
+      copy_vw<VW>(dst, stg + stg_off(row, cv * VW));
     } else {
       const u32* src = reinterpret_cast<const u32*>(smem + row * E_ROW) + cv * EV;
       u32 out[(VW + 3) / 4];

@@ -301,14 +301,26 @@ def schedule_columns(schedule: Mapping[str, Any]) -> dict[str, np.ndarray]:
             for k, v in schedule.items()}
 
 
-B2B_KNOBS = {"PACK_OUT": 1, "LAYOUT": "nhwc", "SPLIT_K": 1, "PERSIST": 0, "HALO": 0}
+B2B_KNOBS = {"LAYOUT": "nhwc", "SPLIT_K": 1, "HALO": 0}
+
+
+def b2b_path_ok(cols: Mapping[str, np.ndarray], n: tuple[int, ...]) -> np.ndarray:
+    """Where a back-to-back conv finds the block's staged output tile: PACK_OUT=1, or on
+    wgmma also 2 (its second GEMM reads the tile in TMA stores' swizzled boxes: conv.cu,
+    B2B_WG); one tile a block, or on wgmma a persistent block of one consumer, which keeps
+    the second conv's weights for all its tiles."""
+    wgmma = mma_is_wgmma(cols, n)
+    pack_out = _knob(cols, "PACK_OUT", n)
+    persist, pingpong = _knob(cols, "PERSIST", n), _knob(cols, "PINGPONG", n)
+    return (((pack_out == 1) | ((pack_out == 2) & wgmma)) &
+            ((persist == 0) | (wgmma & (pingpong == 0))))
 
 
 def b2b_problems(shape: ConvShape, precision: Precision, sm: int,
                  schedule: Mapping[str, Any], b2b: int, g: Geometry) -> str | None:
     """Why a build with a back-to-back 1x1 conv of `b2b` output channels (Epilogue.b2b)
     cannot run this schedule, or None (also without one). The block stages its whole output
-    rows (one column tile, PACK_OUT=1) and reduces them in whole instruction k-steps
+    rows (one column tile, PACK_OUT=1; wgmma: or 2) and reduces them in whole instruction k-steps
     (conv.cu: B2B); `g` is the build's geometry."""
     if not b2b:
         return None
@@ -319,6 +331,13 @@ def b2b_problems(shape: ConvShape, precision: Precision, sm: int,
     for knob, want in B2B_KNOBS.items():
         if sched.get(knob, want) != want:
             return f"a back-to-back conv needs {knob}={want}"
+    wgmma = sched.get("MMA", "sync") == "wgmma"
+    if not b2b_path_ok(schedule_columns(sched), (1,))[0]:
+        if sched.get("PACK_OUT", 1) not in ((1, 2) if wgmma else (1,)):
+            return "a back-to-back conv needs PACK_OUT=1 (wgmma: 1 or 2)"
+        return "a back-to-back conv needs PERSIST=0 (wgmma: or one consumer, PINGPONG=0)"
+    if wgmma and b2b % 32:
+        return f"a back-to-back conv on wgmma is n32 tiles wide: not {b2b} channels"
     eb = p.input_bits // 8
     kb = instruction_shape(p, sm).k * eb  # bytes of k per instruction (conv.cu: KB)
     bn = int(g.block_n[0])
@@ -346,6 +365,7 @@ def b2b_mask(shape: ConvShape, precision: Precision, sm: int,
     for knob, want in B2B_KNOBS.items():
         if knob in cols:  # (the columns broadcast together: `ok` takes their shape)
             ok = ok & (np.asarray(cols[knob]) == want)
+    ok = ok & b2b_path_ok(cols, n) & (~mma_is_wgmma(cols, n) | (b2b % 32 == 0))
     ok = ok & ((shape.k * eb) % kb == 0) & (b2b % 8 == 0) & ((b2b * eb) % 16 == 0)
     return np.broadcast_to(ok, n)
 
@@ -566,8 +586,10 @@ def geometry(shape: ConvShape, precision: Precision, target: Target,
     ob = p.output_bits if out_bits is None else out_bits
     stage_bits = np.where(pack, ob, 32)
     padded_tile = bm * (bn * stage_bits // 8 + EPILOGUE_ROW_PAD)
-    # PACK_OUT=2 stages the tile dense (swizzled) from a 1024-byte-aligned base.
-    staging = np.where(tma_store, bm * bn * ob // 8 + TMA_STORE_ALIGN, padded_tile)
+    # PACK_OUT=2, and a wgmma build's back-to-back conv (conv.cu: SWZ_STG), stage the tile
+    # dense (swizzled) from a 1024-byte-aligned base.
+    swizzled = tma_store | (wg & bool(b2b))
+    staging = np.where(swizzled, bm * bn * ob // 8 + TMA_STORE_ALIGN, padded_tile)
     epilogue = np.where(pack & (ob == 32), 0,
                         staging + np.where(pack & residual, padded_tile, 0))
     # A persistent block's epilogue runs while the next tile's stages land: its own region.
@@ -589,20 +611,23 @@ def geometry(shape: ConvShape, precision: Precision, target: Target,
     else:
         res_ahead = np.zeros(np.shape(smem), dtype=bool)
     b2b_ahead = np.zeros(np.shape(smem), dtype=bool)
-    if b2b:  # conv.cu: W2_OFF, O2_OFF (rows padded by 16 bytes)
+    if b2b:  # conv.cu: W2_OFF, O2_OFF (rows padded by 16 bytes; wgmma: dense, aligned)
         eb = elem_bits // 8
-        w2 = b2b * (shape.k * eb + EPILOGUE_ROW_PAD)
+        w2 = np.where(wg, b2b * shape.k * eb + TMA_STORE_ALIGN,
+                      b2b * (shape.k * eb + EPILOGUE_ROW_PAD))
         o2 = bm * (b2b * eb + EPILOGUE_ROW_PAD)
-        stg_end = -(-padded_tile // 16) * 16  # the staged output tile, at 0
+        stg_end = -(-staging // 16) * 16  # the staged output tile, at 0
         base = -(-smem // 16) * 16
         # Ahead: the weights copied in while the main loop runs, into a region past the rest;
         # taken where it leaves as many blocks per SM as copying them after the loop into the
         # pipeline's dead region does (the second GEMM's output tile goes there either way).
-        ahead = base + w2 + np.where(stg_end + o2 <= base, 0, o2)
+        # (a persistent block's next stages land at 0 while a tile's second GEMM runs: its
+        # weights stay resident, ahead, and its output tile goes past them)
+        ahead = base + w2 + np.where(~persist & (stg_end + o2 <= base), 0, o2)
         late = np.maximum(smem, stg_end + w2 + o2)
         if target.sm >= 80:
-            b2b_ahead = blocks_per_sm(target, ahead, block_threads) >= \
-                blocks_per_sm(target, late, block_threads)
+            b2b_ahead = persist | (blocks_per_sm(target, ahead, block_threads) >=
+                                   blocks_per_sm(target, late, block_threads))
         smem = np.where(b2b_ahead, ahead, late)
 
     n_it = np.where(fold, -(-(r * s) // tps),
@@ -788,11 +813,13 @@ def structural_validity(traits: LayerTraits, precision: Precision, target: Targe
     # them, or the layout does not exist (the kernel static_asserts).
     if not traits.nhwcnc:
         ok &= nhwc
-    # A back-to-back conv (b2b_problems) reads the block's staged output rows: PACK_OUT=1, NHWC,
-    # one block per tile, the halo's tiling aside.
+    # A back-to-back conv (b2b_problems) reads the block's staged output rows: PACK_OUT=1
+    # (wgmma: or 2), NHWC, one tile a block (wgmma: or persistent, one consumer), the halo's
+    # tiling aside.
     if traits.b2b:
         for knob, want in B2B_KNOBS.items():
             ok &= _knob(cols, knob, n) == want
+        ok &= b2b_path_ok(cols, n)
     # Two inputs (concat_problems): the cp.async / register-staged loads of NHWC rows.
     if traits.concat:
         ok &= (tma_knob == 0) & ~fold & dup0 & nhwc

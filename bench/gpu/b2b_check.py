@@ -11,6 +11,7 @@ schedules are checked as PTX (the driver compiles them), not timed.
     python -m bench.gpu.b2b_check prebuild --cache C --per-case 8 --near 40 --out J.json  # CPU
     python -m bench.gpu.b2b_check run --cache C --jobs J.json --out O.json                # GPU
     python -m bench.gpu.b2b_check table O.json
+    python -m bench.gpu.b2b_check records O.json --base R.json --out R2.json  # for deploy
 
 `--near N` also times the N schedules of the b2b layer's space nearest the first layer's record
 (the search's neighbourhood of today's best). `table` ends with the fit of the b2b's time over
@@ -38,6 +39,7 @@ PAIRS = [
     ("layer1.x.conv3 -> layer1.y.conv1", ConvShape(8, 56, 56, 64, 256, 1, 1, residual=True), 64),
     ("layer1.2.conv3 -> layer2.0.conv1", ConvShape(8, 56, 56, 64, 256, 1, 1, residual=True), 128),
     ("layer2.x.conv3 -> layer2.y.conv1", ConvShape(8, 28, 28, 128, 512, 1, 1, residual=True), 128),
+    ("layer2.3.conv3 -> layer3.0.conv1", ConvShape(8, 28, 28, 128, 512, 1, 1, residual=True), 256),
 ]
 RECORDS = "bench/data/model_e2e_records_r50_chosen_h200.json"
 
@@ -48,16 +50,24 @@ def _epilogue(b2b: int) -> Any:
     return Epilogue(relu=True, residual=True, b2b=b2b, b2b_relu=bool(b2b))
 
 
+def _space_indices(space: Any, mma: str | None) -> np.ndarray:
+    """The space's valid schedules, only those of one MMA path where `mma` says so."""
+    idx = space.valid_indices  # (read-only: the space's cache)
+    if mma:
+        idx = idx[np.asarray(space.columns(idx)["MMA"], dtype=object) == mma]
+    return idx
+
+
 def _b2b_schedules(shape: ConvShape, p: Precision, b2b: int, count: int,
-                   rng: np.random.Generator) -> list[dict[str, Any]]:
+                   rng: np.random.Generator, mma: str | None = None) -> list[dict[str, Any]]:
     """Up to `count` random schedules of the search's space of the layer with its
     back-to-back conv (ConvShape.b2b: its rule and shared memory), half of them wgmma where
-    there are enough."""
+    there are enough (`mma`: of that path only)."""
     from kernels.space import ScheduleSpace
 
     space = ScheduleSpace(replace(shape, b2b=b2b), p, get_target("h200"))
     picked: dict[str, list[dict[str, Any]]] = {"wgmma": [], "sync": []}
-    idx = space.valid_indices  # (read-only: the space's cache)
+    idx = _space_indices(space, mma)
     for i in rng.permutation(len(idx)):
         s = space.schedule_at(int(idx[i]))
         picked[s.get("MMA", "sync")].append(dict(s))
@@ -66,13 +76,16 @@ def _b2b_schedules(shape: ConvShape, p: Precision, b2b: int, count: int,
 
 
 def _near_schedules(shape: ConvShape, p: Precision, b2b: int, record: dict[str, Any],
-                    count: int, rng: np.random.Generator) -> list[dict[str, Any]]:
+                    count: int, rng: np.random.Generator,
+                    mma: str | None = None) -> list[dict[str, Any]]:
     """The `count` schedules of the b2b layer's space fewest knobs away from the layer's
-    record (ties in random order): the search's neighbourhood of today's best."""
+    record (ties in random order; `mma`: of that path only): the search's neighbourhood of
+    today's best."""
     from kernels.space import ScheduleSpace
 
     space = ScheduleSpace(replace(shape, b2b=b2b), p, get_target("h200"))
-    idx = space.valid_indices[rng.permutation(len(space.valid_indices))]
+    idx = _space_indices(space, mma)
+    idx = idx[rng.permutation(len(idx))]
     cols = space.columns(idx)
     apart = sum((np.asarray(cols[k], dtype=object) != v).astype(int)
                 for k, v in record.items() if k in cols)
@@ -91,6 +104,8 @@ def cmd_prebuild(a: argparse.Namespace) -> int:
     smem_limit = target.smem_per_block_kib * 1024
     jobs: list[dict[str, Any]] = []
     for name, shape, b2b in PAIRS:
+        if a.pairs and name not in a.pairs:
+            continue
         second = ConvShape(shape.n, shape.p, shape.q, shape.k, b2b, 1, 1)
         for p in (Precision.INT8, Precision.FP16):
             row: dict[str, Any] = {"pair": name, "shape": shape.to_dict(), "b2b": b2b,
@@ -101,14 +116,14 @@ def cmd_prebuild(a: argparse.Namespace) -> int:
                 if rec:
                     r = build(BuildJob(layer, p, 90, rec["schedule"], epi), a.cache)
                     row[label] = {"schedule": rec["schedule"], "key": r.key, "status": r.status}
-            near = _near_schedules(shape, p, b2b, row["first"]["schedule"], a.near, rng) \
-                if "first" in row and a.near else []
+            near = _near_schedules(shape, p, b2b, row["first"]["schedule"], a.near, rng,
+                                   a.mma) if "first" in row and a.near else []
             for s in near:  # timed only: the random ones below check the paths
                 r = build(BuildJob(shape, p, 90, s, _epilogue(b2b)), a.cache)
                 row["builds"].append({"schedule": s, "near": True,
                                       "b2b": {"key": r.key, "status": r.status}})
             log(f"{name} {p.value}: {len(near)} near the record")
-            for s in _b2b_schedules(shape, p, b2b, a.per_case, rng):
+            for s in _b2b_schedules(shape, p, b2b, a.per_case, rng, a.mma):
                 b: dict[str, Any] = {"schedule": s}
                 # sm_75's register-staged pipeline is double-buffered at most (conv.cu)
                 s75 = {**s, "STAGES": min(int(s.get("STAGES", 2)), 2)}
@@ -298,12 +313,48 @@ def _overhead_fit(rows: list[dict[str, Any]]) -> tuple[float, float, float, int]
         p = Precision(r["precision"])
         g = geometry(shape, p, get_target("h200"),
                      {k: np.array([v]) for k, v in r["schedule"].items()}, residual=True, b2b=b2b)
-        xs.append(int(g.grid_blocks[0]) * b2b * shape.k * p.input_bits // 8 / 1e6)
+        blocks = int(g.grid_blocks[0])
+        if r["schedule"].get("PERSIST"):  # kernels.launch.launch_dims: weights read once a block
+            blocks = min(blocks, int(r["schedule"]["PERSIST"]) * get_target("h200").sms)
+        xs.append(blocks * b2b * shape.k * p.input_bits // 8 / 1e6)
         ys.append(r["b2b_us"] - r["twin_us"])
     if len(xs) < 3:
         return None
     slope, icept = np.polyfit(xs, ys, 1)
     return float(slope), float(icept), float(np.corrcoef(xs, ys)[0, 1]), len(xs)
+
+
+def cmd_records(a: argparse.Namespace) -> int:
+    """The fastest right build of each pair and precision as the record of the layer with its
+    back-to-back conv (ConvShape.b2b), over `--base`'s records, where it beats the two layers
+    on their records timed in the same run (its baseline: `deploy.optimize` takes a pair
+    where its record is faster than the two layers' records, timed in other runs)."""
+    out: dict[str, Any] = json.loads(Path(a.base).read_text()) if a.base else {}
+    names = {name: (shape, b2b) for name, shape, b2b in PAIRS}
+    target = get_target("h200")
+    for path in a.files:
+        best: dict[tuple[str, str], dict[str, Any]] = {}
+        for r in read_json(path)["rows"]:
+            if r.get("b2b_us") and r["b2b"].get("ok") and r["pair"] in names:
+                k = (r["pair"], r["precision"])
+                if k not in best or r["b2b_us"] < best[k]["b2b_us"]:
+                    best[k] = r
+        for (pair, prec), r in best.items():
+            shape, b2b = names[pair]
+            key = task_key(replace(shape, b2b=b2b), Precision(prec), target)
+            if key in out and out[key]["latency_us"] <= r["b2b_us"]:
+                continue
+            two = (r["first_us"] or 0) + (r["second_us"] or 0)
+            if not r["first_us"] or not r["second_us"] or r["b2b_us"] >= two:
+                log(f"{key}: {r['b2b_us']:.2f} µs, not faster than the two layers ({two:.2f})")
+                continue
+            out[key] = {"schedule": r["schedule"], "latency_us": r["b2b_us"],
+                        "baseline_us": two, "baseline": "its two layers on their records",
+                        "speedup": two / r["b2b_us"],
+                        "source": f"{Path(path).name}: {pair}"}
+            log(f"{key}: {r['b2b_us']:.2f} µs against {two:.2f} for the two layers")
+    Path(a.out).write_text(json.dumps(out, indent=1))
+    return 0
 
 
 def cmd_table(a: argparse.Namespace) -> int:
@@ -321,6 +372,8 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--near", type=int, default=0,
                    help="also time the N schedules nearest the layer's record")
     s.add_argument("--seed", type=int, default=5)
+    s.add_argument("--mma", choices=("sync", "wgmma"), help="schedules of this path only")
+    s.add_argument("--pairs", nargs="*", help="these pairs only (names as in the table)")
     s.add_argument("--out", required=True)
     s = sub.add_parser("run")
     s.add_argument("--cache", required=True)
@@ -328,8 +381,13 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--out", required=True)
     s = sub.add_parser("table")
     s.add_argument("data")
+    s = sub.add_parser("records")
+    s.add_argument("files", nargs="+")
+    s.add_argument("--base", help="a records file the pairs' records are added to")
+    s.add_argument("--out", required=True)
     a = ap.parse_args(argv)
-    return {"prebuild": cmd_prebuild, "run": cmd_run, "table": cmd_table}[a.cmd](a)
+    return {"prebuild": cmd_prebuild, "run": cmd_run, "table": cmd_table,
+            "records": cmd_records}[a.cmd](a)
 
 
 if __name__ == "__main__":

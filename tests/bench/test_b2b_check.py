@@ -1,9 +1,12 @@
-"""bench/gpu/b2b_check.py's choice of schedules (CPU): random members of the space of the
-layer with its back-to-back conv, half of them wgmma where there are enough."""
+"""bench/gpu/b2b_check.py on a CPU: its choice of schedules (random members of the space of
+the layer with its back-to-back conv, half of them wgmma where there are enough, or of one
+path), its table and fit, and the records it writes for deploy."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 
@@ -12,10 +15,12 @@ from bench.gpu.b2b_check import (
     _b2b_schedules,
     _near_schedules,
     _overhead_fit,
+    main,
     table,
 )
 from kernels.build import BuildJob, defines
-from kernels.spec import Precision
+from kernels.space import geometry
+from kernels.spec import Precision, get_target, task_key
 
 
 def test_the_check_samples_schedules_that_run_the_pair() -> None:
@@ -56,17 +61,62 @@ def test_the_table_compares_the_fastest_b2b_with_the_two_layers() -> None:
 
 
 def test_the_overhead_fit_recovers_a_linear_cost_of_weight_reads() -> None:
-    """`table`'s fit: (b2b - twin) µs against the MB of second weights the grid reads."""
-    from kernels.space import geometry
-    from kernels.spec import get_target
-
+    """`table`'s fit: (b2b - twin) µs against the MB of second weights the grid reads; a
+    persistent grid (kernels.launch.launch_dims: PERSIST blocks an SM) reads them once a
+    block."""
     name, shape, b2b = PAIRS[0]
     rows = []
-    for s in _b2b_schedules(shape, Precision.INT8, b2b, 8, np.random.default_rng(3)):
+    sms = get_target("h200").sms
+    picked = _b2b_schedules(shape, Precision.INT8, b2b, 16, np.random.default_rng(3))
+    assert any(s["PERSIST"] for s in picked)
+    for s in picked:
         g = geometry(shape, Precision.INT8, get_target("h200"),
                      {k: np.array([v]) for k, v in s.items()}, residual=True, b2b=b2b)
-        mb = int(g.grid_blocks[0]) * b2b * shape.k / 1e6
+        blocks = min(int(g.grid_blocks[0]), s["PERSIST"] * sms) if s["PERSIST"] else \
+            int(g.grid_blocks[0])
+        mb = blocks * b2b * shape.k / 1e6
         rows.append({"pair": name, "precision": "int8", "schedule": s, "twin_us": 10.0,
                      "b2b_us": 10.0 + 2.0 + 0.25 * mb})
     slope, icept, r, n = _overhead_fit(rows)
-    assert (round(slope, 6), round(icept, 6), n) == (0.25, 2.0, 8) and r > 0.999
+    assert (round(slope, 6), round(icept, 6), n) == (0.25, 2.0, 16) and r > 0.999
+
+
+def test_one_path_only() -> None:
+    """`--mma`: schedules of that path only, random or near the record."""
+    _, shape, b2b = PAIRS[0]
+    rng = np.random.default_rng(1)
+    picked = _b2b_schedules(shape, Precision.INT8, b2b, 40, rng, "wgmma")
+    assert {s["MMA"] for s in picked} == {"wgmma"} and len(picked) == 40
+    near = _near_schedules(shape, Precision.INT8, b2b, picked[0], 8, rng, "sync")
+    assert {s["MMA"] for s in near} == {"sync"} and len(near) == 8
+
+
+def test_records_take_a_pair_only_where_it_beats_its_two_layers(tmp_path: Path) -> None:
+    """`records`: the fastest right build of a pair and precision becomes the b2b layer's
+    record, its baseline the two layers timed in the same run, only where it is faster."""
+    (name, shape, b2b), (name2, shape2, b2b2) = PAIRS[0], PAIRS[1]
+    base = {"other": {"latency_us": 1.0}}
+    (tmp_path / "base.json").write_text(json.dumps(base))
+    two = {"first_us": 8.0, "second_us": 4.0}
+    rows = [
+        {"pair": name, "precision": "int8", "schedule": {"A": 1}, "b2b": {"ok": True},
+         "b2b_us": 11.0, **two},
+        {"pair": name, "precision": "int8", "schedule": {"A": 2}, "b2b": {"ok": True},
+         "b2b_us": 10.0, **two},
+        {"pair": name, "precision": "int8", "schedule": {"A": 3}, "b2b": {"ok": False},
+         "b2b_us": 5.0, **two},  # wrong: never a record
+        {"pair": name, "precision": "fp16", "schedule": {"A": 4}, "b2b": {"ok": True},
+         "b2b_us": 12.5, **two},  # slower than its two layers
+        {"pair": name2, "precision": "int8", "schedule": {"A": 5}, "b2b": {"ok": True},
+         "b2b_us": 11.5, "first_us": 8.0, "second_us": None},  # no two layers to beat
+    ]
+    (tmp_path / "run.json").write_text(json.dumps({"rows": rows}))
+    out = tmp_path / "out.json"
+    assert main(["records", str(tmp_path / "run.json"), "--base", str(tmp_path / "base.json"),
+                 "--out", str(out)]) == 0
+    got = json.loads(out.read_text())
+    key = task_key(replace(shape, b2b=b2b), Precision.INT8, get_target("h200"))
+    assert set(got) == {"other", key}
+    assert got[key]["schedule"] == {"A": 2} and got[key]["latency_us"] == 10.0
+    assert got[key]["baseline_us"] == 12.0 and got[key]["speedup"] == 1.2
+    assert task_key(replace(shape2, b2b=b2b2), Precision.INT8, get_target("h200")) not in got

@@ -57,16 +57,22 @@ def test_where_a_b2b_conv_applies() -> None:
     assert _problem(WG) is None and _problem(SYNC, Precision.FP16, sm=80) is None
     assert _problem(WG, b2b=0) is None  # no b2b: nothing to refuse
     cases = [
-        ({**WG, "PACK_OUT": 2, "TMA": 1}, 64, "PACK_OUT=1"),
+        ({**WG, "PACK_OUT": 0}, 64, "PACK_OUT=1"),
         ({**WG, "SPLIT_K": 2}, 64, "SPLIT_K=1"),
-        ({**WG, "PERSIST": 1}, 64, "PERSIST=0"),
+        ({**SYNC, "PERSIST": 1}, 64, "PERSIST=0"),
         ({**WG, "WARP_COL_TILES": 4}, 64, "whole output rows"),  # 128 of the 256 columns
-        (WG, 60, "16-byte vectors"),
+        ({**SYNC, "BLK_COL_WARPS": 8}, 60, "16-byte vectors"),
+        (WG, 40, "n32 tiles"),  # a wgmma build's second GEMM
     ]
     for sched, b2b, why in cases:
         got = _problem(sched, b2b=b2b)
         assert got is not None and why in got, (sched, got)
     assert "int8 and fp16" in str(_problem(WG, Precision.INT4))
+    # On wgmma the second GEMM reads the staged tile in TMA stores' boxes too.
+    assert _problem({**WG, "PACK_OUT": 2, "TMA": 1}) is None
+    # and a persistent block keeps its weights for all its tiles
+    assert _problem({**WG, "PERSIST": 1}) is None
+    assert _problem({**WG, "PERSIST": 1, "TMA": 1, "PACK_OUT": 2}) is None
     # K = 8 fp16 channels are 16 bytes: less than one k16 step of the back-to-back reduction
     narrow = ConvShape(8, 14, 14, 64, 8, 1, 1)
     assert "whole steps" in str(_problem({**SYNC, "BLK_COL_WARPS": 1, "WARP_COL_TILES": 1},
@@ -83,20 +89,27 @@ def test_the_build_refuses_what_the_rule_refuses() -> None:
         defines(BuildJob(LAST, Precision.INT8, 90, {**WG, "WARP_COL_TILES": 4}, with_b2b()))
     d = defines(BuildJob(LAST, Precision.INT8, 90, WG, with_b2b()))
     assert d["TC_B2B"] == 64 and d["TC_B2B_RELU"] == 1
-    # Rows padded by 16: weights 64 x (256 + 16), output 128 x (64 + 16), the staged tile
-    # 128 x (256 + 16) at 0. Copied after the loop, the weights and the output fit in the
-    # dead pipeline past the staged tile; copied ahead they would cost a block per SM.
-    plain = defines(BuildJob(LAST, Precision.INT8, 90, WG, Epilogue(relu=True, residual=True)))
+    # mma.sync: rows padded by 16: weights 64 x (256 + 16), output 128 x (64 + 16), the
+    # staged tile 64 x (256 + 16) at 0. Copied after the loop, the weights and the output fit
+    # in the dead pipeline past the staged tile; copied ahead they would cost a block per SM.
+    sync = {**SYNC, "STAGES": 3}
+    d = defines(BuildJob(LAST, Precision.INT8, 90, sync, with_b2b()))
+    plain = defines(BuildJob(LAST, Precision.INT8, 90, sync, Epilogue(relu=True, residual=True)))
     assert "TC_B2B" not in plain
-    assert d["TC_SMEM_BYTES"] == plain["TC_SMEM_BYTES"] >= 128 * 272 + 64 * 272 + 128 * 80
+    assert d["TC_SMEM_BYTES"] == plain["TC_SMEM_BYTES"] >= 64 * 272 + 64 * 272 + 64 * 80
     assert d["TC_B2B_AHEAD"] == 0
+    # wgmma: the staged tile dense in swizzled boxes, 128 x 256 from a 1024-byte-aligned base,
+    # and the weights dense too (64 x 256, aligned), for the second GEMM's descriptors.
+    d = defines(BuildJob(LAST, Precision.INT8, 90, WG, with_b2b()))
+    assert d["TC_B2B_AHEAD"] == 0
+    assert d["TC_SMEM_BYTES"] >= (128 * 256 + 1024) + (64 * 256 + 1024) + 128 * 80
     # A deep pipeline (one block per SM either way): the weights ahead, past the rest; the
     # output past the staged tile.
     deep = {**WG, "STAGES": 3, "CHUNK": 4}
     d = defines(BuildJob(LAST, Precision.INT8, 90, deep, with_b2b()))
     plain = defines(BuildJob(LAST, Precision.INT8, 90, deep, Epilogue(relu=True, residual=True)))
     assert d["TC_B2B_AHEAD"] == 1
-    assert d["TC_SMEM_BYTES"] == -(-plain["TC_SMEM_BYTES"] // 16) * 16 + 64 * (256 + 16)
+    assert d["TC_SMEM_BYTES"] == -(-plain["TC_SMEM_BYTES"] // 16) * 16 + 64 * 256 + 1024
 
 
 @pytest.mark.usefixtures("sass_tools")
@@ -104,15 +117,24 @@ def test_the_build_refuses_what_the_rule_refuses() -> None:
     ("int8", 75, {**SYNC, "STAGES": 1}, ("IMMA",)),
     ("int8", 80, SYNC, ("IMMA",)),
     ("fp16", 80, SYNC, ("HMMA",)),
-    ("int8", 90, WG, ("IGMMA", "IMMA")),  # the main loop's wgmma, the b2b's mma.sync
-    ("int8", 90, {**WG, "STAGES": 3, "CHUNK": 4}, ("IGMMA", "IMMA")),  # weights ahead
-    ("fp16", 90, {**WG, "TMA": 1}, ("HGMMA", "HMMA")),
+    ("int8", 90, SYNC, ("IMMA",)),
+    # the main loop's wgmma and the b2b's (64 channels: IGMMA.64x64)
+    ("int8", 90, WG, ("IGMMA.64x256", "IGMMA.64x64")),
+    ("int8", 90, {**WG, "STAGES": 3, "CHUNK": 4}, ("IGMMA.64x256", "IGMMA.64x64")),  # ahead
+    ("fp16", 90, {**WG, "TMA": 1}, ("HGMMA.64x256", "HGMMA.64x64")),
+    ("int8", 90, {**WG, "TMA": 1, "PACK_OUT": 2}, ("IGMMA.64x256", "IGMMA.64x64")),  # TMA stores
+    # persistent blocks, cp.async and TMA loads; two warpgroups share the 64 channels (n32)
+    ("fp16", 90, {**WG, "BLK_ROW_WARPS": 1, "PERSIST": 1}, ("HGMMA.64x256", "HGMMA.64x64")),
+    ("int8", 90, {**WG, "PERSIST": 1, "TMA": 1}, ("IGMMA.64x256", "IGMMA.64x64")),
+    ("int8", 90, {**WG, "BLK_ROW_WARPS": 1, "BLK_COL_WARPS": 2, "WARP_COL_TILES": 4},
+     ("IGMMA.64x128", "IGMMA.64x32")),
 ])
 def test_b2b_builds_hold_the_intended_instructions(precision: str, sm: int, schedule: dict,
                                                        mmas: tuple[str, ...],
                                                        cache: Path) -> None:
     """The kernel's static_asserts hold (its shared memory is geometry's), and the b2b's
-    mma.sync tile is there beside the main loop's, without spills."""
+    matrix instructions are there beside the main loop's (mma.sync, or on wgmma builds
+    wgmma), without spills."""
     summary = sass_of(BuildJob(LAST, Precision(precision), sm, schedule, with_b2b()), cache)
     assert not summary.spills
     for mma in mmas:
@@ -230,24 +252,58 @@ def test_b2b_ops_match_the_reference(precision: str, cache: Path) -> None:
 
     p = Precision(precision)
     prob = ref.make_problem(SMALL, p)
-    c = ref.make_b2b(prob, 32, True, True, True)
     res, res_scale = prob.residual()
     dt = np.int8 if p is Precision.INT8 else np.float16
     x, w = (cp.asarray(np.ascontiguousarray(a).astype(dt)) for a in (prob.x, prob.w))
     args = dict(scale=cp.asarray(prob.scale) if p.is_integer else None,
                 bias=cp.asarray(prob.bias), residual=cp.asarray(res),
                 res_scale=res_scale if p.is_integer else None)
-    b2b = (cp.asarray(c.w), cp.asarray(c.scale) if p.is_integer else None,
-             cp.asarray(c.bias))
     want_y = prob.expected("requant" if p.is_integer else "bias", True, True)
     cmp = np.int64 if p.is_integer else np.float64
-    for sched in (SMALL_WG, SMALL_SYNC):
-        op = Conv2d(SMALL, p, sched, "h100", epilogue=with_b2b(32), cache_dir=cache)
+    # wgmma: one warpgroup and 64 x 128 tiles, with TMA stores, and two warpgroups of 64 x
+    # 256 (columns past K); 96 channels: three items of n32 for the warpgroups to share.
+    wide = {**SMALL_WG, "BLK_ROW_WARPS": 2, "WARP_COL_TILES": 8}
+    for sched, n2 in ((SMALL_WG, 32), ({**SMALL_WG, "TMA": 1, "PACK_OUT": 2}, 32),
+                      (wide, 96), (SMALL_WG, 96), (SMALL_SYNC, 32)):
+        c = ref.make_b2b(prob, n2, True, True, True)
+        b2b = (cp.asarray(c.w), cp.asarray(c.scale) if p.is_integer else None,
+               cp.asarray(c.bias))
+        op = Conv2d(SMALL, p, sched, "h100", epilogue=with_b2b(n2), cache_dir=cache)
         y, y2 = op(x, w, **args, b2b=b2b)
         ok1, st1 = ref.check_output(cp.asnumpy(y).astype(cmp), want_y, p, p.output_bits)
         ok2, st2 = ref.check_output(cp.asnumpy(y2).astype(cmp), c.over(cp.asnumpy(y)), p,
                                     p.output_bits)
-        assert ok1 and ok2, (sched["MMA"], st1, st2)
+        assert ok1 and ok2, (sched, n2, st1, st2)
+
+
+@on_gpu
+@pytest.mark.parametrize("precision", ["int8", "fp16"])
+def test_persistent_b2b_ops_keep_their_weights(precision: str, cache: Path) -> None:
+    """A persistent wgmma block copies the back-to-back weights once and runs the second GEMM
+    after each of its tiles' epilogues: both outputs right over ResNet-50's layer1 pair
+    (392 tiles of 64 rows, several a block), cp.async and TMA loads."""
+    import cupy as cp
+
+    p = Precision(precision)
+    prob = ref.make_problem(LAST, p)
+    res, res_scale = prob.residual()
+    dt = np.int8 if p is Precision.INT8 else np.float16
+    x, w = (cp.asarray(np.ascontiguousarray(a).astype(dt)) for a in (prob.x, prob.w))
+    args = dict(scale=cp.asarray(prob.scale) if p.is_integer else None,
+                bias=cp.asarray(prob.bias), residual=cp.asarray(res),
+                res_scale=res_scale if p.is_integer else None)
+    want_y = prob.expected("requant" if p.is_integer else "bias", True, True)
+    cmp = np.int64 if p.is_integer else np.float64
+    c = ref.make_b2b(prob, 64, True, True, True)
+    b2b = (cp.asarray(c.w), cp.asarray(c.scale) if p.is_integer else None, cp.asarray(c.bias))
+    one = {**WG, "BLK_ROW_WARPS": 1, "PERSIST": 1}
+    for sched in (one, {**one, "TMA": 1, "PACK_OUT": 2}, {**one, "PERSIST": 2, "STAGES": 1}):
+        op = Conv2d(LAST, p, sched, "h200", epilogue=with_b2b(64), cache_dir=cache)
+        y, y2 = op(x, w, **args, b2b=b2b)
+        ok1, st1 = ref.check_output(cp.asnumpy(y).astype(cmp), want_y, p, p.output_bits)
+        ok2, st2 = ref.check_output(cp.asnumpy(y2).astype(cmp), c.over(cp.asnumpy(y)), p,
+                                    p.output_bits)
+        assert ok1 and ok2, (sched, st1, st2)
 
 
 # ---- a layer tuned with its back-to-back conv (ConvShape.b2b) ---------------------------------
