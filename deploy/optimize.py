@@ -200,7 +200,7 @@ def optimize(model: nn.Module, example_inputs: Any, precision: str = "fp16",
                       f"them (tctune plan / POST /tune) for their best", DefaultScheduleWarning,
                       stacklevel=2)
 
-    b2b_outputs = _back_to_back(gm, fused, schedules, p, tgt)
+    b2b_outputs = _back_to_back(gm, fused, schedules, p, tgt, pdl)
     _place_conversions(gm, fused, p, b2b_outputs)
     _run_rest_in_fp16(gm, float_dtype)
     _kernel_quantizes(gm, fused)
@@ -322,12 +322,15 @@ def _concat_layer(gm: fx.GraphModule, chain: graph.Chain, proj: graph.Chain,
 
 
 def _back_to_back(gm: fx.GraphModule, fused: dict[fx.Node, FusedConv], schedules: Any,
-                  p: Precision, tgt: Target) -> dict[fx.Node, fx.Node]:
+                  p: Precision, tgt: Target, pdl: bool) -> dict[fx.Node, fx.Node]:
     """Run a fused 1x1 layer in the kernel of the fused layer whose output it reads
     (ConvShape.b2b: a ResNet bottleneck's last conv and the next block's first) where the
     record of the two as one layer is faster than their two records; the pairs' records come
     in one lookup. The first layer's node then yields (its output, the second's): each use
-    reads one of them (getitem nodes). Returns {first layer's node: the second's output}."""
+    reads one of them (getitem nodes). Returns {first layer's node: the second's output}.
+    Not with `pdl`: the records are timed with plain launches, and with PDL the second
+    layer's own kernel sets up while the first finishes, which they do not see (a pair faster
+    than its two layers alone made the model slower: docs/decisions.md)."""
     found: list[tuple[fx.Node, fx.Node, ConvShape]] = []
     taken: set[fx.Node] = set()
     for node, mod in fused.items():
@@ -356,6 +359,11 @@ def _back_to_back(gm: fx.GraphModule, fused: dict[fx.Node, FusedConv], schedules
         alone = [first.layer.latency_us, second.layer.latency_us]
         if rec is None or not rec.latency_us or None in alone or \
                 rec.latency_us >= sum(t for t in alone if t is not None):
+            continue
+        if pdl:
+            first.layer.notes.append(
+                f"not back to back with {second.layer.name}: launched with PDL, its own kernel "
+                f"overlaps this one's end, which the pair's record (faster alone) does not see")
             continue
         try:
             first.take_b2b(second, dict(rec.schedule), rec.source)

@@ -259,11 +259,12 @@ constexpr int E_ROW = BN * STAGE_BITS / 8 + 16;      // staging row (+16 B again
 constexpr bool TMA_ST = PACK == 2;
 constexpr int SWB = TB % 128 == 0 ? 128 : TB % 64 == 0 ? 64 : 32;
 constexpr int NBOX = TB / SWB, BOX_ROWS = 64;
-// B2B_WG: a back-to-back conv (B2B, below) of a wgmma build runs on wgmma too, its A operand
-// the staged tile itself: the tile is then staged in TMA_ST's swizzled boxes, which are
-// wgmma's K-major operand layout, whatever stores it.
+// B2B_WG: a back-to-back conv (B2B, below) of a wgmma build runs on wgmma too (n32 tiles or
+// wider; narrower ones on mma.sync), its A operand the staged tile itself: the tile is then
+// staged in TMA_ST's swizzled boxes, which are wgmma's K-major operand layout, whatever
+// stores it.
 constexpr int B2B = TC_B2B;
-constexpr bool B2B_WG = B2B > 0 && WG;
+constexpr bool B2B_WG = B2B > 0 && WG && B2B % 32 == 0;
 constexpr bool SWZ_STG = TMA_ST || B2B_WG;
 constexpr int STG_SMEM = SWZ_STG ? BM * TB + 1024 : BM * E_ROW;
 // The residual epilogue with PACK_OUT stages the block's residual tile beside the output tile
@@ -357,9 +358,8 @@ static_assert(!B2B || ((PREC == 0 || PREC == 1) && EPI == 1 && (PACK == 1 || B2B
               "tile, PACK_OUT=1 (wgmma: or 2), NHWC, int8 requant / fp16 bias) in whole "
               "instruction k-steps, and writes whole 16-byte vectors of its own output; a "
               "persistent block (wgmma, one consumer) keeps its weights, copied ahead");
-static_assert(!B2B_WG || (B2B % 32 == 0 && TB % 32 == 0 && VW == 16),
-              "a back-to-back conv on wgmma is n32 tiles wide and reads 32-byte k-steps of "
-              "the swizzled staged tile");
+static_assert(!B2B_WG || (TB % 32 == 0 && VW == 16),
+              "a back-to-back conv on wgmma reads 32-byte k-steps of the swizzled staged tile");
 static_assert(SMEM == TC_SMEM_BYTES, "kernels/space.py:geometry must equal what the kernel allocates");
 static_assert(PREC != 2 || K % 2 == 0, "int4 output packs two channels per byte");
 static_assert(!RES || ((PREC == 0 || PREC == 1) && EPI == 1),

@@ -304,12 +304,18 @@ def schedule_columns(schedule: Mapping[str, Any]) -> dict[str, np.ndarray]:
 B2B_KNOBS = {"LAYOUT": "nhwc", "SPLIT_K": 1, "HALO": 0}
 
 
-def b2b_path_ok(cols: Mapping[str, np.ndarray], n: tuple[int, ...]) -> np.ndarray:
+def b2b_on_wgmma(cols: Mapping[str, np.ndarray], n: tuple[int, ...], b2b: int) -> np.ndarray:
+    """Where a back-to-back conv of `b2b` channels runs on wgmma (conv.cu: B2B_WG): in wgmma
+    builds, n32 tiles or wider (narrower ones run on mma.sync)."""
+    return mma_is_wgmma(cols, n) & (b2b > 0) & (b2b % 32 == 0)
+
+
+def b2b_path_ok(cols: Mapping[str, np.ndarray], n: tuple[int, ...], b2b: int) -> np.ndarray:
     """Where a back-to-back conv finds the block's staged output tile: PACK_OUT=1, or on
     wgmma also 2 (its second GEMM reads the tile in TMA stores' swizzled boxes: conv.cu,
     B2B_WG); one tile a block, or on wgmma a persistent block of one consumer, which keeps
     the second conv's weights for all its tiles."""
-    wgmma = mma_is_wgmma(cols, n)
+    wgmma = b2b_on_wgmma(cols, n, b2b)
     pack_out = _knob(cols, "PACK_OUT", n)
     persist, pingpong = _knob(cols, "PERSIST", n), _knob(cols, "PINGPONG", n)
     return (((pack_out == 1) | ((pack_out == 2) & wgmma)) &
@@ -331,13 +337,13 @@ def b2b_problems(shape: ConvShape, precision: Precision, sm: int,
     for knob, want in B2B_KNOBS.items():
         if sched.get(knob, want) != want:
             return f"a back-to-back conv needs {knob}={want}"
-    wgmma = sched.get("MMA", "sync") == "wgmma"
-    if not b2b_path_ok(schedule_columns(sched), (1,))[0]:
+    cols = schedule_columns(sched)
+    if not b2b_path_ok(cols, (1,), b2b)[0]:
+        wgmma = bool(b2b_on_wgmma(cols, (1,), b2b)[0])
         if sched.get("PACK_OUT", 1) not in ((1, 2) if wgmma else (1,)):
-            return "a back-to-back conv needs PACK_OUT=1 (wgmma: 1 or 2)"
-        return "a back-to-back conv needs PERSIST=0 (wgmma: or one consumer, PINGPONG=0)"
-    if wgmma and b2b % 32:
-        return f"a back-to-back conv on wgmma is n32 tiles wide: not {b2b} channels"
+            return "a back-to-back conv needs PACK_OUT=1 (on wgmma, 32-channel multiples: 1 or 2)"
+        return ("a back-to-back conv needs PERSIST=0 (on wgmma, 32-channel multiples: or one "
+                "consumer, PINGPONG=0)")
     eb = p.input_bits // 8
     kb = instruction_shape(p, sm).k * eb  # bytes of k per instruction (conv.cu: KB)
     bn = int(g.block_n[0])
@@ -365,7 +371,7 @@ def b2b_mask(shape: ConvShape, precision: Precision, sm: int,
     for knob, want in B2B_KNOBS.items():
         if knob in cols:  # (the columns broadcast together: `ok` takes their shape)
             ok = ok & (np.asarray(cols[knob]) == want)
-    ok = ok & b2b_path_ok(cols, n) & (~mma_is_wgmma(cols, n) | (b2b % 32 == 0))
+    ok = ok & b2b_path_ok(cols, n, b2b)
     ok = ok & ((shape.k * eb) % kb == 0) & (b2b % 8 == 0) & ((b2b * eb) % 16 == 0)
     return np.broadcast_to(ok, n)
 
@@ -588,7 +594,8 @@ def geometry(shape: ConvShape, precision: Precision, target: Target,
     padded_tile = bm * (bn * stage_bits // 8 + EPILOGUE_ROW_PAD)
     # PACK_OUT=2, and a wgmma build's back-to-back conv (conv.cu: SWZ_STG), stage the tile
     # dense (swizzled) from a 1024-byte-aligned base.
-    swizzled = tma_store | (wg & bool(b2b))
+    b2b_wg = wg & bool(b2b) & (b2b % 32 == 0)  # conv.cu: B2B_WG
+    swizzled = tma_store | b2b_wg
     staging = np.where(swizzled, bm * bn * ob // 8 + TMA_STORE_ALIGN, padded_tile)
     epilogue = np.where(pack & (ob == 32), 0,
                         staging + np.where(pack & residual, padded_tile, 0))
@@ -613,7 +620,7 @@ def geometry(shape: ConvShape, precision: Precision, target: Target,
     b2b_ahead = np.zeros(np.shape(smem), dtype=bool)
     if b2b:  # conv.cu: W2_OFF, O2_OFF (rows padded by 16 bytes; wgmma: dense, aligned)
         eb = elem_bits // 8
-        w2 = np.where(wg, b2b * shape.k * eb + TMA_STORE_ALIGN,
+        w2 = np.where(b2b_wg, b2b * shape.k * eb + TMA_STORE_ALIGN,
                       b2b * (shape.k * eb + EPILOGUE_ROW_PAD))
         o2 = bm * (b2b * eb + EPILOGUE_ROW_PAD)
         stg_end = -(-staging // 16) * 16  # the staged output tile, at 0
@@ -729,7 +736,7 @@ class LayerTraits:
     nhwcnc: bool  # batch and channels fill the blocked layout's 8 x vector blocks
     concat: bool  # two inputs
     halo: bool  # the halo patch applies (HALO)
-    b2b: bool = False  # a back-to-back conv over the output (ConvShape.b2b)
+    b2b: int = 0  # a back-to-back conv's output channels (ConvShape.b2b), or 0
 
 
 def layer_traits(shape: ConvShape, precision: Precision) -> LayerTraits:
@@ -742,7 +749,7 @@ def layer_traits(shape: ConvShape, precision: Precision) -> LayerTraits:
         nhwcnc=shape.n % NHWCNC_BATCH_BLOCK == 0 and shape.c % cv == 0 and shape.k % cv == 0,
         concat=bool(shape.concat),
         halo=halo_applies(shape),
-        b2b=bool(shape.b2b))
+        b2b=shape.b2b)
 
 
 def structural_validity(traits: LayerTraits, precision: Precision, target: Target,
@@ -819,7 +826,7 @@ def structural_validity(traits: LayerTraits, precision: Precision, target: Targe
     if traits.b2b:
         for knob, want in B2B_KNOBS.items():
             ok &= _knob(cols, knob, n) == want
-        ok &= b2b_path_ok(cols, n)
+        ok &= b2b_path_ok(cols, n, traits.b2b)
     # Two inputs (concat_problems): the cp.async / register-staged loads of NHWC rows.
     if traits.concat:
         ok &= (tma_knob == 0) & ~fold & dup0 & nhwc

@@ -41,10 +41,12 @@ def records(precision: str, b2b_us: float | None, schedule: dict[str, Any] = SCH
     return out
 
 
-def opt(m: nn.Module, x: torch.Tensor, precision: str, recs: dict[str, Any]) -> OptimizedModel:
+def opt(m: nn.Module, x: torch.Tensor, precision: str, recs: dict[str, Any],
+        pdl: bool = False) -> OptimizedModel:
+    """The blocks optimized for an H100, plain launches unless `pdl`."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DefaultScheduleWarning)
-        return optimize(m, x, precision, "h100", schedules=recs, backend="reference")
+        return optimize(m, x, precision, "h100", schedules=recs, backend="reference", pdl=pdl)
 
 
 def fused(o: OptimizedModel) -> dict[str, FusedConv]:
@@ -85,6 +87,17 @@ def test_the_two_stay_apart_where_the_pair_is_no_faster_or_cannot_run() -> None:
     notes = {lp.name: lp for lp in o.plan}["0.conv3"].notes
     assert any("not back to back with 1.conv1" in n and "whole output rows" in n
                for n in notes), notes
+
+
+def test_with_pdl_the_two_stay_apart() -> None:
+    """The pair's record is timed alone with plain launches; with PDL (sm_90's default) the
+    second layer's kernel overlaps the first's end, so the pair stays apart, with a note."""
+    m, x = blocks(), torch.randn(2, 64, 8, 8)
+    o = opt(m, x, "int8", records("int8", 8.0), pdl=True)
+    assert {"0.conv3", "1.conv1"} <= set(fused(o)) and fused(o)["0.conv3"].b2b == 0
+    notes = {lp.name: lp for lp in o.plan}["0.conv3"].notes
+    assert any("not back to back with 1.conv1" in n and "PDL" in n for n in notes), notes
+    assert opt(m, x, "int8", records("int8", 8.0))  # (plain launches: the pair, above)
 
 
 def test_a_layer_that_runs_a_back_to_back_conv_refuses_what_it_cannot() -> None:

@@ -62,7 +62,9 @@ def test_where_a_b2b_conv_applies() -> None:
         ({**SYNC, "PERSIST": 1}, 64, "PERSIST=0"),
         ({**WG, "WARP_COL_TILES": 4}, 64, "whole output rows"),  # 128 of the 256 columns
         ({**SYNC, "BLK_COL_WARPS": 8}, 60, "16-byte vectors"),
-        (WG, 40, "n32 tiles"),  # a wgmma build's second GEMM
+        # under 32-channel multiples a wgmma build's second GEMM is mma.sync's, as above
+        ({**WG, "PACK_OUT": 2, "TMA": 1}, 16, "PACK_OUT=1"),
+        ({**WG, "PERSIST": 1}, 16, "PERSIST=0"),
     ]
     for sched, b2b, why in cases:
         got = _problem(sched, b2b=b2b)
@@ -142,6 +144,16 @@ def test_b2b_builds_hold_the_intended_instructions(precision: str, sm: int, sche
     plain = sass_of(BuildJob(LAST, Precision(precision), sm, schedule,
                              Epilogue(relu=True, residual=True)), cache)
     assert summary.text.count("MMA") > plain.text.count("MMA")
+
+
+@pytest.mark.usefixtures("sass_tools")
+def test_a_narrow_b2b_of_a_wgmma_build_runs_on_mma_sync(cache: Path) -> None:
+    """16 channels (no n32 wgmma tile): the main loop's wgmma, the second GEMM's mma.sync."""
+    summary = sass_of(BuildJob(LAST, Precision.INT8, 90, WG, with_b2b(16)), cache)
+    assert not summary.spills
+    assert any(m.startswith("IGMMA.64x256") for m in summary.mma), summary.mma
+    assert any(m.startswith("IMMA") for m in summary.mma), summary.mma
+    assert not any(m.startswith("IGMMA.64x16") for m in summary.mma), summary.mma
 
 
 def test_fp16_b2b_builds_compile_for_sm75(cache: Path) -> None:
