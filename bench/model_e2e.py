@@ -27,7 +27,9 @@ import argparse
 import copy
 import datetime as dt
 import json
+import statistics
 import sys
+import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -201,6 +203,7 @@ def cmd_profile(a: argparse.Namespace) -> int:
 
     from bench.nets import model
     from deploy.measure import compile_for_inference
+    from deploy.module import FusedConv
     from kernels.spec import target_for_gpu_model
 
     target = a.schedules_target or target_for_gpu_model(torch.cuda.get_device_name(0))
@@ -213,6 +216,7 @@ def cmd_profile(a: argparse.Namespace) -> int:
             for p in a.precisions.split(","):
                 opt = _optimize(net.cuda(), xc, p, target, _schedules(a.schedules), a.cache,
                                 "cuda", pdl=a.compiled or None)
+                layers = _fused_in_graph_order(opt, FusedConv)
                 if a.compiled:  # as `run`'s compiled variant: PDL, the ops around compiled
                     opt = compile_for_inference(opt, xc)
                 with torch.no_grad():
@@ -230,9 +234,79 @@ def cmd_profile(a: argparse.Namespace) -> int:
                 print(f"{name} n={n} {p}: {total:.1f} us of kernels per forward")
                 for key, us, count in rows[:a.top]:
                     print(f"  {us:8.1f} us  {count:4d}x  {key[:100]}")
+                if a.per_kernel:
+                    trace = _graph_trace(opt, xc, reps)
+                    print(per_kernel_table(critical_path(trace, reps), layers))
                 if a.compiled:
                     torch._dynamo.reset()
     return 0
+
+
+def _fused_in_graph_order(opt: Any, kind: type) -> list[str]:
+    """The names of the model's fused layers as its graph calls them (each one kernel):
+    the order their kernels launch in, but where a compiled graph reorders independent
+    layers (a block's shortcut beside its first conv)."""
+    gm = opt.graph_module
+    return [gm.get_submodule(str(n.target)).layer.name for n in gm.graph.nodes
+            if n.op == "call_module" and isinstance(gm.get_submodule(str(n.target)), kind)]
+
+
+def _graph_trace(opt: Any, x: Any, reps: int) -> dict[str, Any]:
+    """A profiler trace of `reps` forwards replayed from one CUDA graph, as `run` times them
+    (without it the host's launches leave the GPU idle between kernels)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    # Warmed up on the stream that captures (a fused layer's scratch is per stream, and
+    # allocating it is not allowed during a capture), as kernels.timing does.
+    g, side = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    with torch.no_grad(), torch.cuda.stream(side):
+        for _ in range(3):
+            opt(x)
+        side.synchronize()
+        with torch.cuda.graph(g, stream=side):
+            for _ in range(reps):
+                opt(x)
+    g.replay()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        g.replay()
+        torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as tmp:
+        prof.export_chrome_trace(f"{tmp}/trace.json")
+        return json.loads(Path(f"{tmp}/trace.json").read_text())
+
+
+def critical_path(trace: dict[str, Any], reps: int) -> list[tuple[str, float, float]]:
+    """Each kernel of a forward in launch order, from a profiler trace of `reps` forwards:
+    (name, its end minus the end of the kernel before it, its own duration), medians over
+    the forwards, in µs. With PDL a kernel starts before the one before it ends, so its
+    duration includes that wait; the end-to-end step is what it adds to the forward."""
+    kernels = sorted((e["ts"], e["ts"] + e["dur"], e["name"]) for e in trace["traceEvents"]
+                     if e.get("cat") == "kernel")
+    per = len(kernels) // reps
+    if per == 0 or per * reps != len(kernels):
+        raise ValueError(f"{len(kernels)} kernels over {reps} forwards: not a whole number each")
+    out = []
+    for i in range(per):
+        runs = [kernels[f * per + i] for f in range(reps)]
+        steps = [end - (kernels[f * per + i - 1][1] if i else start)
+                 for f, (start, end, _) in enumerate(runs)]
+        out.append((runs[0][2], statistics.median(steps),
+                    statistics.median(end - start for start, end, _ in runs)))
+    return out
+
+
+def per_kernel_table(path: list[tuple[str, float, float]], layers: list[str]) -> str:
+    """`critical_path` as lines, tctune's conv kernels named by the model's fused layers in
+    order (where their counts agree)."""
+    convs = [i for i, (name, _, _) in enumerate(path) if name.startswith("tc_conv")]
+    names = dict(zip(convs, layers, strict=True)) if len(convs) == len(layers) else {}
+    lines = ["  step us   dur us  kernel"]
+    for i, (name, step, dur) in enumerate(path):
+        lines.append(f"  {step:7.2f}  {dur:7.2f}  {names.get(i, name[:60])}")
+    lines.append(f"  {sum(s for _, s, _ in path):7.2f}  (the forward's kernels, end to end)")
+    return "\n".join(lines)
 
 
 def render(path: str) -> str:
@@ -290,6 +364,10 @@ def main(argv: list[str] | None = None) -> int:
             s.add_argument("--top", type=int, default=20)
             s.add_argument("--compiled", action="store_true",
                            help="as run's compiled variant (PDL, torch.compile around)")
+            s.add_argument("--per-kernel", action="store_true",
+                           help="also each kernel of a forward in order (forwards replayed "
+                                "from a CUDA graph): what it adds to the forward end to end, "
+                                "and its own duration")
     t = sub.add_parser("table")
     t.add_argument("file")
     a = ap.parse_args(argv)

@@ -81,14 +81,20 @@ def _models(a: argparse.Namespace) -> Any:
 
 def _candidates(a: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
     """The candidates file's schedules per key, less those not worth trying
-    (deploy.model_select.worth_trying: fp16 ones slower alone than the record's baseline)."""
+    (deploy.model_select.worth_trying: fp16 ones slower alone than the record's baseline
+    with the pass after it)."""
     from deploy.model_select import worth_trying
+    from deploy.plan import epilogue_pass_us
 
     records = json.loads(Path(a.schedules).read_text())
-    return {k: [c["schedule"] for c in v
-                if worth_trying(Precision(k.split("|")[1]), c["latency_us"],
-                                records.get(k, {}).get("baseline_us"))]
-            for k, v in read_json(a.candidates).items()}
+    out = {}
+    for k, v in read_json(a.candidates).items():
+        shape_key, prec, target = k.split("|")
+        pass_us = epilogue_pass_us(ConvShape.from_key(shape_key), get_target(target))
+        out[k] = [c["schedule"] for c in v
+                  if worth_trying(Precision(prec), c["latency_us"],
+                                  records.get(k, {}).get("baseline_us"), pass_us)]
+    return out
 
 
 def cmd_prebuild(a: argparse.Namespace) -> int:

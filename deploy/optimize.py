@@ -130,14 +130,15 @@ def optimize(model: nn.Module, example_inputs: Any, precision: str = "fp16",
 
     layers, candidates = _candidates(gm, p, tgt)
     chains = graph.find_chains(gm, candidates)
-    records = _records(schedules, candidates, chains, p, tgt)
+    records, res_records = _records(schedules, candidates, chains, p, tgt)
     kept: dict[fx.Node, str] = {}  # fp16 layers slower than cuDNN per their record
-    for node, (_, lp) in candidates.items():
+    for node, (shape, lp) in candidates.items():
         rec = records[node]
         if rec is not None:
             lp.latency_us, lp.baseline_us, lp.speedup = rec.latency_us, rec.baseline_us, \
                 rec.speedup
-        why = planning.keep_for_record(rec, p)
+        after = planning.epilogue_pass_us(replace(shape, residual=node in res_records), tgt)
+        why = planning.keep_for_record(rec, p, after)
         if why:
             kept[node] = why
         elif rec is not None and rec.slower_than_baseline():
@@ -146,7 +147,8 @@ def optimize(model: nn.Module, example_inputs: Any, precision: str = "fp16",
                             f"record (speedup {rec.speedup})")
     # Layers over two inputs are decided before the kept layers leave: one of the two convs
     # may lose to cuDNN alone while the pair's one GEMM beats cuDNN's two.
-    pairs = _two_input_layers(chains, candidates, records, kept, schedules, p, tgt)
+    pairs = _two_input_layers(chains, candidates, records, res_records, kept, schedules, p,
+                              tgt)
     paired = {n for conv, (proj, _, _) in pairs.items() for n in (conv, proj)}
     leaving = [node for node in kept if node not in paired]
     for node in leaving:
@@ -213,23 +215,27 @@ def optimize(model: nn.Module, example_inputs: Any, precision: str = "fp16",
 
 def _records(schedules: Any, candidates: dict[fx.Node, tuple[Any, LayerPlan]],
              chains: list[graph.Chain], p: Precision, tgt: Target
-             ) -> dict[fx.Node, planning.Record | None]:
+             ) -> tuple[dict[fx.Node, planning.Record | None], set[fx.Node]]:
     """Each candidate's record, in one lookup: a conv whose epilogue adds a residual takes
     the record of the layer with it (ConvShape.residual, as `tctune plan` tunes it), else
-    that of its conv alone (noted: the schedule was tuned without the residual's reads)."""
+    that of its conv alone (noted: the schedule was tuned without the residual's reads).
+    Also the convs whose record is their layer's with the residual (its baseline times the
+    conv and PyTorch's add after it: kernels.cudnn.cudnn_baseline)."""
     with_res = [c.conv for c in chains if c.residual is not None]
     asked = [(lp.name, shape) for shape, lp in candidates.values()] + \
         [(candidates[n][1].name, replace(candidates[n][0], residual=True)) for n in with_res]
     found = planning.lookup_records(schedules, asked, p, tgt)
     records = dict(zip(candidates, found[:len(candidates)], strict=True))
+    res_records: set[fx.Node] = set()
     for node, rec in zip(with_res, found[len(candidates):], strict=True):
         if rec is not None:
             records[node] = rec
+            res_records.add(node)
         elif records[node] is not None:
             candidates[node][1].notes.append(
                 "record of the conv without its residual; tune "
                 f"{replace(candidates[node][0], residual=True).key()} for the fused layer")
-    return records
+    return records, res_records
 
 
 def _module_name(gm: fx.GraphModule, lp: LayerPlan, fused: dict[fx.Node, FusedConv]) -> str:
@@ -242,14 +248,16 @@ def _module_name(gm: fx.GraphModule, lp: LayerPlan, fused: dict[fx.Node, FusedCo
 def _two_input_layers(chains: list[graph.Chain],
                       candidates: dict[fx.Node, tuple[Any, LayerPlan]],
                       records: dict[fx.Node, planning.Record | None],
-                      kept: dict[fx.Node, str], schedules: Any, p: Precision, tgt: Target
+                      res_records: set[fx.Node], kept: dict[fx.Node, str], schedules: Any,
+                      p: Precision, tgt: Target
                       ) -> dict[fx.Node, tuple[fx.Node, ConvShape, planning.Record]]:
     """A bottleneck's last conv and its projection shortcut that run as one layer over both
     inputs (kernels.spec.two_input_shape): last conv -> (projection conv, the layer's shape,
     its record). A pair is merged where a record of that layer has a schedule valid for it
     and is faster than what the two would otherwise run as: each its record, or cuDNN where
     the record loses to it (`kept`, fp16); fp16 also where its own record says it beats its
-    baseline (cuDNN's two layers). The pairs' records come in one lookup."""
+    baseline (cuDNN's two layers) with the pass after them. The pairs' records come in one
+    lookup."""
     found: list[tuple[graph.Chain, graph.Chain, ConvShape]] = []
     for chain in chains:
         proj = graph.projection_of(chain, chains)
@@ -265,11 +273,13 @@ def _two_input_layers(chains: list[graph.Chain],
     for (chain, proj, shape), rec in zip(found, recs, strict=True):
         if rec is None:
             continue
-        otherwise = [_runs_as_us(records[n], n in kept) for n in (chain.conv, proj.conv)]
+        otherwise = [_runs_as_us(records[n], replace(candidates[n][0], residual=n in res_records),
+                                 tgt, n in kept) for n in (chain.conv, proj.conv)]
         if rec.latency_us and all(otherwise) and \
                 rec.latency_us >= sum(t for t in otherwise if t is not None):
             continue
-        if planning.keep_for_record(rec, p):  # fp16: slower than cuDNN's two layers
+        # fp16: slower than cuDNN's two convs and the one pass after them
+        if planning.keep_for_record(rec, p, planning.epilogue_pass_us(shape, tgt)):
             continue
         why = schedule_fits(shape, p, tgt, rec.schedule,
                             Epilogue("default", chain.relu is not None))
@@ -281,16 +291,18 @@ def _two_input_layers(chains: list[graph.Chain],
     return out
 
 
-def _runs_as_us(rec: planning.Record | None, kept: bool) -> float | None:
-    """A layer's time as deploy would otherwise run it: its record's, or cuDNN's where it
-    stays in PyTorch (the record's baseline, or its latency times its speedup)."""
+def _runs_as_us(rec: planning.Record | None, shape: ConvShape, tgt: Target,
+                kept: bool) -> float | None:
+    """A layer's time as deploy would otherwise run it: its record's, or where it stays in
+    PyTorch cuDNN's (the record's baseline, or its latency times its speedup) with the pass
+    after it (plan.epilogue_pass_us)."""
     if rec is None:
         return None
     if not kept:
         return rec.latency_us
-    if rec.baseline_us is not None:
-        return rec.baseline_us
-    return rec.latency_us * rec.speedup if rec.latency_us and rec.speedup else None
+    base = rec.baseline_us if rec.baseline_us is not None else \
+        rec.latency_us * rec.speedup if rec.latency_us and rec.speedup else None
+    return None if base is None else base + planning.epilogue_pass_us(shape, tgt)
 
 
 def _concat_layer(gm: fx.GraphModule, chain: graph.Chain, proj: graph.Chain,

@@ -5,8 +5,9 @@ Schedules come from `schedules` (see `lookup_records`): a tctune service (an
 what the service answers for a layer (`schedule`, `latency_us`, and where the task's
 baseline was timed, `baseline_us` and `speedup`). Rules:
   * a layer without a record runs the runtime's default schedule (DefaultScheduleWarning);
-  * fp16: a record whose tuned kernel is slower than its baseline (`speedup` < 1, or
-    `latency_us` > `baseline_us`) keeps PyTorch's conv for that layer;
+  * fp16: a record whose tuned kernel is slower than its baseline with the pass PyTorch
+    runs after the conv (`latency_us` > `baseline_us` + `epilogue_pass_us`; a record with
+    only its `speedup`, < 1) keeps PyTorch's conv for that layer;
   * a tuned schedule in the blocked NHWCnc layout runs as NHWC (the same knobs), because
     activations stay NHWC between layers; where that twin is invalid, or the schedule does not
     fit the layer's fused epilogue (a residual tile needs shared memory too), the default.
@@ -164,12 +165,40 @@ class LayerPlan:
         return ",".join(parts) or "-"
 
 
-def keep_for_record(record: Record | None, precision: Precision) -> str:
-    """Why a layer stays in PyTorch because of its record ('' where it is replaced)."""
-    if record is None or precision is not Precision.FP16 or not record.slower_than_baseline():
+# A pointwise kernel's fixed cost in a compiled model, beyond its bytes at the memory's
+# bandwidth: the bias + ReLU pass after each conv ResNet-50 left to cuDNN took 1.8-2.1 µs
+# more (H200, bench/data/profiles/model_e2e_kernels_h200.txt).
+POINTWISE_US = 1.8
+
+
+def epilogue_pass_us(shape: ConvShape, target: Target) -> float:
+    """What a conv left to PyTorch costs in the model beyond its record's baseline: the pass
+    over its fp16 output for the bias and ReLU that a fused kernel does in its epilogue (one
+    kernel in a compiled model, more eager), its output read and written at the target's
+    bandwidth plus POINTWISE_US; none for a layer with its residual (ConvShape.residual),
+    whose baseline times PyTorch's add after the conv (kernels.cudnn.cudnn_baseline)."""
+    if shape.residual:
+        return 0.0
+    out_bytes = shape.n * shape.p * shape.q * shape.k * 2
+    return POINTWISE_US + 2 * out_bytes / (target.bandwidth_gbs * 1e3)
+
+
+def keep_for_record(record: Record | None, precision: Precision, pass_us: float = 0.0) -> str:
+    """Why a layer stays in PyTorch because of its record ('' where it is replaced): fp16
+    whose tuned kernel is slower than cuDNN's conv (the record's baseline) with the pass
+    PyTorch runs after it (`pass_us`: epilogue_pass_us); a record with no times but its
+    speedup, slower than cuDNN's conv alone."""
+    if record is None or precision is not Precision.FP16:
         return ""
-    sp = f"{record.speedup:.3g}x" if record.speedup is not None else \
-        f"{record.latency_us:g} us > {record.baseline_us:g} us"
+    lat, base = record.latency_us, record.baseline_us
+    if lat is not None and base is not None:
+        if lat <= base + pass_us:
+            return ""
+        return (f"tuned kernel slower than its baseline with the pass after it ({lat:g} us > "
+                f"{base:g} + {pass_us:.2g} us): PyTorch's conv kept")
+    if not record.slower_than_baseline():
+        return ""
+    sp = f"{record.speedup:.3g}x" if record.speedup is not None else f"{lat:g} us > {base:g} us"
     return f"tuned kernel slower than its baseline ({sp}): PyTorch's conv kept"
 
 

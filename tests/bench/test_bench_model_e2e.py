@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from bench import model_e2e
 from kernels.spec import ConvShape, Precision, get_target, task_key
 
@@ -157,3 +159,28 @@ def test_records_of_a_retime_on_another_gpu_are_that_gpus(tmp_path: Path) -> Non
     recs = _records(tmp_path, {"a.json": h100, "b.json": h200})
     assert recs[task_key(SHAPE, Precision.INT8, get_target("h200"))]["latency_us"] == 7.5
     assert recs[task_key(SHAPE, Precision.INT8, get_target("h100"))]["latency_us"] == 9.0
+
+
+def test_the_critical_path_is_each_kernels_end_after_the_one_before() -> None:
+    """`profile --per-kernel`: per kernel of a forward, what it adds end to end (with PDL it
+    starts before the one before it ends) and its own duration, medians over forwards; the
+    conv kernels named by the model's fused layers in order."""
+    def forward(t0: float, a_dur: float) -> list[dict]:
+        # quantize 0-2, conv A 1-(1+a_dur) (started early: PDL), conv B after A by 3
+        return [{"cat": "kernel", "name": "tc_quantize", "ts": t0, "dur": 2.0},
+                {"cat": "kernel", "name": "tc_conv", "ts": t0 + 1, "dur": a_dur},
+                {"cat": "cpu_op", "name": "aten::empty", "ts": t0, "dur": 1.0},
+                {"cat": "kernel", "name": "tc_conv", "ts": t0 + a_dur, "dur": 4.0}]
+    trace = {"traceEvents": forward(100, 5.0) + forward(0, 5.0) + forward(200, 9.0)}
+    path = model_e2e.critical_path(trace, 3)
+    # A ends at 6 (medians), 4 after the quantize's end; B ends at 9, 3 after A's
+    assert path == [("tc_quantize", 2.0, 2.0), ("tc_conv", 4.0, 5.0), ("tc_conv", 3.0, 4.0)]
+    text = model_e2e.per_kernel_table(path, ["conv1", "layer1.0.conv1"])
+    assert text.splitlines()[1:4] == ["     2.00     2.00  tc_quantize",
+                                      "     4.00     5.00  conv1",
+                                      "     3.00     4.00  layer1.0.conv1"]
+    assert text.splitlines()[-1].strip().startswith("9.00")
+    # names only where the counts agree
+    assert "tc_conv" in model_e2e.per_kernel_table(path, ["conv1"])
+    with pytest.raises(ValueError, match="whole number"):
+        model_e2e.critical_path(trace, 2)

@@ -472,9 +472,10 @@ def test_the_two_layers_stay_apart_without_a_fitting_faster_record() -> None:
 
 
 def test_a_pair_merges_where_its_gemm_beats_what_the_two_would_run_as() -> None:
-    """fp16: conv3 alone loses to cuDNN (kept in PyTorch), the projection wins. The pair's
-    one GEMM is merged where it beats cuDNN's conv3 plus the projection's kernel (5 + 4 us),
-    and otherwise conv3 stays on cuDNN and the projection takes the residual add."""
+    """fp16: conv3 alone loses to cuDNN with the pass after it (kept in PyTorch), the
+    projection wins. The pair's one GEMM is merged where it beats cuDNN's conv3 with that
+    pass plus the projection's kernel (5 + 1.8 + 4 us), and otherwise conv3 stays on cuDNN
+    and the projection takes the residual add."""
     from kernels.spec import ConvShape, get_target, task_key
 
     torch.manual_seed(13)
@@ -483,14 +484,14 @@ def test_a_pair_merges_where_its_gemm_beats_what_the_two_would_run_as() -> None:
     h100 = get_target("h100")
     conv3 = task_key(ConvShape(2, 5, 5, 32, 128, 1, 1), Precision.FP16, h100)
     proj = task_key(ConvShape(2, 10, 10, 64, 128, 1, 1, stride=2), Precision.FP16, h100)
-    parts = {conv3: {"schedule": CONCAT_SCHEDULE, "latency_us": 6.0, "baseline_us": 5.0},
+    parts = {conv3: {"schedule": CONCAT_SCHEDULE, "latency_us": 7.5, "baseline_us": 5.0},
              proj: {"schedule": CONCAT_SCHEDULE, "latency_us": 4.0, "baseline_us": 5.0}}
     merged = plan_of(opt(m, x, "fp16", schedules={
         **parts, **_concat_records(x, "fp16", CONCAT_SCHEDULE, latency_us=8.5)}))
     assert merged["conv3"].replaced and merged["conv3"].merged == "downsample.0"
     assert merged["conv3"].reason == ""
     o = opt(m, x, "fp16", schedules={
-        **parts, **_concat_records(x, "fp16", CONCAT_SCHEDULE, latency_us=9.5)})
+        **parts, **_concat_records(x, "fp16", CONCAT_SCHEDULE, latency_us=11.0)})
     apart = plan_of(o)
     assert not apart["conv3"].replaced and "slower than its baseline" in apart["conv3"].reason
     assert apart["downsample.0"].merged is None and apart["downsample.0"].residual is not None

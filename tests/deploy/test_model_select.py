@@ -196,7 +196,8 @@ def test_a_new_schedule_is_built_for_the_planned_input_or_refused_unchanged(
 def test_the_candidates_are_each_records_runners_up_in_the_service(
         service: tuple[TestClient, str]) -> None:  # noqa: F811
     """One bulk lookup with runners_up: per record its next fastest schedules in the service,
-    fastest first, less fp16 ones slower alone than the record's cuDNN baseline."""
+    fastest first, less fp16 ones slower alone than the record's cuDNN baseline with the
+    pass after it."""
     app, db = service
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DefaultScheduleWarning)
@@ -208,9 +209,10 @@ def test_the_candidates_are_each_records_runners_up_in_the_service(
     for mod, baseline in ((second, None), (first, 10.0)):  # the second with its residual
         shape = replace(mod.shape, residual=mod.residual)
         alts = alternatives(mod, 3)
-        for s, us in zip([mod.schedule, *alts], [8.0, 9.0, 9.5, 11.0], strict=True):
+        for s, us in zip([mod.schedule, *alts], [8.0, 9.0, 9.5, 13.0], strict=True):
             _store(db, shape, s, us, baseline)
-        # fp16 with a baseline of 10 us: the one at 11 us would leave the layer to cuDNN
+        # fp16 with a baseline of 10 us: the one at 13 us would leave the layer to cuDNN
+        # (slower than its 10 us with the pass after it, deploy.plan.epilogue_pass_us)
         want[mod.record_key()] = alts if baseline is None else alts[:2]
     client = Client("http://testserver")
     client.http.close()
