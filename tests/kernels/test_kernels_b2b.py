@@ -254,16 +254,14 @@ def test_the_space_mask_agrees_with_the_rule() -> None:
             assert (b2b_problems(LAST, p, 90, s, 64, gi) is None) == bool(mask[k]), s
 
 
-@on_gpu
-@pytest.mark.parametrize("precision", ["int8", "fp16"])
-def test_b2b_ops_match_the_reference(precision: str, cache: Path) -> None:
-    """Both outputs of back-to-back ops (wgmma and mma.sync) against the reference on random
-    inputs, a partial last tile included (bench/gpu/b2b_check.py runs sm_75 / sm_80 as
-    PTX)."""
+def _check_b2b_ops(shape: ConvShape, precision: str, target: str,
+                   runs: list[tuple[dict, int]], cache: Path) -> None:
+    """Both outputs of back-to-back ops, one per (schedule, channels) of `runs`, against the
+    reference on the same random inputs."""
     import cupy as cp
 
     p = Precision(precision)
-    prob = ref.make_problem(SMALL, p)
+    prob = ref.make_problem(shape, p)
     res, res_scale = prob.residual()
     dt = np.int8 if p is Precision.INT8 else np.float16
     x, w = (cp.asarray(np.ascontiguousarray(a).astype(dt)) for a in (prob.x, prob.w))
@@ -272,15 +270,11 @@ def test_b2b_ops_match_the_reference(precision: str, cache: Path) -> None:
                 res_scale=res_scale if p.is_integer else None)
     want_y = prob.expected("requant" if p.is_integer else "bias", True, True)
     cmp = np.int64 if p.is_integer else np.float64
-    # wgmma: one warpgroup and 64 x 128 tiles, with TMA stores, and two warpgroups of 64 x
-    # 256 (columns past K); 96 channels: three items of n32 for the warpgroups to share.
-    wide = {**SMALL_WG, "BLK_ROW_WARPS": 2, "WARP_COL_TILES": 8}
-    for sched, n2 in ((SMALL_WG, 32), ({**SMALL_WG, "TMA": 1, "PACK_OUT": 2}, 32),
-                      (wide, 96), (SMALL_WG, 96), (SMALL_SYNC, 32)):
+    for sched, n2 in runs:
         c = ref.make_b2b(prob, n2, True, True, True)
         b2b = (cp.asarray(c.w), cp.asarray(c.scale) if p.is_integer else None,
                cp.asarray(c.bias))
-        op = Conv2d(SMALL, p, sched, "h100", epilogue=with_b2b(n2), cache_dir=cache)
+        op = Conv2d(shape, p, sched, target, epilogue=with_b2b(n2), cache_dir=cache)
         y, y2 = op(x, w, **args, b2b=b2b)
         ok1, st1 = ref.check_output(cp.asnumpy(y).astype(cmp), want_y, p, p.output_bits)
         ok2, st2 = ref.check_output(cp.asnumpy(y2).astype(cmp), c.over(cp.asnumpy(y)), p,
@@ -290,32 +284,27 @@ def test_b2b_ops_match_the_reference(precision: str, cache: Path) -> None:
 
 @on_gpu
 @pytest.mark.parametrize("precision", ["int8", "fp16"])
+def test_b2b_ops_match_the_reference(precision: str, cache: Path) -> None:
+    """Both outputs of back-to-back ops (wgmma and mma.sync) against the reference on random
+    inputs, a partial last tile included (bench/gpu/b2b_check.py runs sm_75 / sm_80 as
+    PTX). wgmma: one warpgroup and 64 x 128 tiles, with TMA stores, and two warpgroups of
+    64 x 256 (columns past K); 96 channels: three items of n32 for the warpgroups to share."""
+    wide = {**SMALL_WG, "BLK_ROW_WARPS": 2, "WARP_COL_TILES": 8}
+    _check_b2b_ops(SMALL, precision, "h100",
+                   [(SMALL_WG, 32), ({**SMALL_WG, "TMA": 1, "PACK_OUT": 2}, 32), (wide, 96),
+                    (SMALL_WG, 96), (SMALL_SYNC, 32)], cache)
+
+
+@on_gpu
+@pytest.mark.parametrize("precision", ["int8", "fp16"])
 def test_persistent_b2b_ops_keep_their_weights(precision: str, cache: Path) -> None:
     """A persistent wgmma block copies the back-to-back weights once and runs the second GEMM
     after each of its tiles' epilogues: both outputs right over ResNet-50's layer1 pair
     (392 tiles of 64 rows, several a block), cp.async and TMA loads."""
-    import cupy as cp
-
-    p = Precision(precision)
-    prob = ref.make_problem(LAST, p)
-    res, res_scale = prob.residual()
-    dt = np.int8 if p is Precision.INT8 else np.float16
-    x, w = (cp.asarray(np.ascontiguousarray(a).astype(dt)) for a in (prob.x, prob.w))
-    args = dict(scale=cp.asarray(prob.scale) if p.is_integer else None,
-                bias=cp.asarray(prob.bias), residual=cp.asarray(res),
-                res_scale=res_scale if p.is_integer else None)
-    want_y = prob.expected("requant" if p.is_integer else "bias", True, True)
-    cmp = np.int64 if p.is_integer else np.float64
-    c = ref.make_b2b(prob, 64, True, True, True)
-    b2b = (cp.asarray(c.w), cp.asarray(c.scale) if p.is_integer else None, cp.asarray(c.bias))
     one = {**WG, "BLK_ROW_WARPS": 1, "PERSIST": 1}
-    for sched in (one, {**one, "TMA": 1, "PACK_OUT": 2}, {**one, "PERSIST": 2, "STAGES": 1}):
-        op = Conv2d(LAST, p, sched, "h200", epilogue=with_b2b(64), cache_dir=cache)
-        y, y2 = op(x, w, **args, b2b=b2b)
-        ok1, st1 = ref.check_output(cp.asnumpy(y).astype(cmp), want_y, p, p.output_bits)
-        ok2, st2 = ref.check_output(cp.asnumpy(y2).astype(cmp), c.over(cp.asnumpy(y)), p,
-                                    p.output_bits)
-        assert ok1 and ok2, (sched, st1, st2)
+    _check_b2b_ops(LAST, precision, "h200",
+                   [(one, 64), ({**one, "TMA": 1, "PACK_OUT": 2}, 64),
+                    ({**one, "PERSIST": 2, "STAGES": 1}, 64)], cache)
 
 
 # ---- a layer tuned with its back-to-back conv (ConvShape.b2b) ---------------------------------
