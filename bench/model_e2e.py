@@ -247,8 +247,8 @@ def _fused_in_graph_order(opt: Any, kind: type) -> list[str]:
     the order their kernels launch in, but where a compiled graph reorders independent
     layers (a block's shortcut beside its first conv)."""
     gm = opt.graph_module
-    return [gm.get_submodule(str(n.target)).layer.name for n in gm.graph.nodes
-            if n.op == "call_module" and isinstance(gm.get_submodule(str(n.target)), kind)]
+    called = (gm.get_submodule(str(n.target)) for n in gm.graph.nodes if n.op == "call_module")
+    return [m.layer.name for m in called if isinstance(m, kind)]
 
 
 def _graph_trace(opt: Any, x: Any, reps: int) -> dict[str, Any]:

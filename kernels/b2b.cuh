@@ -48,23 +48,14 @@ constexpr int WG_ITEMS = B2B_WG ? (BM / WGM) * (B2B / B2B_N) : 0;
 constexpr int WG_KSTEPS = K * EB / 32;  // 32-byte k-steps (m64nNk32 s8, m64nNk16 f16)
 }  // namespace cfg
 
-// A swizzle atom's XOR pattern: the 16-byte chunk index of a row's atom is XORed with bits of
-// the row (address bits 7.., relative to a 1024-byte-aligned base), as in stg_off.
-__device__ __forceinline__ int swz_of(int row, int atom) {
-  return atom == 128 ? (row & 7) : atom == 64 ? ((row >> 1) & 3) : ((row >> 2) & 1);
-}
-// Descriptor of a K-major swizzled tile at `addr` with `atom`-byte rows (warpgroup_tile.cuh:
-// wg_desc for the main loop's operands).
+// Descriptor of a K-major tile of dense `atom`-byte rows in swizzled planes (warpgroup_tile.cuh).
 __device__ __forceinline__ u64 b2b_desc(u32 addr, int atom) {
-  const u64 mode = atom == 128 ? 1 : atom == 64 ? 2 : 3;
-  return (u64)((addr & 0x3FFFF) >> 4) | ((u64)1 << 16) | ((u64)((8 * atom) >> 4) << 32) |
-         (mode << 62);
+  return wg_desc_of(addr, 8 * atom, atom);
 }
 // Byte offset of k-step ks (32 bytes) in a tile of `rows` rows of `atom`-byte planes.
 __device__ __forceinline__ u32 b2b_koff(int ks, int rows, int atom) {
   return (u32)((ks * 32 / atom) * rows * atom + (ks * 32) % atom);
 }
-__device__ __forceinline__ u32 align1024(u32 a) { return (a + 1023u) & ~1023u; }
 
 // The back-to-back weights into their region by cp.async (sm_80+; sm_75: plain copies),
 // one group.

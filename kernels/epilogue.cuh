@@ -119,12 +119,17 @@ __device__ __forceinline__ void residual_ahead(u8* smem, const Residual& res, in
 // Rows 8 apart share their swizzle (r0 is a multiple of 8): stg_off(row + 8i, c) =
 // stg_off(row, c) + 8i * STG_ROW.
 constexpr int STG_ROW = cfg::SWZ_STG ? cfg::SWB : cfg::E_ROW;
+// A swizzle atom's XOR pattern (`atom`-byte rows): the row's bits that its 16-byte chunk
+// index is XORed with (b2b.cuh lays out the back-to-back weights the same way).
+__device__ __forceinline__ int swz_of(int row, int atom) {
+  return atom == 128 ? (row & 7) : atom == 64 ? ((row >> 1) & 3) : ((row >> 2) & 1);
+}
+__device__ __forceinline__ u32 align1024(u32 a) { return (a + 1023u) & ~1023u; }
 __device__ __forceinline__ int stg_off(int row, int colb) {
   using namespace cfg;
   if constexpr (SWZ_STG) {
     const int box = colb / SWB, inb = colb % SWB;
-    const int swz = SWB == 128 ? (row & 7) : SWB == 64 ? ((row >> 1) & 3) : ((row >> 2) & 1);
-    return box * (BM * SWB) + row * SWB + ((((inb >> 4) ^ swz)) << 4) + (inb & 15);
+    return box * (BM * SWB) + row * SWB + ((((inb >> 4) ^ swz_of(row, SWB))) << 4) + (inb & 15);
   } else {
     return row * E_ROW + colb;
   }
@@ -374,8 +379,7 @@ __device__ __forceinline__ void epilogue(WT& wt, u8* smem, int m0, int n0, int t
   // ---- stage the tile in shared memory
   // PACK_OUT=2: the 1024-byte-aligned staging tile, once the previous tile's bulk stores
   // (this block's, PERSIST) have read it.
-  u8* const stg = SWZ_STG ? smem + ((((smem_addr(smem) + 1023u) & ~1023u)) - smem_addr(smem))
-                          : smem;
+  u8* const stg = SWZ_STG ? smem + (align1024(smem_addr(smem)) - smem_addr(smem)) : smem;
   if constexpr (TMA_ST) {
     if (tid == 0) bulk_wait_read();
     block_sync();

@@ -594,7 +594,7 @@ def geometry(shape: ConvShape, precision: Precision, target: Target,
     padded_tile = bm * (bn * stage_bits // 8 + EPILOGUE_ROW_PAD)
     # PACK_OUT=2, and a wgmma build's back-to-back conv (conv.cu: SWZ_STG), stage the tile
     # dense (swizzled) from a 1024-byte-aligned base.
-    b2b_wg = wg & bool(b2b) & (b2b % 32 == 0)  # conv.cu: B2B_WG
+    b2b_wg = b2b_on_wgmma(cols, np.shape(brw), b2b)
     swizzled = tma_store | b2b_wg
     staging = np.where(swizzled, bm * bn * ob // 8 + TMA_STORE_ALIGN, padded_tile)
     epilogue = np.where(pack & (ob == 32), 0,

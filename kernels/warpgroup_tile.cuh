@@ -14,8 +14,6 @@ namespace cfg {
 // first atom, then all rows of the second ("planes"). WG_ROWB: bytes from a row to the next.
 constexpr int WG_ROWB = TMA ? ATOM : SB;
 constexpr u32 WG_SBO = 8 * WG_ROWB;  // bytes between 8-row groups of a K-major operand tile
-// Descriptor swizzle field: 1 = 128 B, 2 = 64 B, 3 = 32 B atoms (an atom row is one span).
-constexpr u64 WG_SWIZZLE = ATOM == 128 ? 1 : ATOM == 64 ? 2 : 3;
 static_assert(!WG || (SB == 32 || SB == 64 || SB == 128 || SB == 256),
               "a wgmma stage row is 32, 64 or 128 bytes, or two 128-byte atoms");
 // Byte offset of k-step ks in a tile of `rows` rows: its atom, then its place in the atom row.
@@ -27,11 +25,16 @@ static_assert(!WG || SM == 90, "wgmma is an sm_90a instruction");
 
 // Shared-memory matrix descriptor of a K-major tile starting at `addr` (see PTX ISA,
 // "Matrix Descriptor Format"): start >> 4, leading offset (unused for swizzled K-major),
-// stride offset = one 8-row group, swizzle mode.
+// stride offset `sbo` = one 8-row group, swizzle mode of `atom`-byte atoms (1 = 128 B,
+// 2 = 64 B, 3 = 32 B).
+__device__ __forceinline__ u64 wg_desc_of(u32 addr, u32 sbo, int atom) {
+  const u64 mode = atom == 128 ? 1 : atom == 64 ? 2 : 3;
+  return (u64)((addr & 0x3FFFF) >> 4) | ((u64)1 << 16) | ((u64)(sbo >> 4) << 32) |
+         (mode << 62);
+}
+// The main loop's operand tiles (WG_ROWB bytes from a row to the next).
 __device__ __forceinline__ u64 wg_desc(u32 addr) {
-  using namespace cfg;
-  return (u64)((addr & 0x3FFFF) >> 4) | ((u64)1 << 16) | ((u64)(WG_SBO >> 4) << 32) |
-         (WG_SWIZZLE << 62);
+  return wg_desc_of(addr, cfg::WG_SBO, cfg::ATOM);
 }
 
 struct GroupTile {
