@@ -12,9 +12,17 @@ deploy uses `kernels` (the runtime), `api.client` (schedule lookup) and `api.pla
 name, for `tctune-deploy`: deploy/cli.py); none of them imports it.
 """
 
-from deploy.module import Dequantize, FusedConv, KernelMaxPool2d, OptimizedModel, Quantize
+from deploy.module import (
+    Dequantize,
+    FusedConv,
+    KernelGlobalAvgPool,
+    KernelLinear,
+    KernelMaxPool2d,
+    OptimizedModel,
+    Quantize,
+)
 from deploy.optimize import optimize
 from deploy.plan import LayerPlan, Record
 
-__all__ = ["Dequantize", "FusedConv", "KernelMaxPool2d", "LayerPlan", "OptimizedModel",
-           "Quantize", "Record", "optimize"]
+__all__ = ["Dequantize", "FusedConv", "KernelGlobalAvgPool", "KernelLinear", "KernelMaxPool2d",
+           "LayerPlan", "OptimizedModel", "Quantize", "Record", "optimize"]

@@ -197,6 +197,21 @@ def fuse(gm: fx.GraphModule, chain: Chain, name: str, module: nn.Module) -> fx.N
     return new
 
 
+def is_global_avg_pool(gm: fx.GraphModule, node: fx.Node) -> bool:
+    """An average pool of one tensor to one pixel (adaptive_avg_pool2d to 1 x 1)."""
+    def one_pixel(size: object) -> bool:
+        return size in (1, (1, 1), [1, 1])
+
+    if node.op == "call_module":
+        m = module_of(gm, node)
+        return type(m) is nn.AdaptiveAvgPool2d and one_pixel(m.output_size) and \
+            len(node.args) == 1
+    if node.op == "call_function" and node.target is F.adaptive_avg_pool2d:
+        size = node.args[1] if len(node.args) > 1 else node.kwargs.get("output_size")
+        return one_pixel(size)
+    return False
+
+
 def is_max_pool(gm: fx.GraphModule, node: fx.Node) -> bool:
     """A max-pool of one tensor with constant arguments (commutes with a positive scale,
     so it may run on int8 / fp16 values)."""

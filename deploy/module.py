@@ -31,7 +31,8 @@ from torch import fx, nn
 from deploy import calibrate, torch_op
 from deploy.plan import LayerPlan
 from kernels.build import Epilogue
-from kernels.pool import PoolShape
+from kernels.linear import LinearShape
+from kernels.pool import GlobalPoolShape, PoolShape
 from kernels.quantize import QuantizeShape
 from kernels.runtime import schedule_fits
 from kernels.spec import ConvShape, Precision, Target, task_key
@@ -661,6 +662,108 @@ class KernelMaxPool2d(SmallKernelModule):
         return f"kernel_size={k}, stride={s}, padding={p}, dilation={d}, ceil_mode={c}"
 
 
+class KernelGlobalAvgPool(SmallKernelModule):
+    """A global average pool (adaptive_avg_pool2d to 1 x 1) to fp16, the dtype of what stays
+    in PyTorch: of a kernel's int8 values with their `scale` (no dequantize before it) or of
+    fp16 values. With the cuda backend on a GPU tensor it is tctune's kernel
+    (kernels/pool.py's GlobalAvgPool, `torch.ops.tctune.global_avg_pool`: PDL, the classifier
+    after it let in before it waits); elsewhere the float32 mean."""
+
+    what = "average pool"
+
+    def __init__(self, scale: float | None = None) -> None:
+        super().__init__()
+        self.scale = scale
+        self.set_run("reference", None, False, None)
+
+    def kernel_shape(self, x_shape: tuple[int, ...] | torch.Size, dtype: torch.dtype
+                     ) -> GlobalPoolShape | None:
+        """None for the reference backend, 4-D inputs other than int8 with a scale or fp16
+        without one, and channels that do not fill 16-byte vectors."""
+        if self.backend != "cuda" or len(x_shape) != 4 or \
+                (dtype, self.scale is None) not in ((torch.int8, False), (torch.float16, True)):
+            return None
+        n, c, h, w = (int(v) for v in x_shape)
+        shape = GlobalPoolShape(n, h, w, c, dtype == torch.float16)
+        return shape if shape.problems() is None else None
+
+    def make_op(self, shape: GlobalPoolShape, sm: int) -> Any:
+        from kernels.pool import GlobalAvgPool
+
+        return GlobalAvgPool(shape, sm, self.pdl, self.cache_dir)
+
+    def execute(self, x: torch.Tensor) -> torch.Tensor:
+        """The kernel on x (torch.ops.tctune.global_avg_pool's body): [N, C] rows."""
+        return self.build(x.shape, x.dtype)(x.contiguous(memory_format=torch.channels_last),
+                                            self.scale)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n, c = (int(v) for v in x.shape[:2])
+        if self.runs_kernel(x):
+            # the op's [N, C] rows viewed as the pool's N x C x 1 x 1, which is contiguous
+            # in both memory formats: flatten after it is a view again
+            return torch.ops.tctune.global_avg_pool(x, self.uid).view(n, c, 1, 1)
+        if self.scale is None:
+            y = x.float().mean((2, 3))
+        else:  # the kernel's steps: the exact sum, times the scale over the pixels in float32
+            y = x.to(torch.int32).sum((2, 3)).float() * _f32(self.scale / (x.shape[2] * x.shape[3]))
+        return y.half().view(n, c, 1, 1)
+
+    def extra_repr(self) -> str:
+        return f"scale={self.scale:.6g}" if self.scale else ""
+
+
+class KernelLinear(SmallKernelModule):
+    """A fully connected layer (nn.Linear) of what stays in PyTorch, on fp16 rows, its output
+    in `out_dtype` (fp16, or fp32 where it is the model's float32 output: no cast after it).
+    With the cuda backend on a GPU, over a few rows (a classifier after its network's
+    pooling), tctune's kernel (kernels/linear.py, `torch.ops.tctune.linear`: a warp an output
+    feature, its weights loaded before the grid-dependency wait); elsewhere F.linear. The
+    weight is kept in fp16, the bias in fp32."""
+
+    what = "linear"
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        self.register_buffer("weight", weight.detach().to(torch.float16).contiguous())
+        b = bias.detach() if bias is not None else torch.zeros(weight.shape[0])
+        self.register_buffer("bias", b.to(torch.float32, copy=True))
+        self.out_dtype = torch.float16
+        self.set_run("reference", None, False, None)
+
+    def kernel_shape(self, x_shape: tuple[int, ...] | torch.Size, dtype: torch.dtype
+                     ) -> LinearShape | None:
+        """None for the reference backend, inputs other than fp16 rows of in_features, and
+        shapes over the kernel's limits."""
+        if self.backend != "cuda" or dtype != torch.float16 or len(x_shape) != 2 or \
+                int(x_shape[1]) != self.weight.shape[1]:
+            return None
+        shape = LinearShape(int(x_shape[0]), int(x_shape[1]), int(self.weight.shape[0]),
+                            self.out_dtype == torch.float32)
+        return shape if shape.problems() is None else None
+
+    def output_shape_for(self, x_shape: tuple[int, ...] | torch.Size) -> tuple[int, ...]:
+        return (*(int(v) for v in x_shape[:-1]), int(self.weight.shape[0]))
+
+    def make_op(self, shape: LinearShape, sm: int) -> Any:
+        from kernels.linear import Linear
+
+        return Linear(shape, sm, self.pdl, self.cache_dir)
+
+    def execute(self, x: torch.Tensor) -> torch.Tensor:
+        """The kernel on x (torch.ops.tctune.linear's body)."""
+        return self.build(x.shape, x.dtype)(x.contiguous(), self.weight, self.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.runs_kernel(x):
+            return torch.ops.tctune.linear(x, self.uid)
+        return F.linear(x.float(), self.weight.float(), self.bias).to(self.out_dtype)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.weight.shape[1]}, out_features={self.weight.shape[0]}, "
+                f"out_dtype={self.out_dtype}")
+
+
 class OptimizedModel(nn.Module):
     """The rewritten model: `graph_module` runs it; `plan` lists every nn.Conv2d's fate and
     `report()` prints it."""
@@ -673,6 +776,11 @@ class OptimizedModel(nn.Module):
         self.precision = Precision(precision)
         self.target = target
         self.backend = backend
+        torch_op.register_inductor_fallbacks()  # before anyone compiles it
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        torch_op.register_inductor_fallbacks()
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         with torch.no_grad():  # inference only: the kernels have no backward

@@ -22,6 +22,8 @@ from deploy.module import (
     BACKENDS,
     Dequantize,
     FusedConv,
+    KernelGlobalAvgPool,
+    KernelLinear,
     KernelMaxPool2d,
     OptimizedModel,
     Quantize,
@@ -76,7 +78,7 @@ def optimize(model: nn.Module, example_inputs: Any, precision: str = "fp16",
              target: Target | str | None = None, schedules: Any = None, *,
              backend: str = "auto", percentile: float = 100.0,
              calibration_inputs: Iterable[Any] | None = None, pdl: bool | None = None,
-             cache_dir: str | Path | None = None) -> OptimizedModel:
+             cache_dir: str | Path | None = None, kernel_head: bool = False) -> OptimizedModel:
     """The model with its groups=1 nn.Conv2d layers on tuned tctune kernels (eval mode).
 
     model          a torch.fx-traceable nn.Module (copied: the original is not changed)
@@ -97,6 +99,11 @@ def optimize(model: nn.Module, example_inputs: Any, precision: str = "fp16",
     pdl            launch the kernels with programmatic dependent launch, so that each may
                    be scheduled while the one before it finishes (kernels.runtime.Conv2d);
                    None: on for sm_90 targets (the only ones whose kernels support it)
+    kernel_head    run a classifier's head on tctune's kernels too: every global average
+                   pool (KernelGlobalAvgPool: a kernel's int8 values read as they are, no
+                   dequantize) and fully connected layer (KernelLinear: its weights loaded
+                   before the grid-dependency wait, the model's float32 logits written
+                   directly); off: PyTorch's ops
 
     Fused: conv -> BatchNorm2d (folded into weights and bias) -> residual add -> ReLU, each
     part optional (deploy.graph). Activations stay channels_last (NHWC) end to end; int8
@@ -203,7 +210,9 @@ def optimize(model: nn.Module, example_inputs: Any, precision: str = "fp16",
                       stacklevel=2)
 
     b2b_outputs = _back_to_back(gm, fused, schedules, p, tgt, pdl)
-    _place_conversions(gm, fused, p, b2b_outputs)
+    _place_conversions(gm, fused, p, b2b_outputs, kernel_head)
+    if fused and kernel_head:
+        _kernel_linears(gm, next(iter(fused.values())), float_dtype)
     _run_rest_in_fp16(gm, float_dtype)
     _kernel_quantizes(gm, fused)
     _ready_inputs(fused)
@@ -450,15 +459,17 @@ def _candidates(gm: fx.GraphModule, p: Precision, tgt: Target
 
 
 def _place_conversions(gm: fx.GraphModule, fused: dict[fx.Node, FusedConv], p: Precision,
-                       b2b_outputs: dict[fx.Node, fx.Node]) -> None:
+                       b2b_outputs: dict[fx.Node, fx.Node], kernel_head: bool) -> None:
     """Give every value a domain (the kernel's, or float); max-pools of kernel values stay in
-    the kernel's domain. int8: insert one Quantize per float value a fused layer reads and one
-    Dequantize (to fp16, the dtype of what stays in PyTorch) per kernel value a PyTorch op
-    reads, and set every fused layer's epilogue scales from the activation scales of its input,
-    residual and output."""
+    the kernel's domain, and with `kernel_head` global average pools run on kernels
+    (KernelGlobalAvgPool: a kernel value read as it is, fp16 out). int8: insert one Quantize
+    per float value a fused layer reads and one Dequantize (to fp16, the dtype of what stays
+    in PyTorch) per kernel value a PyTorch op reads, and set every fused layer's epilogue
+    scales from the activation scales of its input, residual and output."""
     g = gm.graph
     int8 = p is Precision.INT8
     kernel: dict[fx.Node, float | None] = {}  # kernel-domain value -> its int8 scale
+    pooled: set[fx.Node] = set()  # global average pools, which read kernel values as they are
 
     def scale_of(v: fx.Node) -> float | None:
         if not int8:
@@ -474,6 +485,12 @@ def _place_conversions(gm: fx.GraphModule, fused: dict[fx.Node, FusedConv], p: P
         elif graph.is_max_pool(gm, node) and node.args[0] in kernel:
             src = kernel[node.args[0]]  # type: ignore[index]
             kernel[_kernel_max_pool(gm, node, next(iter(fused.values())))] = src
+        elif fused and kernel_head and graph.is_global_avg_pool(gm, node):
+            x = node.args[0]
+            assert isinstance(x, fx.Node)
+            pooled.add(_kernel_avg_pool(gm, node, next(iter(fused.values())),
+                                        kernel.get(x),
+                                        int8 and x in kernel))
 
     # fp16: none between layers; what stays in PyTorch runs in fp16 too, and the model's
     # inputs and outputs are cast once at its edges (_run_rest_in_fp16).
@@ -504,8 +521,8 @@ def _place_conversions(gm: fx.GraphModule, fused: dict[fx.Node, FusedConv], p: P
                         quant[v] = add_module("quantize", Quantize(p, s), v, v)
                         kernel[quant[v]] = s
                     node.replace_input_with(v, quant[v])
-            elif node in kernel:
-                continue  # a max-pool of a kernel value
+            elif node in kernel or node in pooled:
+                continue  # a max-pool of a kernel value, or a pool that reads it as it is
             else:
                 for v in node.all_input_nodes:
                     if v in kernel:
@@ -572,7 +589,8 @@ def _run_rest_in_fp16(gm: fx.GraphModule, float_dtype: torch.dtype) -> None:
     sit between fused layers and PyTorch ops: the model casts its inputs to fp16 once (int8
     quantizes read them as they are) and its outputs back to the model's own float dtype."""
     g = gm.graph
-    ours = {name for name, m in gm.named_modules() if isinstance(m, (FusedConv, KernelMaxPool2d))}
+    ours = {name for name, m in gm.named_modules()
+            if isinstance(m, (FusedConv, KernelMaxPool2d, KernelLinear))}
     for name, m in gm.named_modules():
         if any(name == o or name.startswith(o + ".") for o in ours):
             continue  # the kernels' fp32 scale and bias stay as they are
@@ -599,6 +617,9 @@ def _run_rest_in_fp16(gm: fx.GraphModule, float_dtype: torch.dtype) -> None:
     gm.add_submodule("tctune_dequantize_output", Dequantize(Precision.FP16, None, float_dtype))
 
     def back(v: fx.Node) -> fx.Node:
+        m = gm.get_submodule(str(v.target)) if v.op == "call_module" else None
+        if isinstance(m, KernelLinear) and m.out_dtype == float_dtype:
+            return v  # it writes the model's dtype itself (_kernel_linears)
         with g.inserting_before(out):
             return g.call_module("tctune_dequantize_output", (v,))
 
@@ -641,6 +662,51 @@ def _kernel_quantizes(gm: fx.GraphModule, fused: dict[fx.Node, FusedConv]) -> No
         q.prebuild(x_shape, x_dtype)
 
 
+def _kernel_linears(gm: fx.GraphModule, like: FusedConv, float_dtype: torch.dtype) -> None:
+    """Every fully connected layer (an nn.Linear module) as a KernelLinear run as the fused
+    layer `like` runs (backend, target, PDL, build cache), in fp16 as what stays in PyTorch;
+    one whose only use is the model's output writes the model's float dtype itself. Its
+    kernel is built for its planned input where it runs one."""
+    for node in list(gm.graph.nodes):
+        m = gm.get_submodule(str(node.target)) if node.op == "call_module" else None
+        if not isinstance(m, nn.Linear) or len(node.args) != 1:
+            continue
+        mod = KernelLinear(m.weight, m.bias)
+        if [u.op for u in node.users] == ["output"] and \
+                float_dtype in (torch.float16, torch.float32):
+            mod.out_dtype = float_dtype
+        mod.run_like(like)
+        x_shape = node.args[0].meta.get("deploy_shape")  # type: ignore[union-attr]
+        mod.prebuild(x_shape, torch.float16)
+        _replace(gm, node, mod, f"tctune_linear_{node.name}")
+
+
+def _kernel_avg_pool(gm: fx.GraphModule, node: fx.Node, like: FusedConv, scale: float | None,
+                     int8_in: bool) -> fx.Node:
+    """The global average pool node as a KernelGlobalAvgPool call on its input as it is
+    (`int8_in`: a kernel's int8 value with this scale; else fp16), run as the fused layer
+    `like` runs."""
+    mod = KernelGlobalAvgPool(scale if int8_in else None)
+    mod.run_like(like)
+    mod.prebuild(node.args[0].meta.get("deploy_shape"),  # type: ignore[union-attr]
+                 torch.int8 if int8_in else torch.float16)
+    return _replace(gm, node, mod, f"tctune_avgpool_{node.name}", (node.args[0],))
+
+
+def _replace(gm: fx.GraphModule, node: fx.Node, mod: nn.Module, name: str,
+             args: tuple[Any, ...] | None = None) -> fx.Node:
+    """The node as a call of `mod` (added as `name`) on `args` (the node's own by default),
+    its users moved to the call."""
+    gm.add_submodule(name, mod)
+    with gm.graph.inserting_before(node):
+        new = gm.graph.call_module(name, node.args if args is None else args)
+    new.meta.update(node.meta)
+    new.meta["deploy_origin"] = node.name
+    node.replace_all_uses_with(new)
+    gm.graph.erase_node(node)
+    return new
+
+
 def _kernel_max_pool(gm: fx.GraphModule, node: fx.Node, like: FusedConv) -> fx.Node:
     """The max-pool node as a KernelMaxPool2d call (same arguments), run as the fused layer
     `like` runs (backend, target, PDL, build cache)."""
@@ -656,13 +722,5 @@ def _kernel_max_pool(gm: fx.GraphModule, node: fx.Node, like: FusedConv) -> fx.N
         mod = KernelMaxPool2d(**vals)
     mod.run_like(like)
     mod.prebuild(node.args[0].meta.get("deploy_shape"), like.out_dtype)  # type: ignore[union-attr]
-    name = f"tctune_maxpool_{node.name}"
-    gm.add_submodule(name, mod)
-    with gm.graph.inserting_before(node):
-        new = gm.graph.call_module(name, (node.args[0],))
-    new.meta.update(node.meta)
-    new.meta["deploy_origin"] = node.name
-    node.replace_all_uses_with(new)
-    gm.graph.erase_node(node)
-    return new
+    return _replace(gm, node, mod, f"tctune_maxpool_{node.name}", (node.args[0],))
 

@@ -1,6 +1,7 @@
 """The tctune kernels as PyTorch custom ops, `torch.ops.tctune.fused_conv` (the fused
-layers; `fused_conv_b2b` those with a back-to-back 1x1 conv), `torch.ops.tctune.max_pool`
-and `torch.ops.tctune.quantize` (KernelMaxPool2d and Quantize on the GPU), so that
+layers; `fused_conv_b2b` those with a back-to-back 1x1 conv), `torch.ops.tctune.max_pool`,
+`torch.ops.tctune.quantize`, `torch.ops.tctune.global_avg_pool` and `torch.ops.tctune.linear`
+(KernelMaxPool2d, Quantize, KernelGlobalAvgPool and KernelLinear on the GPU), so that
 `torch.compile` sees each tctune kernel as one opaque call with a known output (shape, dtype,
 channels_last strides) and compiles the PyTorch ops around it (casts, the ops a fused layer
 could not absorb) instead of breaking its graph at every layer.
@@ -106,3 +107,47 @@ def quantize(x: torch.Tensor, uid: int) -> torch.Tensor:
 def _(x: torch.Tensor, uid: int) -> torch.Tensor:
     layer = _layer(uid)
     return _channels_last_like(x, layer.output_shape_for(x.shape), layer.out_dtype)
+
+
+@torch.library.custom_op("tctune::global_avg_pool", mutates_args=())
+def global_avg_pool(x: torch.Tensor, uid: int) -> torch.Tensor:
+    """y = the KernelGlobalAvgPool `uid` on x (int8 or fp16, channels_last) on the GPU: fp16
+    rows [N, C]."""
+    return _layer(uid).execute(x)
+
+
+@global_avg_pool.register_fake
+def _(x: torch.Tensor, uid: int) -> torch.Tensor:
+    return x.new_empty(tuple(int(v) for v in x.shape[:2]), dtype=torch.float16)
+
+
+@torch.library.custom_op("tctune::linear", mutates_args=())
+def linear(x: torch.Tensor, uid: int) -> torch.Tensor:
+    """y = the KernelLinear `uid` on x (fp16 rows) on the GPU, in the layer's out_dtype."""
+    return _layer(uid).execute(x)
+
+
+@linear.register_fake
+def _(x: torch.Tensor, uid: int) -> torch.Tensor:
+    layer = _layer(uid)
+    return x.new_empty(layer.output_shape_for(x.shape), dtype=layer.out_dtype)
+
+
+OPS = ("fused_conv", "fused_conv_b2b", "max_pool", "quantize", "global_avg_pool", "linear")
+
+
+def register_inductor_fallbacks() -> None:
+    """Give Inductor each tctune op's fallback before it compiles a model. It would make one
+    itself the first time a compiled graph calls the op, and torch 2.11 formats that call
+    for a log line as it does, logged or not: each argument's whole IR, which for an op at
+    the end of a deep network (the classifier after ResNet-50's 16 residual blocks) grows
+    exponentially and stalls the compile. The fallback is the one Inductor would make: the
+    layout constraint of the op's tags, else Inductor's default for custom ops."""
+    from torch._inductor import lowering
+    from torch._library.utils import get_layout_constraint_tag
+
+    for name in OPS:
+        op = getattr(torch.ops.tctune, name).default
+        if op not in lowering.lowerings:
+            tag = get_layout_constraint_tag(op, with_default=True)
+            lowering.make_fallback(op, layout_constraint=lowering.tag_to_layout_constraint(tag))

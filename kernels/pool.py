@@ -1,12 +1,15 @@
-"""Max-pool over NHWC int8 / fp16 tensors on the GPU (kernels/pool.cu), for deploy's
-KernelMaxPool2d: the layer between a network's stem and its first block, on the stem's own
-output type (a max commutes with a positive scale and with rounding).
+"""Pooling over NHWC int8 / fp16 tensors on the GPU, for deploy: the max-pool
+(kernels/pool.cu, KernelMaxPool2d) between a network's stem and its first block, on the
+stem's own output type (a max commutes with a positive scale and with rounding), and the
+global average pool (kernels/avg_pool.cu, KernelGlobalAvgPool) before a classifier, on its
+last layer's output type (int8 with its scale), fp16 out.
 
 Built, cached and launched as kernels/small_kernel.py says (PDL on sm_90).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -110,4 +113,72 @@ class MaxPool2d(ShapedKernel):
         y = torch.empty(self.output_shape, dtype=dtype, device=x.device,
                         memory_format=torch.channels_last)
         self.launch(x.device, [x.data_ptr(), y.data_ptr()])
+        return y
+
+
+AVG_VECTORS_A_BLOCK = 32  # avg_pool.cu's VB
+MAX_AVG_PIXELS = 1 << 16  # int8 sums stay exact in float32 (avg_pool.cu)
+
+
+@dataclass(frozen=True)
+class GlobalPoolShape:
+    """A global average pool of an (n, c, h, w) tensor to (n, c): int8 or fp16 in, fp16 out."""
+
+    n: int
+    h: int
+    w: int
+    c: int
+    fp16: bool
+
+    @property
+    def vectors(self) -> int:
+        """16-byte vectors a pixel."""
+        return self.c * (2 if self.fp16 else 1) // VECTOR_BYTES
+
+    def problems(self) -> str | None:
+        """Why the kernel cannot run this pooling, or None."""
+        if min(self.n, self.h, self.w, self.c) < 1:
+            return "sizes must be positive"
+        if self.c * (2 if self.fp16 else 1) % VECTOR_BYTES:
+            return f"a pixel's channels must fill 16-byte vectors ({self.c} channels)"
+        if self.h * self.w > MAX_AVG_PIXELS:
+            return f"over {MAX_AVG_PIXELS} pixels an image"
+        return None
+
+
+def avg_pool_defines(shape: GlobalPoolShape) -> dict[str, int]:
+    return {"TG_FP16": int(shape.fp16), "TG_HW": shape.h * shape.w, "TG_V": shape.vectors}
+
+
+class GlobalAvgPool(ShapedKernel):
+    """y[n, c] = scale * mean over the pixels of x[n, c] (int8 with its scale, or fp16 and
+    no scale) in channels_last memory, fp16 out, on a GPU of `sm` (`pdl`: programmatic
+    dependent launch, sm_90, the next kernel let in before this one waits; `ptx`:
+    SmallKernel's)."""
+
+    source, kernel_name, what = "avg_pool.cu", "tc_global_avg_pool", "average pool"
+    defines = staticmethod(avg_pool_defines)
+
+    @staticmethod
+    def work(shape: GlobalPoolShape) -> int:
+        blocks = shape.n * math.ceil(shape.vectors / AVG_VECTORS_A_BLOCK)
+        return blocks * ShapedKernel.THREADS  # a block a 32-vector share of an image
+
+    def __call__(self, x: Any, scale: float | None = None) -> Any:
+        import ctypes
+
+        import torch
+
+        s = self.shape
+        dtype = torch.float16 if s.fp16 else torch.int8
+        if tuple(x.shape) != (s.n, s.c, s.h, s.w) or x.dtype != dtype or not x.is_cuda or \
+                not x.is_contiguous(memory_format=torch.channels_last):
+            raise ValueError(f"average pool: expected a {dtype} CUDA tensor of shape "
+                             f"{(s.n, s.c, s.h, s.w)} in channels_last memory, got "
+                             f"{x.dtype} {tuple(x.shape)} on {x.device}")
+        if (scale is None) != s.fp16 or (scale is not None and not scale > 0):
+            raise ValueError("average pool: int8 takes a positive scale, fp16 none")
+        y = torch.empty((s.n, s.c), dtype=torch.float16, device=x.device)
+        self.launch(x.device, [x.data_ptr(), y.data_ptr(),
+                               ctypes.c_float((scale or 1.0) / (s.h * s.w))])
         return y

@@ -101,11 +101,13 @@ def test_table_shows_how_each_row_ran(tmp_path: Path) -> None:
            "rel_err": 0.02, "cosine": 0.9998}
     doc = {"gpu": "g", "date": "d", "torch": "t", "cudnn": 1, "schedules": "R",
            "rows": [{**row, "pdl": True}, {**row, "pdl": False, "ours_ms": 0.5}, row,
-                    {**row, "pdl": True, "compiled": True, "ours_ms": 0.3}]}
+                    {**row, "pdl": True, "compiled": True, "ours_ms": 0.3},
+                    {**row, "pdl": True, "compiled": True, "kernel_head": True}]}
     (tmp_path / "e2e.json").write_text(json.dumps(doc))
     lines = model_e2e.render(str(tmp_path / "e2e.json")).splitlines()
     body = [ln for ln in lines if ln.startswith("| resnet50")]
-    assert [ln.split(" | ")[3] for ln in body] == ["PDL", "plain", "-", "compiled, PDL"]
+    assert [ln.split(" | ")[3] for ln in body] == ["PDL", "plain", "-", "compiled, PDL",
+                                                   "compiled, PDL, kernel head"]
     assert "| 1.50x |" in body[0] and "| 1.20x |" in body[1] and "| 2.00x |" in body[3]
 
 

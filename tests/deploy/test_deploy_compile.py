@@ -138,3 +138,54 @@ def test_the_input_quantize_writes_the_stems_padded_channels_on_the_gpu(
     assert fake.shape == (8, 4, 64, 64) and fake.dtype == q.out_dtype
     assert fake.is_contiguous(memory_format=torch.channels_last)
     assert not q.runs_kernel(X)  # a CPU tensor: torch ops, and the stem pads
+
+
+@pytest.mark.parametrize("precision", ["int8", "fp16"])
+def test_the_head_runs_on_kernels_built_for_its_planned_input(precision: str,
+                                                              tmp_path: Any) -> None:
+    """With kernel_head and the cuda backend (built here with NVRTC, no GPU), the average
+    pool reads the last layer's output as it is (int8 with its scale, or fp16) and the
+    classifier the pooled fp16 rows, writing the float32 logits: each kernel is built for
+    its planned input, and the fake ops give what the reference path gives (shape, dtype)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from deploy import KernelGlobalAvgPool, KernelLinear
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DefaultScheduleWarning)
+        opt = optimize(small_resnet(), X, precision, "h100", backend="cuda", cache_dir=tmp_path,
+                       kernel_head=True)
+    (pool,), (fc,) = opt.modules_of(KernelGlobalAvgPool), opt.modules_of(KernelLinear)
+    last = opt.modules_of(FusedConv)[-1]
+    assert isinstance(pool, KernelGlobalAvgPool) and isinstance(fc, KernelLinear)
+    assert len(pool._ops) == 1 and len(fc._ops) == 1
+    assert (pool.scale is None) == (precision == "fp16")
+    assert fc.out_dtype == torch.float32 and fc.pdl == last.pdl
+    x = torch.zeros(8, 128, 4, 4, dtype=last.out_dtype).contiguous(
+        memory_format=torch.channels_last)
+    with FakeTensorMode() as mode:
+        fake = torch.ops.tctune.global_avg_pool(mode.from_tensor(x), pool.uid)
+        rows = torch.ops.tctune.linear(mode.from_tensor(torch.zeros(8, 128).half()), fc.uid)
+    assert not pool.runs_kernel(x)  # CPU tensors: the float32 mean and F.linear instead
+    want = pool(x)
+    assert (fake.shape, fake.dtype) == ((8, 128), torch.float16) and fake.is_contiguous()
+    assert want.shape == (8, 128, 1, 1) and want.dtype == torch.float16
+    assert want.is_contiguous() and want.is_contiguous(memory_format=torch.channels_last)
+    assert (rows.shape, rows.dtype) == ((8, 10), torch.float32)
+
+
+def test_inductor_has_every_ops_fallback_once_a_model_is_made() -> None:
+    """Made before any compile (deploy.torch_op.register_inductor_fallbacks), so Inductor
+    never makes one while lowering a deep graph; with the layout constraint it would give
+    the op itself."""
+    from torch._inductor import lowering
+    from torch._library.utils import get_layout_constraint_tag
+
+    ops = [getattr(torch.ops.tctune, name).default for name in torch_op.OPS]
+    for op in ops:  # whatever an earlier compile in this process registered
+        lowering.lowerings.pop(op, None)
+    optimized("int8")
+    for name, op in zip(torch_op.OPS, ops, strict=True):
+        assert op in lowering.lowerings, name
+        want = lowering.tag_to_layout_constraint(get_layout_constraint_tag(op, with_default=True))
+        assert lowering.maybe_layout_constraints(op) is want, name

@@ -274,6 +274,44 @@ def test_on_gpu_kernels_agree_with_float32_and_the_reference(precision: str,
 
 @on_gpu
 @pytest.mark.parametrize("precision", ["fp16", "int8"])
+def test_on_gpu_the_kernel_head_agrees_with_the_reference(precision: str,
+                                                          tmp_path: Path) -> None:
+    """kernel_head on the GPU: the average pool's kernel gives the reference executor's
+    output (int8: bit for bit, the same exact sum and one rounding), the classifier's
+    float32 logits match the reference's float32 sums within float32 rounding, and the
+    logits agree with the float32 model as the goals say."""
+    from deploy import KernelGlobalAvgPool
+
+    _, opt = build(precision, backend="cuda", device="cuda", target=None, cache_dir=tmp_path,
+                   kernel_head=True)
+    pool = opt.modules_of(KernelGlobalAvgPool)[0]
+    seen: list[tuple[torch.Tensor, torch.Tensor]] = []
+    h = pool.register_forward_hook(lambda m, a, o: seen.append((a[0], o)))
+    try:
+        x = HELD_OUT[0].cuda()
+        got = logits(opt, x)
+        opt.set_backend("reference")
+        ref = logits(opt, x)
+    finally:
+        opt.set_backend("cuda")
+        h.remove()
+    (x_in, y_kernel), (_, y_ref) = seen
+    assert y_kernel.dtype == torch.float16 and y_kernel.shape == y_ref.shape
+    if precision == "int8":
+        assert x_in.dtype == torch.int8 and torch.equal(y_kernel, y_ref)
+        assert cosine(got.cpu(), logits(small_resnet(), HELD_OUT[0])) >= 0.99
+    else:
+        assert rel_l2(y_kernel.float(), y_ref.float()) < 1e-3
+        assert rel_l2(got.cpu(), logits(small_resnet(), HELD_OUT[0])) <= 1e-2
+    assert got.dtype == torch.float32
+    if precision == "int8":  # the same pooled rows: only the order of the float32 sums differs
+        assert torch.allclose(got, ref, rtol=1e-4, atol=1e-5)
+    else:  # the convs' fp16 outputs differ within their own tolerance
+        assert rel_l2(got.cpu(), ref.cpu()) < 5e-3
+
+
+@on_gpu
+@pytest.mark.parametrize("precision", ["fp16", "int8"])
 def test_on_gpu_a_bottleneck_with_its_projection_as_one_layer(precision: str,
                                                               tmp_path: Path) -> None:
     """The last conv and the projection as one kernel over two inputs (a record of that

@@ -271,6 +271,73 @@ def test_max_pool_between_convs_stays_in_the_kernel_domain() -> None:
         assert pool.backend == conv.backend == "cuda"
 
 
+class FunctionalHead(nn.Module):
+    """A head after an op that stays in PyTorch (sigmoid): F.adaptive_avg_pool2d to (1, 1)
+    (as DenseNet calls it), flatten, classifier."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 32, 3, padding=1)
+        self.fc = nn.Linear(32, 7)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.adaptive_avg_pool2d(torch.sigmoid(self.conv(x)), (1, 1))
+        return self.fc(torch.flatten(y, 1))
+
+
+@pytest.mark.parametrize("precision", ["fp16", "int8"])
+def test_kernel_head_runs_the_pool_and_classifier_on_kernels(precision: str) -> None:
+    """kernel_head: the global average pool reads the last layer's int8 (with its output
+    scale) or fp16 as it is, so nothing is dequantized; the classifier writes the float32
+    logits itself, so nothing is cast at the end; the logits are those of PyTorch's head
+    on the same layers within its fp16 roundings. Off (the default), PyTorch runs both."""
+    from deploy import KernelGlobalAvgPool, KernelLinear
+    from tests.deploy_nets import small_resnet
+
+    x = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(2))
+    m = small_resnet()
+    base, head = opt(m, x, precision), opt(m, x, precision, kernel_head=True)
+    assert not base.modules_of(KernelGlobalAvgPool) and not base.modules_of(KernelLinear)
+    assert base.conversions() == {"quantize": 1, "dequantize": 1}
+    assert head.conversions() == {"quantize": 1, "dequantize": 0}
+    order = [type(head.graph_module.get_submodule(t)).__name__ for t in call_targets(head)]
+    assert order[-3:] == ["FusedConv", "KernelGlobalAvgPool", "KernelLinear"]
+    (pool,), (fc,) = head.modules_of(KernelGlobalAvgPool), head.modules_of(KernelLinear)
+    assert pool.scale == (head.plan[-1].out_scale if precision == "int8" else None)
+    assert (fc.weight.dtype, fc.bias.dtype, fc.out_dtype) == \
+        (torch.float16, torch.float32, torch.float32)
+    conv = head.modules_of(FusedConv)[0]
+    assert (pool.backend, pool.pdl, fc.backend, fc.pdl) == (conv.backend, conv.pdl) * 2
+    got, want = head(x), base(x)
+    assert got.dtype == torch.float32 and rel_err(got, want) < 2e-3
+    # the functional form, over a float value (fp16 in, also in an int8 model)
+    torch.manual_seed(4)
+    fh = FunctionalHead().eval()
+    f = opt(fh, x, precision, kernel_head=True)
+    assert len(f.modules_of(KernelGlobalAvgPool)) == 1 and len(f.modules_of(KernelLinear)) == 1
+    assert f.modules_of(KernelGlobalAvgPool)[0].scale is None
+    assert rel_err(f(x), opt(fh, x, precision)(x)) < 2e-3
+
+
+def test_the_average_pool_of_int8_is_the_kernels_exact_sum_rounded_once() -> None:
+    """KernelGlobalAvgPool's reference math for int8 is the kernel's: the exact sum times
+    the scale over the pixels in float32, rounded once to fp16; fp16 is the float32 mean."""
+    from deploy import KernelGlobalAvgPool
+
+    g = torch.Generator().manual_seed(6)
+    x = torch.randint(-128, 128, (3, 48, 7, 5), generator=g, dtype=torch.int8)
+    x = x.contiguous(memory_format=torch.channels_last)
+    y = KernelGlobalAvgPool(0.0371)(x)
+    exact = x.double().sum((2, 3)) * 0.0371 / 35
+    assert y.shape == (3, 48, 1, 1) and y.dtype == torch.float16
+    # one fp16 rounding of a float32 product within float32's error of the exact value
+    assert torch.allclose(y.flatten(1).double(), exact, rtol=2 ** -11 + 2 ** -22, atol=0)
+    s32 = float(torch.tensor(0.0371 / 35, dtype=torch.float32))
+    assert torch.equal(y.flatten(1), (x.int().sum((2, 3)).float() * s32).half())
+    h = torch.randn(3, 48, 7, 5, generator=g).half()
+    assert torch.equal(KernelGlobalAvgPool()(h).flatten(1), h.float().mean((2, 3)).half())
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int8])
 def test_max_pool_as_the_maximum_of_its_windows_is_pytorchs_max_pool(dtype: torch.dtype) -> None:
     """KernelMaxPool2d's views' maximum against F.max_pool2d (in float32, which holds every

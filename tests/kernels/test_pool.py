@@ -1,6 +1,7 @@
-"""tctune's max-pool kernel (kernels/pool.py, pool.cu): its shapes against PyTorch's, the
-shapes it refuses, builds for every sm (CPU, NVRTC), and on a GPU its results against
-PyTorch's max-pool, exactly."""
+"""tctune's pooling kernels (kernels/pool.py): the max-pool (pool.cu), its shapes against
+PyTorch's, the shapes it refuses, builds for every sm (CPU, NVRTC), and on a GPU its results
+against PyTorch's max-pool, exactly; the global average pool (avg_pool.cu), the same, and on
+a GPU its results against the float32 mean rounded to fp16."""
 
 from __future__ import annotations
 
@@ -10,8 +11,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels.pool import MaxPool2d, PoolShape, compile_pool, pool_defines
-from kernels.small_kernel import build_small
+from kernels.pool import (
+    GlobalAvgPool,
+    GlobalPoolShape,
+    MaxPool2d,
+    PoolShape,
+    avg_pool_defines,
+    compile_pool,
+    pool_defines,
+)
+from kernels.small_kernel import build_small, compile_small
 
 CASES = [(3, 2, 1, 1), (2, 2, 0, 1), (3, 1, 1, 1), ((3, 2), (2, 1), (1, 0), 1), (3, 2, 1, 2),
          (5, 3, 2, 1), (3, None, 1, 1)]
@@ -89,3 +98,58 @@ def test_the_kernel_is_pytorchs_max_pool_on_the_gpu(dtype: torch.dtype, tmp_path
                 assert y.dtype is dtype and y.is_contiguous(memory_format=torch.channels_last)
                 assert torch.equal(y.float().nan_to_num(7.5), want.nan_to_num(7.5)), \
                     (c, k, s, p, b_sm, ptx)
+
+
+def test_average_pools_the_kernel_cannot_run_are_refused_with_the_reason() -> None:
+    assert GlobalPoolShape(8, 7, 7, 2048, fp16=False).problems() is None
+    assert "16-byte" in GlobalPoolShape(8, 7, 7, 24, fp16=False).problems()
+    assert GlobalPoolShape(8, 7, 7, 24, fp16=True).problems() is None
+    assert "pixels" in GlobalPoolShape(1, 512, 256, 16, fp16=False).problems()
+    with pytest.raises(ValueError, match="16-byte"):
+        GlobalAvgPool(GlobalPoolShape(1, 8, 8, 8, fp16=False), 90)
+
+
+@pytest.mark.parametrize("fp16", [False, True])
+def test_the_average_pool_builds_for_every_sm(fp16: bool) -> None:
+    shape = GlobalPoolShape(8, 7, 7, 2048, fp16)
+    for sm in (75, 80, 90):
+        assert compile_small("avg_pool.cu", avg_pool_defines(shape), sm)[0] is not None
+    for sm in (75, 80):  # the T4's and A100's paths as PTX (run on the GPU test below)
+        assert compile_small("avg_pool.cu", avg_pool_defines(shape), sm, ptx=True)[0] is not None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _gpu(), reason="needs CuPy and a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.int8, torch.float16])
+def test_the_average_pool_is_the_float32_mean_on_the_gpu(dtype: torch.dtype,
+                                                         tmp_path: Path) -> None:
+    """int8 sums are exact, so int8 is the float32 mean times the scale rounded once to fp16
+    (within an fp16 ulp: float32's own sum order differs); fp16 sums in float32 too."""
+    from kernels.launch import supports_pdl
+
+    sm = torch.cuda.get_device_capability()[0] * 10 + torch.cuda.get_device_capability()[1]
+    sm = 90 if sm >= 90 else 80 if sm >= 80 else 75
+    builds = [(sm, False, False)] + [(sm, True, False)] * supports_pdl(sm) + \
+        [(t, False, True) for t in (75, 80) if t < sm]
+    g = torch.Generator(device="cuda").manual_seed(5)
+    int8 = dtype is torch.int8
+    # ResNet-50's head; channels over one block's 32 vectors and not a multiple of them; a
+    # pixel count below the block's 8 warps; one image
+    for n, c, h, w in ((8, 2048, 7, 7), (3, 784, 5, 3), (1, 16, 2, 1), (2, 512, 13, 11)):
+        if int8:
+            x = torch.randint(-128, 128, (n, c, h, w), device="cuda", generator=g).to(dtype)
+        else:
+            x = torch.randn(n, c, h, w, device="cuda", generator=g).to(dtype) * 4
+        x = x.contiguous(memory_format=torch.channels_last)
+        scale = 0.0371 if int8 else None
+        want = x.double().mean((2, 3)) * (scale or 1.0)
+        shape = GlobalPoolShape(n, h, w, c, not int8)
+        for b_sm, pdl, ptx in builds:
+            y = GlobalAvgPool(shape, b_sm, pdl, tmp_path, ptx)(x, scale)
+            assert y.dtype == torch.float16 and y.shape == (n, c)
+            assert torch.allclose(y.double(), want, rtol=2 ** -10, atol=2 ** -24), \
+                (n, c, h, w, b_sm, ptx)
+    with pytest.raises(ValueError, match="int8 takes a positive scale"):  # and fp16 none
+        GlobalAvgPool(GlobalPoolShape(1, 2, 2, 16, not int8), sm, False, tmp_path)(
+            x[:1, :16, :2, :2].contiguous(memory_format=torch.channels_last),
+            None if int8 else 0.5)
