@@ -70,6 +70,20 @@ class PoolShape:
         return None
 
 
+def _check_input(what: str, x: Any, s: PoolShape | GlobalPoolShape) -> Any:
+    """x's dtype (int8, or fp16 for an fp16 shape), after checking that x is such a CUDA
+    tensor of the shape's size in channels_last memory."""
+    import torch
+
+    dtype = torch.float16 if s.fp16 else torch.int8
+    if tuple(x.shape) != (s.n, s.c, s.h, s.w) or x.dtype != dtype or not x.is_cuda or \
+            not x.is_contiguous(memory_format=torch.channels_last):
+        raise ValueError(f"{what}: expected a {dtype} CUDA tensor of shape "
+                         f"{(s.n, s.c, s.h, s.w)} in channels_last memory, got "
+                         f"{x.dtype} {tuple(x.shape)} on {x.device}")
+    return dtype
+
+
 def pool_defines(shape: PoolShape) -> dict[str, int]:
     oh, ow = shape.out_hw
     return {"TP_FP16": int(shape.fp16), "TP_N": shape.n, "TP_H": shape.h, "TP_W": shape.w,
@@ -103,13 +117,7 @@ class MaxPool2d(ShapedKernel):
     def __call__(self, x: Any) -> Any:
         import torch
 
-        s = self.shape
-        dtype = torch.float16 if s.fp16 else torch.int8
-        if tuple(x.shape) != (s.n, s.c, s.h, s.w) or x.dtype != dtype or not x.is_cuda or \
-                not x.is_contiguous(memory_format=torch.channels_last):
-            raise ValueError(f"max-pool: expected a {dtype} CUDA tensor of shape "
-                             f"{(s.n, s.c, s.h, s.w)} in channels_last memory, got "
-                             f"{x.dtype} {tuple(x.shape)} on {x.device}")
+        dtype = _check_input("max-pool", x, self.shape)
         y = torch.empty(self.output_shape, dtype=dtype, device=x.device,
                         memory_format=torch.channels_last)
         self.launch(x.device, [x.data_ptr(), y.data_ptr()])
@@ -170,12 +178,7 @@ class GlobalAvgPool(ShapedKernel):
         import torch
 
         s = self.shape
-        dtype = torch.float16 if s.fp16 else torch.int8
-        if tuple(x.shape) != (s.n, s.c, s.h, s.w) or x.dtype != dtype or not x.is_cuda or \
-                not x.is_contiguous(memory_format=torch.channels_last):
-            raise ValueError(f"average pool: expected a {dtype} CUDA tensor of shape "
-                             f"{(s.n, s.c, s.h, s.w)} in channels_last memory, got "
-                             f"{x.dtype} {tuple(x.shape)} on {x.device}")
+        _check_input("average pool", x, s)
         if (scale is None) != s.fp16 or (scale is not None and not scale > 0):
             raise ValueError("average pool: int8 takes a positive scale, fp16 none")
         y = torch.empty((s.n, s.c), dtype=torch.float16, device=x.device)
