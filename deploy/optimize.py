@@ -489,8 +489,7 @@ def _place_conversions(gm: fx.GraphModule, fused: dict[fx.Node, FusedConv], p: P
             x = node.args[0]
             assert isinstance(x, fx.Node)
             pooled.add(_kernel_avg_pool(gm, node, next(iter(fused.values())),
-                                        kernel.get(x),
-                                        int8 and x in kernel))
+                                        kernel.get(x) if int8 else None))
 
     # fp16: none between layers; what stays in PyTorch runs in fp16 too, and the model's
     # inputs and outputs are cast once at its edges (_run_rest_in_fp16).
@@ -681,15 +680,15 @@ def _kernel_linears(gm: fx.GraphModule, like: FusedConv, float_dtype: torch.dtyp
         _replace(gm, node, mod, f"tctune_linear_{node.name}")
 
 
-def _kernel_avg_pool(gm: fx.GraphModule, node: fx.Node, like: FusedConv, scale: float | None,
-                     int8_in: bool) -> fx.Node:
-    """The global average pool node as a KernelGlobalAvgPool call on its input as it is
-    (`int8_in`: a kernel's int8 value with this scale; else fp16), run as the fused layer
-    `like` runs."""
-    mod = KernelGlobalAvgPool(scale if int8_in else None)
+def _kernel_avg_pool(gm: fx.GraphModule, node: fx.Node, like: FusedConv, scale: float | None
+                     ) -> fx.Node:
+    """The global average pool node as a KernelGlobalAvgPool call on its input as it is (a
+    kernel's int8 value with this scale; with none, fp16), run as the fused layer `like`
+    runs."""
+    mod = KernelGlobalAvgPool(scale)
     mod.run_like(like)
     mod.prebuild(node.args[0].meta.get("deploy_shape"),  # type: ignore[union-attr]
-                 torch.int8 if int8_in else torch.float16)
+                 torch.float16 if scale is None else torch.int8)
     return _replace(gm, node, mod, f"tctune_avgpool_{node.name}", (node.args[0],))
 
 
