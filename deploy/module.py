@@ -718,8 +718,9 @@ class KernelLinear(SmallKernelModule):
     in `out_dtype` (fp16, or fp32 where it is the model's float32 output: no cast after it).
     With the cuda backend on a GPU, over a few rows (a classifier after its network's
     pooling), tctune's kernel (kernels/linear.py, `torch.ops.tctune.linear`: a warp an output
-    feature, its weights loaded before the grid-dependency wait); elsewhere F.linear. The
-    weight is kept in fp16, the bias in fp32."""
+    feature, its weights loaded before the grid-dependency wait); over the kernel's limits
+    (more than 16 rows) PyTorch's fp16 F.linear; elsewhere its math in float32. The weight
+    is kept in fp16, the bias in fp32."""
 
     what = "linear"
 
@@ -757,7 +758,9 @@ class KernelLinear(SmallKernelModule):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.runs_kernel(x):
             return torch.ops.tctune.linear(x, self.uid)
-        return F.linear(x.float(), self.weight.float(), self.bias).to(self.out_dtype)
+        if self.backend == "cuda" and x.is_cuda:  # over the kernel's limits: cuBLAS, as before
+            return F.linear(x, self.weight.to(x.dtype), self.bias.to(x.dtype)).to(self.out_dtype)
+        return F.linear(x.float(), self.weight.float(), self.bias).to(self.out_dtype)  # its math
 
     def extra_repr(self) -> str:
         return (f"in_features={self.weight.shape[1]}, out_features={self.weight.shape[0]}, "
