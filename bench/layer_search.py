@@ -13,7 +13,8 @@ layers, as the service's transfer seeds do. `--misses F` (a bench/retime.py run)
 the layers F timed over their precision's per-layer goal, furthest over first; `--skip F...`
 leaves out the layers that earlier runs' files F searched; `--residual`
 only the layers deploy runs with a residual epilogue, as those layers (ConvShape.residual, as
-`tctune plan` submits them).
+`tctune plan` submits them); `--pixel-pairs` only the stems that deploy can run over pixel
+pairs, as their pair layers (kernels.spec.pixel_pairs).
 Measured through the GPU worker's
 backend (workers/backends/cuda.py: NVRTC builds, each candidate checked on random inputs,
 then timed), with cuDNN fp16 timed by the same backend once per shape. The tasks run a few
@@ -125,6 +126,20 @@ def residual_groups(groups: Sequence[Group], shapes_doc: dict[str, Any]) -> list
                 uses.append(Use(u.model, layers, len(layers)))
         if uses:
             out.append(Group(replace(g.shape, residual=True), g.precision, uses))
+    return out
+
+
+def pair_groups(groups: Sequence[Group]) -> list[Group]:
+    """The groups' layers that run over pixel pairs, as the pair layers (kernels.spec's
+    pair_channels and pixel_pairs, the rule deploy.optimize applies to a model's input)."""
+    from kernels.spec import pair_channels, pixel_pairs
+
+    out = []
+    for g in groups:
+        channels = pair_channels(g.shape, g.precision)
+        paired = pixel_pairs(g.shape, channels) if channels else None
+        if paired is not None:
+            out.append(Group(paired[0], g.precision, g.uses))
     return out
 
 
@@ -293,6 +308,10 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--misses", default="",
                    help="a retime run's file (bench.retime run): only the layers it timed over "
                         "their precision's per-layer goal, furthest over first")
+    r.add_argument("--pixel-pairs", action="store_true",
+                   help="the layers a stem-like conv (stride 2 in width, few channels) is over "
+                        "pixel pairs (kernels.spec.pixel_pairs), as deploy runs them where their "
+                        "record is faster, in place of the others")
     r.add_argument("--residual", action="store_true",
                    help="only the layers deploy runs with a residual epilogue (the conv before "
                         "a block's add), searched as those layers")
@@ -317,6 +336,8 @@ def main(argv: list[str] | None = None) -> int:
     groups = [g for g in planned(a) if not g.shape.problems(Precision(g.precision))]
     if a.residual:
         groups = residual_groups(groups, load_shapes(a.shapes))
+    if a.pixel_pairs:
+        groups = pair_groups(groups)
     if a.misses:
         groups = by_miss(groups, read_json(a.misses))
     elif a.top:

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import fx, nn
 
 from deploy import calibrate, torch_op
+from deploy.pairs import pair_pixels
 from deploy.plan import LayerPlan
 from kernels.build import Epilogue
 from kernels.linear import LinearShape
@@ -81,13 +82,20 @@ class FusedConv(nn.Module):
     `take_b2b(second)`: the layer's kernel also runs `second`, a 1x1 layer over its output,
     back to back (kernels.spec.ConvShape's `b2b`); forward then returns (y, y2), y2 second's
     output (its weights, bias, ReLU and, int8, its own requantize: `set_b2b_scale`).
+
+    `pairs` (channels, left, right): the layer runs over pixel pairs (kernels.spec.pixel_pairs,
+    deploy/pairs.py): `weight` and `shape` are the pair layer's, and an input of the original
+    layer's few channels is padded to `channels` and paired by torch ops in forward (on the
+    GPU the model's input quantize writes the pairs itself: Quantize.take_channels).
     """
 
     def __init__(self, layer: LayerPlan, precision: Precision, weight: torch.Tensor,
                  bias: torch.Tensor, shape: ConvShape, *, relu: bool, residual: bool,
                  backend: str, target: Target, schedule: dict[str, Any],
-                 pdl: bool = False, cache_dir: str | Path | None = None) -> None:
+                 pdl: bool = False, cache_dir: str | Path | None = None,
+                 pairs: tuple[int, int, int] | None = None) -> None:
         super().__init__()
+        self.pairs = pairs
         self.concat = shape.concat
         self.shape = shape  # as planned (its residual read is the epilogue's)
         self.planned_x_shape: tuple[int, ...] | None = None  # set by take_planned_input
@@ -169,7 +177,9 @@ class FusedConv(nn.Module):
     def shape_for(self, x_shape: tuple[int, ...] | torch.Size) -> ConvShape:
         """The layer's shape for inputs of this NCHW shape (zero channels past the layer's own
         count, `input_channels`, are not the layer's)."""
-        n, _, h, w = (int(v) for v in x_shape)
+        n, c, h, w = (int(v) for v in x_shape)
+        if self.pairs and c != self.in_channels:  # the original layer's input
+            w = (w + self.pairs[1] + self.pairs[2]) // 2
         _, _, r, s = self.weight.shape
         return ConvShape(n, h, w, self.in_channels, self.out_channels, int(r), int(s),
                          stride=self.stride, pad=self.padding, dilation=self.dilation,
@@ -415,6 +425,8 @@ class FusedConv(nn.Module):
                              f"{'required' if self.concat else 'not taken'}")
         if not self.calibrated:
             raise RuntimeError(f"{self.layer.name}: int8 scales were never set")
+        if self.pairs and x.shape[1] != self.in_channels:  # compiled: one kernel, as below
+            x = pair_pixels(x, *self.pairs)
         if x.shape[1] < self.input_channels:
             # NHWC with zero channels appended; compiled, one kernel with the op before it
             x = F.pad(x.permute(0, 2, 3, 1), (0, self.input_channels - x.shape[1]))
@@ -504,8 +516,9 @@ class Quantize(SmallKernelModule):
     output is channels_last (the kernel's NHWC). Where it feeds only fused layers that read
     more channels than it has (`take_channels`: a stem's 3 as 4), with the cuda backend
     on a GPU it is tctune's kernel (kernels/quantize.py, `torch.ops.tctune.quantize`: the
-    zero channels written with the values, PDL); elsewhere torch ops, and the fused layer
-    pads."""
+    zero channels written with the values, PDL; for a stem over pixel pairs, `pairs`, the
+    zero pixels around each row too, its output seen as the pairs); elsewhere torch ops, and
+    the fused layer pads (and pairs)."""
 
     def __init__(self, precision: Precision, scale: float | None = None) -> None:
         super().__init__()
@@ -514,13 +527,16 @@ class Quantize(SmallKernelModule):
         if self.precision is Precision.INT8 and scale is None:
             raise ValueError("an int8 quantize needs a scale")
         self.channels: int | None = None
+        self.pairs = (0, 0)  # zero pixels before and after each row (take_channels)
         self.set_run("reference", None, False, None)
 
     what = "quantize"
 
     def take_channels(self, channels: int, like: FusedConv) -> None:
-        """Write `channels` channels (the fused layers' padded input), run as `like` runs."""
+        """Write `channels` channels (the fused layers' padded input), run as `like` runs;
+        for a layer over pixel pairs (FusedConv.pairs), its rows' zero pixels too."""
         self.channels = int(channels)
+        self.pairs = like.pairs[1:] if like.pairs else (0, 0)
         self.run_like(like)
 
     def kernel_shape(self, x_shape: tuple[int, ...] | torch.Size, dtype: torch.dtype
@@ -530,7 +546,7 @@ class Quantize(SmallKernelModule):
             return None
         n, c, h, w = (int(v) for v in x_shape)
         shape = QuantizeShape(n, c, h, w, self.channels, dtype == torch.float16,
-                              self.precision is Precision.FP16)
+                              self.precision is Precision.FP16, *self.pairs)
         return shape if shape.problems() is None else None
 
     def make_op(self, shape: QuantizeShape, sm: int) -> Any:
@@ -539,8 +555,12 @@ class Quantize(SmallKernelModule):
         return QuantizeInput(shape, sm, self.pdl, self.cache_dir)
 
     def output_shape_for(self, x_shape: tuple[int, ...] | torch.Size) -> tuple[int, ...]:
+        """The kernel's output (NCHW): with pairs, the rows' pixels seen as pairs."""
         n, c, h, w = (int(v) for v in x_shape)
-        return (n, self.channels or c, h, w)
+        c = self.channels or c
+        if self.pairs == (0, 0):
+            return (n, c, h, w)
+        return (n, 2 * c, h, (w + sum(self.pairs)) // 2)
 
     @property
     def out_dtype(self) -> torch.dtype:
@@ -548,7 +568,11 @@ class Quantize(SmallKernelModule):
 
     def execute(self, x: torch.Tensor) -> torch.Tensor:
         """The kernel on x (torch.ops.tctune.quantize's body)."""
-        return self.build(x.shape, x.dtype)(x, self.scale)
+        y = self.build(x.shape, x.dtype)(x, self.scale)
+        if self.pairs == (0, 0):
+            return y
+        n, c, h, w = self.output_shape_for(x.shape)  # the same bytes as pairs (a view)
+        return y.permute(0, 2, 3, 1).reshape(n, h, w, c).permute(0, 3, 1, 2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.runs_kernel(x):

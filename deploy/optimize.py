@@ -28,6 +28,7 @@ from deploy.module import (
     OptimizedModel,
     Quantize,
 )
+from deploy.pairs import pair_weights
 from deploy.plan import LayerPlan
 from kernels.build import Epilogue
 from kernels.launch import supports_pdl
@@ -38,6 +39,8 @@ from kernels.spec import (
     Precision,
     Target,
     get_target,
+    pair_channels,
+    pixel_pairs,
     target_for_gpu_model,
     two_input_shape,
 )
@@ -163,6 +166,7 @@ def optimize(model: nn.Module, example_inputs: Any, precision: str = "fp16",
         del candidates[node]
     if leaving:  # their adds and ReLUs go to the chains that remain
         chains = graph.find_chains(gm, candidates)
+    over_pairs = _pixel_pair_layers(candidates, records, schedules, p, tgt)
 
     fused: dict[fx.Node, FusedConv] = {}
     defaults: list[str] = []
@@ -180,14 +184,23 @@ def optimize(model: nn.Module, example_inputs: Any, precision: str = "fp16",
                                     mod)] = mod
             continue
         shape, lp = candidates[chain.conv]
+        rec = records[chain.conv]
+        over = over_pairs.get(chain.conv)
+        if over is not None:
+            shape, rec = over[0], over[2]
         epi = Epilogue("default", chain.relu is not None, chain.residual is not None)
         try:
-            sched, source, is_default, notes = planning.choose_schedule(
-                shape, p, tgt, records[chain.conv], epi)
+            sched, source, is_default, notes = planning.choose_schedule(shape, p, tgt, rec, epi)
         except ValueError as exc:
             lp.reason = f"no valid schedule: {exc}"
             continue
         w, b = fold.fold_conv_bn(*_conv_and_bn(gm, chain))
+        if over is not None:
+            w = pair_weights(w, over[1][0])
+            lp.shape_key = shape.key()
+            notes = notes + [f"runs over pixel pairs ({over[1][0]} channels, {over[1][1]} / "
+                             f"{over[1][2]} zero pixels around each row): the record of "
+                             f"{shape.key()} is faster than the layer's"]
         lp.replaced, lp.schedule, lp.schedule_source = True, sched, source
         lp.default_schedule, lp.notes = is_default, lp.notes + notes
         lp.bn = str(chain.bn.target) if chain.bn is not None else None
@@ -196,7 +209,7 @@ def optimize(model: nn.Module, example_inputs: Any, precision: str = "fp16",
         lp.residual = res.name if res is not None else None
         mod = FusedConv(lp, p, w, b, shape, relu=lp.relu, residual=res is not None,
                         backend=backend, target=tgt, schedule=sched, pdl=pdl,
-                        cache_dir=cache_dir)
+                        cache_dir=cache_dir, pairs=over[1] if over is not None else None)
         if backend == "cuda":
             x_shape = chain.conv.args[0].meta["deploy_shape"]  # type: ignore[union-attr]
             mod.take_planned_input(x_shape)
@@ -220,6 +233,38 @@ def optimize(model: nn.Module, example_inputs: Any, precision: str = "fp16",
     gm.graph.lint()
     gm.recompile()
     return OptimizedModel(gm, layers, p, tgt, backend)
+
+
+def _pixel_pair_layers(candidates: dict[fx.Node, tuple[Any, LayerPlan]],
+                       records: dict[fx.Node, planning.Record | None], schedules: Any,
+                       p: Precision, tgt: Target
+                       ) -> dict[fx.Node, tuple[ConvShape, tuple[int, int, int],
+                                                planning.Record]]:
+    """The convs that run over pixel pairs (kernels.spec.pixel_pairs): those that read the
+    model's input (which the input quantize writes, the pairs too) with few enough channels
+    that a pair is one 8- or 16-byte word, where the record of the pair layer is faster than
+    the conv's own (or it has none). Each: (the pair layer, (channels, left, right), its
+    record)."""
+    found: dict[fx.Node, tuple[ConvShape, tuple[int, int, int]]] = {}
+    for node, (shape, _) in candidates.items():
+        x = node.args[0]
+        channels = pair_channels(shape, p)
+        if not isinstance(x, fx.Node) or x.op != "placeholder" or channels is None:
+            continue
+        paired = pixel_pairs(shape, channels)
+        if paired is not None and not graph.kernel_problems(paired[0], p, tgt):
+            found[node] = (paired[0], (channels, paired[1], paired[2]))
+    # named apart from the layer: a dict of records by layer name holds the conv's own
+    asked = [(f"{candidates[n][1].name} over pixel pairs", ps) for n, (ps, _) in found.items()]
+    out = {}
+    for (node, (ps, how)), rec in zip(found.items(),
+                                      planning.lookup_records(schedules, asked, p, tgt),
+                                      strict=True):
+        own = records[node]
+        if rec is not None and rec.latency_us is not None and (
+                own is None or own.latency_us is None or rec.latency_us < own.latency_us):
+            out[node] = (ps, how, rec)
+    return out
 
 
 def _records(schedules: Any, candidates: dict[fx.Node, tuple[Any, LayerPlan]],
@@ -639,10 +684,10 @@ def _describe(gm: fx.GraphModule, v: fx.Node, fused: dict[fx.Node, FusedConv]) -
 
 
 def _kernel_quantizes(gm: fx.GraphModule, fused: dict[fx.Node, FusedConv]) -> None:
-    """A Quantize that feeds only fused layers reading more channels than it has, each as
-    its x, all as many (a stem's 3 as 4), writes them itself: on the GPU one kernel
-    writes the values and the zero channels (Quantize.take_channels), built for its
-    planned input."""
+    """A Quantize that feeds only fused layers reading more channels than it has (or over
+    pixel pairs), each as its x, all as many (a stem's 3 as 4), writes them itself: on the
+    GPU one kernel writes the values and the zero channels (and pixels: Quantize.
+    take_channels), built for its planned input."""
     for node in gm.graph.nodes:
         q = gm.get_submodule(str(node.target)) if node.op == "call_module" else None
         if not isinstance(q, Quantize) or not node.users:
@@ -650,9 +695,11 @@ def _kernel_quantizes(gm: fx.GraphModule, fused: dict[fx.Node, FusedConv]) -> No
         layers = [fused.get(u) for u in node.users]
         if any(m is None for m in layers) or any(u.args[0] is not node for u in node.users):
             continue
-        channels = {m.input_channels for m in layers if m is not None}
+        channels = {m.pairs[0] if m.pairs else m.input_channels for m in layers if m is not None}
+        over_pairs = {m.pairs for m in layers if m is not None}
         x_shape = node.args[0].meta.get("deploy_shape")  # type: ignore[union-attr]
-        if len(channels) != 1 or x_shape is None or channels == {int(x_shape[1])}:
+        if len(channels) != 1 or len(over_pairs) != 1 or x_shape is None or \
+                (channels == {int(x_shape[1])} and over_pairs == {None}):
             continue
         like = layers[0]
         assert like is not None

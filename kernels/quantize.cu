@@ -2,12 +2,15 @@
 // builds and launches it): float32 or fp16 values of any layout in, NHWC out with the
 // layer's channel count (a stem's 3 padded with zeros to the 4 its loads read), int8 as
 // clamp(round-half-even(x / scale), -128, 127) in float32, as calibrate.quantize, or fp16
-// as the cast. A thread owns one pixel: its reads are the few channels of a pixel (strided
-// in NCHW, adjacent in NHWC), its write one 4-, 8- or 16-byte word.
+// as the cast. A thread owns one output pixel: its reads are the few channels of a pixel
+// (strided in NCHW, adjacent in NHWC), its write one 4-, 8- or 16-byte word. Each output row
+// may have zero pixels before and after the input's (a stem over pixel pairs,
+// kernels.spec.pixel_pairs, reads the rows so padded as pairs).
 //
 // Defines (kernels/quantize.py; TK_SM: kernels/small_kernel.py): TQ_IN_FP16, TQ_OUT_FP16,
-// TQ_PIXELS (n * h * w), TQ_H, TQ_W, TQ_C (input channels), TQ_CP (output channels: a
-// pixel of 4, 8 or 16 bytes).
+// TQ_PIXELS (n * h * output row), TQ_H, TQ_W (input row), TQ_PADL, TQ_WO (zero pixels
+// before a row, output row), TQ_C (input channels), TQ_CP (output channels: a pixel of 4,
+// 8 or 16 bytes).
 
 typedef unsigned int u32;
 typedef unsigned short u16;
@@ -46,12 +49,13 @@ extern "C" __global__ void __launch_bounds__(256)
 #endif
   const long long p = (long long)blockIdx.x * blockDim.x + threadIdx.x;
   if (p >= TQ_PIXELS) return;
-  const long long n = p / (TQ_H * TQ_W);
-  const int hw = (int)(p % (TQ_H * TQ_W)), h = hw / TQ_W, w = hw % TQ_W;
+  const long long n = p / (TQ_H * TQ_WO);
+  const int hw = (int)(p % (TQ_H * TQ_WO)), h = hw / TQ_WO, w = hw % TQ_WO - TQ_PADL;
   const long long base = n * sn + h * sh + w * sw;
   u32 word[4] = {0, 0, 0, 0};
 #pragma unroll
   for (int c = 0; c < TQ_C; ++c) {
+    if (TQ_WO != TQ_W && (unsigned)w >= (unsigned)TQ_W) break;  // a padding pixel: zeros
     const float v = load(x, base + c * sc);
 #if TQ_OUT_FP16
     u16 b;

@@ -406,6 +406,42 @@ def two_input_shape(last: ConvShape, projection: ConvShape) -> ConvShape | None:
                      projection.k, 1, 1, stride=projection.stride, concat=last.c)
 
 
+def pair_channels(shape: ConvShape, precision: Precision | str) -> int | None:
+    """The channels a pixel is padded to for a layer over pixel pairs (`pixel_pairs`): 4 or
+    8, so that a pair is one 8- or 16-byte word of int8 or fp16; None for more channels
+    (its taps are whole vectors already) and other precisions."""
+    size = {Precision.INT8: 1, Precision.FP16: 2}.get(Precision(precision))
+    if size is None:
+        return None
+    return next((c for c in (4, 8) if shape.c <= c and 2 * c * size <= 16), None)
+
+
+def pixel_pairs(shape: ConvShape, channels: int) -> tuple[ConvShape, int, int] | None:
+    """The layer over pixel pairs: a conv of stride 2 in width over an input of `channels`
+    channels a pixel (a stem's few, padded to a word) is a conv of stride 1 in width over
+    the same bytes seen as half as many pixels of twice the channels, once each row has
+    `left` zero pixels before it and `right` after it (its pairs: pixels 2k - left and
+    2k + 1 - left). Filter tap s of the layer is tap s // 2 of the pair's half s % 2, so
+    the pair layer has ceil(S / 2) taps of twice the channels, and padding (PW - left) / 2
+    with left = PW % 2; the right zeros make its output as wide as the layer's. A stem
+    then reads whole 8- or 16-byte pairs of taps, half as many as its 4- or 8-byte taps.
+    Returns (the pair layer, left, right), or None where the layer is not such a conv
+    (stride 2 and undilated in width, one input, no epilogue reads)."""
+    if shape.stride[1] != 2 or shape.dilation[1] != 1 or shape.groups != 1 or shape.concat \
+            or shape.residual or shape.b2b or channels < shape.c:
+        return None
+    left = shape.pad[1] % 2
+    pw, taps = (shape.pad[1] - left) // 2, (shape.s + 1) // 2
+    pairs = shape.q - 1 - 2 * pw + taps
+    right = 2 * pairs - shape.w - left
+    if right < 0:
+        return None
+    paired = ConvShape(shape.n, shape.h, pairs, 2 * channels, shape.k, shape.r, taps,
+                       stride=(shape.stride[0], 1), pad=(shape.pad[0], pw),
+                       dilation=(shape.dilation[0], 1))
+    return paired, left, right
+
+
 def canonical_json(obj: Any) -> str:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"))
 

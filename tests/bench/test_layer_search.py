@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bench.layer_search import by_miss, by_total_time, curve, run, unsearched
+from bench.layer_search import by_miss, by_total_time, curve, pair_groups, run, unsearched
 from bench.zoo import load_shapes, plan
 from bench.zoo_transfer import records_prior
 from kernels.runtime import default_schedule
@@ -70,6 +70,20 @@ def test_tasks_are_ordered_by_their_share_of_the_model() -> None:
     heavy = gs[5]
     zoo[heavy.key] = 100.0
     assert by_total_time(gs, zoo)[0] is heavy
+
+
+def test_pixel_pairs_are_the_stems_pair_layers_with_their_uses() -> None:
+    """--pixel-pairs: the layers deploy would run over pixel pairs, as those pair layers
+    (ResNet's 7x7/2 stem and MobileNet's 3x3/2 one), their uses kept."""
+    gs = plan(load_shapes(), ["resnet50", "mobilenet_v2"], [8], ["int8", "fp16"])
+    pairs = pair_groups(gs)
+    assert sorted({(g.shape.key(), g.precision) for g in pairs}) == [
+        ("n8_h224_w113_c8_k32_r3_s2_st2x1_p1x0_d1x1", "fp16"),
+        ("n8_h224_w113_c8_k32_r3_s2_st2x1_p1x0_d1x1", "int8"),
+        ("n8_h224_w113_c8_k64_r7_s4_st2x1_p3x1_d1x1", "fp16"),
+        ("n8_h224_w113_c8_k64_r7_s4_st2x1_p3x1_d1x1", "int8")]
+    stem = next(g for g in pairs if g.shape.k == 64)
+    assert [(u.model, u.layers) for u in stem.uses] == [("resnet50", ("conv1",))]
 
 
 def test_misses_are_the_layers_over_their_goal_furthest_first() -> None:

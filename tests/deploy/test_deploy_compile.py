@@ -189,3 +189,30 @@ def test_inductor_has_every_ops_fallback_once_a_model_is_made() -> None:
         assert op in lowering.lowerings, name
         want = lowering.tag_to_layout_constraint(get_layout_constraint_tag(op, with_default=True))
         assert lowering.maybe_layout_constraints(op) is want, name
+
+
+@pytest.mark.parametrize("precision", ["int8", "fp16"])
+def test_a_stem_over_pixel_pairs_has_its_pairs_written_by_the_input_quantize(
+        precision: str, tmp_path: Any) -> None:
+    """With the cuda backend (built here, no GPU) and a faster record of the stem's pair
+    layer, the model's input quantize writes 4 channels a pixel with a zero pixel before and
+    after each row, its op's output seen as the pair layer's input (8 channels, 33 pairs a
+    row, channels_last), which the stem's kernel is built for."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from deploy import Quantize
+    from tests.deploy.test_deploy_graph import _pair_records
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DefaultScheduleWarning)
+        opt = optimize(small_resnet(), X, precision, "h100", _pair_records(X, 1.0),
+                       backend="cuda", cache_dir=tmp_path)
+    (q,) = opt.modules_of(Quantize)
+    stem = opt.modules_of(FusedConv)[0]
+    assert stem.pairs == (4, 1, 1) and (q.channels, q.pairs) == (4, (1, 1)) and len(q._ops) == 1
+    assert [op.shape.key() for op in stem._ops.values()] == [stem.shape.key()]
+    with FakeTensorMode() as mode:
+        fake = torch.ops.tctune.quantize(mode.from_tensor(X), q.uid)
+    assert fake.shape == (8, 8, 64, 33) and fake.dtype == q.out_dtype
+    assert fake.is_contiguous(memory_format=torch.channels_last)
+    assert stem.shape_for(fake.shape) == stem.shape_for(X.shape) == stem.shape

@@ -274,6 +274,43 @@ def test_on_gpu_kernels_agree_with_float32_and_the_reference(precision: str,
 
 @on_gpu
 @pytest.mark.parametrize("precision", ["fp16", "int8"])
+def test_on_gpu_a_stem_over_pixel_pairs_agrees_with_the_reference(precision: str,
+                                                                  tmp_path: Path) -> None:
+    """The input quantize's kernel writes the pairs (zero pixels around each row) and the
+    stem's kernel runs the pair layer: the stem's output equals the reference executor's on
+    the input paired by torch ops (int8 bit for bit), and the logits agree with the float32
+    model."""
+    from deploy.calibrate import quantize
+    from deploy.pairs import pair_pixels
+    from tests.deploy.test_deploy_graph import _pair_records
+
+    _, opt = build(precision, backend="cuda", device="cuda", target=None, cache_dir=tmp_path,
+                   schedules=_pair_records(X, 1.0))
+    stem = opt.modules_of(FusedConv)[0]
+    assert stem.pairs == (4, 1, 1)
+    seen: list[tuple[torch.Tensor, torch.Tensor]] = []
+    h = stem.register_forward_hook(lambda m, a, o: seen.append((a[0], o)))
+    try:
+        x = HELD_OUT[0].cuda()
+        got = logits(opt, x)
+    finally:
+        h.remove()
+    ((x_in, y),) = seen
+    plain = x.half() if precision == "fp16" else quantize(x, opt.plan[0].in_scale)
+    pairs = pair_pixels(plain, 4, 1, 1)
+    assert torch.equal(x_in, pairs)  # the quantize kernel's pairs are torch's
+    with torch.no_grad():
+        want = stem.reference(pairs)
+    if precision == "int8":
+        assert torch.equal(y, want)
+        assert cosine(got.cpu(), logits(small_resnet(), HELD_OUT[0])) >= 0.99
+    else:
+        assert rel_l2(y.float(), want.float()) < 2e-3
+        assert rel_l2(got.cpu(), logits(small_resnet(), HELD_OUT[0])) <= 1e-2
+
+
+@on_gpu
+@pytest.mark.parametrize("precision", ["fp16", "int8"])
 def test_on_gpu_the_kernel_head_agrees_with_the_reference(precision: str,
                                                           tmp_path: Path) -> None:
     """kernel_head on the GPU: the average pool's kernel gives the reference executor's

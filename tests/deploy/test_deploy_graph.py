@@ -271,6 +271,40 @@ def test_max_pool_between_convs_stays_in_the_kernel_domain() -> None:
         assert pool.backend == conv.backend == "cuda"
 
 
+def _pair_records(x: torch.Tensor, pair_us: float) -> dict[str, Any]:
+    """small_resnet's stem with a record of its own (2 us) and one of its pair layer."""
+    from kernels.spec import ConvShape, pixel_pairs
+
+    stem = ConvShape(int(x.shape[0]), 64, 64, 3, 32, 7, 7, stride=(2, 2), pad=(3, 3))
+    paired = pixel_pairs(stem, 4)
+    assert paired is not None
+    return {stem.key(): {"schedule": {}, "latency_us": 2.0},
+            paired[0].key(): {"schedule": {}, "latency_us": pair_us}}
+
+
+@pytest.mark.parametrize("precision", ["fp16", "int8"])
+def test_the_stem_runs_over_pixel_pairs_where_their_record_is_faster(precision: str) -> None:
+    """With a faster record of its pair layer (kernels.spec.pixel_pairs) the stem runs as
+    that layer: its weights paired, its input padded and paired in forward (the reference
+    executor; on the GPU the input quantize writes the pairs); the model's output is the
+    same as without it (int8: bit for bit). A slower pair record leaves it as it is."""
+    from tests.deploy_nets import small_resnet
+
+    x = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(8))
+    m = small_resnet()
+    base = opt(m, x, precision)
+    fast = opt(m, x, precision, schedules=_pair_records(x, 1.0))
+    slow = opt(m, x, precision, schedules=_pair_records(x, 3.0))
+    stem = fused(fast)["conv1"]
+    assert stem.pairs == (4, 1, 1) and fused(slow)["conv1"].pairs is None
+    assert stem.weight.shape[1:] == (8, 7, 4) and stem.shape.key().startswith("n2_h64_w33_c8")
+    lp = plan_of(fast)["conv1"]
+    assert lp.shape_key == stem.shape.key() and any("pixel pairs" in n for n in lp.notes)
+    assert all(m.pairs is None for name, m in fused(fast).items() if name != "conv1")
+    assert torch.equal(fast(x), base(x))
+    assert torch.equal(slow(x), base(x))
+
+
 class FunctionalHead(nn.Module):
     """A head after an op that stays in PyTorch (sigmoid): F.adaptive_avg_pool2d to (1, 1)
     (as DenseNet calls it), flatten, classifier."""

@@ -3,6 +3,8 @@ the kernel module's own numpy reference (kernels/reference.py) of the epilogue."
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -17,6 +19,55 @@ from kernels import reference as ref
 from kernels.spec import ConvShape, Precision, get_target
 
 H100 = get_target("h100")
+
+
+# ---- pixel pairs --------------------------------------------------------------------------
+@pytest.mark.parametrize("h,w,c,r,s,stride,pad", [
+    (224, 224, 3, 7, 7, (2, 2), (3, 3)),  # ResNet's stem
+    (224, 224, 3, 3, 3, (2, 2), (1, 1)),  # MobileNet's
+    (20, 17, 2, 3, 3, (2, 2), (0, 0)),    # odd width, no padding
+    (16, 16, 4, 3, 5, (1, 2), (2, 1)),    # stride 1 in height
+    (15, 22, 8, 2, 6, (3, 2), (1, 2)),    # an even filter, 8 channels
+])
+def test_a_layer_over_pixel_pairs_is_the_layer(h: int, w: int, c: int, r: int, s: int,
+                                               stride: tuple[int, int],
+                                               pad: tuple[int, int]) -> None:
+    """The pair layer on the paired input with the paired weights is the layer, exactly
+    (float64 sums of integers), with the layer's output size."""
+    from deploy.pairs import pair_pixels, pair_weights
+    from kernels.spec import pixel_pairs
+
+    shape = ConvShape(2, h, w, c, 16, r, s, stride=stride, pad=pad)
+    channels = 4 if c <= 4 else 8
+    paired = pixel_pairs(shape, channels)
+    assert paired is not None
+    ps, left, right = paired
+    assert (ps.p, ps.q, ps.c, ps.stride[1], ps.s) == (shape.p, shape.q, 2 * channels, 1,
+                                                     (s + 1) // 2)
+    g = torch.Generator().manual_seed(h + w)
+    x = torch.randint(-9, 9, (2, c, h, w), generator=g).double()
+    wt = torch.randint(-9, 9, (16, c, r, s), generator=g).double()
+    xp = pair_pixels(x, channels, left, right)
+    assert tuple(xp.shape) == (2, ps.c, h, ps.w)
+    want = F.conv2d(x, wt, stride=stride, padding=pad)
+    got = F.conv2d(xp, pair_weights(wt, channels), stride=ps.stride, padding=ps.pad)
+    assert torch.equal(got, want)
+
+
+def test_only_a_stride_two_width_of_few_channels_runs_over_pairs() -> None:
+    from kernels.spec import pair_channels, pixel_pairs
+
+    stem = ConvShape(8, 224, 224, 3, 64, 7, 7, stride=(2, 2), pad=(3, 3))
+    assert (pair_channels(stem, "int8"), pair_channels(stem, "fp16")) == (4, 4)
+    assert pair_channels(replace(stem, c=6), "int8") == 8
+    assert pair_channels(replace(stem, c=6), "fp16") is None  # 24-byte pairs
+    assert pair_channels(stem, "int4") is None
+    assert pixel_pairs(stem, 2) is None  # fewer than the layer's channels
+    for other in (replace(stem, stride=(2, 1)), replace(stem, dilation=(1, 2)),
+                  replace(stem, residual=True),
+                  # an odd row whose last pixel only a pair past the output's would hold
+                  ConvShape(2, 15, 21, 8, 16, 2, 6, stride=(3, 2), pad=(1, 2))):
+        assert pixel_pairs(other, 8) is None
 
 
 # ---- BatchNorm folding -------------------------------------------------------------------

@@ -18,6 +18,8 @@ def test_shapes_the_kernel_cannot_run_are_refused_with_the_reason() -> None:
     assert QuantizeShape(8, 3, 224, 224, 4, True, True).problems() is None
     assert "word" in QuantizeShape(8, 3, 8, 8, 3, False, False).problems()
     assert "word" in QuantizeShape(8, 5, 8, 8, 4, False, False).problems()
+    assert "negative" in QuantizeShape(8, 3, 8, 8, 4, False, False, -1, 0).problems()
+    assert QuantizeShape(8, 3, 8, 8, 4, False, False, 1, 1).out_w == 10
     with pytest.raises(ValueError, match="word"):
         QuantizeInput(QuantizeShape(1, 3, 8, 8, 6, False, False), 90)
 
@@ -25,12 +27,13 @@ def test_shapes_the_kernel_cannot_run_are_refused_with_the_reason() -> None:
 @pytest.mark.parametrize("in_fp16", [False, True])
 @pytest.mark.parametrize("out_fp16,channels", [(False, 4), (False, 16), (True, 4), (True, 8)])
 def test_the_kernel_builds_for_every_sm(in_fp16: bool, out_fp16: bool, channels: int) -> None:
-    shape = QuantizeShape(8, 3, 224, 224, channels, in_fp16, out_fp16)
-    for sm in (75, 80, 90):
-        image, log = compile_quantize(shape, sm)
-        assert image is not None, log
-    for sm in (75, 80):
-        assert compile_quantize(shape, sm, ptx=True)[0] is not None
+    for pads in ((0, 0), (1, 1)):  # plain, and the rows of a stem over pixel pairs
+        shape = QuantizeShape(8, 3, 224, 224, channels, in_fp16, out_fp16, *pads)
+        for sm in (75, 80, 90):
+            image, log = compile_quantize(shape, sm)
+            assert image is not None, log
+        for sm in (75, 80):
+            assert compile_quantize(shape, sm, ptx=True)[0] is not None
 
 
 def _gpu() -> bool:
@@ -58,15 +61,21 @@ def test_the_kernel_is_deploys_quantize_with_the_channels_padded(tmp_path: Path)
         x = x.to(dtype)
         for layout in (torch.contiguous_format, torch.channels_last):
             xl = x.contiguous(memory_format=layout)
-            for out_fp16, channels in ((False, 4), (False, 8), (True, 4), (True, 8)):
-                shape = QuantizeShape(3, 3, 19, 23, channels, dtype == torch.float16, out_fp16)
+            for out_fp16, channels, pads in ((False, 4, (0, 0)), (False, 8, (0, 0)),
+                                             (True, 4, (0, 0)), (True, 8, (0, 0)),
+                                             (False, 4, (1, 0)), (True, 4, (1, 2))):
+                shape = QuantizeShape(3, 3, 19, 23, channels, dtype == torch.float16, out_fp16,
+                                      *pads)
                 want = x.to(torch.float16) if out_fp16 else calibrate.quantize(x, scale)
-                want = F.pad(want.permute(0, 2, 3, 1), (0, channels - 3)).permute(0, 3, 1, 2)
+                # zero channels after a pixel's, zero pixels before and after a row's
+                want = F.pad(want.permute(0, 2, 3, 1), (0, channels - 3, 0, 0, *pads))
+                want = want.permute(0, 3, 1, 2)
                 for b_sm, pdl, ptx in builds:
                     y = QuantizeInput(shape, b_sm, pdl, tmp_path, ptx)(
                         xl, None if out_fp16 else scale)
                     assert y.is_contiguous(memory_format=torch.channels_last)
-                    assert torch.equal(y, want), (dtype, layout, out_fp16, channels, b_sm, ptx)
+                    assert torch.equal(y, want), (dtype, layout, out_fp16, channels, pads, b_sm,
+                                                  ptx)
     # A model's input: a million quotients, some within an ulp of a rounding tie, where a
     # division computed otherwise than as IEEE's (a reciprocal's product) rounds differently.
     x = torch.randn(8, 3, 224, 224, device="cuda", generator=g) * (40 * scale)
