@@ -513,6 +513,10 @@ def import_cmd(path: str, server: str | None, token: str | None) -> None:
               help="also the layers that may run the 1x1 conv reading their output in their "
                    "kernel (a module model; ConvShape.b2b: tctune-deploy runs such a pair "
                    "as one kernel where its record beats the two layers')")
+@click.option("--pixel-pairs", is_flag=True,
+              help="also the pair layers of the stems (a module model; kernels.spec."
+                   "pixel_pairs: tctune-deploy runs a stem over pixel pairs where that "
+                   "layer's record beats the stem's)")
 @click.option("--submit/--dry-run", default=True, show_default=True,
               help="submit the untuned layers, or only report coverage")
 @click.option("--wait", is_flag=True,
@@ -523,8 +527,9 @@ def import_cmd(path: str, server: str | None, token: str | None) -> None:
 @server_option
 @token_option
 def plan_cmd(model: str, input_shape: str | None, precision: str | None, target: str | None,
-             trials: int, allocate: str, strategy: str | None, b2b: bool, submit: bool,
-             wait: bool, timeout: float | None, server: str | None, token: str | None) -> None:
+             trials: int, allocate: str, strategy: str | None, b2b: bool, pixel_pairs: bool,
+             submit: bool, wait: bool, timeout: float | None, server: str | None,
+             token: str | None) -> None:
     """Tune a whole model: look its conv layers up, submit each distinct untuned one once
     (layers of the same shape share a task and its job), report coverage.
 
@@ -569,7 +574,7 @@ def plan_cmd(model: str, input_shape: str | None, precision: str | None, target:
         if module_model:
             assert input_shape and precision and target
             layers = load_module_model(model, parse_input_shape(input_shape), precision,
-                                       target.lower(), b2b)
+                                       target.lower(), b2b, pixel_pairs)
         else:
             layers = load_model(model, precision, target and target.lower())
     except ValueError as err:

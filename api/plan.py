@@ -28,7 +28,14 @@ from functools import partial
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from kernels.spec import ConvShape, Precision, get_target, two_input_shape
+from kernels.spec import (
+    ConvShape,
+    Precision,
+    get_target,
+    pair_channels,
+    pixel_pairs,
+    two_input_shape,
+)
 
 
 @dataclass(frozen=True)
@@ -127,7 +134,7 @@ def build_module(spec: str) -> Any:
 
 
 def load_module_model(spec: str, input_shape: tuple[int, ...], precision: str,
-                      target: str, b2b: bool = False) -> list[Layer]:
+                      target: str, b2b: bool = False, pixel_pairs: bool = False) -> list[Layer]:
     """The Conv2d layers of a module model (build_module), traced with an input of
     `input_shape` (N, C, H, W): on the meta device, where only shapes are computed
     (DenseNet-121 at batch 32: 1.3 s on two cores, against 5.5 s for the two passes on the
@@ -135,7 +142,8 @@ def load_module_model(spec: str, input_shape: tuple[int, ...], precision: str,
     a meta kernel, a value read in forward, an input that does not fit), on the CPU with a
     random input, whose errors say why. `b2b`: also the layers that may run the 1x1 conv
     reading their output back to back (fused_layers), where some schedule runs them on
-    `target`."""
+    `target`. `pixel_pairs`: also the pair layers of the convs that deploy may run over
+    pixel pairs (kernels.spec.pixel_pairs: a stem's), named "NAME over pixel pairs"."""
     import torch
 
     # deploy.optimize runs int8 and fp16 models: only their convs fuse an add.
@@ -159,11 +167,25 @@ def load_module_model(spec: str, input_shape: tuple[int, ...], precision: str,
     if not found:
         raise ValueError(f"{spec} has no Conv2d layer with groups=1")
     extra = fl.pairs + ([f for f in fl.b2b if _runs_b2b(f["shape"], precision, target)]
-                        if b2b else [])
+                        if b2b else []) + (_pair_layers(found, precision) if pixel_pairs else [])
     return [Layer(f["name"], replace(ConvShape.from_dict(f["shape"]),
                                      residual=f["name"] in fl.residual), precision, target)
             for f in found] + \
         [Layer(f["name"], ConvShape.from_dict(f["shape"]), precision, target) for f in extra]
+
+
+def _pair_layers(found: list[dict[str, Any]], precision: str) -> list[dict[str, Any]]:
+    """The pair layers of the found convs that may run over pixel pairs (stride 2 in width,
+    few channels: the rule of kernels.spec's pair_channels and pixel_pairs; deploy runs a
+    conv that reads the model's input so where the pair layer's record is faster)."""
+    out = []
+    for f in found:
+        shape = ConvShape.from_dict(f["shape"])
+        channels = pair_channels(shape, precision) if precision in ("int8", "fp16") else None
+        paired = pixel_pairs(shape, channels) if channels else None
+        if paired is not None:
+            out.append({"name": f"{f['name']} over pixel pairs", "shape": paired[0].to_dict()})
+    return out
 
 
 def _runs_b2b(shape: dict[str, Any], precision: str, target: str) -> bool:

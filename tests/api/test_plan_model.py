@@ -350,11 +350,27 @@ def test_a_module_is_planned_on_the_meta_device_as_on_the_cpu(
     assert layer.shape == ConvShape(8, 64, 64, 3, 16, 3, 3, pad=(1, 1))
 
 
+def test_pixel_pairs_add_the_stems_pair_layer() -> None:
+    """--pixel-pairs: the stem's pair layer (kernels.spec.pixel_pairs) is planned too."""
+    shape = (2, 3, 64, 64)
+    plain = load_module_model("tests.deploy_nets:small_resnet", shape, "fp16", "h100")
+    pairs = load_module_model("tests.deploy_nets:small_resnet", shape, "fp16", "h100",
+                              pixel_pairs=True)
+    assert pairs[:len(plain)] == plain
+    [extra] = pairs[len(plain):]
+    assert extra.name == "conv1 over pixel pairs"
+    assert extra.shape == ConvShape(2, 64, 33, 8, 32, 7, 4, stride=(2, 1), pad=(3, 1))
+
+
 def test_plan_with_b2b_adds_the_back_to_back_layers(make_service: Callable[..., Service]) -> None:
-    """--b2b: the layers that may run the next 1x1 conv in their kernel are planned too."""
+    """--b2b: the layers that may run the next 1x1 conv in their kernel are planned too;
+    --pixel-pairs: the stem's pair layer."""
     svc = make_service().start()
     args = ("plan", "tests.deploy_nets:small_resnet", "--input-shape", "2,3,32,32",
             "--precision", "int8", "--target", "h100", "--dry-run")
     plain, b2b = _cli(svc, *args), _cli(svc, *args, "--b2b")
     assert plain.returncode == b2b.returncode == 0, (plain.stderr, b2b.stderr)
     assert json.loads(b2b.stdout)["distinct"] == json.loads(plain.stdout)["distinct"] + 2
+    pairs = _cli(svc, *args, "--pixel-pairs")  # and the stem's pair layer
+    assert pairs.returncode == 0, pairs.stderr
+    assert json.loads(pairs.stdout)["distinct"] == json.loads(plain.stdout)["distinct"] + 1
