@@ -32,8 +32,7 @@ from kernels.spec import (
     ConvShape,
     Precision,
     get_target,
-    pair_channels,
-    pixel_pairs,
+    pair_layer,
     two_input_shape,
 )
 
@@ -176,13 +175,11 @@ def load_module_model(spec: str, input_shape: tuple[int, ...], precision: str,
 
 def _pair_layers(found: list[dict[str, Any]], precision: str) -> list[dict[str, Any]]:
     """The pair layers of the found convs that may run over pixel pairs (stride 2 in width,
-    few channels: the rule of kernels.spec's pair_channels and pixel_pairs; deploy runs a
-    conv that reads the model's input so where the pair layer's record is faster)."""
+    few channels: kernels.spec.pair_layer; deploy runs a conv that reads the model's input
+    so where the pair layer's record is faster)."""
     out = []
     for f in found:
-        shape = ConvShape.from_dict(f["shape"])
-        channels = pair_channels(shape, precision) if precision in ("int8", "fp16") else None
-        paired = pixel_pairs(shape, channels) if channels else None
+        paired = pair_layer(ConvShape.from_dict(f["shape"]), precision)
         if paired is not None:
             out.append({"name": f"{f['name']} over pixel pairs", "shape": paired[0].to_dict()})
     return out

@@ -131,13 +131,12 @@ def residual_groups(groups: Sequence[Group], shapes_doc: dict[str, Any]) -> list
 
 def pair_groups(groups: Sequence[Group]) -> list[Group]:
     """The groups' layers that run over pixel pairs, as the pair layers (kernels.spec's
-    pair_channels and pixel_pairs, the rule deploy.optimize applies to a model's input)."""
-    from kernels.spec import pair_channels, pixel_pairs
+    pair_layer, the rule deploy.optimize applies to a model's input)."""
+    from kernels.spec import pair_layer
 
     out = []
     for g in groups:
-        channels = pair_channels(g.shape, g.precision)
-        paired = pixel_pairs(g.shape, channels) if channels else None
+        paired = pair_layer(g.shape, g.precision)
         if paired is not None:
             out.append(Group(paired[0], g.precision, g.uses))
     return out

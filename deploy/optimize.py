@@ -39,8 +39,7 @@ from kernels.spec import (
     Precision,
     Target,
     get_target,
-    pair_channels,
-    pixel_pairs,
+    pair_layer,
     target_for_gpu_model,
     two_input_shape,
 )
@@ -248,12 +247,10 @@ def _pixel_pair_layers(candidates: dict[fx.Node, tuple[Any, LayerPlan]],
     found: dict[fx.Node, tuple[ConvShape, tuple[int, int, int]]] = {}
     for node, (shape, _) in candidates.items():
         x = node.args[0]
-        channels = pair_channels(shape, p)
-        if not isinstance(x, fx.Node) or x.op != "placeholder" or channels is None:
-            continue
-        paired = pixel_pairs(shape, channels)
-        if paired is not None and not graph.kernel_problems(paired[0], p, tgt):
-            found[node] = (paired[0], (channels, paired[1], paired[2]))
+        paired = pair_layer(shape, p)
+        if isinstance(x, fx.Node) and x.op == "placeholder" and paired is not None and \
+                not graph.kernel_problems(paired[0], p, tgt):
+            found[node] = paired
     # named apart from the layer: a dict of records by layer name holds the conv's own
     asked = [(f"{candidates[n][1].name} over pixel pairs", ps) for n, (ps, _) in found.items()]
     out = {}

@@ -410,7 +410,7 @@ def pair_channels(shape: ConvShape, precision: Precision | str) -> int | None:
     """The channels a pixel is padded to for a layer over pixel pairs (`pixel_pairs`): 4 or
     8, so that a pair is one 8- or 16-byte word of int8 or fp16; None for more channels
     (its taps are whole vectors already) and other precisions."""
-    size = {Precision.INT8: 1, Precision.FP16: 2}.get(Precision(precision))
+    size = {Precision.INT8: 1, Precision.FP16: 2}.get(Precision(precision))  # not int4
     if size is None:
         return None
     return next((c for c in (4, 8) if shape.c <= c and 2 * c * size <= 16), None)
@@ -440,6 +440,15 @@ def pixel_pairs(shape: ConvShape, channels: int) -> tuple[ConvShape, int, int] |
                        stride=(shape.stride[0], 1), pad=(shape.pad[0], pw),
                        dilation=(shape.dilation[0], 1))
     return paired, left, right
+
+
+def pair_layer(shape: ConvShape, precision: Precision | str
+               ) -> tuple[ConvShape, tuple[int, int, int]] | None:
+    """The layer over pixel pairs that `shape` may run as (`pixel_pairs` over the input
+    padded to `pair_channels`), with (channels, left, right); None where it may not."""
+    channels = pair_channels(shape, precision)
+    paired = pixel_pairs(shape, channels) if channels else None
+    return None if paired is None else (paired[0], (channels, paired[1], paired[2]))
 
 
 def canonical_json(obj: Any) -> str:
