@@ -24,6 +24,14 @@ if TYPE_CHECKING:
 
 _LAYERS: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
 _IDS = itertools.count(1)
+OPS: list[str] = []  # the ops this module defines, as _custom_op adds them
+
+
+def _custom_op(name: str) -> Any:
+    """torch.library.custom_op for `tctune::name`, no mutated arguments, listed in OPS
+    (register_inductor_fallbacks)."""
+    OPS.append(name)
+    return torch.library.custom_op(f"tctune::{name}", mutates_args=())
 
 
 def register(layer: FusedConv | SmallKernelModule) -> int:
@@ -48,7 +56,7 @@ def _channels_last_like(x: torch.Tensor, size: tuple[int, int, int, int],
     return x.new_empty_strided(size, (h * w * c, 1, w * c, c), dtype=dtype)
 
 
-@torch.library.custom_op("tctune::fused_conv", mutates_args=())
+@_custom_op("fused_conv")
 def fused_conv(x: torch.Tensor, residual: torch.Tensor | None, x1: torch.Tensor | None,
                uid: int) -> torch.Tensor:
     """y = the fused layer `uid` on x (and its residual, and its second input x1), on the
@@ -70,7 +78,7 @@ def _conv_output_like(x: torch.Tensor, layer: Any, channels: int) -> torch.Tenso
     return _channels_last_like(x, (s.n, channels, s.p, s.q), layer.out_dtype)
 
 
-@torch.library.custom_op("tctune::fused_conv_b2b", mutates_args=())
+@_custom_op("fused_conv_b2b")
 def fused_conv_b2b(x: torch.Tensor, residual: torch.Tensor | None, x1: torch.Tensor | None,
                    uid: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(y, y2) = the fused layer `uid` with its back-to-back 1x1 conv (FusedConv.take_b2b):
@@ -86,7 +94,7 @@ def _(x: torch.Tensor, residual: torch.Tensor | None, x1: torch.Tensor | None,
         _conv_output_like(x, layer, layer.b2b)
 
 
-@torch.library.custom_op("tctune::max_pool", mutates_args=())
+@_custom_op("max_pool")
 def max_pool(x: torch.Tensor, uid: int) -> torch.Tensor:
     """y = the KernelMaxPool2d `uid` on x (int8 or fp16, channels_last memory) on the GPU."""
     return _layer(uid).execute(x)
@@ -97,7 +105,7 @@ def _(x: torch.Tensor, uid: int) -> torch.Tensor:
     return _channels_last_like(x, _layer(uid).output_shape_for(x.shape), x.dtype)
 
 
-@torch.library.custom_op("tctune::quantize", mutates_args=())
+@_custom_op("quantize")
 def quantize(x: torch.Tensor, uid: int) -> torch.Tensor:
     """y = the Quantize `uid` on x (float32 or fp16) on the GPU: NHWC, padded channels."""
     return _layer(uid).execute(x)
@@ -109,7 +117,7 @@ def _(x: torch.Tensor, uid: int) -> torch.Tensor:
     return _channels_last_like(x, layer.output_shape_for(x.shape), layer.out_dtype)
 
 
-@torch.library.custom_op("tctune::global_avg_pool", mutates_args=())
+@_custom_op("global_avg_pool")
 def global_avg_pool(x: torch.Tensor, uid: int) -> torch.Tensor:
     """y = the KernelGlobalAvgPool `uid` on x (int8 or fp16, channels_last) on the GPU: fp16
     rows [N, C]."""
@@ -121,7 +129,7 @@ def _(x: torch.Tensor, uid: int) -> torch.Tensor:
     return x.new_empty(tuple(int(v) for v in x.shape[:2]), dtype=torch.float16)
 
 
-@torch.library.custom_op("tctune::linear", mutates_args=())
+@_custom_op("linear")
 def linear(x: torch.Tensor, uid: int) -> torch.Tensor:
     """y = the KernelLinear `uid` on x (fp16 rows) on the GPU, in the layer's out_dtype."""
     return _layer(uid).execute(x)
@@ -131,9 +139,6 @@ def linear(x: torch.Tensor, uid: int) -> torch.Tensor:
 def _(x: torch.Tensor, uid: int) -> torch.Tensor:
     layer = _layer(uid)
     return x.new_empty(layer.output_shape_for(x.shape), dtype=layer.out_dtype)
-
-
-OPS = ("fused_conv", "fused_conv_b2b", "max_pool", "quantize", "global_avg_pool", "linear")
 
 
 def register_inductor_fallbacks() -> None:
