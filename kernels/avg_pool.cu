@@ -2,9 +2,10 @@
 // kernels/pool.py builds and launches it): y[n][c] = scale * sum over the pixels of
 // x[n, :, :, c], fp16 out as [N, C] (a classifier's rows); scale is the int8 value's scale
 // over the pixel count (fp16: one over it). A block owns VB 16-byte vectors of one image's
-// channels; its GROUPS warps split the pixels, each lane summing its vector over every
-// GROUPS-th pixel (whole, coalesced 16-byte loads: a warp reads 512 adjacent bytes of a
-// pixel), and the groups' partial sums meet in shared memory. int8 sums are exact in int32
+// channels, few enough that a batch of ResNet-50's 2048 channels fills the GPU with blocks;
+// its GROUPS thread groups split the pixels, each thread summing its vector over every
+// GROUPS-th pixel (whole, coalesced 16-byte loads: a warp reads 128 adjacent bytes of each of
+// 4 pixels), and the groups' partial sums meet in shared memory. int8 sums are exact in int32
 // and, below 2^24, in the float32 they meet in (kernels/pool.py limits the pixels).
 //
 // Defines (kernels/pool.py, avg_pool_defines; TK_SM: kernels/small_kernel.py): TG_FP16 (0:
@@ -13,8 +14,10 @@
 typedef unsigned int u32;
 typedef unsigned short u16;
 
-constexpr int VB = 32;                        // vectors of a pixel a block sums: a warp's
-constexpr int GROUPS = 8;                     // warps of a block, each over a share of pixels
+constexpr int VB = 8;                         // vectors of a pixel a block sums
+constexpr int GROUPS = 32;                    // thread groups of a block, each over a share of
+                                              // the pixels (VB * GROUPS threads)
+constexpr int PART = VB + 1;                  // shared row stride, padded against bank conflicts
 constexpr int LANES = TG_FP16 ? 8 : 16;       // channels a vector
 constexpr int CHUNKS = (TG_V + VB - 1) / VB;  // blocks an image
 
@@ -26,9 +29,9 @@ __device__ __forceinline__ float half_f32(u32 h) {
 
 extern "C" __global__ void __launch_bounds__(VB * GROUPS)
     tc_global_avg_pool(const uint4* __restrict__ x, u16* __restrict__ y, float scale) {
-  // [group][channel of the vector][vector]: a warp's stores and the final reads are
-  // conflict-free.
-  __shared__ float part[GROUPS * LANES * VB];
+  // [group][channel of the vector][vector], rows padded: a warp's stores and the final
+  // reads hit distinct banks but for a few pairs.
+  __shared__ float part[GROUPS * LANES * PART];
 #if TK_SM >= 90
   // Programmatic dependent launch (kernels/launch.py). The kernel after this one (a
   // classifier's, kernels/linear.cu) loads its weights before it waits, so it is let in
@@ -48,7 +51,7 @@ extern "C" __global__ void __launch_bounds__(VB * GROUPS)
   for (int i = 0; i < LANES; ++i) acc[i] = 0;
   if (v < TG_V) {
     const uint4* px = x + (long long)n * TG_HW * TG_V + v;
-#pragma unroll 4
+#pragma unroll 2
     for (int p = g; p < TG_HW; p += GROUPS) {
       const uint4 q = __ldg(px + (long long)p * TG_V);
       const u32 w[4] = {q.x, q.y, q.z, q.w};
@@ -65,7 +68,7 @@ extern "C" __global__ void __launch_bounds__(VB * GROUPS)
     }
   }
 #pragma unroll
-  for (int i = 0; i < LANES; ++i) part[(g * LANES + i) * VB + vl] = (float)acc[i];
+  for (int i = 0; i < LANES; ++i) part[(g * LANES + i) * PART + vl] = (float)acc[i];
   __syncthreads();
   // Thread t finishes the block's t-th channel (and every VB * GROUPS-th after it): the
   // channels of vector t / LANES, in order, so the fp16 stores are coalesced.
@@ -74,7 +77,7 @@ extern "C" __global__ void __launch_bounds__(VB * GROUPS)
     if (chunk * VB + tv >= TG_V) break;
     float s = 0.f;
 #pragma unroll
-    for (int k = 0; k < GROUPS; ++k) s += part[(k * LANES + i) * VB + tv];
+    for (int k = 0; k < GROUPS; ++k) s += part[(k * LANES + i) * PART + tv];
     u16 h;
     asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(s * scale));
     y[((long long)n * TG_V + chunk * VB) * LANES + t] = h;

@@ -1,7 +1,7 @@
 """A fully connected layer over a few rows on the GPU (kernels/linear.cu), for deploy's
 KernelLinear: a classifier after its network's pooling (ResNet-50's 2048 -> 1000 at batch
-8). fp16 x and weights, fp32 sums and bias, fp16 or fp32 y. Built, cached and launched as
-kernels/small_kernel.py says (PDL on sm_90).
+8). fp16 x and weights, fp32 sums (on the Tensor Cores) and bias, fp16 or fp32 y. Built,
+cached and launched as kernels/small_kernel.py says (PDL on sm_90).
 """
 
 from __future__ import annotations
@@ -12,10 +12,9 @@ from typing import Any
 
 from kernels.small_kernel import ShapedKernel, compile_small
 
-WARPS = 8  # output features a block (linear.cu)
-MAX_ROWS = 16  # a lane's sums are one register a row
-MAX_X_BYTES = 48 * 1024  # x in static shared memory
-MAX_WEIGHT_VECTORS = 16  # 16-byte vectors a lane holds of its weight row (in registers)
+OUTPUTS_A_BLOCK = 8  # linear.cu's OUTS: the mma tile's N
+MAX_ROWS = 16  # the mma tile's M
+MAX_IN_FEATURES = 4096  # a warp's share of its weight rows is held in registers
 
 
 @dataclass(frozen=True)
@@ -35,10 +34,8 @@ class LinearShape:
             return f"more than {MAX_ROWS} rows (a GEMM's case)"
         if self.in_features % 8:
             return "in_features must be a multiple of 8 (16-byte vectors of fp16)"
-        if self.rows * self.in_features * 2 > MAX_X_BYTES:
-            return f"x over {MAX_X_BYTES // 1024} KB"
-        if math.ceil(self.in_features / 8 / 32) > MAX_WEIGHT_VECTORS:
-            return f"in_features over {MAX_WEIGHT_VECTORS * 32 * 8}"
+        if self.in_features > MAX_IN_FEATURES:
+            return f"in_features over {MAX_IN_FEATURES}"
         return None
 
 
@@ -62,7 +59,7 @@ class Linear(ShapedKernel):
 
     @staticmethod
     def work(shape: LinearShape) -> int:
-        return shape.out_features * 32  # a warp an output feature
+        return math.ceil(shape.out_features / OUTPUTS_A_BLOCK) * ShapedKernel.THREADS
 
     def __call__(self, x: Any, weight: Any, bias: Any) -> Any:
         import torch

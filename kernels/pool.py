@@ -124,7 +124,7 @@ class MaxPool2d(ShapedKernel):
         return y
 
 
-AVG_VECTORS_A_BLOCK = 32  # avg_pool.cu's VB
+AVG_VECTORS_A_BLOCK = 8  # avg_pool.cu's VB
 MAX_AVG_PIXELS = 1 << 16  # int8 sums stay exact in float32 (avg_pool.cu)
 
 
@@ -170,7 +170,7 @@ class GlobalAvgPool(ShapedKernel):
     @staticmethod
     def work(shape: GlobalPoolShape) -> int:
         blocks = shape.n * math.ceil(shape.vectors / AVG_VECTORS_A_BLOCK)
-        return blocks * ShapedKernel.THREADS  # a block a 32-vector share of an image
+        return blocks * ShapedKernel.THREADS  # a block a VB-vector share of an image
 
     def __call__(self, x: Any, scale: float | None = None) -> Any:
         import ctypes
