@@ -8,12 +8,16 @@ could not absorb) instead of breaking its graph at every layer.
 
 An op takes the activations and the module's id; the module (its weights, scales, executor)
 is looked up in a registry of live modules, so its buffers never become graph inputs and a
-layer's int8 scales and schedule set after compilation are the ones it runs with.
+layer's int8 scales and schedule set after compilation are the ones it runs with. Ids differ
+between processes: Inductor's on-disk cache keys a compiled graph by its ops' arguments, and
+the code compiled for one process's module 1 must never run another process's module 1,
+whose output can differ in shape (a stem over pixel pairs or not) where the graph does not.
 """
 
 from __future__ import annotations
 
 import itertools
+import secrets
 import weakref
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +27,7 @@ if TYPE_CHECKING:
     from deploy.module import FusedConv, SmallKernelModule
 
 _LAYERS: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
-_IDS = itertools.count(1)
+_IDS = itertools.count(secrets.randbits(40) << 20)  # this process's ids (see above)
 OPS: list[str] = []  # the ops this module defines, as _custom_op adds them
 
 

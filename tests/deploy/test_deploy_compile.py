@@ -174,6 +174,19 @@ def test_the_head_runs_on_kernels_built_for_its_planned_input(precision: str,
     assert (rows.shape, rows.dtype) == ((8, 10), torch.float32)
 
 
+def test_module_ids_differ_between_processes() -> None:
+    """A compiled graph names its modules by id, and Inductor's on-disk cache serves a graph
+    compiled in one process to another: the same id must not name two processes' modules
+    (one process's stem over pixel pairs, the other's not, failed so on the GPU)."""
+    import subprocess
+    import sys
+
+    code = "from deploy import torch_op; print(torch_op.register(torch_op))"
+    ids = {int(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
+                              text=True).stdout) for _ in range(2)}
+    assert len(ids) == 2 and all(0 < i < 2 ** 62 for i in ids)
+
+
 def test_inductor_has_every_ops_fallback_once_a_model_is_made() -> None:
     """Made before any compile (deploy.torch_op.register_inductor_fallbacks), so Inductor
     never makes one while lowering a deep graph; with the layout constraint it would give
