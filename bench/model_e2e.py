@@ -97,7 +97,7 @@ def _schedules(path: str | None) -> dict[str, Any] | str | None:
 
 
 def _optimize(net: Any, x: Any, precision: str, target: Any, schedules: Any, cache: str,
-              backend: str, pdl: bool | None = None, kernel_head: bool = False) -> Any:
+              backend: str, pdl: bool | None = None, kernel_head: bool = True) -> Any:
     from deploy import optimize
     from kernels.runtime import DefaultScheduleWarning
 
@@ -354,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
         s.add_argument("--models", default="resnet50")
         s.add_argument("--batches", default="8")
         s.add_argument("--precisions", default="fp16,int8")
-        s.add_argument("--kernel-head", action="store_true",
+        s.add_argument("--kernel-head", action=argparse.BooleanOptionalAction, default=True,
                        help="the classifier's average pool and fully connected layer on "
                             "tctune's kernels too (deploy.optimize's kernel_head)")
         s.add_argument("--schedules-target", default=None,

@@ -80,7 +80,7 @@ def optimize(model: nn.Module, example_inputs: Any, precision: str = "fp16",
              target: Target | str | None = None, schedules: Any = None, *,
              backend: str = "auto", percentile: float = 100.0,
              calibration_inputs: Iterable[Any] | None = None, pdl: bool | None = None,
-             cache_dir: str | Path | None = None, kernel_head: bool = False) -> OptimizedModel:
+             cache_dir: str | Path | None = None, kernel_head: bool = True) -> OptimizedModel:
     """The model with its groups=1 nn.Conv2d layers on tuned tctune kernels (eval mode).
 
     model          a torch.fx-traceable nn.Module (copied: the original is not changed)
@@ -103,9 +103,9 @@ def optimize(model: nn.Module, example_inputs: Any, precision: str = "fp16",
                    None: on for sm_90 targets (the only ones whose kernels support it)
     kernel_head    run a classifier's head on tctune's kernels too: every global average
                    pool (KernelGlobalAvgPool: a kernel's int8 values read as they are, no
-                   dequantize) and fully connected layer (KernelLinear: its weights loaded
-                   before the grid-dependency wait, the model's float32 logits written
-                   directly); off: PyTorch's ops
+                   dequantize) and fully connected layer (KernelLinear: its weights
+                   prefetched before the grid-dependency wait, the model's float32 logits
+                   written directly); False: PyTorch's ops
 
     Fused: conv -> BatchNorm2d (folded into weights and bias) -> residual add -> ReLU, each
     part optional (deploy.graph). Activations stay channels_last (NHWC) end to end; int8

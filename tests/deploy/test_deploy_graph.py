@@ -187,7 +187,7 @@ def test_layers_the_kernel_cannot_run_stay_in_pytorch() -> None:
     torch.manual_seed(3)
     m = Odd().eval()
     x = torch.randn(2, 3, 16, 16)
-    o = opt(m, x)
+    o = opt(m, x, kernel_head=False)  # the classifier in PyTorch too (the kernel head: below)
     p = plan_of(o)
     assert p["stem"].replaced and p["stem"].relu  # F.relu fuses like nn.ReLU
     assert p["dilated"].replaced and "d2x2" in (p["dilated"].shape_key or "")
@@ -324,13 +324,13 @@ def test_kernel_head_runs_the_pool_and_classifier_on_kernels(precision: str) -> 
     """kernel_head: the global average pool reads the last layer's int8 (with its output
     scale) or fp16 as it is, so nothing is dequantized; the classifier writes the float32
     logits itself, so nothing is cast at the end; the logits are those of PyTorch's head
-    on the same layers within its fp16 roundings. Off (the default), PyTorch runs both."""
+    on the same layers within its fp16 roundings. Off, PyTorch runs both."""
     from deploy import KernelGlobalAvgPool, KernelLinear
     from tests.deploy_nets import small_resnet
 
     x = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(2))
     m = small_resnet()
-    base, head = opt(m, x, precision), opt(m, x, precision, kernel_head=True)
+    base, head = opt(m, x, precision, kernel_head=False), opt(m, x, precision)
     assert not base.modules_of(KernelGlobalAvgPool) and not base.modules_of(KernelLinear)
     assert base.conversions() == {"quantize": 1, "dequantize": 1}
     assert head.conversions() == {"quantize": 1, "dequantize": 0}
@@ -347,10 +347,10 @@ def test_kernel_head_runs_the_pool_and_classifier_on_kernels(precision: str) -> 
     # the functional form, over a float value (fp16 in, also in an int8 model)
     torch.manual_seed(4)
     fh = FunctionalHead().eval()
-    f = opt(fh, x, precision, kernel_head=True)
+    f = opt(fh, x, precision)
     assert len(f.modules_of(KernelGlobalAvgPool)) == 1 and len(f.modules_of(KernelLinear)) == 1
     assert f.modules_of(KernelGlobalAvgPool)[0].scale is None
-    assert rel_err(f(x), opt(fh, x, precision)(x)) < 2e-3
+    assert rel_err(f(x), opt(fh, x, precision, kernel_head=False)(x)) < 2e-3
 
 
 def test_the_average_pool_of_int8_is_the_kernels_exact_sum_rounded_once() -> None:
@@ -486,7 +486,7 @@ def test_int8_runs_what_stays_in_pytorch_in_fp16() -> None:
     torch.manual_seed(9)
     m = Odd().eval()
     x = torch.randn(2, 3, 16, 16)
-    o = opt(m, x, "int8")
+    o = opt(m, x, "int8", kernel_head=False)
     for kept in ("grouped", "depthwise", "fc"):
         assert o.graph_module.get_submodule(kept).weight.dtype == torch.float16
     # int8 in and out of stem and dilated; the fp16 cast of the output is not counted
