@@ -741,8 +741,8 @@ class KernelLinear(SmallKernelModule):
     """A fully connected layer (nn.Linear) of what stays in PyTorch, on fp16 rows, its output
     in `out_dtype` (fp16, or fp32 where it is the model's float32 output: no cast after it).
     With the cuda backend on a GPU, over a few rows (a classifier after its network's
-    pooling), tctune's kernel (kernels/linear.py, `torch.ops.tctune.linear`: a warp an output
-    feature, its weights loaded before the grid-dependency wait); over the kernel's limits
+    pooling), tctune's kernel (kernels/linear.py, `torch.ops.tctune.linear`: Tensor Core sums,
+    its weights prefetched before the grid-dependency wait); over the kernel's limits
     (more than 16 rows) PyTorch's fp16 F.linear; elsewhere its math in float32. The weight
     is kept in fp16, the bias in fp32."""
 

@@ -10,7 +10,7 @@ import warnings
 from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -186,7 +186,7 @@ def optimize(model: nn.Module, example_inputs: Any, precision: str = "fp16",
         rec = records[chain.conv]
         over = over_pairs.get(chain.conv)
         if over is not None:
-            shape, rec = over[0], over[2]
+            shape, rec = over.layer, over.record
         epi = Epilogue("default", chain.relu is not None, chain.residual is not None)
         try:
             sched, source, is_default, notes = planning.choose_schedule(shape, p, tgt, rec, epi)
@@ -195,11 +195,12 @@ def optimize(model: nn.Module, example_inputs: Any, precision: str = "fp16",
             continue
         w, b = fold.fold_conv_bn(*_conv_and_bn(gm, chain))
         if over is not None:
-            w = pair_weights(w, over[1][0])
+            channels, left, right = over.pairs
+            w = pair_weights(w, channels)
             lp.shape_key = shape.key()
-            notes = notes + [f"runs over pixel pairs ({over[1][0]} channels, {over[1][1]} / "
-                             f"{over[1][2]} zero pixels around each row): the record of "
-                             f"{shape.key()} is faster than the layer's"]
+            notes = notes + [f"runs over pixel pairs ({channels} channels, {left} / {right} "
+                             f"zero pixels around each row): the record of {shape.key()} is "
+                             f"faster than the layer's"]
         lp.replaced, lp.schedule, lp.schedule_source = True, sched, source
         lp.default_schedule, lp.notes = is_default, lp.notes + notes
         lp.bn = str(chain.bn.target) if chain.bn is not None else None
@@ -208,7 +209,7 @@ def optimize(model: nn.Module, example_inputs: Any, precision: str = "fp16",
         lp.residual = res.name if res is not None else None
         mod = FusedConv(lp, p, w, b, shape, relu=lp.relu, residual=res is not None,
                         backend=backend, target=tgt, schedule=sched, pdl=pdl,
-                        cache_dir=cache_dir, pairs=over[1] if over is not None else None)
+                        cache_dir=cache_dir, pairs=over.pairs if over is not None else None)
         if backend == "cuda":
             x_shape = chain.conv.args[0].meta["deploy_shape"]  # type: ignore[union-attr]
             mod.take_planned_input(x_shape)
@@ -234,16 +235,21 @@ def optimize(model: nn.Module, example_inputs: Any, precision: str = "fp16",
     return OptimizedModel(gm, layers, p, tgt, backend)
 
 
+class _OverPairs(NamedTuple):
+    """How a conv runs over pixel pairs (kernels.spec.pixel_pairs)."""
+
+    layer: ConvShape  # the pair layer
+    pairs: tuple[int, int, int]  # (channels, left, right): FusedConv's `pairs`
+    record: planning.Record  # the pair layer's
+
+
 def _pixel_pair_layers(candidates: dict[fx.Node, tuple[Any, LayerPlan]],
                        records: dict[fx.Node, planning.Record | None], schedules: Any,
-                       p: Precision, tgt: Target
-                       ) -> dict[fx.Node, tuple[ConvShape, tuple[int, int, int],
-                                                planning.Record]]:
+                       p: Precision, tgt: Target) -> dict[fx.Node, _OverPairs]:
     """The convs that run over pixel pairs (kernels.spec.pixel_pairs): those that read the
     model's input (which the input quantize writes, the pairs too) with few enough channels
     that a pair is one 8- or 16-byte word, where the record of the pair layer is faster than
-    the conv's own (or it has none). Each: (the pair layer, (channels, left, right), its
-    record)."""
+    the conv's own (or it has none)."""
     found: dict[fx.Node, tuple[ConvShape, tuple[int, int, int]]] = {}
     for node, (shape, _) in candidates.items():
         x = node.args[0]
@@ -253,14 +259,14 @@ def _pixel_pair_layers(candidates: dict[fx.Node, tuple[Any, LayerPlan]],
             found[node] = paired
     # named apart from the layer: a dict of records by layer name holds the conv's own
     asked = [(f"{candidates[n][1].name} over pixel pairs", ps) for n, (ps, _) in found.items()]
-    out = {}
+    out: dict[fx.Node, _OverPairs] = {}
     for (node, (ps, how)), rec in zip(found.items(),
                                       planning.lookup_records(schedules, asked, p, tgt),
                                       strict=True):
         own = records[node]
         if rec is not None and rec.latency_us is not None and (
                 own is None or own.latency_us is None or rec.latency_us < own.latency_us):
-            out[node] = (ps, how, rec)
+            out[node] = _OverPairs(ps, how, rec)
     return out
 
 

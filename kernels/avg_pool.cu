@@ -34,7 +34,7 @@ extern "C" __global__ void __launch_bounds__(VB * GROUPS)
   __shared__ float part[GROUPS * LANES * PART];
 #if TK_SM >= 90
   // Programmatic dependent launch (kernels/launch.py). The kernel after this one (a
-  // classifier's, kernels/linear.cu) loads its weights before it waits, so it is let in
+  // classifier's, kernels/linear.cu) prefetches its weights before it waits, so it is let in
   // first: those loads then overlap this kernel and the one before it.
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   asm volatile("griddepcontrol.wait;" ::: "memory");

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from kernels.linear import Linear, LinearShape, compile_linear
+from tests.kernels.builds import small_kernel_builds
 
 
 def test_shapes_the_kernel_cannot_run_are_refused_with_the_reason() -> None:
@@ -43,12 +44,7 @@ def _gpu() -> bool:
 @pytest.mark.gpu
 @pytest.mark.skipif(not _gpu(), reason="needs CuPy and a CUDA GPU")
 def test_the_kernel_is_the_float32_sum_on_the_gpu(tmp_path: Path) -> None:
-    from kernels.launch import supports_pdl
-
-    major, minor = torch.cuda.get_device_capability()
-    sm = 90 if major >= 9 else 80 if major >= 8 else 75
-    builds = [(sm, False, False)] + [(sm, True, False)] * supports_pdl(sm) + \
-        [(t, False, True) for t in (75, 80) if t < sm]
+    builds = small_kernel_builds()
     g = torch.Generator(device="cuda").manual_seed(4)
     for rows, c, j in ((8, 2048, 1000), (1, 24, 3), (16, 1280, 1000), (3, 512, 37)):
         x = torch.randn(rows, c, device="cuda", generator=g).half()

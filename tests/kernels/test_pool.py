@@ -21,6 +21,7 @@ from kernels.pool import (
     pool_defines,
 )
 from kernels.small_kernel import build_small, compile_small
+from tests.kernels.builds import small_kernel_builds
 
 CASES = [(3, 2, 1, 1), (2, 2, 0, 1), (3, 1, 1, 1), ((3, 2), (2, 1), (1, 0), 1), (3, 2, 1, 2),
          (5, 3, 2, 1), (3, None, 1, 1)]
@@ -74,14 +75,7 @@ def _gpu() -> bool:
 @pytest.mark.skipif(not _gpu(), reason="needs CuPy and a CUDA GPU")
 @pytest.mark.parametrize("dtype", [torch.int8, torch.float16])
 def test_the_kernel_is_pytorchs_max_pool_on_the_gpu(dtype: torch.dtype, tmp_path: Path) -> None:
-    from kernels.launch import supports_pdl
-
-    sm = torch.cuda.get_device_capability()[0] * 10 + torch.cuda.get_device_capability()[1]
-    sm = 90 if sm >= 90 else 80 if sm >= 80 else 75
-    # this GPU's build, with and without PDL, and the older targets' paths as PTX (the T4's
-    # and A100's code, which the driver compiles for this GPU)
-    builds = [(sm, False, False)] + [(sm, True, False)] * supports_pdl(sm) + \
-        [(t, False, True) for t in (75, 80) if t < sm]
+    builds = small_kernel_builds()
     g = torch.Generator(device="cuda").manual_seed(3)
     for c in (16, 64):
         x = torch.randint(-128, 128, (3, c, 17, 15), device="cuda", generator=g).to(dtype)
@@ -125,16 +119,12 @@ def test_the_average_pool_is_the_float32_mean_on_the_gpu(dtype: torch.dtype,
                                                          tmp_path: Path) -> None:
     """int8 sums are exact, so int8 is the float32 mean times the scale rounded once to fp16
     (within an fp16 ulp: float32's own sum order differs); fp16 sums in float32 too."""
-    from kernels.launch import supports_pdl
-
-    sm = torch.cuda.get_device_capability()[0] * 10 + torch.cuda.get_device_capability()[1]
-    sm = 90 if sm >= 90 else 80 if sm >= 80 else 75
-    builds = [(sm, False, False)] + [(sm, True, False)] * supports_pdl(sm) + \
-        [(t, False, True) for t in (75, 80) if t < sm]
+    builds = small_kernel_builds()
+    sm = builds[0][0]  # this GPU's
     g = torch.Generator(device="cuda").manual_seed(5)
     int8 = dtype is torch.int8
-    # ResNet-50's head; channels over one block's 32 vectors and not a multiple of them; a
-    # pixel count below the block's 8 warps; one image
+    # ResNet-50's head; channels over one block's 8 vectors and not a multiple of them; a
+    # pixel count below the block's 32 thread groups; one image
     for n, c, h, w in ((8, 2048, 7, 7), (3, 784, 5, 3), (1, 16, 2, 1), (2, 512, 13, 11)):
         if int8:
             x = torch.randint(-128, 128, (n, c, h, w), device="cuda", generator=g).to(dtype)

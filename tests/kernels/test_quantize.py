@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels.quantize import QuantizeInput, QuantizeShape, compile_quantize
+from tests.kernels.builds import small_kernel_builds
 
 
 def test_shapes_the_kernel_cannot_run_are_refused_with_the_reason() -> None:
@@ -46,12 +47,9 @@ def _gpu() -> bool:
 @pytest.mark.skipif(not _gpu(), reason="needs CuPy and a CUDA GPU")
 def test_the_kernel_is_deploys_quantize_with_the_channels_padded(tmp_path: Path) -> None:
     from deploy import calibrate
-    from kernels.launch import supports_pdl
 
-    major, _ = torch.cuda.get_device_capability()
-    sm = 90 if major >= 9 else 80 if major >= 8 else 75
-    builds = [(sm, False, False)] + [(sm, True, False)] * supports_pdl(sm) + \
-        [(t, False, True) for t in (75, 80) if t < sm]  # older targets' paths as PTX
+    builds = small_kernel_builds()
+    sm = builds[0][0]  # this GPU's
     g = torch.Generator(device="cuda").manual_seed(6)
     scale = 0.0173
     for dtype in (torch.float32, torch.float16):
