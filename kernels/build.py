@@ -26,7 +26,6 @@ from kernels.space import (
     Geometry,
     HaloTiling,
     b2b_problems,
-    bands_problems,
     channel_vector,
     concat_problems,
     geometry,
@@ -69,11 +68,6 @@ class Epilogue:
           the layer's type, its own per-channel scale (int8) and bias, and ReLU where
           `b2b_relu`; its output [N][P][Q][b2b] is the kernel's second (a ResNet
           bottleneck's last conv and the next block's first as one kernel).
-    bands: (rows, stride, padding, dilation, out_rows), the vertical window of a pool that
-          reads the output (kernels/pool.cu's band mode): after its stores each block adds its
-          share of every band of output rows such a pool row reads to that band's counter
-          (the launch's `bands`), so that the pool starts on a band as soon as it is written
-          (kernels.space.bands_problems says which schedules).
     """
 
     mode: str = "default"
@@ -81,7 +75,6 @@ class Epilogue:
     residual: bool = False
     b2b: int = 0
     b2b_relu: bool = False
-    bands: tuple[int, int, int, int, int] | None = None
 
     def resolved(self, precision: Precision) -> Epilogue:
         p = Precision(precision)
@@ -99,17 +92,8 @@ class Epilogue:
                              (p is Precision.FP16 and mode == "bias")):
             raise ValueError("a back-to-back conv follows the int8 'requant' and the fp16 'bias' "
                              f"epilogues only, not {p.value} {mode!r}")
-        bands = None
-        if self.bands is not None:
-            bands = tuple(int(v) for v in self.bands)
-            if len(bands) != 5 or min(bands) < 0 or min(bands[:2] + bands[3:]) < 1:
-                raise ValueError("bands are (rows, stride, padding, dilation, out_rows): "
-                                 f"positive but the padding, got {self.bands}")
-            if mode == "acc":
-                raise ValueError("bands follow the requantized or biased output, not raw "
-                                 "accumulators")
         return Epilogue(mode, bool(self.relu), bool(self.residual), int(self.b2b),
-                        bool(self.b2b_relu) and bool(self.b2b), bands)  # type: ignore[arg-type]
+                        bool(self.b2b_relu) and bool(self.b2b))
 
     def out_bits(self, precision: Precision) -> int:
         p = Precision(precision)
@@ -124,8 +108,6 @@ class Epilogue:
             d["residual"] = True
         if self.b2b:
             d.update(b2b=self.b2b, b2b_relu=self.b2b_relu)
-        if self.bands is not None:
-            d["bands"] = list(self.bands)
         return d
 
 
@@ -217,8 +199,7 @@ def defines(job: BuildJob) -> dict[str, int]:
         raise ValueError("int4_s8 applies to int4 on sm_80+ only")
     sched, g = _job_geometry(job, s8)
     why = concat_problems(sh, p, job.sm, sched) or \
-        b2b_problems(sh, p, job.sm, sched, epi.b2b, g) or \
-        (bands_problems(p, sched, epi.b2b) if epi.bands else None)  # ... row-band signals
+        b2b_problems(sh, p, job.sm, sched, epi.b2b, g)  # two inputs; a back-to-back conv
     if why:
         raise ValueError(why)
     d: dict[str, int] = {
@@ -233,9 +214,6 @@ def defines(job: BuildJob) -> dict[str, int]:
         **({"TC_CAT": sh.concat} if sh.concat else {}),
         **({"TC_B2B": epi.b2b, "TC_B2B_RELU": int(epi.b2b_relu),
             "TC_B2B_AHEAD": int(g.b2b_ahead[0])} if epi.b2b else {}),
-        **({"TC_BANDS": 1, "TC_BAND_ROWS": epi.bands[0], "TC_BAND_STRIDE": epi.bands[1],
-            "TC_BAND_PAD": epi.bands[2], "TC_BAND_DIL": epi.bands[3],
-            "TC_BAND_OUT": epi.bands[4]} if epi.bands else {}),
         "TC_SMEM_BYTES": int(g.smem_bytes[0]), "TC_K_ITERS": int(g.k_iters[0]),
     }
     for name in knobs_for(p):

@@ -41,8 +41,6 @@
 //   res, res_scale (residual builds only, after x1 or `ready`): a tensor of y's shape, layout
 //      and type added in the epilogue, y = act(acc * scale + bias + res * res_scale) (int8;
 //      fp16: + res, res_scale unused).
-//   counters: split-K's per-tile counters; of a BANDS build, one per band of output rows that
-//      a following pool reads (epilogue.cuh: signal_bands; zero between forwards).
 //   w2, scale2, bias2, y2 (B2B builds only, after res): a 1x1 conv of B2B output channels
 //      over y, run by the same block on its staged output rows: w2 [B2B][K] of x's type,
 //      y2 [N][P][Q][B2B] = act(acc2 * scale2 + bias2) as y's epilogue without a residual.
@@ -105,16 +103,6 @@
 #endif
 #ifndef TC_B2B_AHEAD
 #define TC_B2B_AHEAD 0  // 1: its weights are copied in while the main loop runs (kernels/space.py)
-#endif
-#ifndef TC_BANDS
-#define TC_BANDS 0  // 1: the block signals each band of output rows it wrote (epilogue.cuh)
-#endif
-#ifndef TC_BAND_ROWS
-#define TC_BAND_ROWS 1  // BANDS: the reading pool's window rows, its stride, padding, dilation
-#define TC_BAND_STRIDE 1  //   and output rows (kernels/pool.cu's band mode reads the bands)
-#define TC_BAND_PAD 0
-#define TC_BAND_DIL 1
-#define TC_BAND_OUT 1
 #endif
 
 #include "instruction_tile.cuh"
@@ -313,10 +301,6 @@ constexpr int BASE_SMEM = PERSIST ? PIPE_SMEM + CONSUMERS * EPI_SMEM
 // past the staged one where that fits, else after the weights.
 constexpr bool B2B_RELU = TC_B2B_RELU != 0;
 constexpr bool B2B_AHEAD = TC_B2B_AHEAD != 0 && SM >= 80;  // (sm_75: no cp.async)
-// BANDS (epilogue.cuh: signal_bands): the vertical geometry of the pool that reads the output.
-constexpr bool BANDS = TC_BANDS != 0;
-constexpr int BAND_ROWS = TC_BAND_ROWS, BAND_STRIDE = TC_BAND_STRIDE, BAND_PAD = TC_BAND_PAD;
-constexpr int BAND_DIL = TC_BAND_DIL, BAND_OUT = TC_BAND_OUT;
 constexpr int EB = ELEM_BITS / 8;  // bytes per element of the back-to-back conv (int8, fp16)
 constexpr int W2_SW = (K * EB) % 128 == 0 ? 128 : (K * EB) % 64 == 0 ? 64 : 32;
 constexpr int W2_ROW = B2B_WG ? W2_SW : K * EB + 16, O2_ROW = B2B * EB + 16;
@@ -376,11 +360,6 @@ static_assert(!B2B || ((PREC == 0 || PREC == 1) && EPI == 1 && (PACK == 1 || B2B
               "persistent block (wgmma, one consumer) keeps its weights, copied ahead");
 static_assert(!B2B_WG || (TB % 32 == 0 && VW == 16),
               "a back-to-back conv on wgmma reads 32-byte k-steps of the swizzled staged tile");
-static_assert(!BANDS || (!LAYOUT && !HALO && !PERSIST && SPLITK == 1 && !TMA_ST && !B2B &&
-                         OUT_BITS != 32 && BAND_ROWS >= 1 && BAND_STRIDE >= 1 && BAND_DIL >= 1 &&
-                         BAND_PAD >= 0 && BAND_OUT >= 1),
-              "a row-band signal follows the stores of a block's one NHWC tile of contiguous "
-              "pixels, written by its threads (no split-K, no bulk stores)");
 static_assert(SMEM == TC_SMEM_BYTES, "kernels/space.py:geometry must equal what the kernel allocates");
 static_assert(PREC != 2 || K % 2 == 0, "int4 output packs two channels per byte");
 static_assert(!RES || ((PREC == 0 || PREC == 1) && EPI == 1),
@@ -500,7 +479,6 @@ __device__ __forceinline__ void conv_block(const Inputs in, const float* __restr
   w_early_wait(in);
   if constexpr (F32TC) wt.finalize(scale);  // the accumulator sets -> one fp32 value each
   epilogue(wt, smem, m0, n0, tid, tile, split, scale, bias, res, y, ws, counters, maps);
-  if constexpr (BANDS) signal_bands(counters, m0, n0, tid);
   if constexpr (B2B_WG) b2b_conv_wg<B2B_N>(smem, smem, b2b, m0, tid);
   else if constexpr (B2B) b2b_conv(smem, b2b, m0, tid);
 }

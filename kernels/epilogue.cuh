@@ -577,29 +577,3 @@ __device__ __forceinline__ void epilogue(WT& wt, u8* smem, int m0, int n0, int t
     }
   }
 }
-
-// BANDS: a pool that follows the layer (kernels/pool.cu's band mode) pools each of its output
-// rows as soon as the input rows under its window are written, instead of after the whole
-// grid. Once the block's tile is stored, its share of each such band (its pixels in the
-// band's rows, times its channels) is added to the band's counter (release: the block's stores
-// first: one fence, then relaxed adds, a release pattern); the pool waits for rows x Q x K and
-// sets it back to zero.
-__device__ __forceinline__ void signal_bands(u32* counters, int m0, int n0, int tid) {
-  using namespace cfg;
-  block_sync();  // every thread's stores are issued
-  if (tid != 0) return;
-  asm volatile("fence.acq_rel.gpu;" ::: "memory");
-  const int m1 = min(m0 + BM, M);
-  const u32 cols = (u32)min(BN, K - n0);
-  for (int row = m0 / Q; row * Q < m1; ++row) {  // output rows (image, p) of the tile
-    const u32 share = (u32)(min(m1, (row + 1) * Q) - max(m0, row * Q)) * cols;
-    const int img = row / P, p = row - img * P;
-#pragma unroll 1
-    for (int kh = 0; kh < BAND_ROWS; ++kh) {  // the pool rows whose window row kh is p
-      const int t = p + BAND_PAD - kh * BAND_DIL;
-      if (t < 0 || t % BAND_STRIDE != 0 || t / BAND_STRIDE >= BAND_OUT) continue;
-      u32* c = counters + img * BAND_OUT + t / BAND_STRIDE;
-      asm volatile("red.relaxed.gpu.global.add.u32 [%0], %1;" :: "l"(c), "r"(share) : "memory");
-    }
-  }
-}

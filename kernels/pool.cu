@@ -4,18 +4,12 @@
 // coalesced (a warp covers neighbouring vectors of a pixel's channels, then the next
 // pixels'); the maximum is taken per lane: four int8 or two fp16 values a 32-bit word.
 // Taps outside the input are skipped, which is what padding with the lowest value does.
-//
-// Band mode (TP_BANDS, after a conv whose blocks signal the bands they wrote: epilogue.cuh's
-// signal_bands): a block owns one output row and waits for its band's counter (the pixels
-// times channels of the input rows under its window) instead of for the whole layer before,
-// then sets it back to zero for the next forward; a thread a vector of the row (kernels/pool.py
-// sizes the block, up to 512 threads that then take the rest in turn).
-// The input is read by plain loads after the acquire (not the read-only path: other blocks wrote
-// it while this kernel ran).
+// A window's loads are issued together (window_max), so that a thread waits for one memory
+// round trip, not one a window row.
 //
 // Defines (kernels/pool.py, pool_defines; TK_SM: kernels/small_kernel.py): TP_FP16 (0: int8,
 // 1: fp16), TP_N, TP_H, TP_W, TP_V (16-byte vectors a pixel), TP_OH, TP_OW, TP_KH, TP_KW,
-// TP_SH, TP_SW, TP_PH, TP_PW, TP_DH, TP_DW, TP_BANDS.
+// TP_SH, TP_SW, TP_PH, TP_PW, TP_DH, TP_DW.
 
 typedef unsigned int u32;
 
@@ -45,25 +39,10 @@ __device__ __forceinline__ u32 lane_max(u32 a, u32 b) {
 __device__ __forceinline__ u32 lane_max(u32 a, u32 b) { return __vmaxs4(a, b); }
 #endif
 
-// One input vector: read-only for the whole kernel (through the non-coherent path), or (band
-// mode) written by other blocks before this one's acquire, read as a plain load.
-template <bool BANDS>
-__device__ __forceinline__ uint4 load_vector(const uint4* a) {
-  if constexpr (BANDS) {
-    uint4 q;
-    asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(q.x), "=r"(q.y), "=r"(q.z), "=r"(q.w) : "l"(a));
-    return q;
-  } else {
-    return __ldg(a);
-  }
-}
-
 // The window's maximum of input vector v around output pixel (n, oh, ow). The loads of a group
 // of window rows are all issued before its first maximum (one memory round trip a group, not
 // one a tap or a row): a tap in the padding loads the nearest input vector and is left out.
 constexpr int GROUP_ROWS = TP_KW >= 16 ? 1 : (16 / TP_KW < TP_KH ? 16 / TP_KW : TP_KH);
-template <bool BANDS>
 __device__ __forceinline__ uint4 window_max(const uint4* __restrict__ x, long long n, int oh,
                                             int ow, int v) {
   constexpr int TAPS = GROUP_ROWS * TP_KW;
@@ -76,7 +55,8 @@ __device__ __forceinline__ uint4 window_max(const uint4* __restrict__ x, long lo
       const int ih = oh * TP_SH - TP_PH + (g + t / TP_KW) * TP_DH;
       const int iw = ow * TP_SW - TP_PW + (t % TP_KW) * TP_DW;
       const int hc = min(max(ih, 0), TP_H - 1), wc = min(max(iw, 0), TP_W - 1);
-      if (g + t / TP_KW < TP_KH) q[t] = load_vector<BANDS>(x + ((n * TP_H + hc) * TP_W + wc) * TP_V + v);
+      if (g + t / TP_KW < TP_KH)
+        q[t] = __ldg(x + ((n * TP_H + hc) * TP_W + wc) * TP_V + v);
     }
 #pragma unroll
     for (int t = 0; t < TAPS; ++t) {
@@ -92,35 +72,6 @@ __device__ __forceinline__ uint4 window_max(const uint4* __restrict__ x, long lo
   return make_uint4(m0, m1, m2, m3);
 }
 
-#if TP_BANDS
-extern "C" __global__ void __launch_bounds__(512, 1)
-    tc_max_pool(const uint4* __restrict__ x, uint4* __restrict__ y, u32* __restrict__ bands) {
-  const int row = blockIdx.x, n = row / TP_OH, oh = row % TP_OH;
-  if (threadIdx.x == 0) {
-    int rows = 0;  // input rows under the window
-#pragma unroll
-    for (int kh = 0; kh < TP_KH; ++kh) {
-      const int ih = oh * TP_SH - TP_PH + kh * TP_DH;
-      rows += ih >= 0 && ih < TP_H;
-    }
-    const u32 want = (u32)rows * TP_W * TP_V * (TP_FP16 ? 8 : 16);
-    u32 have;
-    for (;;) {  // relaxed polls: an acquire each time would invalidate the SM's L1 each time
-      asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(have) : "l"(bands + row) : "memory");
-      if (have >= want) break;
-      __nanosleep(128);
-    }
-    asm volatile("fence.acq_rel.gpu;" ::: "memory");  // then the conv's stores are visible
-    bands[row] = 0;  // the next forward's conv signals after this kernel has finished
-  }
-  __syncthreads();
-#if TK_SM >= 90
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-  for (int i = threadIdx.x; i < TP_OW * TP_V; i += blockDim.x)
-    y[(long long)row * TP_OW * TP_V + i] = window_max<true>(x, n, oh, i / TP_V, i % TP_V);
-}
-#else
 extern "C" __global__ void __launch_bounds__(256)
     tc_max_pool(const uint4* __restrict__ x, uint4* __restrict__ y) {
 #if TK_SM >= 90
@@ -137,6 +88,5 @@ extern "C" __global__ void __launch_bounds__(256)
   const int ow = (int)(pix % TP_OW);
   pix /= TP_OW;
   const int oh = (int)(pix % TP_OH);
-  y[i] = window_max<false>(x, pix / TP_OH, oh, ow, v);
+  y[i] = window_max(x, pix / TP_OH, oh, ow, v);
 }
-#endif

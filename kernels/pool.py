@@ -33,25 +33,14 @@ class PoolShape:
     padding: tuple[int, int]
     dilation: tuple[int, int]
     fp16: bool
-    # Band mode (pool.cu): a block an output row, started by the counter of the input rows
-    # under its window (`bands`, written by the conv before: kernels.build.Epilogue's bands).
-    bands: bool = False
 
     @classmethod
     def of(cls, x_shape: tuple[int, ...], kernel_size: Any, stride: Any, padding: Any,
-           dilation: Any, fp16: bool, bands: bool = False) -> PoolShape:
+           dilation: Any, fp16: bool) -> PoolShape:
         """From an NCHW shape and max_pool2d's arguments (stride None or empty: the window)."""
         n, c, h, w = (int(v) for v in x_shape)
         s = stride if stride not in (None, (), []) else kernel_size
-        return cls(n, h, w, c, pair(kernel_size), pair(s), pair(padding), pair(dilation), fp16,
-                   bands)
-
-    @property
-    def band_signal(self) -> tuple[int, int, int, int, int]:
-        """The conv epilogue's `bands` that start this pool's rows (kernels.build.Epilogue):
-        window rows, stride, padding and dilation along the height, and output rows."""
-        return (self.kernel[0], self.stride[0], self.padding[0], self.dilation[0],
-                self.out_hw[0])
+        return cls(n, h, w, c, pair(kernel_size), pair(s), pair(padding), pair(dilation), fp16)
 
     @property
     def out_hw(self) -> tuple[int, int]:
@@ -101,7 +90,7 @@ def pool_defines(shape: PoolShape) -> dict[str, int]:
             "TP_V": shape.vectors, "TP_OH": oh, "TP_OW": ow, "TP_KH": shape.kernel[0],
             "TP_KW": shape.kernel[1], "TP_SH": shape.stride[0], "TP_SW": shape.stride[1],
             "TP_PH": shape.padding[0], "TP_PW": shape.padding[1], "TP_DH": shape.dilation[0],
-            "TP_DW": shape.dilation[1], "TP_BANDS": int(shape.bands)}
+            "TP_DW": shape.dilation[1]}
 
 
 def compile_pool(shape: PoolShape, sm: int, ptx: bool = False) -> tuple[bytes | None, str]:
@@ -111,12 +100,7 @@ def compile_pool(shape: PoolShape, sm: int, ptx: bool = False) -> tuple[bytes | 
 
 class MaxPool2d(ShapedKernel):
     """y = max_pool2d(x) for int8 / fp16 tensors of `shape` in channels_last memory on a GPU
-    of `sm` (`pdl`: programmatic dependent launch, sm_90; `ptx`: SmallKernel's). In band mode
-    (`shape.bands`) a call takes `bands`, the int32 counters [n * output rows] that the conv
-    before signals with its epilogue's `shape.band_signal`; each row's is zero again after the
-    call. Launched with PDL, a band-mode pool waits for no kernel but its counters: its output
-    must not be memory that the kernel before still reads (deploy's FusedConv runs a conv and
-    its pool in one op, both outputs allocated before either launch)."""
+    of `sm` (`pdl`: programmatic dependent launch, sm_90; `ptx`: SmallKernel's)."""
 
     source, kernel_name, what = "pool.cu", "tc_max_pool", "max-pool"
     defines = staticmethod(pool_defines)
@@ -125,36 +109,18 @@ class MaxPool2d(ShapedKernel):
     def work(shape: PoolShape) -> int:
         return shape.n * shape.out_hw[0] * shape.out_hw[1] * shape.vectors
 
-    def launch(self, device: Any, args: list[Any]) -> None:
-        s = self.shape
-        if not s.bands:
-            return super().launch(device, args)
-        # a block an output row, a thread a vector of it (at most 512: pool.cu's bound)
-        threads = min(512, math.ceil(s.out_hw[1] * s.vectors / 32) * 32)
-        self.kernel.launch(device, (s.n * s.out_hw[0], 1, 1), (threads, 1, 1), 0, args)
-
     @property
     def output_shape(self) -> tuple[int, int, int, int]:
         s = self.shape
         return (s.n, s.c, *s.out_hw)
 
-    def __call__(self, x: Any, bands: Any = None) -> Any:
+    def __call__(self, x: Any) -> Any:
         import torch
 
         dtype = _check_input("max-pool", x, self.shape)
-        s = self.shape
-        if s.bands:
-            rows = s.n * s.out_hw[0]
-            if bands is None or bands.dtype != torch.int32 or tuple(bands.shape) != (rows,) \
-                    or bands.device != x.device:
-                raise ValueError(f"max-pool: band mode takes its int32 counters [{rows}] on "
-                                 "x's device (zero between forwards: the conv before adds)")
-        elif bands is not None:
-            raise ValueError("max-pool: counters are for a band-mode pool")
         y = torch.empty(self.output_shape, dtype=dtype, device=x.device,
                         memory_format=torch.channels_last)
-        self.launch(x.device, [x.data_ptr(), y.data_ptr()] +
-                    ([bands.data_ptr()] if s.bands else []))
+        self.launch(x.device, [x.data_ptr(), y.data_ptr()])
         return y
 
 

@@ -3,7 +3,8 @@
 // layer's channel count (a stem's 3 padded with zeros to the 4 its loads read), int8 as
 // clamp(round-half-even(x / scale), -128, 127) in float32, as calibrate.quantize, or fp16
 // as the cast. A thread owns one output pixel: its reads are the few channels of a pixel
-// (strided in NCHW, adjacent in NHWC), its write one 4-, 8- or 16-byte word. Each output row
+// (strided in NCHW, adjacent in NHWC), all issued before the first conversion (one memory round
+// trip), its write one 4-, 8- or 16-byte word. Each output row
 // may have zero pixels before and after the input's (a stem over pixel pairs,
 // kernels.spec.pixel_pairs, reads the rows so padded as pairs).
 //
@@ -53,18 +54,21 @@ extern "C" __global__ void __launch_bounds__(256)
   const int hw = (int)(p % (TQ_H * TQ_WO)), h = hw / TQ_WO, w = hw % TQ_WO - TQ_PADL;
   const long long base = n * sn + h * sh + w * sw;
   u32 word[4] = {0, 0, 0, 0};
+  if (TQ_WO == TQ_W || (unsigned)w < (unsigned)TQ_W) {  // else a padding pixel: zeros
+    float v[TQ_C];  // every channel's load issued before the first conversion waits on one
 #pragma unroll
-  for (int c = 0; c < TQ_C; ++c) {
-    if (TQ_WO != TQ_W && (unsigned)w >= (unsigned)TQ_W) break;  // a padding pixel: zeros
-    const float v = load(x, base + c * sc);
+    for (int c = 0; c < TQ_C; ++c) v[c] = load(x, base + c * sc);
+#pragma unroll
+    for (int c = 0; c < TQ_C; ++c) {
 #if TQ_OUT_FP16
-    u16 b;
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(b) : "f"(v));
-    word[c / 2] |= (u32)b << (16 * (c % 2));
+      u16 b;
+      asm("cvt.rn.f16.f32 %0, %1;" : "=h"(b) : "f"(v[c]));
+      word[c / 2] |= (u32)b << (16 * (c % 2));
 #else
-    const float q = fminf(fmaxf(rintf(__fdiv_rn(v, scale)), -128.f), 127.f);
-    word[c / 4] |= ((u32)(int)q & 0xFFu) << (8 * (c % 4));
+      const float q = fminf(fmaxf(rintf(__fdiv_rn(v[c], scale)), -128.f), 127.f);
+      word[c / 4] |= ((u32)(int)q & 0xFFu) << (8 * (c % 4));
 #endif
+    }
   }
   store(y, p, word);
 }

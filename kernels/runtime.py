@@ -56,7 +56,6 @@ from kernels.space import (
     ScheduleSpace,
     b2b_mask,
     b2b_problems,
-    bands_problems,
     channel_vector,
     concat_problems,
     fold_tap_bytes,
@@ -205,10 +204,6 @@ def schedule_fits(shape: ConvShape, precision: Precision, target: Target,
         s = with_defaults(p, schedule)
         why = b2b_problems(shape, p, target.sm, s, b2b, geometry(
             shape, p, target, schedule_columns(s), residual=epi.residual, b2b=b2b))
-        if why:
-            return why
-    if epi.bands:  # a row-band signal after the stores
-        why = bands_problems(p, schedule, b2b)
         if why:
             return why
     space = ScheduleSpace(shape, p, target)
@@ -665,22 +660,6 @@ class Conv2d:
             check_tensor(out, self.specs["out"], fw, dev)
         return fw, dev
 
-    @property
-    def band_rows(self) -> int:
-        """Counters a call with bands takes: the batch times the reading pool's output rows."""
-        return self.shape.n * self.epilogue.bands[4] if self.epilogue.bands else 0
-
-    def _validate_bands(self, bands: Any, fw: str, dev: int) -> None:
-        if not self.epilogue.bands:
-            if bands is not None:
-                raise ValueError("bands are for an op built with an epilogue with bands")
-            return
-        if bands is None:
-            raise ValueError(f"bands is required: this op's epilogue signals {self.band_rows} "
-                             "row bands (int32 counters, zero between forwards)")
-        check_tensor(bands, TensorSpec("bands", ((self.band_rows,),), ("int32",), "counters"),
-                     fw, dev, align=4)
-
     def _validate_b2b(self, b2b: tuple[Any, Any, Any] | None, b2b_out: Any, fw: str,
                       dev: int) -> None:
         if not self.epilogue.b2b:
@@ -776,7 +755,7 @@ class Conv2d:
     def _enqueue(self, dev: int, stream_ptr: int, x: Any, w: Any, scale: Any, bias: Any,
                  y: Any, res: Any = None, res_scale: float | None = None,
                  x1: Any = None, b2b: tuple[Any, Any, Any, Any] | None = None,
-                 weight_ready: bool = False, bands: Any = None) -> None:
+                 weight_ready: bool = False) -> None:
         """Launch on CuPy's current stream (the caller's), all arguments CuPy arrays."""
         from kernels.launch import launch
 
@@ -799,8 +778,7 @@ class Conv2d:
         if b2b is not None and b2b[1] is None:  # fp16: no scale is read
             b2b = (b2b[0], b2b[2], b2b[2], b2b[3])
         launch(fn, self.meta, x, w, zeros if scale is None else scale,
-               zeros if bias is None else bias, y, sc["ws"],
-               sc["counters"] if bands is None else bands, res,
+               zeros if bias is None else bias, y, sc["ws"], sc["counters"], res,
                1.0 if res_scale is None else float(res_scale), pdl=self.pdl, x1=x1,
                w_ready=w_ready, res_ready=self.residual_ready, x_ready=x_ready, b2b=b2b)
 
@@ -820,17 +798,14 @@ class Conv2d:
     def __call__(self, x: Any, weight: Any, scale: Any = None, bias: Any = None, *,
                  residual: Any = None, res_scale: float | None = None, out: Any = None,
                  x1: Any = None, b2b: tuple[Any, Any, Any] | None = None,
-                 b2b_out: Any = None, weight_ready: bool = False, bands: Any = None) -> Any:
+                 b2b_out: Any = None, weight_ready: bool = False) -> Any:
         """The output; with a back-to-back conv (`b2b`: its weight, scale, bias), the output and
         the back-to-back conv's output. `weight_ready` (with pdl; else it changes nothing):
         `weight`, as the kernel reads it (`prepare_weight`'s), was complete before the kernel
         just before this one on the stream started (not written just before this call): the
-        kernel copies its first stages' weights while it waits for that kernel. `bands` (an
-        epilogue with bands, and only then): the int32 counters, one per output row of the
-        pool that reads the output, to which the kernel adds what it wrote (`band_rows`)."""
+        kernel copies its first stages' weights while it waits for that kernel."""
         fw, dev = self.validate(x, weight, scale, bias, out, residual, res_scale, x1, b2b,
                                 b2b_out)
-        self._validate_bands(bands, fw, dev)
         import cupy
 
         if fw == "cupy":
@@ -843,8 +818,7 @@ class Conv2d:
                     y2 = b2b_out if b2b_out is not None else cupy.empty(
                         self.b2b_output_shape, dtype=self.output_dtype)
                 self._enqueue(dev, int(stream.ptr), x, weight, scale, bias, y, residual,
-                              res_scale, x1, None if y2 is None else (*b2b, y2), weight_ready,
-                              bands)
+                              res_scale, x1, None if y2 is None else (*b2b, y2), weight_ready)
             return y if y2 is None else (y, y2)
         import torch
 
@@ -865,7 +839,7 @@ class Conv2d:
 
                 arrs = [dl(a) for a in (x, weight, scale, bias, y, residual)]
                 ch = None if y2 is None else tuple(dl(a) for a in (*b2b, y2))
-                self._enqueue(dev, ptr, *arrs, res_scale, dl(x1), ch, weight_ready, dl(bands))
+                self._enqueue(dev, ptr, *arrs, res_scale, dl(x1), ch, weight_ready)
         return y if y2 is None else (y, y2)
 
     def __repr__(self) -> str:

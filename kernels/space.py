@@ -376,22 +376,6 @@ def b2b_mask(shape: ConvShape, precision: Precision, sm: int,
     return np.broadcast_to(ok, n)
 
 
-def bands_problems(precision: Precision, schedule: Mapping[str, Any], b2b: int = 0
-                   ) -> str | None:
-    """Why a build of `schedule` cannot signal the bands of output rows it wrote (the
-    epilogue's `bands`, kernels/epilogue.cuh: signal_bands), or None: its block must store one
-    NHWC tile of contiguous pixels with its threads, after the whole reduction."""
-    s = with_defaults(precision, schedule)
-    for knob, want in (("LAYOUT", "nhwc"), ("HALO", 0), ("PERSIST", 0), ("SPLIT_K", 1)):
-        if s.get(knob, want) != want:
-            return f"a row-band signal needs {knob}={want}"
-    if s.get("PACK_OUT") == 2:
-        return "a row-band signal follows the threads' stores, not bulk tensor stores (PACK_OUT=2)"
-    if b2b:
-        return "a row-band signal follows a layer's own output, not a back-to-back conv"
-    return None
-
-
 def int4_via_s8(precision: Precision, sm: int) -> bool:
     """int4 runs on the s8 m16n8k32 path (unpacked in shared memory) where instruction_shape
     says so (sm_90: no 4-bit Tensor Core unit)."""

@@ -5,7 +5,6 @@ a GPU its results against the float32 mean rounded to fp16."""
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -52,9 +51,8 @@ def test_shapes_the_kernel_cannot_run_are_refused_with_the_reason() -> None:
 def test_the_kernel_builds_for_every_sm_and_is_cached(fp16: bool, tmp_path: Path) -> None:
     shape = PoolShape.of((8, 64, 112, 112), 3, 2, 1, 1, fp16)
     for sm in (75, 80, 90):
-        for bands in (False, True):
-            image, log = compile_pool(replace(shape, bands=bands), sm)
-            assert image is not None, log
+        image, log = compile_pool(shape, sm)
+        assert image is not None, log
     for sm in (75, 80):  # the T4's and A100's paths as PTX (run on the GPU test below)
         assert compile_pool(shape, sm, ptx=True)[0] is not None
         ptx = build_small("pool.cu", pool_defines(shape), sm, tmp_path, ptx=True)
@@ -94,38 +92,6 @@ def test_the_kernel_is_pytorchs_max_pool_on_the_gpu(dtype: torch.dtype, tmp_path
                 assert y.dtype is dtype and y.is_contiguous(memory_format=torch.channels_last)
                 assert torch.equal(y.float().nan_to_num(7.5), want.nan_to_num(7.5)), \
                     (c, k, s, p, b_sm, ptx)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not _gpu(), reason="needs CuPy and a CUDA GPU")
-@pytest.mark.parametrize("dtype", [torch.int8, torch.float16])
-def test_a_band_mode_pool_waits_for_its_rows_counters_and_zeroes_them(dtype: torch.dtype,
-                                                                       tmp_path: Path) -> None:
-    """Band mode: each output row's block starts once its counter holds the pixels times the
-    channels of the input rows under its window (here set as a finished conv would leave
-    them), pools as the plain kernel does, and leaves the counter at zero; the call refuses
-    counters of another size."""
-    builds = small_kernel_builds()
-    g = torch.Generator(device="cuda").manual_seed(4)
-    x = torch.randint(-128, 128, (3, 32, 17, 15), device="cuda", generator=g).to(dtype)
-    x = x.contiguous(memory_format=torch.channels_last)
-    for k, s, p, d in CASES:
-        ps = PoolShape.of(tuple(x.shape), k, s, p, d, dtype is torch.float16, bands=True)
-        oh = ps.out_hw[0]
-        rows = [sum(0 <= r * ps.stride[0] - ps.padding[0] + i * ps.dilation[0] < ps.h
-                    for i in range(ps.kernel[0])) for r in range(oh)]
-        want = F.max_pool2d(x.float(), k, s if s is not None else k, p, d)
-        for b_sm, pdl, ptx in builds:
-            pool = MaxPool2d(ps, b_sm, pdl, tmp_path, ptx)
-            bands = torch.tensor(rows * ps.n, dtype=torch.int32, device="cuda") * ps.w * ps.c
-            torch.cuda.synchronize()  # (the pool waits for no kernel before it: the counters)
-            y = pool(x, bands)
-            assert torch.equal(y.float(), want), (k, s, p, d, b_sm, ptx)
-            assert not bands.any()
-            with pytest.raises(ValueError, match="counters"):
-                pool(x, bands[1:])
-            with pytest.raises(ValueError, match="counters"):
-                pool(x)
 
 
 def test_average_pools_the_kernel_cannot_run_are_refused_with_the_reason() -> None:
