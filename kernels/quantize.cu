@@ -3,10 +3,10 @@
 // layer's channel count (a stem's 3 padded with zeros to the 4 its loads read), int8 as
 // clamp(round-half-even(x / scale), -128, 127) in float32, as calibrate.quantize, or fp16
 // as the cast. A thread owns one output pixel: its reads are the few channels of a pixel
-// (strided in NCHW, adjacent in NHWC), all issued before the first conversion (one memory round
-// trip), its write one 4-, 8- or 16-byte word. Each output row
-// may have zero pixels before and after the input's (a stem over pixel pairs,
-// kernels.spec.pixel_pairs, reads the rows so padded as pairs).
+// (strided in NCHW, adjacent in NHWC), all issued before the first conversion (one memory
+// round trip), its write one 4-, 8- or 16-byte word. Each output row may have zero pixels
+// before and after the input's (a stem over pixel pairs, kernels.spec.pixel_pairs, reads the
+// rows so padded as pairs).
 //
 // Defines (kernels/quantize.py; TK_SM: kernels/small_kernel.py): TQ_IN_FP16, TQ_OUT_FP16,
 // TQ_PIXELS (n * h * output row), TQ_H, TQ_W (input row), TQ_PADL, TQ_WO (zero pixels
