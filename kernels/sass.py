@@ -1,4 +1,5 @@
-"""SASS inspection of built cubins: which Tensor Core instructions, registers, spills.
+"""SASS inspection of built cubins: which Tensor Core instructions, registers, spills, and how
+many global loads a thread issues before it waits for one.
 
 Uses cuobjdump (pip `nvidia-cuda-cuobjdump`) and the nvdisasm it calls (pip
 `nvidia-cuda-nvdisasm`), located inside the `nvidia` namespace package, or on PATH.
@@ -80,3 +81,33 @@ def summarize(cubin: bytes | str | os.PathLike[str]) -> SassSummary:
         local_stores=len(re.findall(r"\bSTL\b", sass)),
         text=sass,
     )
+
+
+_INSTRUCTION = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[0-7T]\s+)?([A-Z][A-Z0-9_.]*)\s*([^;]*);")
+_REGISTER = re.compile(r"\bR(\d+)\b")
+_WIDTH = {".128": 4, ".64": 2}
+
+
+def loads_before_first_use(text: str) -> int:
+    """Global loads (LDG) issued, in program order from the first one, before an instruction
+    reads the result of one of them: the loads that share one memory round trip on the
+    straight-line path (a thread that needs a load's value before its next load issues
+    waits one round trip a load)."""
+    pending: set[int] = set()
+    count = 0
+    for opcode, operands in _INSTRUCTION.findall(text):
+        ops = [o.strip() for o in operands.split(",")] if operands.strip() else []
+        writes = not opcode.startswith(("ST", "RED", "BRA")) and bool(ops)  # ops[0]: its result
+        # a 64-bit address Rn.64 reads Rn and Rn+1
+        used = {int(r) + k for o in ops[writes:] for r in _REGISTER.findall(o)
+                for k in range(2 if ".64" in o else 1)}
+        if pending & used:
+            return count
+        if opcode.startswith("LDG"):
+            width = next((w for s, w in _WIDTH.items() if s in opcode), 1)
+            first = int(_REGISTER.findall(ops[0])[0])
+            pending.update(range(first, first + width))
+            count += 1
+        elif writes:  # a result overwritten before it was read
+            pending.difference_update(int(r) for r in _REGISTER.findall(ops[0]))
+    return count

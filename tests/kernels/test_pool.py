@@ -20,6 +20,7 @@ from kernels.pool import (
     compile_pool,
     pool_defines,
 )
+from kernels.sass import loads_before_first_use, summarize
 from kernels.small_kernel import build_small, compile_small
 from tests.kernels.builds import small_kernel_builds
 
@@ -63,6 +64,17 @@ def test_the_kernel_builds_for_every_sm_and_is_cached(fp16: bool, tmp_path: Path
     assert path.stat().st_mtime_ns == mtime
     other = PoolShape.of((8, 64, 112, 112), 3, 1, 1, 1, fp16)
     assert build_small("pool.cu", pool_defines(other), 90, tmp_path) != path
+
+
+@pytest.mark.parametrize("fp16", [False, True])
+def test_a_window_s_loads_share_one_memory_round_trip(fp16: bool, sass_tools: None) -> None:
+    """ResNet's 3x3 max-pool issues 7-9 of its window's 9 loads before it first uses one, on
+    every sm: a thread waits one memory round trip, not one a window row (3 loads)."""
+    shape = PoolShape.of((8, 64, 112, 112), 3, 2, 1, 1, fp16)
+    for sm in (75, 80, 90):
+        image, log = compile_pool(shape, sm)
+        assert image is not None, log
+        assert loads_before_first_use(summarize(image).text) >= 7, sm
 
 
 def _gpu() -> bool:

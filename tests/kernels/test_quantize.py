@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels.quantize import QuantizeInput, QuantizeShape, compile_quantize
+from kernels.sass import loads_before_first_use, summarize
 from tests.kernels.builds import small_kernel_builds
 
 
@@ -35,6 +36,18 @@ def test_the_kernel_builds_for_every_sm(in_fp16: bool, out_fp16: bool, channels:
             assert image is not None, log
         for sm in (75, 80):
             assert compile_quantize(shape, sm, ptx=True)[0] is not None
+
+
+@pytest.mark.parametrize("in_fp16,out_fp16", [(False, False), (True, False), (False, True)])
+def test_a_pixel_s_channel_loads_share_one_memory_round_trip(in_fp16: bool, out_fp16: bool,
+                                                             sass_tools: None) -> None:
+    """Every channel of a pixel is loaded before the first is converted, on every sm (the
+    int8 division of one channel no longer holds back the next one's load)."""
+    shape = QuantizeShape(8, 3, 224, 224, 4, in_fp16, out_fp16)
+    for sm in (75, 80, 90):
+        image, log = compile_quantize(shape, sm)
+        assert image is not None, log
+        assert loads_before_first_use(summarize(image).text) == 3, sm
 
 
 def _gpu() -> bool:
