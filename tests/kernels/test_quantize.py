@@ -41,8 +41,8 @@ def test_the_kernel_builds_for_every_sm(in_fp16: bool, out_fp16: bool, channels:
 @pytest.mark.parametrize("in_fp16,out_fp16", [(False, False), (True, False), (False, True)])
 def test_a_pixel_s_channel_loads_share_one_memory_round_trip(in_fp16: bool, out_fp16: bool,
                                                              sass_tools: None) -> None:
-    """Every channel of a pixel is loaded before the first is converted, on every sm (the
-    int8 division of one channel no longer holds back the next one's load)."""
+    """Every channel of a pixel is loaded before the first is converted, on every sm (an int8
+    channel's division does not hold back the next channel's load)."""
     shape = QuantizeShape(8, 3, 224, 224, 4, in_fp16, out_fp16)
     for sm in (75, 80, 90):
         image, log = compile_quantize(shape, sm)
