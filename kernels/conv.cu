@@ -271,7 +271,13 @@ constexpr int STG_SMEM = SWZ_STG ? BM * TB + 1024 : BM * E_ROW;
 // (coalesced loads; the register epilogue then reads it from shared memory). RES_AHEAD: the
 // tile's copies are issued before the main loop into a region past the pipeline's and
 // waited on by the epilogue, so their latency hides behind the loop, not after it.
-constexpr int RES_SMEM = (RES && PACK) ? BM * E_ROW : 0;
+// The block's columns' scale and bias (fp16: bias) are copied past the residual tile
+// (RES_TILE) with it, in its copies' group: the epilogue's staging loops read them from
+// shared memory, where loads from global memory wait one round trip per column group (the
+// compiler cannot move them past the staging stores) after the residual tile's own wait.
+constexpr int RES_TILE = BM * E_ROW;
+constexpr int PARAM_ARRAYS = PREC == 0 ? 1 : 2;
+constexpr int RES_SMEM = (RES && PACK) ? RES_TILE + PARAM_ARRAYS * BN * 4 : 0;
 constexpr int EPI_SMEM = DIRECT_OUT ? 0 : STG_SMEM + RES_SMEM;
 constexpr bool RES_AHEAD = TC_RES_AHEAD != 0;
 // F32_ASYNC: two hi/lo plane buffers, then STAGES fp32 staging slots of the same size.
@@ -602,10 +608,10 @@ tc_conv(const u8* __restrict__ x, const u8* __restrict__ w, const float* __restr
   // first; a CAT build's x, whose stages come first and are reduced before the wait (the
   // loader waits before x1's first stage: BlockLoader::load_stage); the weights, whose first
   // stages are issued before it (the pipeline's prologue waits after them).
-  if (early) residual_ahead(smem, r, threadIdx.x);
+  if (early) residual_ahead(smem, r, scale, bias, threadIdx.x);
   if (!x_early && !w_early) grid_dependency_wait();
 #endif
-  if (!early) residual_ahead(smem, r, threadIdx.x);
+  if (!early) residual_ahead(smem, r, scale, bias, threadIdx.x);
 #if TC_TMA
   const TensorMaps* m = &maps;
 #else

@@ -79,12 +79,13 @@ __device__ __forceinline__ void copy_vw(u8* dst, const u8* src) {
   else *dst = *src;
 }
 
-// The block's residual tile into shared memory at rs. By cp.async (sm_80+, ASYNC): every
-// copy in flight at once, as one group (conv.cu: RES_AHEAD, RES_ASYNC); otherwise a load ->
-// store round trip per vector.
+// The block's residual tile into shared memory at rs, and its columns' scale and bias (fp16:
+// bias) past it (conv.cu: RES_TILE). By cp.async (sm_80+, ASYNC): every copy in flight at
+// once, as one group (conv.cu: RES_AHEAD, RES_ASYNC); otherwise a load -> store round trip
+// per vector.
 template <bool ASYNC>
-__device__ __forceinline__ void residual_copies(u8* rs, const Residual& res, int m0, int n0,
-                                                int tid) {
+__device__ __forceinline__ void residual_copies(u8* rs, const Residual& res, const float* scale,
+                                                const float* bias, int m0, int n0, int tid) {
   using namespace cfg;
 #pragma unroll 1
   for (int v = tid; v < BM * VPRO; v += THREADS) {
@@ -95,6 +96,15 @@ __device__ __forceinline__ void residual_copies(u8* rs, const Residual& res, int
     if constexpr (ASYNC) cp_async_tv<VW>(smem_addr(dst), res.p + out_off(m, n), true);
     else copy_vw<VW>(dst, res.p + out_off(m, n));
   }
+  float* const ps = reinterpret_cast<float*>(rs + RES_TILE);
+#pragma unroll 1
+  for (int v = tid; v < PARAM_ARRAYS * BN; v += THREADS) {
+    const int col = v % BN, n = n0 + col;
+    if (n >= K) continue;
+    const float* const src = (PREC != 0 && v < BN ? scale : bias) + n;
+    if constexpr (ASYNC) cp_async_tv<4>(smem_addr(ps + v), src, true);
+    else ps[v] = *src;
+  }
   if constexpr (ASYNC) cp_async_commit();
 }
 
@@ -103,12 +113,13 @@ __device__ __forceinline__ void residual_copies(u8* rs, const Residual& res, int
 // before or after the grid-dependency wait); the epilogue waits for them. The multistage
 // pipeline's first wait covers them too (the oldest group), while the tile's first stage is in
 // flight beside them.
-__device__ __forceinline__ void residual_ahead(u8* smem, const Residual& res, int tid) {
+__device__ __forceinline__ void residual_ahead(u8* smem, const Residual& res, const float* scale,
+                                               const float* bias, int tid) {
   using namespace cfg;
   if constexpr (RES_AHEAD) {
     if (tid >= THREADS) return;  // the producer warp
     const int tile = blockIdx.x;  // (one tile a block)
-    residual_copies<true>(smem + RES_OFF, res, tile_m0(tile), tile_n0(tile), tid);
+    residual_copies<true>(smem + RES_OFF, res, scale, bias, tile_m0(tile), tile_n0(tile), tid);
   }
 }
 
@@ -328,9 +339,13 @@ __device__ __forceinline__ void epilogue(WT& wt, u8* smem, int m0, int n0, int t
   // flight since before the main loop).
   u8* const rs = smem + RES_OFF;
   if constexpr (RES && PACK) {
-    if constexpr (!RES_AHEAD) residual_copies<RES_ASYNC>(rs, res, m0, n0, tid);
+    if constexpr (!RES_AHEAD) residual_copies<RES_ASYNC>(rs, res, scale, bias, m0, n0, tid);
     if constexpr (RES_AHEAD || RES_ASYNC) cp_async_wait<0>();
     block_sync();
+    // From here the columns' scale and bias are read from their copies (indexed by channel).
+    const float* const ps = reinterpret_cast<const float*>(rs + RES_TILE) - n0;
+    if constexpr (PREC != 0) scale = ps;
+    bias = ps + (PARAM_ARRAYS - 1) * BN;
   }
 
   // ---- raw int32 with PACK_OUT and swapped operands: straight from registers, one value

@@ -597,8 +597,10 @@ def geometry(shape: ConvShape, precision: Precision, target: Target,
     b2b_wg = b2b_on_wgmma(cols, np.shape(brw), b2b)
     swizzled = tma_store | b2b_wg
     staging = np.where(swizzled, bm * bn * ob // 8 + TMA_STORE_ALIGN, padded_tile)
+    # The residual region: its tile, then the columns' scale and bias (fp16: bias) as floats.
+    res_region = padded_tile + bn * 4 * (1 if p is Precision.FP16 else 2)
     epilogue = np.where(pack & (ob == 32), 0,
-                        staging + np.where(pack & residual, padded_tile, 0))
+                        staging + np.where(pack & residual, res_region, 0))
     # A persistent block's epilogue runs while the next tile's stages land: its own region.
     persist = _knob(cols, "PERSIST", np.shape(brw)) > 0
     smem = np.where(persist, pipeline + consumers * epilogue, np.maximum(pipeline, epilogue))
@@ -612,9 +614,9 @@ def geometry(shape: ConvShape, precision: Precision, target: Target,
         row_gcd = np.gcd(shape.k * ob // 8, bn * ob // 8)
         res_vector = np.minimum(row_gcd & -row_gcd, 16)
         res_ahead = (pack & (ob != 32) & ~persist & (split_k == 1) & (res_vector >= 4) &
-                     (blocks_per_sm(target, res_off + padded_tile, block_threads) >=
+                     (blocks_per_sm(target, res_off + res_region, block_threads) >=
                       blocks_per_sm(target, smem, block_threads)))
-        smem = np.where(res_ahead, res_off + padded_tile, smem)
+        smem = np.where(res_ahead, res_off + res_region, smem)
     else:
         res_ahead = np.zeros(np.shape(smem), dtype=bool)
     b2b_ahead = np.zeros(np.shape(smem), dtype=bool)

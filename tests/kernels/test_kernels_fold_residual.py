@@ -6,6 +6,7 @@ should hold, and the reference and runtime contracts. The GPU checks are in test
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -173,8 +174,9 @@ def _residual_geometry(schedule: dict, residual: bool = True, target: str = "h20
 
 def test_residual_tile_is_copied_ahead_where_blocks_per_sm_stay() -> None:
     g, plain = _residual_geometry(EXPAND_TMA), _residual_geometry(EXPAND_TMA, residual=False)
-    # its own region past the pipeline (whose memory the staging tile shares), 16-byte aligned
-    tile = int(g.block_m[0]) * (int(g.block_n[0]) + 16)
+    # its own region past the pipeline (whose memory the staging tile shares), 16-byte aligned:
+    # the tile's padded rows, then the columns' scale and bias as floats
+    tile = int(g.block_m[0]) * (int(g.block_n[0]) + 16) + 8 * int(g.block_n[0])
     assert bool(g.res_ahead[0])
     assert int(g.smem_bytes[0]) == -(-int(plain.smem_bytes[0]) // 16) * 16 + tile
     d = defines(BuildJob(EXPAND, Precision.INT8, 90, EXPAND_TMA, Epilogue(residual=True)))
@@ -184,21 +186,24 @@ def test_residual_tile_is_copied_ahead_where_blocks_per_sm_stay() -> None:
     crowded = {**EXPAND_TMA, "WARP_COL_TILES": 4}
     c, c_plain = _residual_geometry(crowded), _residual_geometry(crowded, residual=False)
     tile = int(c.block_m[0]) * (int(c.block_n[0]) + 16)
-    ahead = -(-int(c_plain.smem_bytes[0]) // 16) * 16 + tile
-    after = max(int(c_plain.smem_bytes[0]), 2 * tile)
+    region = tile + 8 * int(c.block_n[0])
+    ahead = -(-int(c_plain.smem_bytes[0]) // 16) * 16 + region
+    after = max(int(c_plain.smem_bytes[0]), tile + region)
     assert (228 * 1024) // (ahead + 1024) < (228 * 1024) // (after + 1024)
     assert not bool(c.res_ahead[0]) and int(c.smem_bytes[0]) == after
     # nor without cp.async (sm_75), a residual or a packed epilogue, nor with a persistent
     # grid or split-K
-    assert not bool(_residual_geometry({**SYNC, "STAGES": 1}, target="t4").res_ahead[0])
-    assert bool(_residual_geometry({**SYNC, "STAGES": 1}).res_ahead[0])
+    assert not bool(_residual_geometry({**SYNC, "STAGES": 1, "CHUNK": 1},
+                                       target="t4").res_ahead[0])
+    assert bool(_residual_geometry({**SYNC, "STAGES": 1, "CHUNK": 1}).res_ahead[0])
     assert not bool(_residual_geometry(EXPAND_TMA, residual=False).res_ahead[0])
     for knobs in ({"PACK_OUT": 0}, {"PERSIST": 1}, {"SPLIT_K": 2, "TMA": 0, "PLAIN_A": 0}):
         assert not bool(_residual_geometry({**EXPAND_TMA, **knobs}).res_ahead[0]), knobs
 
 
 @pytest.mark.parametrize("sm,schedule,ahead", [
-    (90, EXPAND_TMA, 1), (90, {**EXPAND_TMA, "STAGES": 2}, 0), (90, {**SYNC, "STAGES": 1}, 1),
+    (90, EXPAND_TMA, 1), (90, {**EXPAND_TMA, "STAGES": 2}, 0),
+    (90, {**SYNC, "STAGES": 1, "CHUNK": 1}, 1),
     (80, {**SYNC, "STAGES": 2}, 0)])
 def test_residual_tile_arrives_by_cp_async_and_converts_without_i2f(
         cache: Path, sass_tools: None, sm: int, schedule: dict, ahead: int) -> None:
@@ -223,6 +228,16 @@ def test_residual_tile_arrives_by_cp_async_and_converts_without_i2f(
         assert (before > 0) == bool(ahead), before
     # the residual's bytes become floats by adds: the residual adds no conversion instruction
     assert count(with_res.text, "I2F") == count(without.text, "I2F")
+    # the columns' scale and bias come with the residual tile (one wait for both): after the
+    # main loop the epilogue loads nothing from global memory, where it loads them without
+    assert global_loads_after_main_loop(with_res.text) == 0
+    assert global_loads_after_main_loop(without.text) > 0
+
+
+def global_loads_after_main_loop(text: str) -> int:
+    lines = text.splitlines()
+    last_mma = max(i for i, ln in enumerate(lines) if re.search(r"\s[HI]G?MMA\.", ln))
+    return sum(bool(re.search(r"\sLDG\.", ln)) for ln in lines[last_mma:])
 
 
 def test_residual_reference_is_the_kernels_arithmetic() -> None:

@@ -55,9 +55,9 @@ def test_tma_stores_stage_a_dense_aligned_tile() -> None:
     g2 = geometry(EXPAND, Precision.INT8, H100, cols_of({**TMA, "PERSIST": 1}))
     padded, dense = 64 * (128 + 16), 64 * 128 + 1024  # + the 1024-byte alignment slack
     assert int(g2.smem_bytes[0]) - int(g1.smem_bytes[0]) == dense - padded
-    # the residual tile stays padded beside it
+    # the residual tile stays padded beside it, the columns' scale and bias after it
     g2r = geometry(EXPAND, Precision.INT8, H100, cols_of({**TMA, "PERSIST": 1}), residual=True)
-    assert int(g2r.smem_bytes[0]) - int(g2.smem_bytes[0]) == padded
+    assert int(g2r.smem_bytes[0]) - int(g2.smem_bytes[0]) == padded + 2 * 4 * 128
 
 
 def test_tma_stores_need_an_8_or_16_bit_output() -> None:
