@@ -605,17 +605,21 @@ def geometry(shape: ConvShape, precision: Precision, target: Target,
     persist = _knob(cols, "PERSIST", np.shape(brw)) > 0
     smem = np.where(persist, pipeline + consumers * epilogue, np.maximum(pipeline, epilogue))
     block_threads = consumers * warps * 32 + np.where(tma_knob == 2, 32, 0)
+    m_tiles = np.where(halo, shape.n * hal["tiles_per_image"], -(-shape.gemm_m // bm))
+    tiles = m_tiles * (-(-shape.gemm_n // bn))
     # The residual tile copied in while the main loop runs (conv.cu: RES_AHEAD) needs a region
     # past the pipeline's: taken where it leaves as many blocks per SM (blocks_per_sm) as
-    # copying it in after the loop does. Its copies are the epilogue's store vectors
-    # (conv.cu: VW), cp.async's 4, 8 or 16 bytes.
+    # copying it in after the loop does, or where by those measures the whole grid is resident
+    # at once with it (then no block waits for another's place either way). Its copies are the
+    # epilogue's store vectors (conv.cu: VW), cp.async's 4, 8 or 16 bytes.
     if residual and target.sm >= 80:
         res_off = -(-np.maximum(pipeline, staging) // 16) * 16
         row_gcd = np.gcd(shape.k * ob // 8, bn * ob // 8)
         res_vector = np.minimum(row_gcd & -row_gcd, 16)
+        ahead_bps = blocks_per_sm(target, res_off + res_region, block_threads)
         res_ahead = (pack & (ob != 32) & ~persist & (split_k == 1) & (res_vector >= 4) &
-                     (blocks_per_sm(target, res_off + res_region, block_threads) >=
-                      blocks_per_sm(target, smem, block_threads)))
+                     ((ahead_bps >= blocks_per_sm(target, smem, block_threads)) |
+                      (tiles <= target.sms * ahead_bps)))
         smem = np.where(res_ahead, res_off + res_region, smem)
     else:
         res_ahead = np.zeros(np.shape(smem), dtype=bool)
@@ -641,8 +645,6 @@ def geometry(shape: ConvShape, precision: Precision, target: Target,
 
     n_it = np.where(fold, -(-(r * s) // tps),
                     np.where(dup | halo, np.where(reorder | halo, n_cb, r * n_cb), r * s * n_cb))
-    m_tiles = np.where(halo, shape.n * hal["tiles_per_image"], -(-shape.gemm_m // bm))
-    tiles = m_tiles * (-(-shape.gemm_n // bn))
     # global loads per row per stage: 16-byte vectors, or taps (FOLD_TAPS)
     gvec = np.where(fold, tps, bk * elem_bits // 8 // 16)
     threads = warps * 32

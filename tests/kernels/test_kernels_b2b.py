@@ -30,6 +30,7 @@ from tests.kernels.test_runtime import FakeCupy, on_gpu
 # ResNet-50's layer1 bottleneck's last conv with its residual; the next block's first conv
 # (64 channels) back-to-back over its output.
 LAST = ConvShape(8, 56, 56, 64, 256, 1, 1, residual=True)
+LAST32 = ConvShape(32, 56, 56, 64, 256, 1, 1, residual=True)
 WG = dict(BLK_ROW_WARPS=2, BLK_COL_WARPS=1, WARP_ROW_TILES=1, WARP_COL_TILES=8, CHUNK=2,
           REORDER_INNER=0, DUP_AWARE=0, PACK_OUT=1, LAYOUT="nhwc", STAGES=2, SPLIT_K=1,
           MMA="wgmma", TMA=0)
@@ -101,9 +102,11 @@ def test_the_build_refuses_what_the_rule_refuses() -> None:
     assert d["TC_SMEM_BYTES"] == plain["TC_SMEM_BYTES"] >= 64 * 272 + 64 * 272 + 64 * 80
     assert d["TC_B2B_AHEAD"] == 0
     # wgmma: the staged tile dense in swizzled boxes, 128 x 256 from a 1024-byte-aligned base,
-    # and the weights dense too (64 x 256, aligned), for the second GEMM's descriptors.
-    d = defines(BuildJob(LAST, Precision.INT8, 90, WG, with_b2b()))
-    assert d["TC_B2B_AHEAD"] == 0
+    # and the weights dense too (64 x 256, aligned), for the second GEMM's descriptors. (At
+    # batch 32, where the residual tile's own region would cost a block per SM with the grid
+    # not resident at once: the tile after the loop, and the weights too.)
+    d = defines(BuildJob(LAST32, Precision.INT8, 90, WG, with_b2b()))
+    assert d["TC_RES_AHEAD"] == 0 and d["TC_B2B_AHEAD"] == 0
     assert d["TC_SMEM_BYTES"] >= (128 * 256 + 1024) + (64 * 256 + 1024) + 128 * 80
     # A deep pipeline (one block per SM either way): the weights ahead, past the rest; the
     # output past the staged tile.

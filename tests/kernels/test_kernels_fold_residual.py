@@ -164,11 +164,15 @@ def test_residual_builds_compile_for_every_sm(cache: Path) -> None:
 
 # The 1x1 expand of ResNet-50's stage 4 on a TMA schedule like its H200 record's.
 EXPAND = ConvShape(8, 14, 14, 256, 1024, 1, 1)
+# (batch 32: grids that are not resident at once, where the region's cost in blocks per SM
+# keeps the residual tile after the loop)
+EXPAND32 = ConvShape(32, 14, 14, 256, 1024, 1, 1)
 EXPAND_TMA = {**WG, "CHUNK": 4, "STAGES": 3, "TMA": 1, "PLAIN_A": 1, "PACK_OUT": 1}
 
 
-def _residual_geometry(schedule: dict, residual: bool = True, target: str = "h200"):  # noqa: ANN202
-    return geometry(EXPAND, Precision.INT8, get_target(target), cols_of(schedule),
+def _residual_geometry(schedule: dict, residual: bool = True, target: str = "h200",  # noqa: ANN202
+                       shape: ConvShape = EXPAND):
+    return geometry(shape, Precision.INT8, get_target(target), cols_of(schedule),
                     residual=residual)
 
 
@@ -181,16 +185,24 @@ def test_residual_tile_is_copied_ahead_where_blocks_per_sm_stay() -> None:
     assert int(g.smem_bytes[0]) == -(-int(plain.smem_bytes[0]) // 16) * 16 + tile
     d = defines(BuildJob(EXPAND, Precision.INT8, 90, EXPAND_TMA, Epilogue(residual=True)))
     assert d["TC_RES_AHEAD"] == 1 and d["TC_SMEM_BYTES"] == int(g.smem_bytes[0])
-    # not where the larger region would cost a block per SM (3 -> 2 of 228 KB): copied in
-    # after the loop instead, in the staging tile's shadow of the pipeline
+    # not where the larger region would cost a block per SM (3 -> 2 of 228 KB) and the grid
+    # is not resident at once (batch 32: 784 tiles, 264 places): copied in after the loop
+    # instead, in the staging tile's shadow of the pipeline
     crowded = {**EXPAND_TMA, "WARP_COL_TILES": 4}
-    c, c_plain = _residual_geometry(crowded), _residual_geometry(crowded, residual=False)
+    c = _residual_geometry(crowded, shape=EXPAND32)
+    c_plain = _residual_geometry(crowded, residual=False, shape=EXPAND32)
+    assert int(c.grid_blocks[0]) == 784
     tile = int(c.block_m[0]) * (int(c.block_n[0]) + 16)
     region = tile + 8 * int(c.block_n[0])
     ahead = -(-int(c_plain.smem_bytes[0]) // 16) * 16 + region
     after = max(int(c_plain.smem_bytes[0]), tile + region)
     assert (228 * 1024) // (ahead + 1024) < (228 * 1024) // (after + 1024)
     assert not bool(c.res_ahead[0]) and int(c.smem_bytes[0]) == after
+    # at batch 8 (200 tiles) the whole grid is resident with it: no block waits for another's
+    # place either way, and the tile is copied ahead
+    c8 = _residual_geometry(crowded)
+    assert int(c8.grid_blocks[0]) == 200 and bool(c8.res_ahead[0])
+    assert int(c8.smem_bytes[0]) == ahead
     # nor without cp.async (sm_75), a residual or a packed epilogue, nor with a persistent
     # grid or split-K
     assert not bool(_residual_geometry({**SYNC, "STAGES": 1, "CHUNK": 1},
@@ -201,16 +213,17 @@ def test_residual_tile_is_copied_ahead_where_blocks_per_sm_stay() -> None:
         assert not bool(_residual_geometry({**EXPAND_TMA, **knobs}).res_ahead[0]), knobs
 
 
-@pytest.mark.parametrize("sm,schedule,ahead", [
-    (90, EXPAND_TMA, 1), (90, {**EXPAND_TMA, "STAGES": 2}, 0),
-    (90, {**SYNC, "STAGES": 1, "CHUNK": 1}, 1),
-    (80, {**SYNC, "STAGES": 2}, 0)])
+@pytest.mark.parametrize("sm,schedule,shape,ahead", [
+    (90, EXPAND_TMA, EXPAND, 1), (90, {**EXPAND_TMA, "STAGES": 2}, EXPAND32, 0),
+    (90, {**SYNC, "STAGES": 1, "CHUNK": 1}, EXPAND, 1),
+    (80, {**SYNC, "STAGES": 2}, EXPAND32, 0)])
 def test_residual_tile_arrives_by_cp_async_and_converts_without_i2f(
-        cache: Path, sass_tools: None, sm: int, schedule: dict, ahead: int) -> None:
-    job = BuildJob(EXPAND, Precision.INT8, sm, schedule, Epilogue(relu=True, residual=True))
+        cache: Path, sass_tools: None, sm: int, schedule: dict, shape: ConvShape,
+        ahead: int) -> None:
+    job = BuildJob(shape, Precision.INT8, sm, schedule, Epilogue(relu=True, residual=True))
     assert defines(job)["TC_RES_AHEAD"] == ahead
     with_res = sass_of(job, cache)
-    without = sass_of(BuildJob(EXPAND, Precision.INT8, sm, schedule, Epilogue(relu=True)), cache)
+    without = sass_of(BuildJob(shape, Precision.INT8, sm, schedule, Epilogue(relu=True)), cache)
     assert not with_res.spills
 
     def count(text: str, op: str) -> int:
