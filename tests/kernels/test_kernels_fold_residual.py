@@ -176,7 +176,8 @@ def _residual_geometry(schedule: dict, residual: bool = True, target: str = "h20
                     residual=residual)
 
 
-def test_residual_tile_is_copied_ahead_where_blocks_per_sm_stay() -> None:
+def test_residual_tile_is_copied_ahead_where_blocks_per_sm_stay_or_the_grid_is_resident(
+) -> None:
     g, plain = _residual_geometry(EXPAND_TMA), _residual_geometry(EXPAND_TMA, residual=False)
     # its own region past the pipeline (whose memory the staging tile shares), 16-byte aligned:
     # the tile's padded rows, then the columns' scale and bias as floats
