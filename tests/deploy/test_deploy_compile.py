@@ -23,10 +23,11 @@ HELD = torch.randn(8, 3, 64, 64, generator=torch.Generator().manual_seed(11))
 OP = torch.ops.tctune.fused_conv.default
 
 
-def optimized(precision: str) -> OptimizedModel:
+def optimized(precision: str, fuse_pools: bool = True) -> OptimizedModel:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DefaultScheduleWarning)
-        return optimize(small_resnet(), X, precision, "h100", backend="reference")
+        return optimize(small_resnet(), X, precision, "h100", backend="reference",
+                        fuse_pools=fuse_pools)
 
 
 class Recorder:
@@ -41,8 +42,10 @@ class Recorder:
 
 
 @pytest.mark.parametrize("precision", ["int8", "fp16"])
-def test_the_model_is_one_graph_with_one_custom_op_per_fused_layer(precision: str) -> None:
-    opt = optimized(precision)
+@pytest.mark.parametrize("fuse_pools", [False, True])
+def test_the_model_is_one_graph_with_one_custom_op_per_fused_layer(precision: str,
+                                                                  fuse_pools: bool) -> None:
+    opt = optimized(precision, fuse_pools)
     torch._dynamo.reset()
     rec = Recorder()
     with torch.no_grad():  # compiled first: nothing the eager run learns may steer the trace
@@ -53,9 +56,10 @@ def test_the_model_is_one_graph_with_one_custom_op_per_fused_layer(precision: st
     calls = [n for n in rec.graphs[0].graph.nodes if n.op == "call_function" and
              getattr(n.target, "_overloadpacket", None) is torch.ops.tctune.fused_conv]
     assert len(calls) == len(opt.modules_of(FusedConv)) > 0
-    # the stem's max-pool is its windows' maximum on the layer's own dtype (no casts around)
+    # the stem's max-pool is its windows' maximum on the layer's own dtype (no casts around),
+    # or the stem's own (fuse_pools)
     targets = [n.target for n in rec.graphs[0].graph.nodes if n.op == "call_function"]
-    assert targets.count(torch.maximum) == 8  # a 3x3 window's nine views
+    assert targets.count(torch.maximum) == (0 if fuse_pools else 8)  # a 3x3 window's views
     assert not any(t in (torch.nn.functional.max_pool2d, torch.max_pool2d) for t in targets)
 
 
@@ -74,7 +78,7 @@ def test_the_fake_op_has_the_layers_output_shape_dtype_and_strides() -> None:
 
     opt = optimized("int8")
     layer = opt.modules_of(FusedConv)[0]
-    assert isinstance(layer, FusedConv)
+    assert isinstance(layer, FusedConv) and layer.pool == (3, 2, 1)  # the pool's output
     x = torch.zeros(8, 3, 64, 64, dtype=torch.int8).contiguous(memory_format=torch.channels_last)
     real = torch.ops.tctune.fused_conv(x, None, None, layer.uid)
     with FakeTensorMode() as mode:
@@ -84,7 +88,7 @@ def test_the_fake_op_has_the_layers_output_shape_dtype_and_strides() -> None:
 
 
 def test_a_copy_of_a_layer_runs_its_own_weights() -> None:
-    opt = optimized("fp16")
+    opt = optimized("fp16", fuse_pools=False)
     twin = copy.deepcopy(opt)
     a, b = opt.modules_of(FusedConv)[0], twin.modules_of(FusedConv)[0]
     assert isinstance(a, FusedConv) and isinstance(b, FusedConv) and a.uid != b.uid
