@@ -8,8 +8,7 @@ through kernels.runner.Runner: a fault or hang is recorded as runtime_error / ti
 Layers with few channels draw folded schedules (FOLD_TAPS) half the time, an int8
 requant or fp16 bias epilogue adds a residual a third of the time (`--residual-count N`: N
 more that all do), and one random int8 or fp16 layer in eight is a 1x1 layer over two inputs
-(ConvShape's `concat`). `--pool-count N`: N more, each a layer of few channels with a max-pool
-in its epilogue (ConvShape's `pool`; half as many per PTX target).
+(ConvShape's `concat`).
 
 `prebuild --ptx-targets t4,a100 --ptx-count 150` adds candidates of those targets built as
 PTX (compute_75 / compute_80) that the driver compiles for the GPU at hand: their code paths
@@ -92,25 +91,6 @@ def random_shape(rng: np.random.Generator, precision: Precision) -> ConvShape:
             return shape
 
 
-POOLS = ((3, 2, 1), (2, 2, 0), (3, 2, 0), (3, 1, 1), (4, 3, 2))
-
-
-def random_pool_shape(rng: np.random.Generator, precision: Precision) -> ConvShape:
-    """A random layer of few channels (the folded taps' path) with a max-pool after it."""
-    while True:
-        r = int(rng.choice([1, 3, 5, 7]))
-        st = int(rng.choice([1, 2, 2]))
-        n = int(rng.choice([1, 2, 3, 8]))
-        h, w = int(rng.integers(4, 48)), int(rng.integers(4, 48))
-        c = int(rng.choice([1, 2, 3, 4, 5, 8]))
-        k = int(rng.choice([8, 16, 24, 40, 64, 72, 128]))
-        pad = int(rng.integers(0, r // 2 + 1))
-        pool = POOLS[int(rng.integers(len(POOLS)))]
-        shape = ConvShape(n, h, w, c, k, r, r, stride=st, pad=pad, pool=pool)
-        if not shape.problems(precision):
-            return shape
-
-
 def random_valid(space: ScheduleSpace, rng: np.random.Generator, tries: int = 400
                  ) -> dict[str, Any] | None:
     """A uniformly drawn valid schedule: rejection sampling first, since enumerating the
@@ -130,16 +110,16 @@ PRODUCER_WARP: dict[str, list[Any]] = {"MMA": ["wgmma"], "TMA": [2]}
 
 
 def plan(count: int, seed: int, target_name: str, mma: str | None = None, ptx: bool = False,
-         restrict: dict[str, list[Any]] | None = None, residual_only: bool = False,
-         pool_only: bool = False) -> list[dict[str, Any]]:
+         restrict: dict[str, list[Any]] | None = None, residual_only: bool = False
+         ) -> list[dict[str, Any]]:
     """`mma` restricts the MMA knob (e.g. "wgmma": only the warpgroup path, fp16 and int8),
     `restrict` any knobs; `ptx`: the candidates are built as PTX of the target's sm (see the
     module's doc); `residual_only`: every candidate an int8 requant or fp16 bias epilogue
-    with a residual; `pool_only`: every candidate a layer with a max-pool (random_pool_shape)."""
+    with a residual."""
     rng = np.random.default_rng(seed)
     restrict = {**(restrict or {}), **({"MMA": [mma]} if mma else {})}
     wgmma_only = restrict.get("MMA") == ["wgmma"]
-    precisions = PRECISIONS if not (wgmma_only or residual_only or pool_only) else \
+    precisions = PRECISIONS if not (wgmma_only or residual_only) else \
         (Precision.FP16, Precision.INT8)
     target = get_target(target_name)
     items: list[dict[str, Any]] = []
@@ -147,27 +127,21 @@ def plan(count: int, seed: int, target_name: str, mma: str | None = None, ptx: b
     i = 0
     while len(items) < count:
         prec = precisions[i % len(precisions)]
-        if pool_only:
-            shape = random_pool_shape(rng, prec)
-        else:
-            shape = shapes[(i // 3) % len(shapes)] if i < 3 * len(shapes) else \
-                random_shape(rng, prec)
+        shape = shapes[(i // 3) % len(shapes)] if i < 3 * len(shapes) else random_shape(rng, prec)
         i += 1
         if shape.problems(prec):
             continue
         fold = {"FOLD_TAPS": [1]} if fold_tap_bytes(shape, prec) and rng.random() < 0.5 else {}
-        if shape.pooled:
-            fold = {"FOLD_TAPS": [1], "PACK_OUT": [1], "SPLIT_K": [1]}  # its path (space.py)
         sched = random_valid(ScheduleSpace(shape, prec, target, {**restrict, **fold}), rng)
         if sched is None:
             continue
         # TMA stores write the 8- and 16-bit outputs only (kernels.runtime.schedule_fits).
         modes = ["requant" if prec.is_integer else "bias"]
-        if sched.get("PACK_OUT") != 2 and not (residual_only or pool_only):
+        if sched.get("PACK_OUT") != 2 and not residual_only:
             modes.append("acc")
         mode = str(rng.choice(modes))
         residual = mode in ("requant", "bias") and prec is not Precision.INT4 and \
-            not pool_only and (residual_only or bool(rng.random() < 1 / 3))
+            (residual_only or bool(rng.random() < 1 / 3))
         epi = Epilogue(mode, bool(rng.random() < 0.3), residual)
         # The space sizes shared memory for the tuned output; a residual or 32-bit output
         # stages more, which the runtime refuses where it does not fit: so does the plan.
@@ -199,12 +173,8 @@ def cmd_prebuild(a: argparse.Namespace) -> int:
         items += plan(a.restrict_count, a.seed + 4, a.target, restrict=sub)
     if a.residual_count:
         items += plan(a.residual_count, a.seed + 5, a.target, restrict=sub, residual_only=True)
-    if a.pool_count:
-        items += plan(a.pool_count, a.seed + 7, a.target, pool_only=True)
     for name in filter(None, (a.ptx_targets or "").split(",")):
         items += plan(a.ptx_count, a.seed + 1, name.strip(), ptx=True)
-        if a.pool_count:
-            items += plan(a.pool_count // 2, a.seed + 8, name.strip(), ptx=True, pool_only=True)
         if a.residual_count:
             items += plan(a.residual_count // 2, a.seed + 6, name.strip(), ptx=True,
                           restrict=sub, residual_only=True)
@@ -286,9 +256,6 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--ptx-targets", default="",
                    help="comma-separated targets (t4,a100) whose code paths are built as PTX")
     b.add_argument("--ptx-count", type=int, default=150, help="candidates per PTX target")
-    b.add_argument("--pool-count", type=int, default=0,
-                   help="more candidates, each a layer of few channels with a max-pool in its "
-                        "epilogue (half as many per --ptx-targets target)")
     b.add_argument("--residual-count", type=int, default=0,
                    help="more candidates, each with the residual epilogue (half as many per "
                         "PTX target), in the --restrict subspace")

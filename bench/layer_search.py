@@ -14,9 +14,7 @@ the layers F timed over their precision's per-layer goal, furthest over first; `
 leaves out the layers that earlier runs' files F searched; `--residual`
 only the layers deploy runs with a residual epilogue, as those layers (ConvShape.residual, as
 `tctune plan` submits them); `--pixel-pairs` only the stems that deploy can run over pixel
-pairs, as their pair layers (kernels.spec.pixel_pairs); `--pool K,S,P` only the layers of few
-channels (a stem's, or with `--pixel-pairs` its pair layer), each with that max-pool in its
-kernel (ConvShape.pool, as deploy.optimize's fuse_pools runs a stem and its pool).
+pairs, as their pair layers (kernels.spec.pixel_pairs).
 Measured through the GPU worker's
 backend (workers/backends/cuda.py: NVRTC builds, each candidate checked on random inputs,
 then timed), with cuDNN fp16 timed by the same backend once per shape. The tasks run a few
@@ -128,20 +126,6 @@ def residual_groups(groups: Sequence[Group], shapes_doc: dict[str, Any]) -> list
                 uses.append(Use(u.model, layers, len(layers)))
         if uses:
             out.append(Group(replace(g.shape, residual=True), g.precision, uses))
-    return out
-
-
-def pooled_groups(groups: Sequence[Group], pool: tuple[int, int, int]) -> list[Group]:
-    """The groups' layers of few channels (the folded taps' path, kernels.space.fold_tap_bytes)
-    as layers with this max-pool in their kernel, where they can run it."""
-    from kernels.space import fold_tap_bytes
-
-    out = []
-    for g in groups:
-        shape = replace(g.shape, pool=pool)
-        if fold_tap_bytes(g.shape, Precision(g.precision)) and \
-                not shape.problems(Precision(g.precision)):
-            out.append(Group(shape, g.precision, g.uses))
     return out
 
 
@@ -327,9 +311,6 @@ def main(argv: list[str] | None = None) -> int:
                    help="the layers a stem-like conv (stride 2 in width, few channels) is over "
                         "pixel pairs (kernels.spec.pixel_pairs), as deploy runs them where their "
                         "record is faster, in place of the others")
-    r.add_argument("--pool", default="",
-                   help="K,S,P: only the layers of few channels, each with a max-pool of kernel "
-                        "K, stride S and padding P in its kernel (ConvShape.pool)")
     r.add_argument("--residual", action="store_true",
                    help="only the layers deploy runs with a residual epilogue (the conv before "
                         "a block's add), searched as those layers")
@@ -356,9 +337,6 @@ def main(argv: list[str] | None = None) -> int:
         groups = residual_groups(groups, load_shapes(a.shapes))
     if a.pixel_pairs:
         groups = pair_groups(groups)
-    if a.pool:
-        k, s, p = (int(v) for v in a.pool.split(","))
-        groups = pooled_groups(groups, (k, s, p))
     if a.misses:
         groups = by_miss(groups, read_json(a.misses))
     elif a.top:

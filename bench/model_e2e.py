@@ -97,15 +97,14 @@ def _schedules(path: str | None) -> dict[str, Any] | str | None:
 
 
 def _optimize(net: Any, x: Any, precision: str, target: Any, schedules: Any, cache: str,
-              backend: str, pdl: bool | None = None, kernel_head: bool = True,
-              fuse_pools: bool = True) -> Any:
+              backend: str, pdl: bool | None = None, kernel_head: bool = True) -> Any:
     from deploy import optimize
     from kernels.runtime import DefaultScheduleWarning
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DefaultScheduleWarning)  # the plan says which
         return optimize(net, x, precision, target, schedules, backend=backend, cache_dir=cache,
-                        pdl=pdl, kernel_head=kernel_head, fuse_pools=fuse_pools)
+                        pdl=pdl, kernel_head=kernel_head)
 
 
 def cmd_prebuild(a: argparse.Namespace) -> int:
@@ -121,8 +120,7 @@ def cmd_prebuild(a: argparse.Namespace) -> int:
             for p in a.precisions.split(","):
                 t0 = time.perf_counter()
                 opt = _optimize(net, x, p, a.schedules_target or TARGET, _schedules(a.schedules),
-                                a.cache, "cuda", kernel_head=a.kernel_head,
-                                fuse_pools=a.fuse_pools)
+                                a.cache, "cuda", kernel_head=a.kernel_head)
                 log(f"{name} n={n} {p}: {sum(lp.replaced for lp in opt.plan)} of "
                     f"{len(opt.plan)} convs built ({time.perf_counter() - t0:.0f} s)")
     return 0
@@ -171,7 +169,7 @@ def cmd_run(a: argparse.Namespace) -> int:
                     pdl, compiled = VARIANTS[variant]
                     opt = _optimize(net32, x.cuda().contiguous(memory_format=torch.channels_last),
                                     p, target, _schedules(a.schedules), a.cache, "cuda", pdl,
-                                    a.kernel_head, a.fuse_pools)
+                                    a.kernel_head)
                     xin = [t.float().contiguous(memory_format=torch.channels_last)
                            for t in inputs]
                     fn = compile_for_inference(opt, xin[0]) if compiled else opt
@@ -183,7 +181,7 @@ def cmd_run(a: argparse.Namespace) -> int:
                     rel, cos = agreement(got.float(), want)
                     replaced = sum(lp.replaced for lp in opt.plan)
                     r = {**row, "precision": p, "pdl": pdl, "compiled": compiled,
-                         "kernel_head": a.kernel_head, "fuse_pools": a.fuse_pools,
+                         "kernel_head": a.kernel_head,
                          "ours_ms": ours_ms, "rel_err": rel, "cosine": cos,
                          "replaced": replaced, "convs": len(opt.plan),
                          "tuned": sum(lp.replaced and not lp.default_schedule
@@ -219,8 +217,7 @@ def cmd_profile(a: argparse.Namespace) -> int:
             xc = x.cuda().contiguous(memory_format=torch.channels_last)
             for p in a.precisions.split(","):
                 opt = _optimize(net.cuda(), xc, p, target, _schedules(a.schedules), a.cache,
-                                "cuda", pdl=a.compiled or None, kernel_head=a.kernel_head,
-                                fuse_pools=a.fuse_pools)
+                                "cuda", pdl=a.compiled or None, kernel_head=a.kernel_head)
                 layers = _fused_in_graph_order(opt, FusedConv)
                 if a.compiled:  # as `run`'s compiled variant: PDL, the ops around compiled
                     opt = compile_for_inference(opt, xc)
@@ -337,8 +334,7 @@ def _variant(r: dict[str, Any]) -> str:
     if "pdl" not in r:
         return "-"
     how = ("compiled, PDL" if r.get("compiled") else "PDL") if r["pdl"] else "plain"
-    return how + (", kernel head" if r.get("kernel_head") else "") + \
-        (", pools fused" if r.get("fuse_pools") else "")
+    return how + (", kernel head" if r.get("kernel_head") else "")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -361,8 +357,6 @@ def main(argv: list[str] | None = None) -> int:
         s.add_argument("--kernel-head", action=argparse.BooleanOptionalAction, default=True,
                        help="the classifier's average pool and fully connected layer on "
                             "tctune's kernels too (deploy.optimize's kernel_head)")
-        s.add_argument("--fuse-pools", action=argparse.BooleanOptionalAction, default=True,
-                       help="a stem's max-pool in its kernel (deploy.optimize's fuse_pools)")
         s.add_argument("--schedules-target", default=None,
                        help="the GPU model whose schedules to look up (same sm; default: "
                             f"{TARGET} for prebuild, the GPU at hand for run and profile)")

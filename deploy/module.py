@@ -83,10 +83,6 @@ class FusedConv(nn.Module):
     back to back (kernels.spec.ConvShape's `b2b`); forward then returns (y, y2), y2 second's
     output (its weights, bias, ReLU and, int8, its own requantize: `set_b2b_scale`).
 
-    `take_pool(pool)`: the layer's kernel also max-pools its output (kernels.spec.ConvShape's
-    `pool`: a stem and the max-pool after it, which alone reads it); forward then returns the
-    pool's output, at the layer's scale.
-
     `pairs` (channels, left, right): the layer runs over pixel pairs (kernels.spec.pixel_pairs,
     deploy/pairs.py): `weight` and `shape` are the pair layer's, and an input of the original
     layer's few channels is padded to `channels` and paired by torch ops in forward (on the
@@ -114,7 +110,6 @@ class FusedConv(nn.Module):
         self.schedule, self.cache_dir, self.pdl = dict(schedule), cache_dir, pdl
         self.epilogue = Epilogue("default", relu, residual).resolved(self.precision)
         self.b2b, self.b2b_relu = 0, False  # take_b2b
-        self.pool: tuple[int, int, int] = (0, 0, 0)  # take_pool
         self.residual_ready = self.x_ready = False  # set_ready
         self.b2b_out_scale: float | None = None
         self.res_scale: float | None = None
@@ -188,7 +183,7 @@ class FusedConv(nn.Module):
         _, _, r, s = self.weight.shape
         return ConvShape(n, h, w, self.in_channels, self.out_channels, int(r), int(s),
                          stride=self.stride, pad=self.padding, dilation=self.dilation,
-                         concat=self.concat, b2b=self.b2b, pool=self.pool)
+                         concat=self.concat, b2b=self.b2b)
 
     def set_input_channels(self, channels: int) -> None:
         """Take inputs padded with zero channels to `channels` (the kernel's padded count,
@@ -235,27 +230,6 @@ class FusedConv(nn.Module):
             self.calibrated = False
         else:
             self.register_buffer("b2b_bias", second.bias.clone())
-
-    def take_pool(self, pool: tuple[int, int, int], schedule: dict[str, Any],
-                  source: str) -> None:
-        """Max-pool the layer's output in its kernel from now on ((kernel, stride, pad):
-        ConvShape.pool), on `schedule`. Raises ValueError, the layer unchanged, where it
-        cannot."""
-        if self.b2b or self.residual or self.concat:
-            raise ValueError(f"{self.layer.name}: a pooled layer has one input, no residual "
-                             "and no back-to-back conv")
-        kept = self.pool, self.shape
-        self.pool = tuple(int(v) for v in pool)  # type: ignore[assignment]
-        self.shape = replace(self.shape, pool=self.pool)
-        why = self.shape.problems(self.precision, self.target)
-        try:
-            if why:
-                raise ValueError(f"{self.layer.name}: " + "; ".join(f"{k}: {v}" for k, v in why))
-            self.set_schedule(schedule, source)
-        except ValueError:
-            self.pool, self.shape = kept
-            self._ops = {}
-            raise
 
     def set_b2b_scale(self, out_scale: float) -> None:
         """int8: the back-to-back conv's requantize from its output's activation scale (its
@@ -411,9 +385,6 @@ class FusedConv(nn.Module):
             if self.relu:
                 v = torch.clamp_min(v, 0.0)
             y = v.to(torch.float16)
-        if self.pool[0]:  # exact: the maximum is one of the values, float32 holds them all
-            k, st, pd = self.pool
-            y = F.max_pool2d(y.to(torch.float32), k, st, pd).to(y.dtype)
         return y.contiguous(memory_format=torch.channels_last)
 
     def _b2b_reference(self, y: torch.Tensor) -> torch.Tensor:

@@ -80,8 +80,7 @@ def optimize(model: nn.Module, example_inputs: Any, precision: str = "fp16",
              target: Target | str | None = None, schedules: Any = None, *,
              backend: str = "auto", percentile: float = 100.0,
              calibration_inputs: Iterable[Any] | None = None, pdl: bool | None = None,
-             cache_dir: str | Path | None = None, kernel_head: bool = True,
-             fuse_pools: bool = True) -> OptimizedModel:
+             cache_dir: str | Path | None = None, kernel_head: bool = True) -> OptimizedModel:
     """The model with its groups=1 nn.Conv2d layers on tuned tctune kernels (eval mode).
 
     model          a torch.fx-traceable nn.Module (copied: the original is not changed)
@@ -107,8 +106,6 @@ def optimize(model: nn.Module, example_inputs: Any, precision: str = "fp16",
                    dequantize) and fully connected layer (KernelLinear: its weights
                    prefetched before the grid-dependency wait, the model's float32 logits
                    written directly); False: PyTorch's ops
-    fuse_pools     max-pool a fused layer's output in its kernel where the pool alone reads
-                   it (a stem and its pool: `_fused_pools`); False: tctune's pooling kernel
 
     Fused: conv -> BatchNorm2d (folded into weights and bias) -> residual add -> ReLU, each
     part optional (deploy.graph). Activations stay channels_last (NHWC) end to end; int8
@@ -226,8 +223,6 @@ def optimize(model: nn.Module, example_inputs: Any, precision: str = "fp16",
                       stacklevel=2)
 
     b2b_outputs = _back_to_back(gm, fused, schedules, p, tgt, pdl)
-    if fuse_pools:
-        _fused_pools(gm, fused, schedules, p, tgt)
     _place_conversions(gm, fused, p, b2b_outputs, kernel_head)
     if fused and kernel_head:
         _kernel_linears(gm, next(iter(fused.values())), float_dtype)
@@ -464,72 +459,6 @@ def _back_to_back(gm: fx.GraphModule, fused: dict[fx.Node, FusedConv], schedules
         del fused[b]
         out[a] = y2
     return out
-
-
-def _fused_pools(gm: fx.GraphModule, fused: dict[fx.Node, FusedConv], schedules: Any,
-                 p: Precision, tgt: Target) -> None:
-    """Max-pool a fused layer's output in its kernel (ConvShape.pool: a stem and the pool
-    after it) where the pool alone reads it, on the record of the layer with the pool, else
-    on the layer's own schedule, where that is valid for it; the records come in one lookup.
-    The pool's output is then the layer's, at the layer's scale (a max-pool keeps it)."""
-    found: list[tuple[fx.Node, fx.Node, ConvShape]] = []
-    for node, mod in fused.items():
-        if len(node.users) != 1 or mod.b2b or mod.residual or mod.concat:
-            continue
-        user = next(iter(node.users))
-        if not graph.is_max_pool(gm, user) or user.args[0] is not node:
-            continue
-        k, st, pd, dil, ceil = _max_pool_args(gm, user)
-        pool = [_square(v) for v in (k, st or k, pd, dil)]
-        if ceil or None in pool or pool[3] != 1:
-            continue  # square windows, strides and padding, undilated, floor mode
-        shape = replace(mod.shape, pool=tuple(pool[:3]))
-        if not shape.problems(p, tgt):
-            found.append((node, user, shape))
-    if not found:
-        return
-    recs = planning.lookup_records(
-        schedules, [(f"{fused[a].layer.name}+{b.name}", shape) for a, b, shape in found], p, tgt)
-    for (node, user, shape), rec in zip(found, recs, strict=True):
-        mod = fused[node]
-        sched, source = (dict(rec.schedule), rec.source) if rec is not None else \
-            (dict(mod.schedule), str(mod.layer.schedule_source))
-        try:
-            mod.take_pool(shape.pool, sched, source)
-        except ValueError as exc:
-            mod.layer.notes.append(f"not pooled in its kernel: {exc}")
-            continue
-        mod.layer.shape_key = mod.shape.key()
-        if rec is not None:
-            mod.layer.latency_us, mod.layer.baseline_us, mod.layer.speedup = \
-                rec.latency_us, rec.baseline_us, rec.speedup
-        mod.layer.notes.append(f"max-pools its output in its kernel ({user.name}: "
-                               f"{shape.key()}, {'its record' if rec else 'the layer schedule'})")
-        node.meta["deploy_shape"] = user.meta.get("deploy_shape")
-        user.replace_all_uses_with(node)
-        gm.graph.erase_node(user)
-
-
-def _square(v: int | tuple[int, ...]) -> int | None:
-    """A pool argument's one value for both dimensions, or None where they differ."""
-    vals = {int(v)} if isinstance(v, int) else {int(x) for x in v}
-    return vals.pop() if len(vals) == 1 else None
-
-
-def _max_pool_args(gm: fx.GraphModule, node: fx.Node) -> tuple[Any, Any, Any, Any, bool]:
-    """(kernel_size, stride, padding, dilation, ceil_mode) of a max-pool node
-    (graph.is_max_pool), as the module or the call has them."""
-    if node.op == "call_module":
-        m = gm.get_submodule(str(node.target))
-        assert isinstance(m, nn.MaxPool2d)
-        return m.kernel_size, m.stride, m.padding, m.dilation, m.ceil_mode
-    assert node.target is F.max_pool2d
-    names = ("kernel_size", "stride", "padding", "dilation", "ceil_mode")
-    vals: dict[str, Any] = {"stride": None, "padding": 0, "dilation": 1, "ceil_mode": False}
-    vals.update(zip(names, node.args[1:], strict=False))
-    vals.update({k: v for k, v in node.kwargs.items() if k in names})
-    return (vals["kernel_size"], vals["stride"], vals["padding"], vals["dilation"],
-            bool(vals["ceil_mode"]))
 
 
 def _conv_and_bn(gm: fx.GraphModule, chain: graph.Chain
@@ -830,7 +759,16 @@ def _replace(gm: fx.GraphModule, node: fx.Node, mod: nn.Module, name: str,
 def _kernel_max_pool(gm: fx.GraphModule, node: fx.Node, like: FusedConv) -> fx.Node:
     """The max-pool node as a KernelMaxPool2d call (same arguments), run as the fused layer
     `like` runs (backend, target, PDL, build cache)."""
-    mod = KernelMaxPool2d(*_max_pool_args(gm, node))
+    if node.op == "call_module":
+        m = gm.get_submodule(str(node.target))
+        assert isinstance(m, nn.MaxPool2d)
+        mod = KernelMaxPool2d(m.kernel_size, m.stride, m.padding, m.dilation, m.ceil_mode)
+    else:
+        assert node.target is F.max_pool2d
+        names = ("kernel_size", "stride", "padding", "dilation", "ceil_mode")
+        vals: dict[str, Any] = dict(zip(names, node.args[1:], strict=False))
+        vals.update({k: v for k, v in node.kwargs.items() if k in names})
+        mod = KernelMaxPool2d(**vals)
     mod.run_like(like)
     mod.prebuild(node.args[0].meta.get("deploy_shape"), like.out_dtype)  # type: ignore[union-attr]
     return _replace(gm, node, mod, f"tctune_maxpool_{node.name}", (node.args[0],))

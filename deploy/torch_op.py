@@ -78,8 +78,8 @@ def _(x: torch.Tensor, residual: torch.Tensor | None, x1: torch.Tensor | None,
 def _conv_output_like(x: torch.Tensor, layer: Any, channels: int) -> torch.Tensor:
     """An empty output of the fused layer for input x, of `channels` channels (the layer's,
     or its back-to-back conv's)."""
-    s = layer.shape_for(x.shape)  # a pooled layer's output is its pool's (out_h, out_w)
-    return _channels_last_like(x, (s.n, channels, s.out_h, s.out_w), layer.out_dtype)
+    s = layer.shape_for(x.shape)
+    return _channels_last_like(x, (s.n, channels, s.p, s.q), layer.out_dtype)
 
 
 @_custom_op("fused_conv_b2b")

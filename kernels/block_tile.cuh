@@ -76,26 +76,11 @@ __device__ __forceinline__ HaloTile halo_tile(int m0) {
   const int band = rem / HTILES;
   return {img, band * HCOLS, (rem - band * HTILES) * BM};
 }
-// POOL: the image and first window row and column (conv outputs, from -POOL_P) of the tile
-// whose rows start at GEMM row m0 (conv.cu: POOL).
-struct PoolTile { int img, p0, q0; };
-__device__ __forceinline__ PoolTile pool_tile(int m0) {
-  using namespace cfg;
-  const int mt = m0 / BM, img = mt / (PT_ROWS * PT_COLS), rem = mt - img * (PT_ROWS * PT_COLS);
-  const int tr = rem / PT_COLS, tc = rem - tr * PT_COLS;
-  return {img, tr * TC_POOL_TR * POOL_S - POOL_P, tc * TC_POOL_TC * POOL_S - POOL_P};
-}
 // The output pixel (GEMM row) of row `row` of the tile that starts at m0, or -1 where there is
-// none (past M; HALO: a halo column, or past the band's last row; POOL: the conv output of
-// the tile's patch, none past the patch or outside the image).
+// none (past M; HALO: a halo column, or past the band's last row).
 __device__ __forceinline__ int out_row(int m0, int row) {
   using namespace cfg;
-  if constexpr (POOL) {
-    const PoolTile t = pool_tile(m0);
-    const int a = row / PPC, p = t.p0 + a, q = t.q0 + row - a * PPC;
-    return (row < PPR * PPC && (unsigned)p < (unsigned)P && (unsigned)q < (unsigned)Q)
-               ? (t.img * P + p) * Q + q : -1;
-  } else if constexpr (HALO) {
+  if constexpr (HALO) {
     const HaloTile t = halo_tile(m0);
     const int v = t.v0 + row, p = v / HPITCH, ql = v - p * HPITCH, q = t.q0 + ql;
     return (ql < HCOLS && q < Q && p < P) ? (t.img * P + p) * Q + q : -1;
@@ -184,12 +169,12 @@ struct BlockLoader {
   // (the same slot in every row and stage, so the tap's (r, s) is decoded once per stage).
   __device__ __forceinline__ void fold_decode(int i, const u8*& ptr, int& ih0, int& iw0) const {
     using namespace cfg;
-    const int row = tid / TPS + i * RPP, mo = out_row(m0, row), m = mo < 0 ? 0 : mo;
+    const int row = tid / TPS + i * RPP, m = m0 + row;
     const int nb = m / (P * Q), rem = m - nb * (P * Q);
     const int p = rem / Q, q = rem - p * Q;
     ih0 = p * SH - PH;
     iw0 = q * SW - PW;
-    if (mo < 0 || tid + i * THREADS >= A_VECS) ih0 = -(1 << 20);  // never in bounds
+    if (m >= M || tid + i * THREADS >= A_VECS) ih0 = -(1 << 20);  // never in bounds
     ptr = x + (long long)nb * IMGSTRIDE + (long long)(ih0 * W + iw0) * CB;
   }
   // Tap vector copy (TV bytes) into shared memory; invalid ones are zeros.

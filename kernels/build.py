@@ -33,7 +33,6 @@ from kernels.space import (
     int4_via_s8,
     knobs_for,
     padded_channels,
-    pool_tiling,
     schedule_columns,
     schedule_problems,
     with_defaults,
@@ -198,9 +197,6 @@ def defines(job: BuildJob) -> dict[str, int]:
     s8 = int4_via_s8(p, job.sm) if job.int4_s8 is None else bool(job.int4_s8)
     if s8 and not (p is Precision.INT4 and job.sm >= 80):
         raise ValueError("int4_s8 applies to int4 on sm_80+ only")
-    if sh.pooled and epi.out_bits(p) not in (8, 16):
-        raise ValueError("a pooled layer's epilogue writes int8 or fp16 values (not raw "
-                         "accumulators)")
     sched, g = _job_geometry(job, s8)
     why = concat_problems(sh, p, job.sm, sched) or \
         b2b_problems(sh, p, job.sm, sched, epi.b2b, g)  # two inputs; a back-to-back conv
@@ -234,12 +230,6 @@ def defines(job: BuildJob) -> dict[str, int]:
         if t is None:
             raise ValueError(f"HALO: no tiling of {int(g.block_m[0])} rows for this shape")
         d["TC_HALO_COLS"] = t.cols
-    if sh.pooled:  # the tiling space.pool_tiling chose (conv.cu derives the rest)
-        pt = pool_tiling(sh, int(g.block_m[0]))
-        if pt is None:
-            raise ValueError(f"pool: no window fits {int(g.block_m[0])} rows")
-        d.update({"TC_POOL_K": sh.pool[0], "TC_POOL_S": sh.pool[1], "TC_POOL_P": sh.pool[2],
-                  "TC_POOL_TR": pt.rows, "TC_POOL_TC": pt.cols})
     return d
 
 

@@ -104,13 +104,6 @@
 #ifndef TC_B2B_AHEAD
 #define TC_B2B_AHEAD 0  // 1: its weights are copied in while the main loop runs (kernels/space.py)
 #endif
-#ifndef TC_POOL_K
-#define TC_POOL_K 0  // n > 0: y is the max-pool of n x n windows of the conv's output (POOL)
-#define TC_POOL_S 1  // its stride, padding and tile of pool outputs (kernels/space.py:
-#define TC_POOL_P 0  // pool_tiling)
-#define TC_POOL_TR 1
-#define TC_POOL_TC 1
-#endif
 
 #include "instruction_tile.cuh"
 
@@ -218,21 +211,8 @@ constexpr int HCOLS = TC_HALO_COLS, HPITCH = HCOLS + S - 1;
 constexpr int HBANDS = (Q + HCOLS - 1) / HCOLS, HVIRT = (P - 1) * HPITCH + HCOLS;
 constexpr int HTILES = (HVIRT + BM - 1) / BM;  // tiles per band and image
 constexpr int HBOX_ROWS = R + (BM + S - 2 + HPITCH - 1) / HPITCH;
-// POOL: y is the max-pool (POOL_K x POOL_K windows, stride POOL_S, padding POOL_P, which is
-// never a maximum) of the conv's output, PO x QO a image. A tile is POOL_TR x POOL_TC pool
-// outputs of one image (tiles in image, row, column order); its block computes the PPR x PPC
-// conv outputs under their windows, tile row a * PPC + b being conv output (tile's first
-// window row + a, first window column + b), and pools them from the staged tile.
-constexpr int POOL_K = TC_POOL_K, POOL_S = TC_POOL_S, POOL_P = TC_POOL_P;
-constexpr bool POOL = POOL_K > 0;
-constexpr int PO = POOL ? (P + 2 * POOL_P - POOL_K) / POOL_S + 1 : P;
-constexpr int QO = POOL ? (Q + 2 * POOL_P - POOL_K) / POOL_S + 1 : Q;
-constexpr int PPR = POOL ? (TC_POOL_TR - 1) * POOL_S + POOL_K : 1;
-constexpr int PPC = POOL ? (TC_POOL_TC - 1) * POOL_S + POOL_K : 1;
-constexpr int PT_ROWS = (PO + TC_POOL_TR - 1) / TC_POOL_TR, PT_COLS = (QO + TC_POOL_TC - 1) / TC_POOL_TC;
 constexpr int TILES_N = (K + BN - 1) / BN;
-constexpr int TILES = (HALO ? N * HBANDS * HTILES : POOL ? N * PT_ROWS * PT_COLS
-                                                       : (M + BM - 1) / BM) * TILES_N;
+constexpr int TILES = (HALO ? N * HBANDS * HTILES : (M + BM - 1) / BM) * TILES_N;
 // PERSIST: blocks walk the tiles (kernels/launch.py sizes the grid to PERSIST per SM).
 constexpr int PERSIST = TC_PERSIST;
 constexpr bool PLAIN_A = TC_PLAIN_A != 0;
@@ -386,11 +366,6 @@ static_assert(!B2B || ((PREC == 0 || PREC == 1) && EPI == 1 && (PACK == 1 || B2B
               "persistent block (wgmma, one consumer) keeps its weights, copied ahead");
 static_assert(!B2B_WG || (TB % 32 == 0 && VW == 16),
               "a back-to-back conv on wgmma reads 32-byte k-steps of the swizzled staged tile");
-static_assert(!POOL || ((PREC == 0 || PREC == 1) && FOLD && PACK == 1 && !DIRECT_OUT &&
-                        SPLITK == 1 && !PERSIST && !RES && !B2B && !CAT && PPR * PPC <= BM &&
-                        VW >= 4 && POOL_S >= 1 && POOL_S <= POOL_K && 2 * POOL_P <= POOL_K),
-              "a max-pool in the epilogue pools the staged int8 / fp16 tile of a folded-taps "
-              "build whose rows are the patch under its windows, one tile a block");
 static_assert(SMEM == TC_SMEM_BYTES, "kernels/space.py:geometry must equal what the kernel allocates");
 static_assert(PREC != 2 || K % 2 == 0, "int4 output packs two channels per byte");
 static_assert(!RES || ((PREC == 0 || PREC == 1) && EPI == 1),

@@ -108,8 +108,6 @@ def time_cudnn_conv(shape: ConvShape, x0: Any, w0: Any, l2_bytes: int, tf32: boo
                          dilation=shape.dilation)
         if rl:
             ys[i].add_(rl[i])
-        if shape.pooled:  # the max-pool a pooled layer (ConvShape.pool) runs in its kernel
-            ys[i] = F.max_pool2d(ys[i], *shape.pool)
 
     best = fastest_pick(lambda: time_launches(conv, n_sets, api="torch"),
                         lambda t: t.median_us, x0.element_size() == 2, tf32, picks)
@@ -151,8 +149,7 @@ def cudnn_baseline(shape: ConvShape, dtype: str, l2_bytes: int, device: int = 0)
     (medians and IQRs). A layer with a residual (shape.residual) is what it replaces too:
     cuDNN's conv, then PyTorch's add of the residual (a random tensor of the output's shape
     drawn after x and w) in place on its output, one after the other in each timed launch.
-    A layer with a back-to-back conv (shape.b2b): the two layers it replaces, summed. A pooled
-    layer (shape.pool): cuDNN's conv, then PyTorch's max-pool of its output, in each launch."""
+    A layer with a back-to-back conv (shape.b2b): the two layers it replaces, summed."""
     import torch
 
     parts = shape.b2b_parts() if shape.b2b else shape.concat_parts() if shape.concat else ()

@@ -283,70 +283,6 @@ __device__ __forceinline__ void stage_swapped_f16(WT& wt, u8* stg, const u8* rs,
   }
 }
 
-// POOL: the larger of two words of int8 or fp16 values, lane by lane.
-__device__ __forceinline__ u32 max_lanes(u32 a, u32 b) {
-  if constexpr (cfg::PREC == 1) {
-    return __vmaxs4(a, b);
-  } else {
-#if TC_SM >= 80
-    u32 d;
-    asm("max.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-    return d;
-#else  // no max.f16x2: each half compared by its order-preserving integer key
-    u32 d = 0;
-#pragma unroll
-    for (int h = 0; h < 32; h += 16) {
-      const u32 x = (a >> h) & 0xFFFFu, z = (b >> h) & 0xFFFFu;
-      const u32 kx = (x & 0x8000u) ? (~x & 0xFFFFu) : (x | 0x8000u);
-      const u32 kz = (z & 0x8000u) ? (~z & 0xFFFFu) : (z | 0x8000u);
-      d |= (kx >= kz ? x : z) << h;
-    }
-    return d;
-#endif
-  }
-}
-
-// POOL: each of the tile's pool outputs, a VW-byte vector of channels at a time, the maximum
-// of the staged vectors under its window that are conv outputs (the padding is none), stored
-// to y [N][PO][QO][K] (conv.cu: POOL).
-__device__ __forceinline__ void pool_pass(const u8* stg, int m0, int n0, int tid, u8* y) {
-  using namespace cfg;
-  constexpr int WORDS = VW >= 4 ? VW / 4 : 1, TR = TC_POOL_TR, TCOLS = TC_POOL_TC;
-  const PoolTile pt = pool_tile(m0);
-  const int po0 = (pt.p0 + POOL_P) / POOL_S, qo0 = (pt.q0 + POOL_P) / POOL_S;
-#pragma unroll 1
-  for (int v = tid; v < TR * TCOLS * VPRO; v += THREADS) {
-    const int o = v / VPRO, cv = v - o * VPRO, orow = o / TCOLS, ocol = o - orow * TCOLS;
-    const int po = po0 + orow, qo = qo0 + ocol, n = n0 + cv * EV;
-    if (po >= PO || qo >= QO || n >= K) continue;
-    u32 best[WORDS];
-    bool first = true;
-#pragma unroll
-    for (int a = 0; a < POOL_K; ++a) {
-      const int pa = orow * POOL_S + a;
-      if ((unsigned)(pt.p0 + pa) >= (unsigned)P) continue;
-#pragma unroll
-      for (int b = 0; b < POOL_K; ++b) {
-        const int pb = ocol * POOL_S + b;
-        if ((unsigned)(pt.q0 + pb) >= (unsigned)Q) continue;
-        const u32* src = reinterpret_cast<const u32*>(stg + stg_off(pa * PPC + pb, cv * VW));
-#pragma unroll
-        for (int k = 0; k < WORDS; ++k) best[k] = first ? src[k] : max_lanes(best[k], src[k]);
-        first = false;
-      }
-    }
-    u32* dst = reinterpret_cast<u32*>(
-        y + ((long long)(pt.img * PO + po) * QO + qo) * (K * OUT_BITS / 8) + n * (OUT_BITS / 8));
-    if constexpr (WORDS == 4) {
-      *reinterpret_cast<uint4*>(dst) = make_uint4(best[0], best[1], best[2], best[3]);
-    } else if constexpr (WORDS == 2) {
-      *reinterpret_cast<uint2*>(dst) = make_uint2(best[0], best[1]);
-    } else {
-      dst[0] = best[0];
-    }
-  }
-}
-
 template <class WT>
 __device__ __forceinline__ void epilogue(WT& wt, u8* smem, int m0, int n0, int tid, int tile,
                                          int split, const float* scale, const float* bias,
@@ -612,10 +548,6 @@ __device__ __forceinline__ void epilogue(WT& wt, u8* smem, int m0, int n0, int t
   }
   if constexpr (B2B_WG) fence_proxy_async();  // the back-to-back wgmma reads the staged tile
   block_sync();
-  if constexpr (POOL) {
-    pool_pass(stg, m0, n0, tid, y);
-    return;
-  }
 
   // ---- second pass: shared -> global in VW-byte vectors (coalesced along the rows)
 #pragma unroll 1

@@ -97,23 +97,6 @@ def requantize(acc: np.ndarray, scale: np.ndarray, bias: np.ndarray, bits: int,
     return np.rint(v).astype(np.int64)
 
 
-def max_pool_nhwc(v: np.ndarray, pool: tuple[int, int, int]) -> np.ndarray:
-    """PyTorch's MaxPool2d of NHWC values over (kernel, stride, pad): padded positions are
-    never the maximum."""
-    k, st, pd = pool
-    n, h, w, c = v.shape
-    ho, wo = (h + 2 * pd - k) // st + 1, (w + 2 * pd - k) // st + 1
-    low = np.iinfo(v.dtype).min if np.issubdtype(v.dtype, np.integer) else -np.inf
-    padded = np.full((n, h + 2 * pd, w + 2 * pd, c), low, dtype=v.dtype)
-    padded[:, pd:pd + h, pd:pd + w] = v
-    out = np.full((n, ho, wo, c), low, dtype=v.dtype)
-    for a in range(k):
-        for b in range(k):
-            np.maximum(out, padded[:, a:a + st * (ho - 1) + 1:st, b:b + st * (wo - 1) + 1:st],
-                       out=out)
-    return out
-
-
 def fp_epilogue(acc: np.ndarray, bias: np.ndarray | None, relu: bool,
                 residual: np.ndarray | None = None) -> np.ndarray:
     v = acc.astype(np.float64)
@@ -198,7 +181,7 @@ def from_device_output(buf: np.ndarray, shape: ConvShape, out_bits: int, precisi
                        layout: str) -> np.ndarray:
     """The kernel's output bytes -> NHWC values (int64 for integers, float64 for fp16)."""
     p = Precision(precision)
-    n, pp, q, k = shape.n, shape.out_h, shape.out_w, shape.k
+    n, pp, q, k = shape.n, shape.p, shape.q, shape.k
     v = device_values(buf, out_bits, p)
     if layout == "nhwcnc":
         cv = 128 // out_bits
@@ -209,7 +192,7 @@ def from_device_output(buf: np.ndarray, shape: ConvShape, out_bits: int, precisi
 
 
 def output_bytes(shape: ConvShape, out_bits: int) -> int:
-    return shape.n * shape.out_h * shape.out_w * shape.k * out_bits // 8
+    return shape.n * shape.p * shape.q * shape.k * out_bits // 8
 
 
 # ---- fp32_tc: per-tensor power-of-two scaling and the hi/lo split ------------------------
@@ -311,12 +294,8 @@ class Problem:
         if p.is_integer:
             if epilogue_mode == "acc":
                 return self.acc
-            out = requantize(self.acc, self.scale, self.bias, p.input_bits, relu, res, rs)
-        else:
-            out = fp_epilogue(self.acc, self.bias if epilogue_mode == "bias" else None, relu, res)
-            if self.shape.pooled:  # the kernel pools the values it stores: fp16's
-                out = out.astype(np.float16).astype(np.float64)
-        return max_pool_nhwc(out, self.shape.pool) if self.shape.pooled else out
+            return requantize(self.acc, self.scale, self.bias, p.input_bits, relu, res, rs)
+        return fp_epilogue(self.acc, self.bias if epilogue_mode == "bias" else None, relu, res)
 
     def expected_image(self, epilogue_mode: str, relu: bool, residual: bool, layout: str,
                        out_bits: int) -> np.ndarray | None:

@@ -454,9 +454,7 @@ class Conv2d:
                the output's resolution holds the first n of shape.c channels (weights
                [K][1][1][C] as for one input) and x the other shape.c - n, read at the
                layer's stride (a ResNet bottleneck's last conv with its projection shortcut;
-               kernels.space.concat_problems says which schedules); with shape.pool, y
-               is the max-pool of the conv's output (ConvShape.pool: a stem and its pool in
-               one kernel), [N][out_h][out_w][K]
+               kernels.space.concat_problems says which schedules)
     precision  "int8", "fp16", "int4" (or "fp32_tc" where the kernel supports it)
     schedule   a tuned schedule (knob -> value); None: a default with a DefaultScheduleWarning
     target     "h100", a Target, or None for the current GPU (needs CuPy and a GPU)
@@ -557,14 +555,13 @@ class Conv2d:
         if self.layout == "nhwcnc":
             self.input_shape = (sh.n // nb, sh.h, sh.w, cp // cv, nb, _storage(cv, in_bits))
             co = 128 // out_bits
-            self.output_shape = (sh.n // nb, sh.out_h, sh.out_w, sh.k // co, nb,
-                                 _storage(co, out_bits))
+            self.output_shape = (sh.n // nb, sh.p, sh.q, sh.k // co, nb, _storage(co, out_bits))
             x_shapes = (self.input_shape,)
             what_x, what_y = "NHWCnc [N/8][H][W][C/c][8][c]", "NHWCnc [N/8][P][Q][K/c][8][c]"
         else:
             cx = self.concat  # x1's channels come first; x holds the rest
             self.input_shape = (sh.n, sh.h, sh.w, _storage(cp - cx, in_bits))
-            self.output_shape = (sh.n, sh.out_h, sh.out_w, _storage(sh.k, out_bits))
+            self.output_shape = (sh.n, sh.p, sh.q, _storage(sh.k, out_bits))
             x_shapes = (self.input_shape,)
             if cp != sh.c:
                 x_shapes += ((sh.n, sh.h, sh.w, _storage(sh.c - cx, in_bits)),)

@@ -262,38 +262,6 @@ def halo_tiling(shape: ConvShape, block_m: int) -> HaloTiling | None:
                       plane_rows=-(-(box_rows * pitch) // 32) * 32)
 
 
-@dataclass(frozen=True)
-class PoolTiling:
-    """A pooled layer's tiles for one block_m (ConvShape.pool; kernels/conv.cu: POOL): a tile
-    is `rows` x `cols` pool outputs of one image, and its block computes the `patch_rows` x
-    `patch_cols` conv outputs under their windows (tile row = patch row * patch_cols + patch
-    column; rows past the patch, and patch pixels outside the image, are none)."""
-
-    rows: int
-    cols: int
-    patch_rows: int
-    patch_cols: int
-    tiles_per_image: int
-
-
-def pool_tiling(shape: ConvShape, block_m: int) -> PoolTiling | None:
-    """The tiles of fewest blocks an image whose patch fits `block_m` rows (then the fewest
-    conv outputs computed); None where no window fits (kernel^2 > block_m)."""
-    k, st, _ = shape.pool
-    best: tuple[tuple[int, int], PoolTiling] | None = None
-    for rows in range(1, shape.out_h + 1):
-        pr = (rows - 1) * st + k
-        cols = min(shape.out_w, (block_m // pr - k) // st + 1) if block_m >= pr * k else 0
-        if cols < 1:
-            break
-        pc = (cols - 1) * st + k
-        t = PoolTiling(rows, cols, pr, pc, -(-shape.out_h // rows) * -(-shape.out_w // cols))
-        rank = (t.tiles_per_image, t.tiles_per_image * pr * pc)
-        if best is None or rank < best[0]:
-            best = (rank, t)
-    return None if best is None else best[1]
-
-
 def halo_applies(shape: ConvShape) -> bool:
     """HALO=1's layers: stride 1, no dilation, a filter of more than one tap, one input."""
     return tuple(shape.stride) == (1, 1) and tuple(shape.dilation) == (1, 1) and \
@@ -638,8 +606,6 @@ def geometry(shape: ConvShape, precision: Precision, target: Target,
     smem = np.where(persist, pipeline + consumers * epilogue, np.maximum(pipeline, epilogue))
     block_threads = consumers * warps * 32 + np.where(tma_knob == 2, 32, 0)
     m_tiles = np.where(halo, shape.n * hal["tiles_per_image"], -(-shape.gemm_m // bm))
-    if shape.pooled:
-        m_tiles = shape.n * _pool_tiles(shape, bm)
     tiles = m_tiles * (-(-shape.gemm_n // bn))
     # The residual tile copied in while the main loop runs (conv.cu: RES_AHEAD) needs a region
     # past the pipeline's: taken where it leaves as many blocks per SM (blocks_per_sm) as
@@ -714,14 +680,6 @@ def _halo_columns(shape: ConvShape, bm: np.ndarray, halo: np.ndarray) -> dict[st
     return {k: np.where(halo, table[i][inverse], 0) for i, k in enumerate(keys)}
 
 
-def _pool_tiles(shape: ConvShape, bm: np.ndarray) -> np.ndarray:
-    """pool_tiling's tiles per image for each block_m (0 where none fits)."""
-    values, inverse = np.unique(np.asarray(bm), return_inverse=True)
-    table = np.array([getattr(pool_tiling(shape, int(b)), "tiles_per_image", 0) for b in values],
-                     np.int64)
-    return table[inverse.reshape(np.shape(bm))]
-
-
 def register_slack(shape: ConvShape, precision: Precision, target: Target,
                    cols: Mapping[str, np.ndarray], g: Geometry | None = None) -> np.ndarray:
     """Registers per thread left under the cap by the kernel's register model (negative: the
@@ -783,7 +741,6 @@ class LayerTraits:
     concat: bool  # two inputs
     halo: bool  # the halo patch applies (HALO)
     b2b: int = 0  # a back-to-back conv's output channels (ConvShape.b2b), or 0
-    pool: bool = False  # a max-pool in the epilogue (ConvShape.pool)
 
 
 def layer_traits(shape: ConvShape, precision: Precision) -> LayerTraits:
@@ -796,8 +753,7 @@ def layer_traits(shape: ConvShape, precision: Precision) -> LayerTraits:
         nhwcnc=shape.n % NHWCNC_BATCH_BLOCK == 0 and shape.c % cv == 0 and shape.k % cv == 0,
         concat=bool(shape.concat),
         halo=halo_applies(shape),
-        b2b=shape.b2b,
-        pool=shape.pooled)
+        b2b=shape.b2b)
 
 
 def structural_validity(traits: LayerTraits, precision: Precision, target: Target,
@@ -888,11 +844,6 @@ def structural_validity(traits: LayerTraits, precision: Precision, target: Targe
                        (np.asarray(cols["REORDER_INNER"]) == 0))
     else:
         ok &= ~halo
-    # A max-pool in the epilogue (conv.cu: POOL) reads the block's staged tile, whose rows are
-    # a patch of conv outputs: the folded taps' loads (whose rows it maps), PACK_OUT=1, one
-    # tile a block, no split-K.
-    if traits.pool:
-        ok &= fold & (np.asarray(cols["PACK_OUT"]) == 1) & split1 & (persist == 0)
     return ok
 
 
@@ -960,9 +911,6 @@ def tile_validity(shape: ConvShape, precision: Precision, target: Target,
     # stage row.
     fold = _knob(cols, "FOLD_TAPS", np.shape(g.block_m)) == 1
     ok &= ~fold | (g.threads % g.row_loads == 0)
-    # A pooled layer: one window's patch fits the block's rows (pool_tiling).
-    if shape.pooled:
-        ok &= _pool_tiles(shape, g.block_m) > 0
     # A persistent grid's blocks per SM must fit the SM's shared memory and threads.
     persist = _knob(cols, "PERSIST", np.shape(g.block_m))
     ok &= (persist == 0) | (blocks_per_sm(target, g.smem_bytes, g.block_threads) >= persist)

@@ -15,8 +15,7 @@ from enum import StrEnum
 from typing import Any
 
 _KEY_RE = re.compile(r"n(\d+)_h(\d+)_w(\d+)_c(\d+)_k(\d+)_r(\d+)_s(\d+)_st(\d+)x(\d+)"
-                     r"_p(\d+)x(\d+)_d(\d+)x(\d+)(?:_cat(\d+))?(_res)?(?:_b2b(\d+))?"
-                     r"(?:_mp(\d+)s(\d+)p(\d+))?")
+                     r"_p(\d+)x(\d+)_d(\d+)x(\d+)(?:_cat(\d+))?(_res)?(?:_b2b(\d+))?")
 
 
 class Precision(StrEnum):
@@ -165,7 +164,6 @@ MAX_CHANNELS = 65536
 MAX_FILTER = 15
 MAX_STRIDE = 8
 MAX_DILATION = 8
-MAX_POOL = 4  # a fused max-pool's window (ConvShape.pool)
 MAX_ELEMENTS = 2**31 - 1
 
 
@@ -195,13 +193,6 @@ class ConvShape:
     layer's output (kernels/b2b.cuh: a ResNet bottleneck's last conv and the next block's
     first), with weights [b2b][k]; a second output [N][P][Q][b2b]. Its tiles must cover all
     k output channels, so it is a layer of its own to tune. Its key ends in `_b2b{b2b}`.
-
-    `pool` = (kernel, stride, pad), kernel > 0: the output is the max-pool of the layer's
-    (PyTorch's MaxPool2d, padding never a maximum) over (kernel x kernel) windows, computed
-    in the kernel's epilogue (a stem and the pool after it: kernels/conv.cu, POOL); a block
-    computes the conv outputs under its windows, those shared with a neighbour's twice.
-    `p`, `q` stay the conv's; `out_h`, `out_w` are the pool's. Its key ends in
-    `_mp{kernel}s{stride}p{pad}`.
     """
 
     n: int
@@ -218,27 +209,10 @@ class ConvShape:
     concat: int = 0
     residual: bool = False
     b2b: int = 0
-    pool: tuple[int, int, int] = (0, 0, 0)
 
     def __post_init__(self) -> None:
         for name in ("stride", "pad", "dilation"):
             object.__setattr__(self, name, pair(getattr(self, name)))
-        object.__setattr__(self, "pool", tuple(int(v) for v in self.pool))
-
-    @property
-    def pooled(self) -> bool:
-        return self.pool[0] > 0
-
-    # The layer's output extents: the pool's where it has one, else the conv's (p, q).
-    @property
-    def out_h(self) -> int:
-        k, st, pd = self.pool
-        return (self.p + 2 * pd - k) // st + 1 if k else self.p
-
-    @property
-    def out_w(self) -> int:
-        k, st, pd = self.pool
-        return (self.q + 2 * pd - k) // st + 1 if k else self.q
 
     # Output extents.
     @property
@@ -272,7 +246,7 @@ class ConvShape:
     def tensor_elements(self) -> dict[str, int]:
         """Elements of each tensor the layer reads or writes ("residual": 0 without one; a
         back-to-back conv's weights and output are counted with the weights and the output)."""
-        out = self.n * self.out_h * self.out_w * self.k
+        out = self.n * self.p * self.q * self.k
         return {
             "input": self.n * self.h * self.w * (self.c - self.concat)
             + self.n * self.p * self.q * self.concat,
@@ -298,7 +272,6 @@ class ConvShape:
             + (f"_cat{self.concat}" if self.concat else "")
             + ("_res" if self.residual else "")
             + (f"_b2b{self.b2b}" if self.b2b else "")
-            + ("_mp{}s{}p{}".format(*self.pool) if self.pooled else "")
         )
 
     @classmethod
@@ -307,11 +280,10 @@ class ConvShape:
         m = _KEY_RE.fullmatch(key)
         if m is None:
             raise ValueError(f"not a layer key: {key!r}")
-        *nums, cat, res, b2b, pk, ps, pp = m.groups()
+        *nums, cat, res, b2b = m.groups()
         v = [int(x) for x in nums]
         return cls(*v[:7], stride=(v[7], v[8]), pad=(v[9], v[10]), dilation=(v[11], v[12]),
-                   concat=int(cat or 0), residual=res is not None, b2b=int(b2b or 0),
-                   pool=(int(pk), int(ps), int(pp)) if pk else (0, 0, 0))
+                   concat=int(cat or 0), residual=res is not None, b2b=int(b2b or 0))
 
     def short_hash(self) -> str:
         return hashlib.sha256(self.key().encode()).hexdigest()[:10]
@@ -324,7 +296,6 @@ class ConvShape:
             **({"concat": self.concat} if self.concat else {}),
             **({"residual": True} if self.residual else {}),
             **({"b2b": self.b2b} if self.b2b else {}),
-            **({"pool": list(self.pool)} if self.pooled else {}),
         }
 
     @classmethod
@@ -335,7 +306,6 @@ class ConvShape:
             stride=pair(d.get("stride", (1, 1))), pad=pair(d.get("pad", (0, 0))),
             dilation=pair(d.get("dilation", (1, 1))), concat=int(d.get("concat", 0)),
             residual=bool(d.get("residual", False)), b2b=int(d.get("b2b", 0)),
-            pool=tuple(d.get("pool") or (0, 0, 0)),
         )
 
     def problems(self, precision: Precision | None = None,
@@ -383,32 +353,11 @@ class ConvShape:
             elif other:
                 out.append(("residual", "a residual is added by the int8 and fp16 epilogues, "
                                         f"not {other}'s"))
-        if self.pooled:
-            k, st, pd = self.pool
-            if not (1 <= st <= k <= MAX_POOL and 0 <= 2 * pd <= k):
-                out.append(("pool", f"(kernel, stride, pad) must have 1 <= stride <= kernel <= "
-                                    f"{MAX_POOL} and 0 <= 2 * pad <= kernel, got {self.pool}"))
-            elif self.residual or self.concat or self.b2b:
-                out.append(("pool", "a pooled layer has one input, no residual and no "
-                                    "back-to-back conv"))
-            elif other:
-                out.append(("pool", f"the max-pool is an int8 and fp16 epilogue, not {other}'s"))
-            elif precision is not None and self.k * Precision(precision).output_bits % 32:
-                out.append(("pool", "the pooled output is stored in 4-byte words: k times its "
-                                    f"bytes must be a multiple of 4, got k={self.k}"))
-            elif precision is not None and self.c * Precision(precision).input_bits > 128:
-                out.append(("pool", "the max-pool runs with the folded taps of a layer of few "
-                                    "channels (one 16-byte vector a pixel at most), got "
-                                    f"c={self.c}"))
         if out:
             return out
         if self.p < 1 or self.q < 1:
             out.append(("shape", "the filter does not fit the padded input: "
                                  f"output {self.p}x{self.q}"))
-            return out
-        if self.pooled and (self.out_h < 1 or self.out_w < 1):
-            out.append(("pool", f"the pool window does not fit the conv's {self.p}x{self.q} "
-                                "output"))
             return out
         for tensor, count in self.tensor_elements().items():
             if count > MAX_ELEMENTS:
@@ -489,7 +438,7 @@ def pixel_pairs(shape: ConvShape, channels: int) -> tuple[ConvShape, int, int] |
         return None
     paired = ConvShape(shape.n, shape.h, pairs, 2 * channels, shape.k, shape.r, taps,
                        stride=(shape.stride[0], 1), pad=(shape.pad[0], pw),
-                       dilation=(shape.dilation[0], 1), pool=shape.pool)
+                       dilation=(shape.dilation[0], 1))
     return paired, left, right
 
 

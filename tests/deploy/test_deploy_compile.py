@@ -23,11 +23,10 @@ HELD = torch.randn(8, 3, 64, 64, generator=torch.Generator().manual_seed(11))
 OP = torch.ops.tctune.fused_conv.default
 
 
-def optimized(precision: str, fuse_pools: bool = True) -> OptimizedModel:
+def optimized(precision: str) -> OptimizedModel:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DefaultScheduleWarning)
-        return optimize(small_resnet(), X, precision, "h100", backend="reference",
-                        fuse_pools=fuse_pools)
+        return optimize(small_resnet(), X, precision, "h100", backend="reference")
 
 
 class Recorder:
@@ -42,10 +41,8 @@ class Recorder:
 
 
 @pytest.mark.parametrize("precision", ["int8", "fp16"])
-@pytest.mark.parametrize("fuse_pools", [False, True])
-def test_the_model_is_one_graph_with_one_custom_op_per_fused_layer(precision: str,
-                                                                  fuse_pools: bool) -> None:
-    opt = optimized(precision, fuse_pools)
+def test_the_model_is_one_graph_with_one_custom_op_per_fused_layer(precision: str) -> None:
+    opt = optimized(precision)
     torch._dynamo.reset()
     rec = Recorder()
     with torch.no_grad():  # compiled first: nothing the eager run learns may steer the trace
@@ -56,10 +53,9 @@ def test_the_model_is_one_graph_with_one_custom_op_per_fused_layer(precision: st
     calls = [n for n in rec.graphs[0].graph.nodes if n.op == "call_function" and
              getattr(n.target, "_overloadpacket", None) is torch.ops.tctune.fused_conv]
     assert len(calls) == len(opt.modules_of(FusedConv)) > 0
-    # the stem's max-pool is its windows' maximum on the layer's own dtype (no casts around),
-    # or the stem's own (fuse_pools)
+    # the stem's max-pool is its windows' maximum on the layer's own dtype (no casts around)
     targets = [n.target for n in rec.graphs[0].graph.nodes if n.op == "call_function"]
-    assert targets.count(torch.maximum) == (0 if fuse_pools else 8)  # a 3x3 window's views
+    assert targets.count(torch.maximum) == 8  # a 3x3 window's nine views
     assert not any(t in (torch.nn.functional.max_pool2d, torch.max_pool2d) for t in targets)
 
 
@@ -78,7 +74,7 @@ def test_the_fake_op_has_the_layers_output_shape_dtype_and_strides() -> None:
 
     opt = optimized("int8")
     layer = opt.modules_of(FusedConv)[0]
-    assert isinstance(layer, FusedConv) and layer.pool == (3, 2, 1)  # the pool's output
+    assert isinstance(layer, FusedConv)
     x = torch.zeros(8, 3, 64, 64, dtype=torch.int8).contiguous(memory_format=torch.channels_last)
     real = torch.ops.tctune.fused_conv(x, None, None, layer.uid)
     with FakeTensorMode() as mode:
@@ -88,7 +84,7 @@ def test_the_fake_op_has_the_layers_output_shape_dtype_and_strides() -> None:
 
 
 def test_a_copy_of_a_layer_runs_its_own_weights() -> None:
-    opt = optimized("fp16", fuse_pools=False)
+    opt = optimized("fp16")
     twin = copy.deepcopy(opt)
     a, b = opt.modules_of(FusedConv)[0], twin.modules_of(FusedConv)[0]
     assert isinstance(a, FusedConv) and isinstance(b, FusedConv) and a.uid != b.uid

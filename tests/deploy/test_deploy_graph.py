@@ -260,7 +260,7 @@ def test_max_pool_between_convs_stays_in_the_kernel_domain() -> None:
                       nn.Conv2d(16, 16, 3, padding=1)).eval()
     x = torch.randn(2, 3, 16, 16)
     for precision in ("fp16", "int8"):
-        o = opt(m, x, precision, fuse_pools=False)
+        o = opt(m, x, precision)
         assert len(o.modules_of(KernelMaxPool2d)) == 1
         assert o.conversions() == {"quantize": 1, "dequantize": 1}
         # it runs as the fused layers do (on the GPU: tctune's pooling kernel)
@@ -269,63 +269,6 @@ def test_max_pool_between_convs_stays_in_the_kernel_domain() -> None:
             (conv.backend, conv.target, conv.pdl, conv.cache_dir)
         o.set_backend("cuda")  # the pool switches with the fused layers
         assert pool.backend == conv.backend == "cuda"
-
-
-class TwoReaders(nn.Module):
-    """A stem whose output the max-pool and a second conv both read."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.conv = nn.Conv2d(3, 16, 5, 2, 2)
-        self.pool = nn.MaxPool2d(3, 2, 1)
-        self.side = nn.Conv2d(16, 16, 3, 2, 1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = torch.relu(self.conv(x))
-        return self.pool(y) + self.side(y)
-
-
-@pytest.mark.parametrize("precision", ["fp16", "int8"])
-def test_a_stems_max_pool_runs_in_its_kernel_with_the_same_output(precision: str) -> None:
-    """fuse_pools (the default): the stem's kernel max-pools its output (ConvShape.pool) on
-    the stem's schedule, or on a record of the pooled layer where there is one; the pool
-    module is gone, the model's output is the same bit for bit (int8 keeps the stem's scale),
-    and over pixel pairs too. A pool whose input another op reads, or in ceil mode, stays."""
-    from tests.deploy_nets import small_resnet
-
-    x = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(9))
-    m = small_resnet()
-    apart, fused_pool = opt(m, x, precision, fuse_pools=False), opt(m, x, precision)
-    assert len(apart.modules_of(KernelMaxPool2d)) == 1
-    assert not fused_pool.modules_of(KernelMaxPool2d)
-    stem = fused(fused_pool)["conv1"]
-    assert stem.pool == (3, 2, 1) and stem.shape.key().endswith("_mp3s2p1")
-    assert stem.record_key().split("|")[0].endswith("_mp3s2p1")
-    assert stem.schedule == fused(apart)["conv1"].schedule
-    assert any("max-pools its output" in n for n in plan_of(fused_pool)["conv1"].notes)
-    assert torch.equal(fused_pool(x), apart(x))
-    assert fused_pool.conversions() == apart.conversions()
-    # over pixel pairs, with a record of the pooled pair layer (its schedule is taken)
-    from kernels.spec import ConvShape, pixel_pairs
-
-    flat = ConvShape(2, 64, 64, 3, 32, 7, 7, stride=(2, 2), pad=(3, 3))
-    paired = pixel_pairs(flat, 4)
-    assert paired is not None
-    pooled_pair = ConvShape.from_key(paired[0].key() + "_mp3s2p1")
-    sched = dict(stem.schedule, STAGES=4)
-    recs = {**_pair_records(x, 1.0), pooled_pair.key(): {"schedule": sched, "latency_us": 1.5}}
-    both = opt(m, x, precision, schedules=recs)
-    stem = fused(both)["conv1"]
-    assert stem.pairs == (4, 1, 1) and stem.shape == pooled_pair
-    assert stem.schedule["STAGES"] == 4 and plan_of(both)["conv1"].latency_us == 1.5
-    assert torch.equal(both(x), apart(x))
-    # not where another op reads the stem's output, nor in ceil mode
-    torch.manual_seed(3)
-    two = TwoReaders().eval()
-    assert len(opt(two, x, precision).modules_of(KernelMaxPool2d)) == 1
-    ceil = nn.Sequential(nn.Conv2d(3, 16, 5, 2, 2), nn.ReLU(),
-                         nn.MaxPool2d(3, 2, 1, ceil_mode=True)).eval()
-    assert len(opt(ceil, x, precision).modules_of(KernelMaxPool2d)) == 1
 
 
 def _pair_records(x: torch.Tensor, pair_us: float) -> dict[str, Any]:
