@@ -273,15 +273,24 @@ def _pixel_pair_layers(candidates: dict[fx.Node, tuple[Any, LayerPlan]],
 def _records(schedules: Any, candidates: dict[fx.Node, tuple[Any, LayerPlan]],
              chains: list[graph.Chain], p: Precision, tgt: Target
              ) -> tuple[dict[fx.Node, planning.Record | None], set[fx.Node]]:
-    """Each candidate's record, in one lookup: a conv whose epilogue adds a residual takes
-    the record of the layer with it (ConvShape.residual, as `tctune plan` tunes it), else
-    that of its conv alone (noted: the schedule was tuned without the residual's reads).
+    """Each candidate's record, in one lookup (then one for those at larger batches,
+    plan.other_batch_records): a conv whose epilogue adds a residual takes the record of the
+    layer with it (ConvShape.residual, as `tctune plan` tunes it), else that of its conv alone
+    (noted: the schedule was tuned without the residual's reads).
     Also the convs whose record is their layer's with the residual (its baseline times the
     conv and PyTorch's add after it: kernels.cudnn.cudnn_baseline)."""
     with_res = [c.conv for c in chains if c.residual is not None]
     asked = [(lp.name, shape) for shape, lp in candidates.values()] + \
         [(candidates[n][1].name, replace(candidates[n][0], residual=True)) for n in with_res]
     found = planning.lookup_records(schedules, asked, p, tgt)
+    # Without a record at the layer's batch, its record at a larger batch (the residual
+    # layer's only where the conv has none at its own batch either).
+    own = dict(zip(candidates, found[:len(candidates)], strict=True))
+    missing = [i for i, rec in enumerate(found) if rec is None and
+               (i < len(candidates) or own[with_res[i - len(candidates)]] is None)]
+    for i, rec in zip(missing, planning.other_batch_records(
+            schedules, [asked[i] for i in missing], p, tgt), strict=True):
+        found[i] = rec
     records = dict(zip(candidates, found[:len(candidates)], strict=True))
     res_records: set[fx.Node] = set()
     for node, rec in zip(with_res, found[len(candidates):], strict=True):

@@ -4,7 +4,9 @@ Schedules come from `schedules` (see `lookup_records`): a tctune service (an
 `api.client.Client` or its URL, one bulk lookup), a dict of records, or None. A record is
 what the service answers for a layer (`schedule`, `latency_us`, and where the task's
 baseline was timed, `baseline_us` and `speedup`). Rules:
-  * a layer without a record runs the runtime's default schedule (DefaultScheduleWarning);
+  * a layer without a record at its batch runs the schedule of its record at the nearest
+    larger batch (`other_batch_records`; not its times), else the runtime's default schedule
+    (DefaultScheduleWarning);
   * fp16: a record whose tuned kernel is slower than its baseline with the pass PyTorch
     runs after the conv (`latency_us` > `baseline_us` + `epilogue_pass_us`; a record with
     only its `speedup`, < 1) keeps PyTorch's conv for that layer;
@@ -17,7 +19,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from kernels.build import Epilogue
@@ -25,6 +27,8 @@ from kernels.runtime import default_schedule, schedule_fits
 from kernels.spec import ConvShape, Precision, Target, task_key
 
 LOOKUP_BATCH = 1000  # POST /schedules/lookup takes at most this many layers
+# The batches a service is asked for a layer's record at a larger batch (other_batch_records).
+OTHER_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
 @dataclass(frozen=True)
@@ -122,6 +126,64 @@ def _from_client(client: Any, layers: Sequence[tuple[str, ConvShape]], precision
     by_shape = {sh: None if res is None else record_from_dict(res, "service")
                 for sh, res in zip(shapes, found, strict=True)}
     return [by_shape[shape] for _, shape in layers]
+
+
+def other_batch_records(schedules: Any, layers: Sequence[tuple[str, ConvShape]],
+                        precision: Precision, target: Target) -> list[Record | None]:
+    """For each (name, shape): the record of the same layer at the nearest larger batch,
+    where `schedules` holds one (a dict by task key or ConvShape.key(); a service asked for
+    OTHER_BATCHES). Its schedule is taken, not its times or speedup (another batch's: the
+    layer is decided as one without a record, on that schedule); None where there is none.
+    Larger only: on an H200, ResNet-18's batch-8 records ran its forward at batch 1 12% (int8)
+    and 24% (fp16) faster than the runtime's defaults, at batch 32 2% and 7% slower
+    (DenseNet-121 fp16 at batch 32 7% faster; bench/RESULTS.md, "Whole models")."""
+    if schedules is None or not layers:
+        return [None for _ in layers]
+    wanted = {_batchless(shape) for _, shape in layers}
+    held: dict[ConvShape, list[tuple[int, Record]]] = {}
+    if isinstance(schedules, Mapping):
+        for key, d in schedules.items():
+            shape = _shape_of_key(str(key), precision, target)
+            if shape is not None and _batchless(shape) in wanted:
+                rec = record_from_dict(d, f"given ({key})")
+                if rec is not None:
+                    held.setdefault(_batchless(shape), []).append((shape.n, rec))
+    else:
+        asked = list(dict.fromkeys((f"n{b}", replace(shape, n=b)) for _, shape in layers
+                                   for b in OTHER_BATCHES if b > shape.n))
+        for (_, shape), rec in zip(asked, lookup_records(schedules, asked, precision, target),
+                                   strict=True):
+            if rec is not None:
+                held.setdefault(_batchless(shape), []).append((shape.n, rec))
+    out: list[Record | None] = []
+    for _, shape in layers:
+        near = sorted((r for r in held.get(_batchless(shape), []) if r[0] > shape.n),
+                      key=lambda r: r[0])
+        if not near:
+            out.append(None)
+            continue
+        n, rec = near[0]
+        out.append(Record(rec.schedule, f"{rec.source}, tuned at batch {n}",
+                          simulated=rec.simulated))
+    return out
+
+
+def _batchless(shape: ConvShape) -> ConvShape:
+    return replace(shape, n=1)
+
+
+def _shape_of_key(key: str, precision: Precision, target: Target) -> ConvShape | None:
+    """The layer a records dict's key names for this precision and target (a task key, or a
+    ConvShape.key()), or None (a layer name, another precision or target)."""
+    parts = key.split("|")
+    if len(parts) == 3 and (parts[1], parts[2]) != (precision.value, target.name):
+        return None
+    if len(parts) not in (1, 3):
+        return None
+    try:
+        return ConvShape.from_key(parts[0])
+    except ValueError:
+        return None
 
 
 @dataclass

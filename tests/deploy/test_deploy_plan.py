@@ -8,6 +8,7 @@ import functools
 import json
 import warnings
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -321,3 +322,64 @@ def test_the_service_answers_the_residual_layer_by_its_own_key(
     client.http = app
     lp = run_block(client)
     assert lp.schedule == s_res and lp.latency_us == 6.0 and lp.baseline_us == 10.0
+
+
+def test_a_layer_without_a_record_at_its_batch_runs_its_record_at_the_nearest_larger_batch(
+) -> None:
+    """A layer with records at other batches only takes the schedule of the nearest larger
+    one, without that batch's times (another batch's: decided as a layer without a record, so
+    an fp16 record slower than cuDNN keeps nothing); records at smaller batches, of other
+    precisions, targets or layers do not count, and a record at its own batch wins."""
+    at = {n: replace(SHAPE_A, n=n) for n in (1, 4, 8, 16)}
+    sched = {n: a_schedule(s) for n, s in at.items()}
+    slow = {**rec(at[8], 0.5), "schedule": sched[8]}  # 2x slower than cuDNN at batch 8
+    o, warned = run({task_key(at[8], Precision.FP16, H100): slow})
+    p = by_name(o)["a"]
+    assert p.replaced and not p.default_schedule and p.schedule == sched[8]
+    assert p.schedule_source.endswith("tuned at batch 8") and p.latency_us is None
+    assert p.speedup is None and "(b)" in warned[0] and "(a)" not in warned[0]
+    # batch 2: 4 is the nearest larger; 1 is smaller; 8 and 16 (a shape key) further
+    recs = {task_key(at[n], Precision.FP16, H100): {**rec(at[n], 1.5), "schedule": sched[n]}
+            for n in (1, 4, 8)}
+    recs[at[16].key()] = {**rec(at[16], 1.5), "schedule": sched[16]}
+    assert by_name(run(recs)[0])["a"].schedule == sched[4]
+    del recs[task_key(at[4], Precision.FP16, H100)]
+    assert by_name(run(recs)[0])["a"].schedule == sched[8]
+    assert by_name(run({task_key(at[1], Precision.FP16, H100): rec(at[1], 1.5)})[0])[
+        "a"].default_schedule
+    # other precisions and targets do not count; the own batch wins
+    other = {task_key(at[4], Precision.INT8, H100): rec(at[4], 1.5),
+             task_key(at[4], Precision.FP16, get_target("a100")): rec(at[4], 1.5)}
+    assert by_name(run(other)[0])["a"].default_schedule
+    own = {**recs, task_key(SHAPE_A, Precision.FP16, H100): rec(SHAPE_A, 1.2)}
+    assert by_name(run(own)[0])["a"].speedup == 1.2
+
+
+def test_a_residual_layer_prefers_its_conv_at_its_batch_to_itself_at_another() -> None:
+    """The conv's record at the layer's batch wins over the residual layer's at another
+    batch; without it, the residual layer's at another batch, then the conv's."""
+    keys = {(s, n): task_key(replace(s, n=n), Precision.FP16, H100)
+            for s in (SHAPE_R, SHAPE_R_RES) for n in (2, 8)}
+    plain2 = {**rec(SHAPE_R, 1.5), "latency_us": 9.0}
+    res8 = {"schedule": a_schedule(replace(SHAPE_R_RES, n=8)), "latency_us": 3.0}
+    plain8 = {"schedule": a_schedule(replace(SHAPE_R, n=8)), "latency_us": 2.0}
+    lp = run_block({keys[SHAPE_R, 2]: plain2, keys[SHAPE_R_RES, 8]: res8})
+    assert lp.latency_us == 9.0
+    lp = run_block({keys[SHAPE_R_RES, 8]: res8, keys[SHAPE_R, 8]: plain8})
+    assert lp.schedule == res8["schedule"] and lp.schedule_source.endswith("tuned at batch 8")
+    lp = run_block({keys[SHAPE_R, 8]: plain8})
+    assert lp.schedule == plain8["schedule"] and lp.latency_us is None
+
+
+def test_the_service_is_asked_for_the_layer_at_other_batches(
+        service: tuple[TestClient, str]) -> None:
+    app, db = service
+    s8 = a_schedule(replace(SHAPE_B, n=8))
+    _store(db, replace(SHAPE_B, n=8), s8, 4.0, 6.0)
+    client = Client("http://testserver")
+    client.http.close()
+    client.http = app
+    o, warned = run(client)
+    p = by_name(o)["b"]
+    assert p.schedule == s8 and p.schedule_source.endswith("tuned at batch 8")
+    assert p.latency_us is None and "(a)" in warned[0] and "(b)" not in warned[0]
