@@ -157,12 +157,11 @@ def other_batch_records(schedules: Any, layers: Sequence[tuple[str, ConvShape]],
                 held.setdefault(_batchless(shape), []).append((shape.n, rec))
     out: list[Record | None] = []
     for _, shape in layers:
-        near = sorted((r for r in held.get(_batchless(shape), []) if r[0] > shape.n),
-                      key=lambda r: r[0])
-        if not near:
+        larger = [r for r in held.get(_batchless(shape), []) if r[0] > shape.n]
+        if not larger:
             out.append(None)
             continue
-        n, rec = near[0]
+        n, rec = min(larger, key=lambda r: r[0])
         out.append(Record(rec.schedule, f"{rec.source}, tuned at batch {n}",
                           simulated=rec.simulated))
     return out
