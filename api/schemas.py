@@ -206,6 +206,10 @@ class ScheduleMissing(BaseModel):
     known: bool = Field(description="the task exists (a job was submitted for it)")
     running: bool = Field(description="a job for it is queued or running")
     job: dict[str, Any] | None = None
+    batches: list[int] = Field(
+        default_factory=list,
+        description="the batches at which the same layer (precision, target) has a verified "
+                    "schedule; deploy runs a layer on its record at the nearest larger batch")
 
 
 class WorkerOut(BaseModel):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -67,6 +67,22 @@ def get_or_create_task(session: Session, shape: ConvShape, precision: Precision,
 
 def find_task(session: Session, key: str) -> Task | None:
     return session.scalars(select(Task).where(Task.key == key)).one_or_none()
+
+
+def verified_batches(session: Session, key: str) -> list[int]:
+    """The batches at which the layer of task `key` (its shape, precision and target) has a
+    verified schedule, ascending (deploy runs a layer on its record at the nearest larger
+    batch: deploy.plan.other_batch_records)."""
+    shape_key, precision, target = key.split("|")
+    shape = ConvShape.from_key(shape_key)
+    rest = shape_key.split("_", 1)[1]  # the key after its batch
+    escaped = rest.replace("!", "!!").replace("%", "!%").replace("_", "!_")
+    rows = session.scalars(
+        select(Task.shape_key).join(BestSchedule, BestSchedule.task_id == Task.id)
+        .where(Task.precision == precision, Task.target == target,
+               Task.shape_key.like(f"n%!_{escaped}", escape="!")))
+    found = {ConvShape.from_key(k) for k in rows}
+    return sorted(s.n for s in found if replace(s, n=1) == replace(shape, n=1))
 
 
 def active_job_for_task(session: Session, task_id: int) -> Job | None:

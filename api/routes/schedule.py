@@ -99,9 +99,11 @@ def _missing(db_url: str, key: str) -> ScheduleMissing:
         task = repo.find_task(session, key)
         job = repo.latest_job_for_task(session, task.id) if task else None
         running = job is not None and job.status in ("queued", "running")
+        batches = repo.verified_batches(session, key)
         return ScheduleMissing(
-            detail="no verified schedule yet" + (": a job is tuning it" if running else ""),
-            task_key=key, known=task is not None, running=running,
+            detail="no verified schedule yet" + (": a job is tuning it" if running else "")
+            + (f" (verified at batch {', '.join(map(str, batches))})" if batches else ""),
+            task_key=key, known=task is not None, running=running, batches=batches,
             job=None if job is None else {
                 "id": job.id, "status": job.status, "trials": job.trials,
                 "trials_done": repo.job_progress(session, job.id).measured},
