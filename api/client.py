@@ -121,6 +121,16 @@ class Client:
             return None
         return self._json(resp)  # type: ignore[no-any-return]
 
+    def why_missing(self, shape: ConvShape, precision: str, target: str) -> str:
+        """What the service says of a layer it has no verified schedule for (its 404: a job
+        tuning it, the batches it has one at), or '' where it has one."""
+        params = {**shape_query(shape), "precision": precision, "target": target}
+        resp = self.http.get("/schedule", params=params)
+        if resp.status_code != 404:
+            self._json(resp)  # a refused query raises as schedule() does
+            return ""
+        return str(resp.json().get("detail", "no verified schedule yet"))
+
     def lookup(self, layers: list[tuple[ConvShape, str, str]], runners_up: int = 0
                ) -> list[dict[str, Any]]:
         """Best schedules of many (shape, precision, target) layers, in order; each result

@@ -66,6 +66,14 @@ def test_serve_says_where_it_listens_and_the_cli_finds_it_by_data_dir(
     assert "queued" in res.stderr or "job" in res.stderr
 
 
+def test_a_layer_without_a_schedule_says_so_in_one_line(
+        make_service: Callable[..., Service]) -> None:
+    svc = make_service().start()
+    res = cli("schedule", *SHAPE, "--server", svc.url, "--data", str(svc.data_dir))
+    assert res.returncode == 1 and res.stdout == ""
+    assert res.stderr.strip() == "no verified schedule yet", res.stderr
+
+
 @pytest.mark.parametrize(("args", "words"), [
     (["--threads", "2"], ["--threads needs PostgreSQL", "TCTUNE_DATABASE_URL"]),
     (["--threads", "2", "--procs", "2"], ["--procs and --threads"]),

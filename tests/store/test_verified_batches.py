@@ -58,3 +58,16 @@ def test_a_missing_schedule_names_the_batches_it_is_verified_at(api: tuple[Any, 
     assert client.get("/schedule", params={**params, "n": 8}).status_code == 200
     none = client.get("/schedule", params={**params, "c": 32})
     assert none.status_code == 404 and none.json()["batches"] == []
+
+
+def test_the_client_says_why_a_schedule_is_missing(api: tuple[Any, str]) -> None:
+    """`tctune schedule` prints this where the service has no verified schedule."""
+    from api.client import Client
+
+    client, db = api
+    _verified(db, STAGE2)
+    c = Client("http://testserver")
+    c.http.close()
+    c.http = client  # the app's real routes, in process
+    assert "verified at batch 8" in c.why_missing(replace(STAGE2, n=32), "int8", "h200")
+    assert c.why_missing(STAGE2, "int8", "h200") == ""
