@@ -438,14 +438,12 @@ def schedule(shape_text: str, precision: str, target: str, server: str | None,
     from api.client import TctuneError
 
     client = _client(server, token)
-    shape = _parse_shape(shape_text)
     try:
-        best = client.schedule(shape, precision, target)
-        why = client.why_missing(shape, precision, target) if best is None else ""
+        best, why = client.schedule_or_reason(_parse_shape(shape_text), precision, target)
     except TctuneError as err:
         raise click.ClickException(explain(err.body)) from None
     if best is None:
-        click.echo(why or "no verified schedule yet", err=True)
+        click.echo(why, err=True)
         sys.exit(1)
     click.echo(json.dumps(best, indent=2))
 

@@ -115,21 +115,17 @@ class Client:
 
     def schedule(self, shape: ConvShape, precision: str, target: str) -> dict[str, Any] | None:
         """The best schedule, or None when there is none yet."""
+        return self.schedule_or_reason(shape, precision, target)[0]
+
+    def schedule_or_reason(self, shape: ConvShape, precision: str, target: str
+                           ) -> tuple[dict[str, Any] | None, str]:
+        """(the best schedule, ''), or (None, what the service says of a layer it has no
+        verified schedule for: its 404's detail, a job tuning it, the batches it has one at)."""
         params = {**shape_query(shape), "precision": precision, "target": target}
         resp = self.http.get("/schedule", params=params)
         if resp.status_code == 404:
-            return None
-        return self._json(resp)  # type: ignore[no-any-return]
-
-    def why_missing(self, shape: ConvShape, precision: str, target: str) -> str:
-        """What the service says of a layer it has no verified schedule for (its 404: a job
-        tuning it, the batches it has one at), or '' where it has one."""
-        params = {**shape_query(shape), "precision": precision, "target": target}
-        resp = self.http.get("/schedule", params=params)
-        if resp.status_code != 404:
-            self._json(resp)  # a refused query raises as schedule() does
-            return ""
-        return str(resp.json().get("detail", "no verified schedule yet"))
+            return None, str(resp.json().get("detail", "no verified schedule yet"))
+        return self._json(resp), ""
 
     def lookup(self, layers: list[tuple[ConvShape, str, str]], runners_up: int = 0
                ) -> list[dict[str, Any]]:

@@ -69,5 +69,7 @@ def test_the_client_says_why_a_schedule_is_missing(api: tuple[Any, str]) -> None
     c = Client("http://testserver")
     c.http.close()
     c.http = client  # the app's real routes, in process
-    assert "verified at batch 8" in c.why_missing(replace(STAGE2, n=32), "int8", "h200")
-    assert c.why_missing(STAGE2, "int8", "h200") == ""
+    best, why = c.schedule_or_reason(replace(STAGE2, n=32), "int8", "h200")
+    assert best is None and "verified at batch 8" in why
+    best, why = c.schedule_or_reason(STAGE2, "int8", "h200")
+    assert best is not None and best["schedule"] == SCHEDULE and why == ""
