@@ -327,13 +327,15 @@ def launch_meta(job: BuildJob, d: Mapping[str, int]) -> dict[str, Any]:
     inst_m = 16 if (p in (Precision.FP16, Precision.FP32_TC) or job.sm >= 80) else 8
     per_tile = WGMMA_N_PER_TILE // 2 if s["MMA"] == "wgmma" else inst_m * 8 // 32
     acc_n = s["WARP_ROW_TILES"] * s["WARP_COL_TILES"] * per_tile
+    global_split = s["SPLIT_K"] > 1 and s.get("SPLIT_CLUSTER", 0) == 0
     return {
         "kernel": KERNEL_NAME, "grid": [tiles, 1, int(s["SPLIT_K"])],
         "block": [int(g.block_threads[0]), 1, 1],
         "smem_bytes": int(d["TC_SMEM_BYTES"]),
+        # (a cluster's splits sum in shared memory: SPLIT_CLUSTER)
         "workspace_bytes": (tiles * int(s["SPLIT_K"]) * acc_n * threads * 4
-                            if s["SPLIT_K"] > 1 else 0),
-        "counters": tiles if s["SPLIT_K"] > 1 else 0,
+                            if global_split else 0),
+        "counters": tiles if global_split else 0,
         # PERSIST: the grid is this many blocks per SM of the GPU at hand, at most `tiles`
         # (kernels/launch.py: launch_dims).
         "persist": int(s.get("PERSIST", 0)), "tiles": tiles,

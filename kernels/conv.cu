@@ -154,6 +154,10 @@ constexpr int BRW = TC_BLK_ROW_WARPS, BCW = TC_BLK_COL_WARPS;
 constexpr int WRT = TC_WARP_ROW_TILES, WCT = TC_WARP_COL_TILES;
 constexpr int CHUNK = TC_CHUNK, REORDER = TC_REORDER_INNER, DUP = TC_DUP_AWARE;
 constexpr int PACK = TC_PACK_OUT, LAYOUT = TC_LAYOUT, STAGES = TC_STAGES, SPLITK = TC_SPLIT_K;
+// SPLIT_CLUSTER (sm_90): a tile's SPLITK blocks are one thread-block cluster (tc_conv's
+// __cluster_dims__), and the first sums the others' partial tiles from their shared memory
+// (epilogue.cuh), where the other split-K blocks sum through global memory and a counter.
+constexpr bool SPLIT_CLUSTER = TC_SPLIT_CLUSTER != 0;
 
 // ---- block tile
 constexpr int WN = WG ? 32 * WCT : 0;  // columns of one wgmma tile (kernels/space.py: WGMMA_*)
@@ -296,8 +300,11 @@ constexpr int A_TX = HALO ? NATOM * HBOX_ROWS * HPITCH * ATOM : A_STAGE;
 constexpr int EPI_OFF = PERSIST ? PIPE_SMEM : 0;
 // The residual tile's offset in the epilogue's region.
 constexpr int RES_OFF = RES_AHEAD ? (cmax(PIPE_SMEM, STG_SMEM) + 15) / 16 * 16 : STG_SMEM;
+// SPLIT_CLUSTER: a block's partial tile, one 32-bit accumulator per output, at 0.
+constexpr int PART_SMEM = SPLIT_CLUSTER ? BM * BN * 4 : 0;
 constexpr int BASE_SMEM = PERSIST ? PIPE_SMEM + CONSUMERS * EPI_SMEM
-                        : RES_AHEAD ? RES_OFF + RES_SMEM : cmax(PIPE_SMEM, EPI_SMEM);
+                        : RES_AHEAD ? RES_OFF + RES_SMEM
+                                    : cmax(cmax(PIPE_SMEM, EPI_SMEM), PART_SMEM);
 // B2B (b2b.cuh): the back-to-back conv's weights [B2B][K] and its staged output tile, in
 // rows padded by 16 bytes (ldmatrix reads 8 rows in 8 different bank groups); B2B_WG: the
 // weights dense in swizzled planes of W2_SW-byte atoms (wgmma's B operand) from a
@@ -393,6 +400,8 @@ static_assert(!SWAP || (WG && !HALO && WN % 64 == 0 && (SWAP_N == 64 || SWAP_N =
                                                           SWAP_N == 256)),
               "swapped operands: wgmma tiles of whole 64-channel blocks by 64, 128 or 256 "
               "pixels, read as im2col or plain rows (not the halo patch's views)");
+static_assert(!SPLIT_CLUSTER || (SM >= 90 && SPLITK > 1 && !F32TC && ACC_N * THREADS == BM * BN),
+              "a cluster's split-K blocks (sm_90) sum one 32-bit accumulator per output");
 static_assert(!PERSIST || (!F32TC && !REGPATH && SPLITK == 1),
               "a persistent grid runs the TMA or cp.async multistage pipeline without split-K");
 static_assert(!PP || (WS && PERSIST), "the consumers take turns behind a producer warp, "
@@ -573,6 +582,9 @@ __device__ __forceinline__ void conv_persistent(const Inputs in,
 // unit without a trip to global memory).
 extern "C" __global__ void __launch_bounds__(cfg::BLOCK_THREADS,
                                              cfg::PERSIST > 0 ? cfg::PERSIST : 1)
+#if TC_SPLIT_CLUSTER
+__cluster_dims__(1, 1, TC_SPLIT_K)  // the grid's z is the split: a tile's splits, one cluster
+#endif
 tc_conv(const u8* __restrict__ x, const u8* __restrict__ w, const float* __restrict__ scale,
         const float* __restrict__ bias, u8* __restrict__ y, u32* __restrict__ ws,
         u32* __restrict__ counters, int ready

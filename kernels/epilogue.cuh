@@ -291,6 +291,35 @@ __device__ __forceinline__ void epilogue(WT& wt, u8* smem, int m0, int n0, int t
   using namespace cfg;
   const int lane = tid & 31, g = lane >> 2, t = lane & 3;
 
+  // ---- split-K in a cluster (SPLIT_CLUSTER): every split but the first leaves its partial
+  // tile in its own shared memory (the main loop's, dead now); the first adds them to its
+  // own in split order (deterministic) over distributed shared memory and runs the epilogue.
+  // No round trip through global memory, no counter.
+#if TC_SM >= 90
+  if constexpr (SPLITK > 1 && SPLIT_CLUSTER) {
+    u32* const part = reinterpret_cast<u32*>(smem);
+    acc_t* const flat = &wt.acc[0][0][0];
+    if (split != 0) {
+#pragma unroll
+      for (int k = 0; k < ACC_N; ++k) part[k * THREADS + tid] = *reinterpret_cast<u32*>(&flat[k]);
+    }
+    cluster_sync();  // the partial tiles are written
+    if (split == 0) {
+      const u32 mine = smem_addr(part + tid);
+#pragma unroll
+      for (int sp = 1; sp < SPLITK; ++sp) {
+        const u32 theirs = cluster_addr(mine, sp);
+#pragma unroll
+        for (int k = 0; k < ACC_N; ++k) {
+          u32 v = ld_cluster_u32(theirs + (u32)(k * THREADS * 4));
+          flat[k] += *reinterpret_cast<acc_t*>(&v);
+        }
+      }
+    }
+    cluster_sync();  // and read: a block's shared memory lives as long as its threads
+    if (split != 0) return;
+  } else
+#endif
   // ---- split-K: every split writes its partial tile; the last to arrive sums them in split
   // order (deterministic), resets the counter for the next launch, and runs the epilogue.
   if constexpr (SPLITK > 1) {

@@ -220,6 +220,23 @@ __device__ __forceinline__ u32 ldg_u8(const void* p) {
 __device__ __forceinline__ u32 ldcg_u32(const u32* p) {  // L2 only: other blocks' partials
   u32 d; asm volatile("ld.global.cg.u32 %0, [%1];" : "=r"(d) : "l"(p)); return d;
 }
+#if TC_SM >= 90
+// Thread-block clusters (SPLIT_CLUSTER): every thread of the cluster's blocks arrives, then
+// waits (release / acquire: the shared-memory writes before it are seen by the blocks after
+// it; threads that have exited count as arrived); a shared-memory address of this block as
+// the same address in block `rank` of the cluster, and a 32-bit load from there.
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;" ::: "memory");
+}
+__device__ __forceinline__ u32 cluster_addr(u32 addr, int rank) {
+  u32 d; asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(d) : "r"(addr), "r"(rank));
+  return d;
+}
+__device__ __forceinline__ u32 ld_cluster_u32(u32 addr) {
+  u32 d; asm volatile("ld.shared::cluster.u32 %0, [%1];" : "=r"(d) : "r"(addr) : "memory");
+  return d;
+}
+#endif
 // Programmatic dependent launch (kernels/launch.py, pdl): wait for the kernel before this one
 // on the stream to finish (its writes visible), then let the next be scheduled; a no-op for
 // launches without the attribute. conv.cu: where it is called.

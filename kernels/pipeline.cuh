@@ -12,10 +12,11 @@
 // W_EARLY: with PDL and the weights ready (conv.cu: READY_W), the prologue issues the first
 // stages' weight copies, then waits for the kernel before (grid_dependency_wait), then issues
 // their activation copies: the weights land while that kernel finishes (a persistent block:
-// its first tile's). Without split-K or a second input, on the TMA pipelines or the cp.async
-// one with incremental addressing or folded taps and two stages or more; sm_90 (PDL).
+// its first tile's). Without a second input, or split-K through global memory (a cluster's
+// splits touch none), on the TMA pipelines or the cp.async one with incremental addressing
+// or folded taps and two stages or more; sm_90 (PDL).
 namespace cfg {
-constexpr bool W_EARLY = SM >= 90 && SPLITK == 1 && !CAT &&
+constexpr bool W_EARLY = SM >= 90 && (SPLITK == 1 || SPLIT_CLUSTER) && !CAT &&
                          (TMA ? true : (!REGPATH && !F32TC && (INCR || FOLD) && STAGES >= 2));
 }  // namespace cfg
 

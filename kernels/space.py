@@ -86,12 +86,17 @@ EXTRA_KNOBS: dict[str, tuple[Any, ...]] = {
     # instructions that read less of shared memory per multiply-add (cuBLAS's layout for
     # such GEMMs); the epilogue transposes through the staging tile.
     "SWAP_AB": (0, 1),
+    # sm_90, SPLIT_K > 1: 1 launches a tile's SPLIT_K blocks as one thread-block cluster, and
+    # the first sums the others' partial tiles from their shared memory (distributed shared
+    # memory) instead of through a global workspace and a per-tile counter.
+    "SPLIT_CLUSTER": (0, 1),
 }
 # Knobs added after schedules were first stored, with the value that builds the kernel as it
 # was: a schedule that does not name such a knob means that value, and hashes as if the knob
 # were absent, so stored schedules, measurements and their hashes keep their meaning.
 KNOB_DEFAULTS: dict[str, Any] = {"MMA": "sync", "TMA": 0, "FOLD_TAPS": 0, "PERSIST": 0,
-                                 "PLAIN_A": 0, "PINGPONG": 0, "HALO": 0, "SWAP_AB": 0}
+                                 "PLAIN_A": 0, "PINGPONG": 0, "HALO": 0, "SWAP_AB": 0,
+                                 "SPLIT_CLUSTER": 0}
 # Each default is its knob's first value (tested): recorded datasets and stored prior
 # schedules that predate a knob read it as its first value (search/datasets.py, features.py).
 FP32_TC_KNOBS: dict[str, tuple[Any, ...]] = {
@@ -603,7 +608,10 @@ def geometry(shape: ConvShape, precision: Precision, target: Target,
                         staging + np.where(pack & residual, res_region, 0))
     # A persistent block's epilogue runs while the next tile's stages land: its own region.
     persist = _knob(cols, "PERSIST", np.shape(brw)) > 0
-    smem = np.where(persist, pipeline + consumers * epilogue, np.maximum(pipeline, epilogue))
+    # SPLIT_CLUSTER: a split's partial tile, 4 bytes an output, at 0 (conv.cu: PART_SMEM).
+    part = np.where(_knob(cols, "SPLIT_CLUSTER", np.shape(brw)) == 1, bm * bn * 4, 0)
+    smem = np.where(persist, pipeline + consumers * epilogue,
+                    np.maximum(np.maximum(pipeline, epilogue), part))
     block_threads = consumers * warps * 32 + np.where(tma_knob == 2, 32, 0)
     m_tiles = np.where(halo, shape.n * hal["tiles_per_image"], -(-shape.gemm_m // bm))
     tiles = m_tiles * (-(-shape.gemm_n // bn))
@@ -775,6 +783,12 @@ def structural_validity(traits: LayerTraits, precision: Precision, target: Targe
     if not (target.sm == 90 and p in (Precision.FP16, Precision.INT8)):
         ok &= ~wg
     ok &= ~wg | dup0
+    # Thread-block clusters exist on sm_90; a cluster's blocks are a tile's splits, each
+    # with one 32-bit accumulator per output (not fp32_tc's sets).
+    cluster = _knob(cols, "SPLIT_CLUSTER", n) == 1
+    if target.sm < 90 or p is Precision.FP32_TC:
+        ok &= ~cluster
+    ok &= ~cluster | ~split1
     # Swapped operands are a wgmma tile's (not the halo patch's views of A).
     ok &= (_knob(cols, "SWAP_AB", n) == 0) | (wg & (_knob(cols, "HALO", n) == 0))
     # TMA feeds the wgmma path with whole NHWC tiles (no duplicate-aware rows, no NHWCnc;

@@ -505,6 +505,19 @@ def device_cases() -> dict[str, Conv2d]:
             "int8_swap_acc_split_k": Conv2d(
                 ConvShape(2, 9, 11, 160, 40, 1, 1), "int8",
                 {**wg, "SPLIT_K": 2, "SWAP_AB": 1}, "h100", epilogue="acc"),
+            # a tile's splits as one cluster, summed over distributed shared memory: the
+            # producer warp (exited before the cluster's barriers), the residual, tails of M
+            # and K; mma.sync with four splits; swapped raw accumulators
+            "int8_cluster_split_producer_warp_residual": Conv2d(
+                tails, "int8", {**tma, "TMA": 2, "SPLIT_K": 2, "SPLIT_CLUSTER": 1}, "h100",
+                relu=True, residual=True),
+            "fp16_cluster_split_sync_four": Conv2d(
+                ConvShape(2, 9, 11, 160, 40, 1, 1), "fp16",
+                {**wg, "MMA": "sync", "BLK_COL_WARPS": 2, "STAGES": 3, "SPLIT_K": 4,
+                 "SPLIT_CLUSTER": 1}, "h100", relu=True),
+            "int8_cluster_split_swap_acc": Conv2d(
+                ConvShape(2, 9, 11, 160, 40, 1, 1), "int8",
+                {**wg, "SPLIT_K": 2, "SWAP_AB": 1, "SPLIT_CLUSTER": 1}, "h100", epilogue="acc"),
             # two inputs (concat): x1's channels, then x's at the layer's stride (wgmma and
             # mma.sync; tails of M and K; split-K; the persistent grid; padded channels)
             "concat_int8_wgmma_stride2": Conv2d(
@@ -524,6 +537,7 @@ def device_cases() -> dict[str, Conv2d]:
                 CHAIN, "int8", sched, "h100", relu=True, pdl=pdl)
                for name, sched in (("default", None), ("tma", tma),
                                    ("split_k", {**tma, "SPLIT_K": 2}),
+                                   ("cluster_split", {**tma, "SPLIT_K": 2, "SPLIT_CLUSTER": 1}),
                                    ("sync", {**wg, "MMA": "sync", "BLK_COL_WARPS": 2, "STAGES": 3}),
                                    ("persist", {**wg, "PERSIST": 1}),
                                    ("persist_tma", {**tma, "TMA": 2, "PERSIST": 1}),
@@ -688,7 +702,9 @@ def _run_torch(op: Conv2d, prob: ref.Problem, padded: bool = True) -> np.ndarray
                                   "int8_halo_persist_residual", "fp16_halo_two_bands",
                                   "fp16_halo_pingpong_unpacked",
                                   "int8_swap_tma_store_persist_residual", "fp16_swap_tails",
-                                  "int8_swap_acc_split_k"])
+                                  "int8_swap_acc_split_k",
+                                  "int8_cluster_split_producer_warp_residual",
+                                  "fp16_cluster_split_sync_four", "int8_cluster_split_swap_acc"])
 def test_on_gpu_cupy_and_torch_equal_the_reference(cases: dict[str, Conv2d], name: str) -> None:
     op = cases[name]
     for seed in (1, 2):  # fresh random inputs each time
@@ -758,8 +774,8 @@ def test_on_gpu_refuses_host_tensors_and_wrong_device_order(cases: dict[str, Con
 
 
 @on_gpu
-@pytest.mark.parametrize("name", ["default", "tma", "split_k", "sync", "persist", "persist_tma",
-                                  "pingpong"])
+@pytest.mark.parametrize("name", ["default", "tma", "split_k", "cluster_split", "sync",
+                                  "persist", "persist_tma", "pingpong"])
 def test_on_gpu_pdl_chains_equal_plain_launches_eager_and_in_a_graph(
         cases: dict[str, Conv2d], name: str) -> None:
     """Six convs, each reading the one before's output: launched with programmatic dependent

@@ -178,7 +178,8 @@ def test_mutation_changes_exactly_one_knob() -> None:
 def test_restricted_space_holds_only_the_subspace() -> None:
     fixed = {"DUP_AWARE": [1], "PACK_OUT": [1], "LAYOUT": ["nhwc"], "STAGES": [2],
              "SPLIT_K": [1], "MMA": ["sync"], "TMA": [0], "FOLD_TAPS": [0],
-             "PERSIST": [0], "PLAIN_A": [0], "PINGPONG": [0], "HALO": [0], "SWAP_AB": [0]}
+             "PERSIST": [0], "PLAIN_A": [0], "PINGPONG": [0], "HALO": [0], "SWAP_AB": [0],
+             "SPLIT_CLUSTER": [0]}
     space = ScheduleSpace(STAGE2, Precision.INT8, TARGETS["h100"], restrict=fixed)
     assert space.size == 3 * 3 * 4 * 4 * 4 * 2
     for sched in space.schedules(space.valid_indices[:50]):

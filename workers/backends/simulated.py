@@ -206,6 +206,8 @@ def model_inputs(shape: ConvShape, precision: Precision, target: Target,
         "pingpong": pingpong, "dram": dram,
         "clock_hz": target.boost_mhz * 1e6,
         "bw": target.bandwidth_gbs * 1e9, "sms": target.sms,
+        # (SPLIT_CLUSTER, the sum over distributed shared memory, is not modelled: a split
+        # layer took 0.94-0.96x the global sum's time with it, bench/RESULTS.md)
         "reduce_bytes": np.where(split_k > 1,
                                  split_k * shape.gemm_m * shape.gemm_n * 4 * 2, 0.0),
     }
