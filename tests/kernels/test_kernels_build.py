@@ -89,7 +89,7 @@ def _only_rule_broken(shape: ConvShape, precision: Precision, target_name: str, 
     target = get_target(target_name)
     space = ScheduleSpace(shape, precision, target, restrict={
         "MMA": ["sync"], "TMA": [0], "FOLD_TAPS": [0], "PERSIST": [0], "PLAIN_A": [0],
-        "PINGPONG": [0], "HALO": [0], "SWAP_AB": [0]})
+        "PINGPONG": [0], "HALO": [0], "SWAP_AB": [0], "SPLIT_CLUSTER": [0]})
     idx = np.arange(space.size)
     cols = space.columns(idx)
     g = geometry(shape, precision, target, cols)
@@ -191,7 +191,8 @@ def test_wgmma_register_rule_guards_spills(cache: Path) -> None:
     space = ScheduleSpace(shape, Precision.INT8, target, restrict={"MMA": ["wgmma"],
                                                                    "PACK_OUT": [1], "TMA": [0],
                                                                    "HALO": [0],
-                                                                   "SWAP_AB": [0]})
+                                                                   "SWAP_AB": [0],
+                                                                   "SPLIT_CLUSTER": [0]})
     idx = np.arange(space.size)
     cols = space.columns(idx)
     g = geometry(shape, Precision.INT8, target, cols)
