@@ -9,7 +9,7 @@ The layers are those a whole-model run (`bench.model_e2e run`'s file F) ran on r
 Each layer's record and the record's variants with SPLIT_K 2 and 4 (each with the record's
 pipeline depth and with 2, 3 and 4 stages), the partial tiles summed
 through a global workspace and a counter (SPLIT_CLUSTER 0) or in a cluster over distributed
-shared memory (1; docs/kernels/levels-and-pipelines.md, "Split-K"), where valid: built, checked
+shared memory (1; docs/kernels/levels-and-pipelines.md, "Epilogue"), where valid: built, checked
 on random inputs and timed through the GPU worker's backend (workers/backends/cuda.py), all in
 one run. A record whose schedule runs one tile a block with a loop of its own (PERSIST,
 PINGPONG), the halo patch or TMA stores, none of which split-K has, is split without them.
@@ -39,7 +39,7 @@ from bench.cli import (
     records_on,
 )
 from bench.zoo import atomic_write
-from kernels.spec import ConvShape, Precision
+from kernels.spec import ConvShape, Precision, task_key
 
 SPLITS = (2, 4)
 # Pipeline depths tried with each split besides the record's: a split grid has SPLIT_K times
@@ -89,9 +89,10 @@ def _jobs(a: argparse.Namespace, target: Any) -> list[tuple[str, Precision, Conv
         shape_key, prec, _ = key.split("|")
         if prec not in a.precisions.split(","):
             continue
-        tkey = f"{shape_key}|{prec}|{target.name}"
+        shape, precision = ConvShape.from_key(shape_key), Precision(prec)
+        tkey = task_key(shape, precision, target)
         if tkey in records:
-            out.append((tkey, Precision(prec), ConvShape.from_key(shape_key), records[tkey]))
+            out.append((tkey, precision, shape, records[tkey]))
     return out
 
 
